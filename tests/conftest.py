@@ -1,0 +1,14 @@
+import os
+
+import pytest
+import torch
+
+# Tests run on 2 cores next to each other; keep torch from oversubscribing them.
+torch.set_num_threads(1)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    """A seeded generator: every random test input is reproducible."""
+    return torch.Generator().manual_seed(0)

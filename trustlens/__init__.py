@@ -1,0 +1,54 @@
+"""trustlens: see what the trust region of an LLM RL fine-tuning run is doing, token by token.
+
+The top-level names are imported lazily so that `import trustlens` stays cheap (no torch) for
+tools that only read recorded runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "TokenRecorder": "trustlens.recorder",
+    "NullRecorder": "trustlens.recorder",
+    "load_run": "trustlens.runs",
+    "load_runs": "trustlens.runs",
+    "Run": "trustlens.runs",
+    "RULES": "trustlens.rules",
+    "evaluate": "trustlens.rules",
+    "evaluate_all": "trustlens.rules",
+    "policy_loss": "trustlens.loss",
+    "binary_tv": "trustlens.divergence",
+    "binary_kl": "trustlens.divergence",
+    "topk_divergence": "trustlens.divergence",
+    "exact_divergence": "trustlens.divergence",
+    "topk_from_logits": "trustlens.divergence",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from trustlens.divergence import (
+        binary_kl,
+        binary_tv,
+        exact_divergence,
+        topk_divergence,
+        topk_from_logits,
+    )
+    from trustlens.loss import policy_loss
+    from trustlens.recorder import NullRecorder, TokenRecorder
+    from trustlens.rules import RULES, evaluate, evaluate_all
+    from trustlens.runs import Run, load_run, load_runs
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trustlens' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,76 @@
+"""Input checks shared by the math, the rules, the loss and the recorder.
+
+Every check raises a ValueError whose message names the argument, says what was wrong and where
+(the index of the first offending element), so that bad input never turns into silently wrong
+numbers downstream.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Log-probabilities above this are rejected; those in (0, LOGP_TOLERANCE] are rounding noise of
+# a log-softmax in low precision and are clamped to 0.
+LOGP_TOLERANCE = 1e-4
+
+
+def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
+    """The index of the first True element of `mask`, as a tuple of ints."""
+    flat = int(torch.nonzero(mask.reshape(-1), as_tuple=False)[0, 0])
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), mask.shape))
+
+
+def upcast(t: torch.Tensor) -> torch.Tensor:
+    """`t` as float32, or float64 when it already is: all math here runs in float32 or wider."""
+    return t.double() if t.dtype == torch.float64 else t.float()
+
+
+def check_tensor(name: str, t: object) -> torch.Tensor:
+    """Require a floating-point tensor with no NaN or inf; return it unchanged."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    bad = ~torch.isfinite(t)
+    if bool(bad.any()):
+        kind = "NaN" if bool(torch.isnan(t).any()) else "inf"
+        raise ValueError(
+            f"{name} contains {kind} ({int(bad.sum())} non-finite values, first at index "
+            f"{_first_index(bad)} of shape {tuple(t.shape)})"
+        )
+    return t
+
+
+def check_logp(name: str, t: object) -> torch.Tensor:
+    """Require finite log-probabilities (≤ 0); return them upcast and clamped to ≤ 0."""
+    t = check_tensor(name, t)
+    t = upcast(t)
+    pos = t > LOGP_TOLERANCE
+    if bool(pos.any()):
+        idx = _first_index(pos)
+        raise ValueError(
+            f"{name} holds positive log-probabilities (e.g. {float(t[idx]):.6g} at index {idx}); "
+            "pass log-probabilities, not probabilities or logits"
+        )
+    return t.clamp(max=0.0)
+
+
+def check_same_shape(**tensors: torch.Tensor | None) -> None:
+    """Require all given (non-None) tensors to have one shape."""
+    shapes = {k: tuple(v.shape) for k, v in tensors.items() if v is not None}
+    if len(set(shapes.values())) > 1:
+        listed = ", ".join(f"{k} {s}" for k, s in shapes.items())
+        raise ValueError(f"shape mismatch: {listed}; these must have the same shape")
+
+
+def broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Per-sequence `(B,)` or per-token `(B, T)` advantages as a tensor shaped like `like` (B, T)."""
+    advantages = check_tensor("advantages", advantages)
+    if advantages.shape == like.shape:
+        return advantages
+    if advantages.dim() == 1 and like.dim() >= 1 and advantages.shape[0] == like.shape[0]:
+        return advantages.reshape(-1, *([1] * (like.dim() - 1))).expand_as(like)
+    raise ValueError(
+        f"advantages has shape {tuple(advantages.shape)}; expected per-sequence "
+        f"({like.shape[0] if like.dim() else '?'},) or per-token {tuple(like.shape)}"
+    )

@@ -1,0 +1,58 @@
+"""The `trustlens` command.
+
+Each subcommand lives in the module that owns its work; that module provides
+`configure(name, parser)`, which adds the flags and sets `parser.set_defaults(func=...)` to a
+function taking the parsed arguments and returning an exit code. Command modules import torch
+and other heavy packages inside their functions, so that `trustlens --help` stays fast.
+
+Errors a user can fix (bad arguments, missing or corrupt files) are printed as one line and exit
+with status 2; set TRUSTLENS_DEBUG=1 to see the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from trustlens import __version__
+
+# command -> (module that implements it, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trustlens",
+        description="Token-level diagnostics of the trust region in LLM RL fine-tuning.",
+    )
+    parser.add_argument("--version", action="version", version=f"trustlens {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).configure(name, p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("trustlens: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, KeyError, OSError) as err:
+        if os.environ.get("TRUSTLENS_DEBUG"):
+            raise
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"trustlens {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The Parquet schema of a recorded run (DESIGN §4): columns, types, one-line meanings, version.
+
+One table per kind of row, each written as part files per rank:
+    tokens   one row per (step, update, sample, position)
+    samples  one row per (step, sample)
+    metrics  long format: one row per (step, name)
+The column docs are used for validation, for the docs and for the dashboard's tooltips.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+# keys of the Parquet file metadata that every part file carries
+META_SCHEMA_VERSION = b"trustlens.schema_version"
+META_TRUSTLENS_VERSION = b"trustlens.version"
+BLOCKED_PREFIX = "blocked_"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str  # column name in the Parquet file
+    type: pa.DataType  # its Arrow type
+    nullable: bool  # whether a writer may leave it null (e.g. μ absent in an external run)
+    doc: str  # one-line meaning, with units
+
+
+_F = pa.float32()
+
+TOKEN_COLUMNS: tuple[Column, ...] = (
+    Column("step", pa.int32(), False, "training step (one rollout batch)"),
+    Column("update", pa.int16(), False, "minibatch update within the step, 0-based"),
+    Column("rank", pa.int16(), False, "data-parallel rank that recorded the row"),
+    Column("sample", pa.int64(), False, "sample (response) id, unique within the run"),
+    Column("group", pa.int64(), False, "group id: samples of one prompt share it (GRPO)"),
+    Column("pos", pa.int32(), False, "position of the token in the response, 0-based"),
+    Column("token_id", pa.int32(), False, "vocabulary id of the sampled token a_t"),
+    Column("token", pa.string(), True, "decoded text of the token (untrusted: render as text)"),
+    Column("mu_logp", _F, True, "log μ(a_t): rollout-engine log-probability, nats"),
+    Column("old_logp", _F, True, "log π_old(a_t): trainer recomputation before the update, nats"),
+    Column("pi_logp", _F, False, "log π(a_t): policy being updated, nats"),
+    Column("ratio", _F, True, "π(a_t)/μ(a_t) (π/π_old when μ is absent)"),
+    Column("binary_tv", _F, True, "|π(a_t) − μ(a_t)|, probability mass"),
+    Column("binary_kl", _F, True, "KL(μ‖π) over buckets {a_t, rest}, nats"),
+    Column("topk_tv", _F, True, "TV over μ's top-K ids plus the rest bucket, probability mass"),
+    Column("topk_kl", _F, True, "KL(μ‖π) over μ's top-K ids plus the rest bucket, nats"),
+    Column("entropy", _F, True, "entropy of π at this position, nats"),
+    Column("advantage", _F, True, "advantage of the token (sequence advantages broadcast)"),
+)
+
+SAMPLE_COLUMNS: tuple[Column, ...] = (
+    Column("step", pa.int32(), False, "training step"),
+    Column("rank", pa.int16(), False, "data-parallel rank that recorded the row"),
+    Column("sample", pa.int64(), False, "sample id, joins tokens.sample"),
+    Column("group", pa.int64(), True, "group id: samples of one prompt share it"),
+    Column("prompt", pa.string(), True, "prompt text (untrusted: render as text)"),
+    Column("response", pa.string(), True, "response text (untrusted: render as text)"),
+    Column("reward", _F, True, "scalar reward of the response"),
+    Column("advantage", _F, True, "sequence advantage"),
+    Column("length", pa.int32(), True, "response length in tokens"),
+)
+
+METRIC_COLUMNS: tuple[Column, ...] = (
+    Column("step", pa.int32(), False, "training step"),
+    Column("rank", pa.int16(), False, "data-parallel rank that logged it"),
+    Column("name", pa.string(), False, "metric name, e.g. reward/mean or blocked/ppo"),
+    Column("value", pa.float64(), True, "metric value"),
+)
+
+TABLES: dict[str, tuple[Column, ...]] = {
+    "tokens": TOKEN_COLUMNS,
+    "samples": SAMPLE_COLUMNS,
+    "metrics": METRIC_COLUMNS,
+}
+
+
+def blocked_column(rule: str) -> str:
+    """The token column that holds `rule`'s decision: True = the update is blocked."""
+    return BLOCKED_PREFIX + rule
+
+
+def rule_of_column(name: str) -> str | None:
+    """The rule name of a `blocked_<rule>` column, or None for any other column."""
+    return name[len(BLOCKED_PREFIX) :] if name.startswith(BLOCKED_PREFIX) else None
+
+
+def token_columns(rules: list[str] | tuple[str, ...]) -> tuple[Column, ...]:
+    """All token columns for a run that evaluates `rules`, in file order."""
+    extra = tuple(
+        Column(blocked_column(r), pa.bool_(), True, f"True where rule {r!r} blocks the update")
+        for r in rules
+    )
+    return TOKEN_COLUMNS + extra
+
+
+def arrow_schema(columns: tuple[Column, ...], metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
+    """The Arrow schema of `columns`; `token` is dictionary-encoded."""
+    fields = [
+        pa.field(c.name, pa.dictionary(pa.int32(), pa.string()) if c.name == "token" else c.type, c.nullable)
+        for c in columns
+    ]
+    return pa.schema(fields, metadata=metadata)
+
+
+def column_doc(name: str) -> str:
+    """The one-line meaning of any column of any table (tooltips, docs)."""
+    for columns in TABLES.values():
+        for c in columns:
+            if c.name == name:
+                return c.doc
+    rule = rule_of_column(name)
+    if rule is not None:
+        return f"True where rule {rule!r} blocks the update"
+    raise KeyError(f"unknown column {name!r}")
