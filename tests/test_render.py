@@ -1,0 +1,136 @@
+import html
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from trustlens.render import (
+    MISSING_BACKGROUND,
+    NEGATIVE_RGB,
+    POSITIVE_RGB,
+    colored_tokens_html,
+    diverging_colour,
+    escape_markdown,
+    legend_html,
+    quantity_centre,
+    rule_colours,
+    visible_text,
+)
+
+HOSTILE = [
+    "<script>alert(1)</script>",
+    '<img src=x onerror="alert(2)">',
+    "[click](javascript:alert(3))",
+    '" onmouseover="alert(4)',
+    "' style='x",
+    "&lt;b&gt;",
+    "\u202egnp.exe",
+]
+
+
+class _Collect(HTMLParser):
+    """Every tag, attribute and text run the browser's parser would see."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags, self.attrs, self.text = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs.extend(attrs)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def _parse(markup: str) -> _Collect:
+    p = _Collect()
+    p.feed(markup)
+    p.close()
+    return p
+
+
+def test_diverging_colour_ends_and_centre():
+    assert diverging_colour(0.0, 0.0, 1.0) == "rgb(255,255,255)"
+    assert diverging_colour(1.0, 0.0, 1.0) == "rgb({},{},{})".format(*POSITIVE_RGB)
+    assert diverging_colour(-5.0, 0.0, 1.0) == "rgb({},{},{})".format(*NEGATIVE_RGB)
+    # halfway: each channel halfway between white and the end colour
+    r, g, b = (round(255 + (c - 255) * 0.5) for c in POSITIVE_RGB)
+    assert diverging_colour(1.5, 1.0, 1.0) == f"rgb({r},{g},{b})"
+    assert diverging_colour(None, 0.0, 1.0) == MISSING_BACKGROUND
+    assert diverging_colour(3.0, 3.0, 0.0) == "rgb(255,255,255)"
+
+
+def test_quantity_centre():
+    assert quantity_centre("ratio") == 1.0
+    assert quantity_centre("advantage") == 0.0
+
+
+def test_visible_text_shows_invisible_characters():
+    assert visible_text("a\nb\tc d") == "a↵b→c\u00a0d"
+    assert visible_text("\u202eabc\u200b") == "\\u202eabc\\u200b"
+    assert visible_text(None) == "∅"
+
+
+def test_escape_markdown_makes_every_special_inert():
+    out = escape_markdown("[x](javascript:alert(1)) *b* <i>$a$ :red[z]")
+    for ch in "[]()*<>$:":
+        assert re.search(r"(?<!\\)" + re.escape(ch), out) is None, ch
+    assert escape_markdown("plain words") == "plain\u00a0words"
+
+
+def test_colored_tokens_one_span_per_token_with_colours_and_rings():
+    tokens = ["a", "b", "c"]
+    markup = colored_tokens_html(
+        tokens, [1.0, None, -2.0], quantity="advantage",
+        blocked={"ppo": [True, False, True], "dppo_binary_tv": [False, False, True]},
+        hover={"ratio": [1.5, 0.9, None]},
+    )
+    spans = re.findall(r'<span style="([^"]*)" title="([^"]*)">([^<]*)</span>', markup)
+    assert [s[2] for s in spans] == tokens
+    colours = rule_colours(["ppo", "dppo_binary_tv"])
+    # scale = max |v| = 2 → token a is half-saturated blue, c fully red, b missing
+    r, g, b = (round(255 + (c - 255) * 0.5) for c in POSITIVE_RGB)
+    assert f"background:rgb({r},{g},{b})" in spans[0][0]
+    assert f"background:{MISSING_BACKGROUND}" in spans[1][0]
+    assert "background:rgb({},{},{})".format(*NEGATIVE_RGB) in spans[2][0]
+    assert f"box-shadow:0 0 0 2px {colours['ppo']};" in spans[0][0]
+    assert "box-shadow" not in spans[1][0]
+    assert f"0 0 0 2px {colours['ppo']}, 0 0 0 4px {colours['dppo_binary_tv']}" in spans[2][0]
+    titles = [html.unescape(s[1]) for s in spans]
+    assert "advantage = 1" in titles[0] and "ratio = 1.5" in titles[0] and "blocked by: ppo" in titles[0]
+    assert "advantage = n/a" in titles[1] and "blocked by: none" in titles[1]
+    assert "blocked by: ppo, dppo_binary_tv" in titles[2]
+
+
+def test_colored_tokens_newline_breaks_line():
+    markup = colored_tokens_html(["x\n", "y"], [0.0, 0.0])
+    assert "↵</span><br>" in markup
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_hostile_text_is_only_ever_text(text):
+    markup = colored_tokens_html([text, "ok"], [0.5, 0.1], quantity=text,
+                                 blocked={text: [True, False]}, hover={text: [text, 1.0]})
+    parsed = _parse(markup + legend_html([text], quantity=text))
+    assert set(parsed.tags) <= {"div", "span", "br"}
+    assert {name for name, _ in parsed.attrs} <= {"style", "title"}
+    # the text round-trips exactly (up to the visible stand-ins) as text content and hover text
+    assert visible_text(text) in "".join(parsed.text)
+    assert any(visible_text(text) in value for name, value in parsed.attrs if name == "title")
+    for name, value in parsed.attrs:
+        if name == "style":
+            assert "<" not in value and "javascript" not in value.lower()
+
+
+def test_colored_tokens_rejects_length_mismatch():
+    with pytest.raises(ValueError, match=r"values has 1 entries but tokens has 2"):
+        colored_tokens_html(["a", "b"], [1.0])
+    with pytest.raises(ValueError, match=r"blocked\['ppo'\] has 3 entries"):
+        colored_tokens_html(["a", "b"], [1.0, 2.0], blocked={"ppo": [True, True, False]})
+
+
+def test_legend_lists_each_rule():
+    markup = legend_html(["ppo", "cispo"], quantity="ratio")
+    assert "blocked by ppo" in markup and "blocked by cispo" in markup
+    assert "ratio &lt; 1" in markup

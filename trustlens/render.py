@@ -1,0 +1,187 @@
+"""Safe HTML and Markdown for untrusted model text: a response drawn as coloured tokens.
+
+Token and prompt text comes from models and users, so everything here escapes it: every piece of
+text goes through `html.escape(quote=True)` before it reaches markup (element content and
+attribute values alike), no `<script>`, event handler or URL is ever produced, and invisible or
+direction-changing characters are shown as visible escapes so that text cannot disguise itself.
+
+`colored_tokens_html` draws one response the way CircuitsVis' `colored_tokens` does: each token a
+small inline box whose background follows a diverging colour scale of a chosen quantity (blue
+above the centre, red below, white at the centre, saturation ∝ |value − centre| / the largest such
+distance in the response), blocked tokens outlined in one colour per rule, and every value in the
+token's hover text (the native `title` tooltip: no JavaScript needed).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import string
+import unicodedata
+from collections.abc import Mapping, Sequence
+
+# Colours of the diverging scale: value above the centre → POSITIVE, below → NEGATIVE.
+POSITIVE_RGB = (33, 102, 172)
+NEGATIVE_RGB = (178, 24, 43)
+MISSING_BACKGROUND = "#e0e0e0"
+# Outline colours of blocked tokens, one per rule in the order the rules are given (Okabe-Ito,
+# readable by colour-blind viewers).
+RULE_COLOURS = ("#E69F00", "#009E73", "#CC79A7", "#D55E00", "#0072B2", "#56B4E9", "#F0E442", "#000000")
+OUTLINE_PX = 2
+
+# Quantities whose natural centre is not 0 (the ratio is 1 where π = μ).
+_CENTRES = {"ratio": 1.0}
+
+# Visible stand-ins for whitespace that would otherwise vanish or break the layout.
+_VISIBLE = {"\n": "↵", "\r": "␍", "\t": "→", " ": "\u00a0"}
+_MARKDOWN_SPECIAL = frozenset(string.punctuation)
+
+
+def quantity_centre(quantity: str) -> float:
+    """The value drawn white for `quantity`: 1 for the ratio, 0 for everything else."""
+    return _CENTRES.get(quantity, 0.0)
+
+
+def visible_text(text: str | None) -> str:
+    """`text` with control, format and bidirectional characters replaced by visible escapes
+    (e.g. U+202E → "\\u202e"), newlines by "↵" and tabs by "→"; None becomes "∅". Not escaped for
+    HTML: pass the result through `html.escape`."""
+    if text is None:
+        return "∅"
+    out = []
+    for ch in text:
+        if ch in _VISIBLE:
+            out.append(_VISIBLE[ch])
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Co", "Cs", "Zl", "Zp"):
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def escape_markdown(text: str | None) -> str:
+    """`text` made inert for `st.markdown`: every ASCII punctuation character backslash-escaped
+    (links, emphasis, HTML tags, `$` maths, `:emoji:` and `:color[...]` directives all need one),
+    control characters shown as escapes, and line breaks shown as "↵" so the text stays one line."""
+    return "".join("\\" + ch if ch in _MARKDOWN_SPECIAL else ch for ch in visible_text(text))
+
+
+def _finite(v: object) -> float | None:
+    """`v` as a float when it is a finite number, else None (null, NaN, inf)."""
+    if v is None:
+        return None
+    try:
+        f = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def diverging_colour(value: float | None, centre: float, scale: float) -> str:
+    """The CSS background of `value`: white at `centre`, full POSITIVE/NEGATIVE colour at
+    |value − centre| ≥ `scale`, linear in between; MISSING_BACKGROUND for None."""
+    if value is None:
+        return MISSING_BACKGROUND
+    t = 0.0 if scale <= 0 else min(abs(value - centre) / scale, 1.0)
+    target = POSITIVE_RGB if value >= centre else NEGATIVE_RGB
+    r, g, b = (round(255 + (c - 255) * t) for c in target)
+    return f"rgb({r},{g},{b})"
+
+
+def _text_colour(value: float | None, centre: float, scale: float) -> str:
+    """Black on light backgrounds, white on saturated ones."""
+    if value is None or scale <= 0:
+        return "#000"
+    return "#fff" if abs(value - centre) / scale > 0.6 else "#000"
+
+
+def _format_value(v: object) -> str:
+    """A hover-text rendering of one value: 4 significant digits for floats, "n/a" for null."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def rule_colours(rules: Sequence[str]) -> dict[str, str]:
+    """The outline colour of each rule, in the order given (the palette repeats past 8 rules)."""
+    return {rule: RULE_COLOURS[i % len(RULE_COLOURS)] for i, rule in enumerate(rules)}
+
+
+def colored_tokens_html(
+    tokens: Sequence[str | None],
+    values: Sequence[object],
+    *,
+    quantity: str = "value",
+    centre: float | None = None,
+    scale: float | None = None,
+    blocked: Mapping[str, Sequence[bool | None]] | None = None,
+    hover: Mapping[str, Sequence[object]] | None = None,
+) -> str:
+    """One response as HTML: a <div> of inline <span>s, one per token.
+
+    tokens   decoded token texts (untrusted; escaped here)
+    values   the colouring quantity per token (None/NaN = missing, drawn grey)
+    quantity its name, shown in the hover text
+    centre   the value drawn white (default `quantity_centre(quantity)`)
+    scale    |value − centre| drawn fully saturated (default: the largest in `values`)
+    blocked  rule → per-token "blocked" flags: each blocked token gets a ring in the rule's colour
+             (rings stack when several rules block it)
+    hover    extra column → per-token values listed in the hover text
+    """
+    n = len(tokens)
+    blocked = dict(blocked or {})
+    hover = dict(hover or {})
+    for name, seq in (("values", values), *((f"blocked[{k!r}]", v) for k, v in blocked.items()),
+                      *((f"hover[{k!r}]", v) for k, v in hover.items())):
+        if len(seq) != n:
+            raise ValueError(f"{name} has {len(seq)} entries but tokens has {n}")
+    centre = quantity_centre(quantity) if centre is None else float(centre)
+    nums = [_finite(v) for v in values]
+    if scale is None:
+        scale = max((abs(v - centre) for v in nums if v is not None), default=0.0)
+    colours = rule_colours(list(blocked))
+
+    spans = []
+    for i, (tok, v) in enumerate(zip(tokens, nums)):
+        rings = [colours[r] for r, flags in blocked.items() if flags[i]]
+        shadow = ", ".join(f"0 0 0 {OUTLINE_PX * (k + 1)}px {c}" for k, c in enumerate(rings))
+        style = (
+            f"display:inline-block;white-space:pre;padding:1px 2px;margin:{OUTLINE_PX * len(rings) + 1}px 2px;"
+            f"border-radius:3px;font-family:monospace;line-height:1.4;"
+            f"background:{diverging_colour(v, centre, scale)};color:{_text_colour(v, centre, scale)};"
+            + (f"box-shadow:{shadow};" if shadow else "")
+        )
+        lines = [f"#{i}  {visible_text(tok)}", f"{quantity} = {_format_value(v)}"]
+        lines += [f"{k} = {_format_value(seq[i])}" for k, seq in hover.items()]
+        blockers = [r for r, flags in blocked.items() if flags[i]]
+        lines.append("blocked by: " + (", ".join(blockers) if blockers else "none"))
+        title = html.escape("\n".join(lines), quote=True)
+        text = html.escape(visible_text(tok), quote=True)
+        spans.append(f'<span style="{style}" title="{title}">{text}</span>')
+        if tok is not None and "\n" in tok:
+            spans.append("<br>")
+    return f'<div style="line-height:2.2;word-wrap:break-word">{"".join(spans)}</div>'
+
+
+def legend_html(rules: Sequence[str], *, quantity: str, centre: float | None = None) -> str:
+    """The key to `colored_tokens_html`: the colour scale's ends and each rule's outline."""
+    centre = quantity_centre(quantity) if centre is None else float(centre)
+    q = html.escape(visible_text(quantity), quote=True)
+    pos = "rgb({},{},{})".format(*POSITIVE_RGB)
+    neg = "rgb({},{},{})".format(*NEGATIVE_RGB)
+    items = [
+        f'<span style="background:{neg};color:#fff;padding:1px 4px;border-radius:3px">{q} &lt; {centre:g}</span>',
+        f'<span style="background:{pos};color:#fff;padding:1px 4px;border-radius:3px">{q} &gt; {centre:g}</span>',
+        f'<span style="background:{MISSING_BACKGROUND};padding:1px 4px;border-radius:3px">missing</span>',
+    ]
+    for rule, colour in rule_colours(rules).items():
+        name = html.escape(visible_text(rule), quote=True)
+        items.append(
+            f'<span style="box-shadow:0 0 0 {OUTLINE_PX}px {colour};padding:1px 4px;margin:0 2px;'
+            f'border-radius:3px">blocked by {name}</span>'
+        )
+    return f'<div style="margin:4px 0 8px 0;line-height:2.2">{" ".join(items)}</div>'
