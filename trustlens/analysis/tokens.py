@@ -1,0 +1,163 @@
+"""Token-inspector queries over a recorded run's token table (polars, lazy).
+
+Everything the dashboard's token inspector asks of a run: which token rows pass a set of filters
+(step range, a rule's decision, the anchor-probability bucket, the advantage's sign, a search in
+the token text), which samples those rows belong to, and one sample's tokens in order.
+
+The anchor of a run is μ (`mu_logp`) when the run recorded it; a run without μ (an external
+trainer such as TRL) is anchored on π_old (`old_logp`), as its rules were (DESIGN §2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import polars as pl
+
+from trustlens.schema import blocked_column, rule_of_column
+
+AdvantageSign = Literal["positive", "negative", "zero"]
+ADVANTAGE_SIGNS: tuple[str, ...] = ("positive", "negative", "zero")
+
+# Columns of one sample's tokens, in display order (blocked_<rule> columns follow).
+SAMPLE_TOKEN_COLUMNS = ("step", "update", "sample", "pos", "token_id", "token", "mu_logp", "old_logp",
+                        "pi_logp", "ratio", "binary_tv", "binary_kl", "topk_tv", "topk_kl", "entropy",
+                        "advantage")
+
+
+@dataclass(frozen=True)
+class TokenQuery:
+    """Filters on token rows; None means "no filter". All given filters must hold (AND)."""
+
+    steps: tuple[int, int] | None = None  # inclusive range of steps
+    rule: str | None = None  # a rule whose decision is filtered on (with `blocked`)
+    blocked: bool | None = True  # with `rule`: True keeps rows it blocks, False rows it lets through
+    anchor_prob: tuple[float, float] | None = None  # anchor probability in [lo, hi), e.g. a μ bucket
+    advantage_sign: AdvantageSign | None = None  # sign of the token's advantage (null never matches)
+    text: str | None = None  # literal, case-insensitive substring of the decoded token text
+    samples: tuple[int, ...] | None = None  # keep only these sample ids
+
+
+def rules_of(tokens: pl.LazyFrame) -> list[str]:
+    """The rules evaluated in a token table: its `blocked_<rule>` columns, in file order."""
+    return [r for r in (rule_of_column(c) for c in tokens.collect_schema().names()) if r is not None]
+
+
+def anchor_column(tokens: pl.LazyFrame, mu_recorded: bool | None = None) -> str:
+    """`mu_logp` when the run recorded μ, else `old_logp` (the anchor of a run without μ).
+
+    `mu_recorded` is the manifest's answer when it has one; otherwise the table is asked whether
+    any `mu_logp` is non-null.
+    """
+    names = tokens.collect_schema().names()
+    if "mu_logp" not in names:
+        return "old_logp"
+    if mu_recorded is None:
+        mu_recorded = bool(tokens.select(pl.col("mu_logp").is_not_null().any()).collect().item())
+    return "mu_logp" if mu_recorded else "old_logp"
+
+
+def _check_query(query: TokenQuery, rules: Sequence[str]) -> None:
+    if query.steps is not None:
+        lo, hi = query.steps
+        if lo > hi:
+            raise ValueError(f"query.steps: first step {lo} is after last step {hi}")
+    if query.rule is not None and query.rule not in rules:
+        raise ValueError(f"query.rule: rule {query.rule!r} was not evaluated in this run "
+                         f"(evaluated: {', '.join(rules) or 'none'})")
+    if query.anchor_prob is not None:
+        lo, hi = query.anchor_prob
+        if not 0.0 <= lo < hi:
+            raise ValueError(f"query.anchor_prob must be 0 ≤ lo < hi, got {query.anchor_prob}")
+    if query.advantage_sign is not None and query.advantage_sign not in ADVANTAGE_SIGNS:
+        raise ValueError(f"query.advantage_sign must be one of {ADVANTAGE_SIGNS}, got {query.advantage_sign!r}")
+
+
+def query_expr(query: TokenQuery, *, rules: Sequence[str], anchor: str = "mu_logp") -> pl.Expr:
+    """The row predicate of `query` (True where a row passes every filter)."""
+    _check_query(query, rules)
+    conds: list[pl.Expr] = []
+    if query.steps is not None:
+        conds.append(pl.col("step").is_between(query.steps[0], query.steps[1], closed="both"))
+    if query.samples is not None:
+        conds.append(pl.col("sample").is_in(list(query.samples)))
+    if query.rule is not None and query.blocked is not None:
+        col = pl.col(blocked_column(query.rule))
+        conds.append(col if query.blocked else ~col)
+    if query.anchor_prob is not None:
+        lo, hi = query.anchor_prob
+        prob = pl.col(anchor).exp()
+        conds.append((prob >= lo) & (prob < hi))
+    if query.advantage_sign is not None:
+        adv = pl.col("advantage")
+        conds.append({"positive": adv > 0, "negative": adv < 0, "zero": adv == 0}[query.advantage_sign])
+    if query.text:
+        conds.append(pl.col("token").cast(pl.String).str.to_lowercase()
+                     .str.contains(query.text.lower(), literal=True))
+    return pl.all_horizontal(conds).fill_null(False) if conds else pl.lit(True)
+
+
+def filter_tokens(tokens: pl.LazyFrame, query: TokenQuery, *, anchor: str = "mu_logp") -> pl.LazyFrame:
+    """The token rows that pass `query` (lazy: the step filter prunes row groups)."""
+    return tokens.filter(query_expr(query, rules=rules_of(tokens), anchor=anchor))
+
+
+def sample_summary(rows: pl.LazyFrame, *, limit: int = 500) -> pl.DataFrame:
+    """Per (step, update, sample) of `rows`: how many rows match, how many each rule blocks, the
+    mean advantage; samples with the most matching rows first (at most `limit`)."""
+    rules = rules_of(rows)
+    return (
+        rows.group_by("step", "update", "sample")
+        .agg(
+            pl.len().alias("rows"),
+            *(pl.col(blocked_column(r)).sum().alias(blocked_column(r)) for r in rules),
+            pl.col("advantage").mean().alias("advantage"),
+        )
+        .sort(["rows", "step", "sample"], descending=[True, False, False])
+        .head(limit)
+        .collect()
+    )
+
+
+def sample_tokens(tokens: pl.LazyFrame, sample: int, *, step: int | None = None,
+                  update: int | None = None) -> pl.DataFrame:
+    """One sample's tokens in position order (one update: the given one, else the first recorded).
+
+    Giving `step` lets the scan skip every other step's row groups.
+    """
+    lf = tokens.filter(pl.col("sample") == sample)
+    if step is not None:
+        lf = lf.filter(pl.col("step") == step)
+    names = lf.collect_schema().names()
+    cols = [c for c in SAMPLE_TOKEN_COLUMNS if c in names] + [c for c in names if rule_of_column(c)]
+    df = lf.select(cols).collect()
+    if df.is_empty():
+        return df
+    chosen = int(df["update"].min()) if update is None else update
+    return df.filter(pl.col("update") == chosen).sort("pos")
+
+
+def updates_of_sample(tokens: pl.LazyFrame, sample: int, *, step: int | None = None) -> list[int]:
+    """The minibatch updates in which `sample` was recorded, ascending."""
+    lf = tokens.filter(pl.col("sample") == sample)
+    if step is not None:
+        lf = lf.filter(pl.col("step") == step)
+    return sorted(lf.select(pl.col("update").unique()).collect()["update"].to_list())
+
+
+def sample_text(samples: pl.LazyFrame, sample: int, *, step: int | None = None) -> dict | None:
+    """The samples-table row of `sample` (prompt, response, reward, ...) as a dict, or None."""
+    lf = samples.filter(pl.col("sample") == sample)
+    if step is not None:
+        lf = lf.filter(pl.col("step") == step)
+    df = lf.head(1).collect()
+    return df.row(0, named=True) if df.height else None
+
+
+def step_range(tokens: pl.LazyFrame) -> tuple[int, int] | None:
+    """(first, last) step of the token table, or None when it has no rows."""
+    df = tokens.select(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi")).collect()
+    lo, hi = df.row(0)
+    return None if lo is None else (int(lo), int(hi))
