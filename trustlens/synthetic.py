@@ -1,0 +1,488 @@
+"""Synthetic recorded runs in the exact run format of DESIGN §4, for tests, demos and benchmarks.
+
+A synthetic run looks like a GRPO/DPPO run on a small vocabulary:
+
+* μ (rollout) log-probabilities are long-tailed: most sampled tokens are near-certain, a tail
+  reaches 1e-9; the sampled token's id (and text) is rarer the less likely it was.
+* π_old is μ plus training-inference mismatch: Gaussian noise on the token's logit
+  log(p/(1−p)), larger for unlikely tokens, with rare outliers.
+* π is π_old moved by the update: towards the token when its advantage is positive, away when it
+  is negative, further for later minibatch updates, plus noise.
+* Rewards are 0/1 with a success rate that rises over training; advantages are group-normalised
+  (GRPO) and broadcast to the tokens.
+* `collapse_at` injects a collapse from that step on: mismatch noise grows, entropy falls, the
+  reward and the success rate drop, and the gradient norm spikes.
+
+Every derived column (ratio, binary and top-K divergences, `blocked_<rule>`) is computed from
+those log-probabilities with trustlens' own functions, so analyses of a synthetic run are
+analyses of a consistent run. Rows are generated and written step by step, so a 10M-token run
+needs only a few steps of rows in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from trustlens import __version__
+from trustlens.schema import (
+    META_SCHEMA_VERSION,
+    META_TRUSTLENS_VERSION,
+    METRIC_COLUMNS,
+    SAMPLE_COLUMNS,
+    SCHEMA_VERSION,
+    arrow_schema,
+    blocked_column,
+    token_columns,
+)
+
+DEFAULT_RULES: tuple[str, ...] = (
+    "ppo",
+    "ppo_clip_higher",
+    "dppo_binary_tv",
+    "dppo_binary_kl",
+    "dppo_topk_tv",
+)
+
+# A small vocabulary, most common first: id i is the i-th most frequent token.
+VOCAB: tuple[str, ...] = tuple(
+    [" the", ",", " of", " and", " to", ".", " a", " is", " in", " =", " +", "\n", " that", " we",
+     " 2", " 1", " so", " it", " x", " for", " be", " 3", " 4", " answer", " The", " this", " 5",
+     " with", " as", " are", " by", " on", " (", ")", " -", " 10", " 0", " not", " number", " sum",
+     " Let", " total", " each", " then", " can", " *", " 6", " 7", " 8", " 9", " times", " step",
+     " first", " second", " find", " value", " If", " equal", " /", " ^", "\\", " $", "$", " frac",
+     " sqrt", " Therefore", " Thus", " boxed", "{", "}", " minus", " divide", " product", " prime",
+     " even", " odd", " remainder", " apples", " cost", " hours", " Hmm", " wait", " Wait",
+     " actually", " check", " again", " correct", " wrong", " maybe", " perhaps", " verify",
+     " assume", " suppose", " consider", " however", " But", " alternatively", " 11", " 12", " 13",
+     " 17", " 19", " 23", " 42", " 100", " 1000", " pi", " theta", " modulo", " integer",
+     " fraction", " decimal", " percent", " ratio", " probability", " expected", " variance",
+     " matrix", " vector", " derivative", " integral", " limit", " series", " converge"]
+    + [f" tok{i}" for i in range(256 - 124)]
+)
+# Token text a hostile model or user could produce: must render as text, never as markup.
+HOSTILE_VOCAB: tuple[str, ...] = (
+    "<script>alert(1)</script>",
+    "<img src=x onerror=alert(1)>",
+    "<b>bold</b>",
+    "</div>",
+    "&amp;",
+    "javascript:alert(1)",
+    "{{7*7}}",
+    "<br>",
+    "\u202e",
+    "**md**",
+)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Sizes of a synthetic run, checked once."""
+
+    steps: int  # training steps
+    samples_per_step: int  # responses per step, over all ranks
+    seq_len: int  # maximum response length in tokens
+    group_size: int  # responses per prompt (GRPO group)
+    updates: int  # minibatch updates per step; each sample belongs to one
+    world_size: int  # data-parallel ranks; each records its share of the samples
+
+
+def _check_shape(shape: _Shape) -> None:
+    for name in ("steps", "samples_per_step", "seq_len", "group_size", "updates", "world_size"):
+        value = getattr(shape, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if shape.samples_per_step % shape.group_size:
+        raise ValueError(
+            f"samples_per_step ({shape.samples_per_step}) must be a multiple of group_size "
+            f"({shape.group_size})"
+        )
+    if shape.samples_per_step < shape.world_size:
+        raise ValueError(
+            f"samples_per_step ({shape.samples_per_step}) must be at least world_size "
+            f"({shape.world_size}) so that every rank records samples"
+        )
+
+
+def _collapse_level(step: int, collapse_at: int | None) -> float:
+    """0 before the collapse, rising to 1 over three steps from `collapse_at` on."""
+    if collapse_at is None or step < collapse_at:
+        return 0.0
+    return min(1.0, (step - collapse_at + 1) / 3.0)
+
+
+def _log_sigmoid(x: np.ndarray) -> np.ndarray:
+    """log σ(x) = −log(1 + e^{−x}), stable for any x."""
+    return -np.logaddexp(0.0, -x)
+
+
+def _logit_of_logp(logp: np.ndarray) -> np.ndarray:
+    """log(p/(1−p)) from log p < 0."""
+    return logp - np.log(-np.expm1(logp))
+
+
+def _metadata() -> dict[bytes, bytes]:
+    return {META_SCHEMA_VERSION: str(SCHEMA_VERSION).encode(), META_TRUSTLENS_VERSION: __version__.encode()}
+
+
+def write_part(table: pa.Table, directory: Path, index: int) -> Path:
+    """Write `table` as `directory/part-<index>.parquet` atomically (temporary name, then rename).
+
+    Row groups of at most 65,536 rows keep step pruning effective when rows are sorted by step.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"part-{index:06d}.parquet"
+    tmp = directory / f".part-{index:06d}.parquet.tmp"
+    pq.write_table(table, tmp, row_group_size=65_536, compression="zstd")
+    os.replace(tmp, final)
+    return final
+
+
+class _PartWriter:
+    """Buffers one table kind for one rank and writes a part file every `rows_per_part` rows."""
+
+    def __init__(self, directory: Path, schema: pa.Schema, rows_per_part: int):
+        self.directory, self.schema, self.rows_per_part = directory, schema, rows_per_part
+        self.batches: list[pa.Table] = []
+        self.rows = 0
+        self.index = 0
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        self.batches.append(table)
+        self.rows += table.num_rows
+        if self.rows >= self.rows_per_part:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.batches:
+            return
+        write_part(pa.concat_tables(self.batches).cast(self.schema), self.directory, self.index)
+        self.index += 1
+        self.batches, self.rows = [], 0
+
+
+def _rule_entries(rules: Sequence[str]) -> dict[str, dict]:
+    """The manifest's `rules` entry: {name: {low, high, anchor, description}}."""
+    from trustlens.rules import get_rule
+
+    out: dict[str, dict] = {}
+    for name in rules:
+        try:
+            rule = get_rule(name)
+        except KeyError as err:
+            raise ValueError(f"rules: {err.args[0]}") from None
+        out[name] = {"low": rule.low, "high": rule.high, "anchor": rule.anchor,
+                     "description": rule.description}
+    return out
+
+
+def write_manifest(path: Path, manifest: dict) -> None:
+    """Write `run.json` atomically."""
+    tmp = path / ".run.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp, path / "run.json")
+
+
+def write_synthetic_run(
+    path: str | os.PathLike,
+    *,
+    steps: int = 20,
+    samples_per_step: int = 64,
+    seq_len: int = 64,
+    rules: Sequence[str] = DEFAULT_RULES,
+    seed: int = 0,
+    collapse_at: int | None = None,
+    group_size: int = 8,
+    updates: int = 1,
+    world_size: int = 1,
+    with_mu: bool = True,
+    with_old: bool = True,
+    with_topk: bool = True,
+    vocab: Sequence[str] = VOCAB,
+    active_rule: str | None = None,
+    status: str = "finished",
+    rows_per_part: int = 1_000_000,
+    progress: bool = False,
+) -> Path:
+    """Write a synthetic run to `path` (created; must not hold a run already) and return it.
+
+    steps, samples_per_step, seq_len: sizes; responses have 50–100% of `seq_len` tokens, so a run
+        holds about 0.75 · steps · samples_per_step · seq_len token rows.
+    rules: rules whose `blocked_<rule>` column is evaluated (trustlens.rules).
+    collapse_at: step from which a collapse is injected (None: a healthy run).
+    group_size: responses per prompt; samples_per_step must be a multiple of it.
+    updates: minibatch updates per step; each sample is trained in one of them.
+    world_size: ranks; each writes its own part files (a contiguous share of each step's samples).
+    with_mu / with_old: False leaves μ (an external trainer's run) / π_old null; the rules are then
+        anchored on the other one.
+    with_topk: False leaves topk_tv/topk_kl null (no top-K recorded); top-K rules need them.
+    vocab: token texts by id, most frequent first (HOSTILE_VOCAB tests untrusted text).
+    status: the manifest status (`running` imitates a run still being written).
+    rows_per_part: token rows per part file and rank.
+    """
+    shape = _Shape(steps, samples_per_step, seq_len, group_size, updates, world_size)
+    _check_shape(shape)
+    if not with_mu and not with_old:
+        raise ValueError("with_mu and with_old are both False: a run needs μ or π_old as its anchor")
+    if collapse_at is not None and not 0 <= collapse_at < steps:
+        raise ValueError(f"collapse_at must be a step in [0, {steps}), got {collapse_at}")
+    if len(vocab) < 2:
+        raise ValueError(f"vocab must hold at least 2 token texts, got {len(vocab)}")
+    if status not in ("running", "finished", "failed"):
+        raise ValueError(f"status must be running, finished or failed, got {status!r}")
+    rules = list(rules)
+    thresholds = _rule_entries(rules)
+    if active_rule is not None and active_rule not in thresholds:
+        raise ValueError(f"active_rule {active_rule!r} is not among rules {rules}")
+    root = Path(path)
+    if (root / "run.json").exists():
+        raise ValueError(f"path {str(root)!r} already holds a run (run.json exists)")
+    root.mkdir(parents=True, exist_ok=True)
+
+    now = datetime.now(timezone.utc).isoformat()
+    config = {
+        "source": "synthetic",
+        "steps": steps,
+        "samples_per_step": samples_per_step,
+        "seq_len": seq_len,
+        "group_size": group_size,
+        "updates": updates,
+        "seed": seed,
+        "collapse_at": collapse_at,
+        "with_mu": with_mu,
+        "with_old": with_old,
+        "with_topk": with_topk,
+    }
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "trustlens_version": __version__,
+        "status": "running",
+        "created": now,
+        "updated": now,
+        "config": config,
+        "rules": thresholds,
+        "active_rule": active_rule or (rules[0] if rules else None),
+        "world_size": world_size,
+        "anchor": "mu" if with_mu else "old",
+        "missing": [name for name, present in (("mu_logp", with_mu), ("old_logp", with_old),
+                    ("topk_tv", with_topk), ("topk_kl", with_topk)) if not present],
+    }
+    write_manifest(root, manifest)
+
+    meta = _metadata()
+    schemas = {
+        "tokens": arrow_schema(token_columns(rules), meta),
+        "samples": arrow_schema(SAMPLE_COLUMNS, meta),
+        "metrics": arrow_schema(METRIC_COLUMNS, meta),
+    }
+    writers = {
+        (kind, rank): _PartWriter(root / kind / f"rank={rank}", schemas[kind], rows_per_part)
+        for kind in schemas
+        for rank in range(world_size)
+    }
+    gen = _Generator(shape, np.random.default_rng(seed), list(vocab), rules, collapse_at,
+                     with_mu, with_old, with_topk)
+    step_iter = range(steps)
+    if progress:
+        from tqdm import tqdm
+
+        step_iter = tqdm(step_iter, desc="synthetic run", unit="step")
+    for step in step_iter:
+        tables = gen.step(step)
+        for kind, table in tables.items():
+            for rank in range(world_size):
+                part = table.filter(pc.equal(table["rank"], rank)) if world_size > 1 else table
+                writers[kind, rank].add(part)
+    for w in writers.values():
+        w.flush()
+    manifest["status"] = status
+    manifest["updated"] = datetime.now(timezone.utc).isoformat()
+    write_manifest(root, manifest)
+    return root
+
+
+class _Generator:
+    """Draws one step of tokens, samples and metrics at a time (see the module docstring)."""
+
+    def __init__(self, shape: _Shape, rng: np.random.Generator, vocab: list[str], rules: list[str],
+                 collapse_at: int | None, with_mu: bool, with_old: bool, with_topk: bool):
+        self.shape, self.rng, self.rules, self.collapse_at = shape, rng, rules, collapse_at
+        self.with_mu, self.with_old, self.with_topk = with_mu, with_old, with_topk
+        self.vocab = np.asarray(vocab, dtype=object)
+        self.vocab_arrow = pa.array(vocab, pa.string())
+
+    def step(self, step: int) -> dict[str, pa.Table]:
+        s, rng = self.shape, self.rng
+        c = _collapse_level(step, self.collapse_at)
+        n = s.samples_per_step
+        sample_ids = np.arange(n, dtype=np.int64) + step * n
+        groups = sample_ids // s.group_size
+        ranks = (np.arange(n) * s.world_size // n).astype(np.int16)
+        updates = (np.arange(n) * s.updates // n).astype(np.int16)
+        lengths = rng.integers(max(1, s.seq_len // 2), s.seq_len + 1, size=n).astype(np.int32)
+
+        # Rewards: success rate rises with training and falls with the collapse.
+        success = (0.2 + 0.5 * step / max(1, s.steps - 1)) * (1.0 - 0.8 * c)
+        rewards = (rng.random(n) < success).astype(np.float32)
+        by_group = rewards.reshape(-1, s.group_size)
+        adv_seq = ((by_group - by_group.mean(1, keepdims=True)) / (by_group.std(1, keepdims=True) + 1e-6))
+        adv_seq = adv_seq.reshape(-1).astype(np.float32)
+
+        # Token rows, sample-major then position.
+        total = int(lengths.sum())
+        owner = np.repeat(np.arange(n), lengths)
+        starts = np.cumsum(lengths) - lengths
+        pos = (np.arange(total) - np.repeat(starts, lengths)).astype(np.int32)
+        adv = adv_seq[owner]
+
+        # μ: a near-certain bulk and a long tail; the collapse makes the model over-confident.
+        bulk = rng.random(total) < 0.65 + 0.3 * c
+        nll = np.where(bulk, rng.exponential(0.03, total), rng.gamma(1.2, 2.5, total))
+        mu_logp = -np.clip(nll, 1e-6, 20.0)
+        token_ids = np.clip(np.abs(rng.normal(0, 3, total)) + 12 * nll, 0, len(self.vocab) - 1).astype(np.int32)
+
+        # π_old: mismatch noise on the logit, larger for unlikely tokens, with rare outliers.
+        sigma = (0.03 + 0.6 * c) * (1 + 0.3 * nll) * np.where(rng.random(total) < 0.002, 10.0, 1.0)
+        old_logit = _logit_of_logp(mu_logp) + rng.normal(0, 1, total) * sigma
+        old_logp = np.minimum(_log_sigmoid(old_logit), -1e-7)
+        # π: the update moves the token towards (A > 0) or away from (A ≤ 0) π_old, more in later updates.
+        push = 0.15 * np.sign(adv) * (1 + 0.5 * updates[owner])
+        pi_logp = np.minimum(_log_sigmoid(old_logit + push + rng.normal(0, 0.1 + 0.5 * c, total)), -1e-7)
+        anchor = mu_logp if self.with_mu else old_logp
+
+        tv, kl = _binary_divergences(pi_logp, anchor)
+        rest = -np.expm1(anchor)  # 1 − μ: mass the top-K view can move among other tokens
+        spread = np.abs(rng.normal(0, 1, total)) * sigma * 0.05
+        topk_tv = np.minimum(1.0, tv + rest * spread)
+        topk_kl = kl + rest * spread**2
+
+        entropy = (0.3 * (1 - 0.85 * c) + 0.5 * nll * (1 - 0.5 * c)) * rng.lognormal(0, 0.2, total)
+        blocked = _blocked(self.rules, pi_logp, anchor, adv, old_logp if self.with_old else None,
+                           topk_tv if self.with_topk else None, topk_kl if self.with_topk else None)
+
+        def col(x: np.ndarray, present: bool = True) -> pa.Array:
+            return pa.array(x.astype(np.float32)) if present else pa.nulls(total, pa.float32())
+
+        tokens = {
+            "step": pa.array(np.full(total, step, np.int32)),
+            "update": pa.array(updates[owner]),
+            "rank": pa.array(ranks[owner]),
+            "sample": pa.array(sample_ids[owner]),
+            "group": pa.array(groups[owner]),
+            "pos": pa.array(pos),
+            "token_id": pa.array(token_ids),
+            "token": pa.DictionaryArray.from_arrays(pa.array(token_ids), self.vocab_arrow),
+            "mu_logp": col(mu_logp, self.with_mu),
+            "old_logp": col(old_logp, self.with_old),
+            "pi_logp": col(pi_logp),
+            "ratio": col(np.exp(pi_logp - anchor)),
+            "binary_tv": col(tv),
+            "binary_kl": col(kl),
+            "topk_tv": col(topk_tv, self.with_topk),
+            "topk_kl": col(topk_kl, self.with_topk),
+            "entropy": col(entropy),
+            "advantage": col(adv),
+        }
+        for rule, mask in blocked.items():
+            tokens[blocked_column(rule)] = pa.nulls(total, pa.bool_()) if mask is None else pa.array(mask)
+
+        text = self.vocab[token_ids]
+        responses = ["".join(text[a : a + m]) for a, m in zip(starts, lengths)]
+        samples = {
+            "step": pa.array(np.full(n, step, np.int32)),
+            "rank": pa.array(ranks),
+            "sample": pa.array(sample_ids),
+            "group": pa.array(groups),
+            "prompt": pa.array([f"Problem {g}: what is {g % 97} + {g % 89}?" for g in groups]),
+            "response": pa.array(responses),
+            "reward": pa.array(rewards),
+            "advantage": pa.array(adv_seq),
+            "length": pa.array(lengths),
+        }
+        metrics = self._metrics(step, c, ranks, owner, rewards, entropy, lengths, blocked)
+        return {"tokens": pa.table(tokens), "samples": pa.table(samples), "metrics": metrics}
+
+    def _metrics(self, step: int, c: float, ranks: np.ndarray, owner: np.ndarray, rewards: np.ndarray,
+                 entropy: np.ndarray, lengths: np.ndarray,
+                 blocked: dict[str, np.ndarray | None]) -> pa.Table:
+        """Per-rank scalars, as a trainer logs them: reward, entropy, grad norm, blocked fractions."""
+        names: list[str] = []
+        values: list[float] = []
+        rank_col: list[int] = []
+        token_rank = ranks[owner]
+        for r in range(self.shape.world_size):
+            mine, tok = ranks == r, token_rank == r
+            grad = 0.5 * self.rng.lognormal(0, 0.15) * (1 + 20 * c * self.rng.lognormal(0, 0.5))
+            row = {
+                "reward/mean": float(rewards[mine].mean()),
+                "entropy/mean": float(entropy[tok].mean()),
+                "grad_norm": grad,
+                "response_length/mean": float(lengths[mine].mean()),
+            }
+            row.update({f"blocked/{rule}": float(m[tok].mean()) for rule, m in blocked.items() if m is not None})
+            names += list(row)
+            values += list(row.values())
+            rank_col += [r] * len(row)
+        k = len(names)
+        return pa.table({
+            "step": pa.array(np.full(k, step, np.int32)),
+            "rank": pa.array(np.asarray(rank_col, np.int16)),
+            "name": pa.array(names),
+            "value": pa.array(np.asarray(values, np.float64)),
+        })
+
+
+def _binary_divergences(pi_logp: np.ndarray, mu_logp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Binary TV and KL(μ‖π) of each token, from trustlens.divergence (float64)."""
+    import torch
+
+    from trustlens.divergence import binary_kl, binary_tv
+
+    pi, mu = torch.from_numpy(pi_logp), torch.from_numpy(mu_logp)
+    return binary_tv(pi, mu).numpy(), binary_kl(pi, mu).numpy()
+
+
+def _blocked(rules: list[str], pi_logp: np.ndarray, anchor: np.ndarray, adv: np.ndarray,
+             old_logp: np.ndarray | None, topk_tv: np.ndarray | None,
+             topk_kl: np.ndarray | None) -> dict[str, np.ndarray | None]:
+    """Every rule's decision per token, from trustlens.rules.evaluate_all; None for a rule whose
+    inputs were not recorded (its column stays null, as the recorder leaves it)."""
+    import torch
+
+    from trustlens.rules import get_rule, evaluate_all
+
+    def t(x: np.ndarray | None):
+        return None if x is None else torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64))
+
+    given = {"old_logp": t(old_logp), "topk_tv": t(topk_tv), "topk_kl": t(topk_kl)}
+    able = [r for r in rules if all(given[arg] is not None for arg in get_rule(r).needs)]
+    out = evaluate_all(able, pi_logp=t(pi_logp), mu_logp=t(anchor), advantages=t(adv), **given) if able else {}
+    return {r: out[r].numpy() if r in out else None for r in rules}
+
+
+def expected_token_rows(steps: int, samples_per_step: int, seq_len: int) -> int:
+    """The expected number of token rows of a synthetic run of these sizes (lengths ~ U[L/2, L])."""
+    lo = max(1, seq_len // 2)
+    return int(round(steps * samples_per_step * (lo + seq_len) / 2))
+
+
+__all__ = [
+    "DEFAULT_RULES",
+    "HOSTILE_VOCAB",
+    "VOCAB",
+    "expected_token_rows",
+    "write_manifest",
+    "write_part",
+    "write_synthetic_run",
+]
