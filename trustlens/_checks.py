@@ -74,3 +74,32 @@ def broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.
         f"advantages has shape {tuple(advantages.shape)}; expected per-sequence "
         f"({like.shape[0] if like.dim() else '?'},) or per-token {tuple(like.shape)}"
     )
+
+
+def check_nonnegative(name: str, t: object) -> torch.Tensor:
+    """Require a finite divergence (≥ 0 up to LOGP_TOLERANCE); return it upcast and clamped at 0."""
+    t = upcast(check_tensor(name, t))
+    neg = t < -LOGP_TOLERANCE
+    if bool(neg.any()):
+        idx = _first_index(neg)
+        raise ValueError(
+            f"{name} holds negative values (e.g. {float(t[idx]):.6g} at index {idx}); "
+            "a divergence is ≥ 0"
+        )
+    return t.clamp(min=0.0)
+
+
+def check_mask(name: str, t: object, like: torch.Tensor) -> torch.Tensor:
+    """Require a 0/1 (or bool) mask shaped like `like`; return it as a bool tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.shape != like.shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {tuple(like.shape)}")
+    if t.dtype != torch.bool:
+        bad = (t != 0) & (t != 1)
+        if bool(bad.any()):
+            idx = _first_index(bad)
+            raise ValueError(
+                f"{name} must hold only 0 and 1, got {float(t[idx]):.6g} at index {idx}"
+            )
+    return t.bool()

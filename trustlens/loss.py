@@ -1,0 +1,127 @@
+"""The policy loss of DESIGN §2: one form that trains under any trust-region rule.
+
+Per valid token (b, t), with sg the stop-gradient and `blocked` from trustlens.rules:
+
+    ℓ_bt = −A_bt · sg(w_bt) · (1 − blocked_bt) · log π(a_t)
+
+The weight w depends on the rule (C = clip_ratio_c, default 10):
+
+    default (ppo, ppo_clip_higher, minirl, dppo_*, pg_is)   w = min(π/μ, C)
+    cispo     (never blocks)                                 w = min(π/μ, 1 + high)
+    grpo_tis  (blocked by the PPO clip against π_old)        w = min(π/π_old, C)·min(π_old/μ, C_tis)
+
+with C_tis = `Rule.tis_cap` (2 by default). Only pi_logp carries a gradient: ∂ℓ/∂log π(a_t) =
+−A·w·(1 − blocked). Since ∂(π/μ)/∂log π = π/μ, for `ppo` this is exactly the gradient of the
+textbook clipped surrogate −min(r·A, clip(r, 1 − low, 1 + high)·A), r = π/μ, at every token with
+r ≤ C. At r > C the two differ only for A < 0 (with A > 0 such a token is blocked, as C > 1 + high):
+there this loss keeps the truncated gradient −A·C, where the textbook surrogate gives −A·r and
+dual-clip PPO (Ye et al. 2020, same C) gives 0. The value of ℓ is not the surrogate's value; only
+its gradient is meaningful.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from trustlens._checks import check_logp, check_mask
+from trustlens.rules import Rule, TokenInputs, get_rule
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum-norm")
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """What `policy_loss` returns. Fractions are detached 0-dim tensors, NaN when no token
+    falls in their group."""
+
+    loss: torch.Tensor  # scalar; backpropagates to pi_logp only
+    blocked: torch.Tensor  # (B, T) bool: the rule blocked this valid token (False on padding)
+    weight: torch.Tensor  # (B, T) the detached weight w of each token
+    blocked_frac: torch.Tensor  # blocked share of the valid tokens
+    blocked_frac_pos: torch.Tensor  # blocked share of the valid tokens with A > 0
+    blocked_frac_neg: torch.Tensor  # blocked share of the valid tokens with A < 0
+
+
+def _weight(rule: Rule, x: TokenInputs, clip_ratio_c: float) -> torch.Tensor:
+    """The rule's weight w per token, from log-ratios clamped before exp (no overflow)."""
+    if rule.weight == "cispo":
+        return torch.exp((x.pi_logp - x.mu_logp).clamp(max=math.log1p(rule.high)))
+    log_c = math.log(clip_ratio_c)
+    if rule.weight == "tis":
+        ppo = (x.pi_logp - x.old_logp).clamp(max=log_c)
+        return torch.exp(ppo + (x.old_logp - x.mu_logp).clamp(max=math.log(rule.tis_cap)))
+    return torch.exp((x.pi_logp - x.mu_logp).clamp(max=log_c))
+
+
+def _fraction(blocked: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    return (blocked & group).sum().double() / group.sum().double()
+
+
+def policy_loss(
+    rule: str | Rule,
+    *,
+    pi_logp: torch.Tensor,  # (B, T) log π(a_t), carries the gradient
+    mu_logp: torch.Tensor,  # (B, T) log μ(a_t)
+    advantages: torch.Tensor,  # (B,) per sequence or (B, T) per token
+    response_mask: torch.Tensor,  # (B, T) bool or 0/1: which positions are response tokens
+    old_logp: torch.Tensor | None = None,  # (B, T) log π_old(a_t)
+    topk_tv: torch.Tensor | None = None,  # (B, T)
+    topk_kl: torch.Tensor | None = None,  # (B, T)
+    low: float | None = None,
+    high: float | None = None,
+    clip_ratio_c: float = 10.0,
+    loss_agg_mode: str = "token-mean",
+) -> PolicyLoss:
+    """The loss of the module docstring under `rule`, aggregated over the valid tokens m_bt:
+
+        token-mean               Σ_bt m·ℓ / Σ_bt m                (0 when no token is valid)
+        seq-mean-token-sum-norm  Σ_bt m·ℓ / (B·T), T = response_mask.shape[-1]: the mean over
+                                 sequences of each one's token sum, divided by a constant — verl's
+                                 (Dr. GRPO's) convention; pad responses to the generation budget
+                                 so that T stays constant across steps.
+
+    `rule`, `low`, `high` and the inputs are as in `trustlens.rules.evaluate`; everything but
+    pi_logp is detached. Raises KeyError for an unknown rule and ValueError for bad input.
+    """
+    rule = get_rule(rule).with_thresholds(low, high)
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(
+            f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}; got {loss_agg_mode!r}"
+        )
+    if (
+        not isinstance(clip_ratio_c, (int, float))
+        or not math.isfinite(clip_ratio_c)
+        or clip_ratio_c <= 1
+    ):
+        raise ValueError(f"clip_ratio_c must be a finite number > 1, got {clip_ratio_c!r}")
+    pi = check_logp("pi_logp", pi_logp)
+    if pi.dim() != 2:
+        raise ValueError(f"pi_logp must have shape (B, T), got {tuple(pi.shape)}")
+    x = TokenInputs(
+        pi_logp=pi,
+        mu_logp=mu_logp,
+        advantages=advantages,
+        old_logp=old_logp,
+        topk_tv=topk_tv,
+        topk_kl=topk_kl,
+    )
+    mask = check_mask("response_mask", response_mask, pi)
+    blocked = x.blocked(rule) & mask
+    weight = _weight(rule, x, clip_ratio_c)
+    kept = (mask & ~blocked).to(pi.dtype)
+    total = (-(x.advantages * weight * kept) * pi).sum()
+    if loss_agg_mode == "token-mean":
+        loss = total / mask.sum().clamp(min=1)
+    else:
+        loss = total / mask.numel()
+    return PolicyLoss(
+        loss=loss,
+        blocked=blocked,
+        weight=weight,
+        blocked_frac=_fraction(blocked, mask),
+        blocked_frac_pos=_fraction(blocked, mask & (x.advantages > 0)),
+        blocked_frac_neg=_fraction(blocked, mask & (x.advantages < 0)),
+    )
