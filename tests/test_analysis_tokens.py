@@ -5,6 +5,8 @@ import pytest
 
 from trustlens.analysis.tokens import (
     TokenQuery,
+    alert_query,
+    alert_tokens,
     anchor_column,
     filter_tokens,
     rules_of,
@@ -124,3 +126,16 @@ def test_sample_text_and_step_range():
     assert sample_text(samples, 5) is None
     assert step_range(_tokens()) == (0, 1)
     assert step_range(_tokens().filter(pl.col("step") > 5)) is None
+
+
+def test_alert_query_and_tokens():
+    alert = {"step": 0, "samples": [1, 0],
+             "tokens": [{"sample": 1, "update": 0, "pos": 1}, {"sample": 0, "update": 0, "pos": 2},
+                        {"sample": 9, "update": 0, "pos": 0}]}
+    q = alert_query(alert)
+    assert q == TokenQuery(steps=(0, 0), samples=(1, 0))
+    assert len(_ids(filter_tokens(_tokens(), q))) == 5
+    assert alert_query({"step": 1, "samples": []}).samples is None
+    rows = alert_tokens(_tokens(), alert)
+    assert rows.select("sample", "pos").rows() == [(1, 1), (0, 2)]  # alert order; unknown token dropped
+    assert rows["token"].to_list() == [" dog", "<b>"]

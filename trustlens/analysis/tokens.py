@@ -161,3 +161,25 @@ def step_range(tokens: pl.LazyFrame) -> tuple[int, int] | None:
     df = tokens.select(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi")).collect()
     lo, hi = df.row(0)
     return None if lo is None else (int(lo), int(hi))
+
+
+def alert_query(alert: dict) -> TokenQuery:
+    """The rows behind a collapse alert (a row of `trustlens.analysis.collapse.detect_collapse`):
+    its first step, restricted to the samples that drove it when it names any."""
+    step = int(alert["step"])
+    samples = tuple(int(s) for s in (alert.get("samples") or ()))
+    return TokenQuery(steps=(step, step), samples=samples or None)
+
+
+def alert_tokens(tokens: pl.LazyFrame, alert: dict) -> pl.DataFrame:
+    """The exact (sample, update, pos) token rows an alert lists as its drivers, at its first step,
+    in the alert's order (most extreme first)."""
+    listed = alert.get("tokens") or []
+    keys = pl.DataFrame(
+        {"sample": [t["sample"] for t in listed], "update": [t["update"] for t in listed],
+         "pos": [t["pos"] for t in listed], "rank_in_alert": list(range(len(listed)))},
+        schema={"sample": pl.Int64, "update": pl.Int16, "pos": pl.Int32, "rank_in_alert": pl.Int64},
+    )
+    rows = tokens.filter(pl.col("step") == int(alert["step"])).join(
+        keys.lazy(), on=["sample", "update", "pos"], how="inner")
+    return rows.sort("rank_in_alert").drop("rank_in_alert").collect()
