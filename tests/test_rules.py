@@ -1,8 +1,10 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from trustlens import rules as rules_module
 from trustlens.divergence import binary_kl, binary_tv
 from trustlens.rules import RULES, Rule, evaluate, evaluate_all, resolve_rules
 
@@ -139,6 +141,37 @@ def test_every_rule_has_cases():
     assert {c[0] for c in CASES} == set(RULES)
 
 
+def test_paper_examples():
+    # μ = 1e-5 → π = 1e-4 with A > 0 (a rare token made 10× likelier: 9e-5 of mass moved), and
+    # μ = 0.99 → π = 0.8 with A < 0 (0.19 of mass moved, ratio 0.81)
+    out = evaluate_all(
+        ["ppo", "dppo_binary_tv"],
+        pi_logp=torch.log(torch.tensor([1e-4, 0.8])),
+        mu_logp=torch.log(torch.tensor([1e-5, 0.99])),
+        advantages=torch.tensor([1.0, -1.0]),
+    )
+    assert out["ppo"].tolist() == [True, False]
+    assert out["dppo_binary_tv"].tolist() == [False, True]
+
+
+def test_shared_quantities_computed_once(gen, monkeypatch):
+    calls = []
+    for name, fn in list(rules_module._MEASURES.items()):
+        monkeypatch.setitem(
+            rules_module._MEASURES,
+            name,
+            lambda pi, a, fn=fn, name=name: calls.append(name) or fn(pi, a),
+        )
+    tight_kl = Rule("tight_kl", 0.01, 0.01, "mu", "binary_kl", "binary KL with a 0.01 bound")
+    out = evaluate_all(
+        ["ppo", "ppo_clip_higher", "dppo_binary_kl", tight_kl, "minirl", "grpo_tis", "cispo"],
+        **_random_inputs(gen),
+    )
+    assert len(out) == 7
+    # ratio vs μ once, binary KL vs μ once, ratio vs π_old once
+    assert sorted(calls) == ["binary_kl", "ratio", "ratio"]
+
+
 def test_hand_checked_binary_kl_values():
     # the KL(μ ‖ π) values quoted in CASES, in float64
     pi = torch.log(torch.tensor([0.7, 0.6, 1e-4, 0.8], dtype=torch.float64))
@@ -242,6 +275,7 @@ def test_threshold_overrides():
     assert not bool(evaluate("ppo", pi_logp=pi, mu_logp=mu, advantages=a, high=0.5))
     assert bool(evaluate("ppo", pi_logp=pi, mu_logp=mu, advantages=a, low=0.9))  # low: other branch
     assert not bool(evaluate("cispo", pi_logp=pi, mu_logp=mu, advantages=a, high=0.5))
+    assert not bool(evaluate("ppo", pi_logp=pi, mu_logp=mu, advantages=a, high=np.float32(0.5)))
 
 
 def test_low_precision_inputs():

@@ -22,6 +22,7 @@ its gradient is meaningful.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -92,7 +93,7 @@ def policy_loss(
             f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}; got {loss_agg_mode!r}"
         )
     if (
-        not isinstance(clip_ratio_c, (int, float))
+        not isinstance(clip_ratio_c, numbers.Real)
         or not math.isfinite(clip_ratio_c)
         or clip_ratio_c <= 1
     ):

@@ -28,6 +28,7 @@ under.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -93,7 +94,8 @@ class Rule:
                 raise ValueError(
                     f"rule {self.name!r} has no {side} threshold; got {side}={value!r}"
                 )
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            if not real or not math.isfinite(value) or value < 0:
                 raise ValueError(
                     f"rule {self.name!r}: {side} must be a finite number ≥ 0, got {value!r}"
                 )
