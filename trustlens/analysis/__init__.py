@@ -1,0 +1,55 @@
+"""Queries over recorded runs (polars): a run's LazyFrames in, small DataFrames out.
+
+Modules, each documenting its return columns:
+    clipping   which tokens each rule blocks: per step, by token text, by μ-probability bucket,
+               by advantage sign; two rules compared on the same tokens; Figure-1 densities and
+               rule boundaries
+    mismatch   training-inference mismatch (μ vs π_old) per step and per μ bucket, verl names
+    collapse   per-step signals and collapse alerts with the tokens and samples behind them
+    summary    the per-step summary of a run (the dashboard's overview table)
+    tokens     token-inspector filters and one sample's tokens
+    buckets    log-spaced probability buckets and shared helpers
+
+Every query runs on polars' streaming engine and prunes by step where it filters on steps, so
+it works on runs of any size; none returns more rows than steps × rules or buckets × rules.
+"""
+
+from trustlens.analysis.buckets import bucket_table
+from trustlens.analysis.clipping import (
+    blocked_by_advantage_sign,
+    blocked_by_bucket,
+    blocked_by_token,
+    blocked_per_step,
+    confusion_matrix,
+    figure1_density,
+    rule_boundaries,
+    rule_confusion,
+)
+from trustlens.analysis.collapse import CollapseConfig, detect_collapse, step_signals
+from trustlens.analysis.mismatch import (
+    MISMATCH_COLUMNS,
+    mismatch_by_bucket,
+    mismatch_per_step,
+    mismatch_unavailable,
+)
+from trustlens.analysis.summary import step_summary
+
+__all__ = [
+    "MISMATCH_COLUMNS",
+    "CollapseConfig",
+    "blocked_by_advantage_sign",
+    "blocked_by_bucket",
+    "blocked_by_token",
+    "blocked_per_step",
+    "bucket_table",
+    "confusion_matrix",
+    "detect_collapse",
+    "figure1_density",
+    "mismatch_by_bucket",
+    "mismatch_per_step",
+    "mismatch_unavailable",
+    "rule_boundaries",
+    "rule_confusion",
+    "step_signals",
+    "step_summary",
+]

@@ -1,0 +1,122 @@
+"""Shared pieces of the run queries: log-spaced probability buckets, the token table's rules and
+anchor, and how a lazy query is collected.
+
+Probability buckets are log-spaced: with `per_decade` buckets per power of ten, bucket edges are
+10^(k/per_decade), from `min_p` up to 1; the lowest bucket also holds every probability below
+`min_p` (its lower edge is 0) and the highest one includes p = 1. Bucket 0 is the least likely.
+The bucket of a token is computed from its log-probability, so a probability of 1e-30 is bucketed
+exactly (no underflow).
+"""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+from trustlens.analysis.tokens import anchor_column, rules_of
+from trustlens.schema import blocked_column
+
+LN10 = math.log(10.0)
+
+# Defaults of every bucketed query: one bucket per decade from 1e-6 to 1.
+MIN_P = 1e-6
+PER_DECADE = 1
+
+
+def _lowest_k(min_p: float, per_decade: int) -> int:
+    if not 0.0 < min_p < 1.0:
+        raise ValueError(f"min_p must be in (0, 1), got {min_p!r}")
+    if not isinstance(per_decade, int) or per_decade < 1:
+        raise ValueError(f"per_decade must be a positive int, got {per_decade!r}")
+    return math.floor(round(math.log10(min_p) * per_decade, 9))
+
+
+def bucket_table(min_p: float = MIN_P, per_decade: int = PER_DECADE) -> pl.DataFrame:
+    """The buckets: `bucket` (0 = least likely), `p_lo`, `p_hi` (probability edges, the bucket is
+    [p_lo, p_hi), the top one includes 1) and a readable `label`."""
+    k0 = _lowest_k(min_p, per_decade)
+    ks = list(range(k0, 0))
+    lo = [0.0 if i == 0 else 10.0 ** (k / per_decade) for i, k in enumerate(ks)]
+    hi = [10.0 ** ((k + 1) / per_decade) for k in ks]
+    labels = [
+        f"< {h:.0e}" if i == 0 else (f"[{l:.2g}, 1]" if i == len(ks) - 1 else f"[{l:.0e}, {h:.0e})")
+        for i, (l, h) in enumerate(zip(lo, hi))
+    ]
+    return pl.DataFrame(
+        {"bucket": list(range(len(ks))), "p_lo": lo, "p_hi": hi, "label": labels},
+        schema={"bucket": pl.Int32, "p_lo": pl.Float64, "p_hi": pl.Float64, "label": pl.String},
+    )
+
+
+def bucket_expr(logp: str | pl.Expr, min_p: float = MIN_P, per_decade: int = PER_DECADE) -> pl.Expr:
+    """The bucket index (Int32, see `bucket_table`) of a log-probability column; null stays null."""
+    k0 = _lowest_k(min_p, per_decade)
+    col = pl.col(logp) if isinstance(logp, str) else logp
+    k = (col.cast(pl.Float64) / LN10 * per_decade).floor().clip(k0, -1)
+    return (k - k0).cast(pl.Int32)
+
+
+def collect(lf: pl.LazyFrame) -> pl.DataFrame:
+    """Run a query with polars' streaming engine (bounded memory on runs of any size)."""
+    return lf.collect(engine="streaming")
+
+
+def checked_rules(tokens: pl.LazyFrame, rules: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """`rules` (None: every rule evaluated in the run), each checked to have a blocked column."""
+    have = rules_of(tokens)
+    if rules is None:
+        return have
+    wanted = [rules] if isinstance(rules, str) else list(rules)
+    missing = [r for r in wanted if r not in have]
+    if missing:
+        raise ValueError(
+            f"rules: {', '.join(map(repr, missing))} not evaluated in this run "
+            f"(it has blocked columns for: {', '.join(have) or 'none'})"
+        )
+    return wanted
+
+
+def blocked_aggs(rules: list[str]) -> list[pl.Expr]:
+    """Per rule: `n_<rule>` (rows where the rule was evaluated) and `k_<rule>` (rows it blocks)."""
+    out: list[pl.Expr] = []
+    for r in rules:
+        col = pl.col(blocked_column(r))
+        out += [col.count().alias(f"n_{r}"), col.cast(pl.Int64).sum().alias(f"k_{r}")]
+    return out
+
+
+def long_by_rule(wide: pl.DataFrame, keys: list[str], rules: list[str]) -> pl.DataFrame:
+    """`blocked_aggs` columns of `wide` as long rows: keys…, rule, count, blocked, blocked_frac
+    (blocked / count; null where the rule was never evaluated)."""
+    parts = [
+        wide.select(
+            *keys,
+            pl.lit(r).alias("rule"),
+            pl.col(f"n_{r}").cast(pl.Int64).alias("count"),
+            pl.col(f"k_{r}").fill_null(0).cast(pl.Int64).alias("blocked"),
+        )
+        for r in rules
+    ]
+    if not parts:
+        return pl.DataFrame(schema={**{k: wide.schema[k] for k in keys}, "rule": pl.String,
+                                    "count": pl.Int64, "blocked": pl.Int64, "blocked_frac": pl.Float64})
+    long = pl.concat(parts)
+    return long.with_columns(
+        pl.when(pl.col("count") > 0).then(pl.col("blocked") / pl.col("count")).alias("blocked_frac")
+    )
+
+
+__all__ = [
+    "LN10",
+    "MIN_P",
+    "PER_DECADE",
+    "anchor_column",
+    "blocked_aggs",
+    "bucket_expr",
+    "bucket_table",
+    "checked_rules",
+    "collect",
+    "long_by_rule",
+    "rules_of",
+]

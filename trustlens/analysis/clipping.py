@@ -1,0 +1,292 @@
+"""Which tokens each trust-region rule blocks (polars, lazy in, small DataFrame out).
+
+Every function takes a run's token table (`Run.tokens`, a LazyFrame) and returns a small
+DataFrame. Counts per rule only include rows where the rule was evaluated (a null
+`blocked_<rule>` — e.g. a top-K rule without top-K data — is not counted), so `blocked_frac` =
+blocked / count is the fraction of evaluated tokens the rule blocks.
+
+The anchor probability on the x axis of the bucketed and Figure-1 queries is μ(a_t), or π_old(a_t)
+in a run without μ (see `trustlens.analysis.tokens.anchor_column`).
+
+Long-format results have the columns
+    keys…, rule, count, blocked, blocked_frac
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import polars as pl
+
+from trustlens.analysis.buckets import (
+    LN10,
+    MIN_P,
+    PER_DECADE,
+    anchor_column,
+    blocked_aggs,
+    bucket_expr,
+    bucket_table,
+    checked_rules,
+    collect,
+    long_by_rule,
+)
+from trustlens.schema import blocked_column
+
+Rules = str | Sequence[str] | None
+
+
+def blocked_per_step(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
+    """Per step and rule: step, rule, count, blocked, blocked_frac; sorted by step, rule order."""
+    rules = checked_rules(tokens, rules)
+    wide = collect(tokens.group_by("step").agg(blocked_aggs(rules)).sort("step"))
+    return long_by_rule(wide, ["step"], rules)
+
+
+def blocked_by_token(tokens: pl.LazyFrame, rules: Rules = None, *, top: int = 20,
+                     min_count: int = 1) -> pl.DataFrame:
+    """The most-blocked token texts of each rule: rule, token, count, blocked, blocked_frac.
+
+    For each rule, the `top` token texts with the most blocked rows (ties: higher fraction, then
+    text), among texts occurring at least `min_count` times; texts a rule never blocks are left
+    out. `count` is how often the text occurs (where the rule was evaluated). Token text is
+    untrusted: render it escaped (trustlens.plots does).
+    """
+    rules = checked_rules(tokens, rules)
+    wide = collect(
+        tokens.group_by(pl.col("token").cast(pl.String)).agg(blocked_aggs(rules))
+    )
+    long = long_by_rule(wide, ["token"], rules)
+    return (
+        long.filter((pl.col("blocked") > 0) & (pl.col("count") >= min_count))
+        .sort(["rule", "blocked", "blocked_frac", "token"], descending=[False, True, True, False])
+        .group_by("rule", maintain_order=True)
+        .head(top)
+        .select("rule", "token", "count", "blocked", "blocked_frac")
+        .sort(pl.col("rule").replace_strict({r: i for i, r in enumerate(rules)}, return_dtype=pl.Int32),
+              maintain_order=True)
+    )
+
+
+def blocked_by_bucket(tokens: pl.LazyFrame, rules: Rules = None, *, min_p: float = MIN_P,
+                      per_decade: int = PER_DECADE) -> pl.DataFrame:
+    """Per anchor-probability bucket and rule: bucket, p_lo, p_hi, label, rule, count, blocked,
+    blocked_frac; every bucket is listed (count 0 where no token falls). Rows with a null anchor
+    are left out."""
+    rules = checked_rules(tokens, rules)
+    anchor = anchor_column(tokens)
+    wide = collect(
+        tokens.filter(pl.col(anchor).is_not_null())
+        .group_by(bucket_expr(anchor, min_p, per_decade).alias("bucket"))
+        .agg(blocked_aggs(rules))
+    )
+    wide = bucket_table(min_p, per_decade).join(wide, on="bucket", how="left").with_columns(
+        pl.col(f"n_{r}").fill_null(0) for r in rules
+    )
+    return long_by_rule(wide, ["bucket", "p_lo", "p_hi", "label"], rules).sort(
+        ["rule", "bucket"], maintain_order=True
+    ).sort(pl.col("rule").replace_strict({r: i for i, r in enumerate(rules)}, return_dtype=pl.Int32),
+           maintain_order=True)
+
+
+ADVANTAGE_SIGN_ORDER = ("positive", "negative", "zero")
+
+
+def blocked_by_advantage_sign(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
+    """Per advantage sign (positive A > 0, negative A < 0, zero A = 0) and rule: sign, rule,
+    count, blocked, blocked_frac. Rows with a null advantage are left out."""
+    rules = checked_rules(tokens, rules)
+    adv = pl.col("advantage")
+    sign = pl.when(adv > 0).then(pl.lit("positive")).when(adv < 0).then(pl.lit("negative")).otherwise(pl.lit("zero"))
+    wide = collect(
+        tokens.filter(adv.is_not_null()).group_by(sign.alias("sign")).agg(blocked_aggs(rules))
+    )
+    signs = pl.DataFrame({"sign": list(ADVANTAGE_SIGN_ORDER)})
+    wide = signs.join(wide, on="sign", how="left").with_columns(pl.col(f"n_{r}").fill_null(0) for r in rules)
+    return long_by_rule(wide, ["sign"], rules)
+
+
+def rule_confusion(tokens: pl.LazyFrame, rule_a: str, rule_b: str, *, per_step: bool = True) -> pl.DataFrame:
+    """How two rules' decisions on the same tokens compare, per step (or overall).
+
+    Columns: [step,] count (rows where both rules were evaluated), both, only_a (blocked by
+    `rule_a`, not by `rule_b`), only_b, neither, only_a_frac, only_b_frac (of count), agreement
+    ((both + neither) / count).
+    """
+    checked_rules(tokens, [rule_a, rule_b])
+    a, b = pl.col(blocked_column(rule_a)), pl.col(blocked_column(rule_b))
+    aggs = [
+        pl.len().alias("count"),
+        (a & b).sum().cast(pl.Int64).alias("both"),
+        (a & ~b).sum().cast(pl.Int64).alias("only_a"),
+        (~a & b).sum().cast(pl.Int64).alias("only_b"),
+        (~a & ~b).sum().cast(pl.Int64).alias("neither"),
+    ]
+    lf = tokens.filter(a.is_not_null() & b.is_not_null())
+    df = collect(lf.group_by("step").agg(aggs).sort("step") if per_step else lf.select(aggs))
+    df = df.with_columns(pl.col("count").cast(pl.Int64))
+    return df.with_columns(
+        (pl.col("only_a") / pl.col("count")).alias("only_a_frac"),
+        (pl.col("only_b") / pl.col("count")).alias("only_b_frac"),
+        ((pl.col("both") + pl.col("neither")) / pl.col("count")).alias("agreement"),
+    )
+
+
+def confusion_matrix(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
+    """For every ordered pair of rules: rule_a, rule_b, count, only_a, only_a_frac — the tokens
+    `rule_a` blocks and `rule_b` lets through (rule_a == rule_b gives 0). One pass over the table.
+    """
+    rules = checked_rules(tokens, rules)
+    aggs = []
+    for ra in rules:
+        for rb in rules:
+            a, b = pl.col(blocked_column(ra)), pl.col(blocked_column(rb))
+            both_known = a.is_not_null() & b.is_not_null()
+            aggs += [both_known.sum().cast(pl.Int64).alias(f"n|{ra}|{rb}"),
+                     (a & ~b).fill_null(False).sum().cast(pl.Int64).alias(f"k|{ra}|{rb}")]
+    row = collect(tokens.select(aggs)).row(0, named=True) if aggs else {}
+    records = [
+        {"rule_a": ra, "rule_b": rb, "count": row[f"n|{ra}|{rb}"], "only_a": row[f"k|{ra}|{rb}"]}
+        for ra in rules for rb in rules
+    ]
+    df = pl.DataFrame(records, schema={"rule_a": pl.String, "rule_b": pl.String, "count": pl.Int64,
+                                       "only_a": pl.Int64})
+    return df.with_columns(
+        pl.when(pl.col("count") > 0).then(pl.col("only_a") / pl.col("count")).alias("only_a_frac")
+    )
+
+
+# ---------------------------------------------------------------- Figure 1 of the DPPO paper
+
+# Default y ranges of the Figure-1 densities: log10(ratio) in [-1, 1]; binary TV in [0, 0.5].
+RATIO_LOG10_RANGE = (-1.0, 1.0)
+TV_RANGE = (0.0, 0.5)
+
+
+def figure1_density(tokens: pl.LazyFrame, y: str = "ratio", *, rules: Rules = (), n_x: int = 60,
+                    n_y: int = 60, min_p: float = MIN_P, y_range: tuple[float, float] | None = None) -> pl.DataFrame:
+    """A 2-D histogram of a per-token quantity against the anchor probability (the paper's
+    Figure 1, binned so that a run of any size gives at most n_x · n_y cells).
+
+    x: log10 of the anchor probability, `n_x` equal bins over [log10 min_p, 0]. y: `ratio` is
+    binned as log10(ratio) over `y_range` (default ±1, ratios 0.1–10), `binary_tv` (or any other
+    column) linearly over `y_range` (default [0, 0.5]). Values outside a range fall into its edge
+    bin. Columns: x_bin, y_bin, x_lo, x_hi (probabilities), y_lo, y_hi (in y's own units), count,
+    and blocked_<rule> (blocked tokens in the cell) for each of `rules`. Only non-empty cells.
+    """
+    rules = checked_rules(tokens, rules)
+    if n_x < 1 or n_y < 1:
+        raise ValueError(f"n_x and n_y must be ≥ 1, got {n_x}, {n_y}")
+    names = tokens.collect_schema().names()
+    if y not in names:
+        raise ValueError(f"y: no column {y!r} in the token table")
+    log_y = y == "ratio"
+    lo, hi = y_range or (RATIO_LOG10_RANGE if log_y else TV_RANGE)
+    if not lo < hi:
+        raise ValueError(f"y_range must be (lo, hi) with lo < hi, got {(lo, hi)}")
+    anchor = anchor_column(tokens)
+    x_lo = np.log10(min_p)
+    xv = pl.col(anchor).cast(pl.Float64) / LN10
+    yv = pl.col(y).cast(pl.Float64)
+    if log_y:
+        yv = yv.log10()
+    x_bin = ((xv - x_lo) / (-x_lo) * n_x).floor().clip(0, n_x - 1).cast(pl.Int32)
+    y_bin = ((yv - lo) / (hi - lo) * n_y).floor().clip(0, n_y - 1).cast(pl.Int32)
+    lf = (
+        tokens.filter(pl.col(anchor).is_not_null() & pl.col(y).is_not_null() & pl.col(y).is_finite())
+        .filter(pl.col(y) > 0 if log_y else pl.lit(True))
+        .group_by(x_bin.alias("x_bin"), y_bin.alias("y_bin"))
+        .agg(pl.len().cast(pl.Int64).alias("count"),
+             *(pl.col(blocked_column(r)).cast(pl.Int64).sum().alias(blocked_column(r)) for r in rules))
+        .sort("x_bin", "y_bin")
+    )
+    df = collect(lf)
+    dx, dy = -x_lo / n_x, (hi - lo) / n_y
+    return df.with_columns(
+        (10 ** (x_lo + pl.col("x_bin") * dx)).alias("x_lo"),
+        (10 ** (x_lo + (pl.col("x_bin") + 1) * dx)).alias("x_hi"),
+        (lo + pl.col("y_bin") * dy).alias("y_lo"),
+        (lo + (pl.col("y_bin") + 1) * dy).alias("y_hi"),
+    ).with_columns(
+        (10 ** pl.col("y_lo")).alias("y_lo") if log_y else pl.col("y_lo"),
+        (10 ** pl.col("y_hi")).alias("y_hi") if log_y else pl.col("y_hi"),
+    ).select("x_bin", "y_bin", "x_lo", "x_hi", "y_lo", "y_hi", "count", *(blocked_column(r) for r in rules))
+
+
+def _solve_binary_kl(mu: np.ndarray, delta: float, above: bool) -> np.ndarray:
+    """π with KL(μ_bin ‖ π_bin) = delta, π > μ when `above` else π < μ (bisection, float64)."""
+    lo = mu.copy() if above else np.zeros_like(mu)
+    hi = np.ones_like(mu) if above else mu.copy()
+
+    def kl(pi: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return mu * np.log(mu / pi) + (1 - mu) * np.log((1 - mu) / (1 - pi))
+
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        beyond = kl(mid) > delta
+        if above:
+            hi, lo = np.where(beyond, mid, hi), np.where(beyond, lo, mid)
+        else:
+            lo, hi = np.where(beyond, mid, lo), np.where(beyond, hi, mid)
+    return 0.5 * (lo + hi)
+
+
+def rule_boundaries(rules: Mapping[str, Mapping[str, float | None]] | Sequence[str], *,
+                    min_p: float = MIN_P, n: int = 200) -> pl.DataFrame:
+    """Where each rule starts to block, drawn in the Figure-1 planes (ratio vs μ and TV vs μ).
+
+    `rules`: names (default thresholds from trustlens.rules.RULES) or the manifest's
+    {name: {low, high, ...}}. For each rule that compares π with μ through the ratio, the binary
+    TV or the binary KL, two curves over μ in [min_p, 1] (n log-spaced points):
+    side "upper" (A > 0: the token is blocked once π rises beyond it) and "lower" (A ≤ 0).
+    Columns: rule, side, mu, pi, ratio (= π/μ), tv (= |π − μ|). Points where the boundary
+    leaves [0, 1] are dropped. Rules anchored on π_old, top-K rules (not a function of μ alone) and
+    rules that never block have no curve.
+
+        ratio rule:      π = μ(1 + high),   π = μ(1 − low)
+        binary TV rule:  π = μ + high,      π = μ − low
+        binary KL rule:  KL(μ_bin ‖ π_bin) = high (π > μ),  = low (π < μ)
+    """
+    from trustlens.rules import get_rule
+
+    mu = np.logspace(np.log10(min_p), 0.0, n)[:-1]  # μ = 1 leaves no room to move up
+    frames = []
+    items = rules.items() if isinstance(rules, Mapping) else ((r, {}) for r in rules)
+    for name, given in items:
+        rule = get_rule(name)
+        if rule.anchor != "mu" or rule.measure not in ("ratio", "binary_tv", "binary_kl"):
+            continue
+        low = given.get("low", rule.low) if given.get("low") is not None else rule.low
+        high = given.get("high", rule.high) if given.get("high") is not None else rule.high
+        for side, bound in (("upper", high), ("lower", low)):
+            if bound is None:
+                continue
+            if rule.measure == "ratio":
+                pi = mu * (1 + bound if side == "upper" else 1 - bound)
+            elif rule.measure == "binary_tv":
+                pi = mu + bound if side == "upper" else mu - bound
+            else:
+                pi = _solve_binary_kl(mu, bound, side == "upper")
+            keep = (pi > 0) & (pi < 1)
+            frames.append(pl.DataFrame({
+                "rule": name, "side": side, "mu": mu[keep], "pi": pi[keep],
+                "ratio": pi[keep] / mu[keep], "tv": np.abs(pi[keep] - mu[keep]),
+            }))
+    if not frames:
+        return pl.DataFrame(schema={"rule": pl.String, "side": pl.String, "mu": pl.Float64,
+                                    "pi": pl.Float64, "ratio": pl.Float64, "tv": pl.Float64})
+    return pl.concat(frames)
+
+
+__all__ = [
+    "ADVANTAGE_SIGN_ORDER",
+    "blocked_by_advantage_sign",
+    "blocked_by_bucket",
+    "blocked_by_token",
+    "blocked_per_step",
+    "confusion_matrix",
+    "figure1_density",
+    "rule_boundaries",
+    "rule_confusion",
+]

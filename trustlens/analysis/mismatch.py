@@ -1,0 +1,153 @@
+"""Training-inference mismatch: how far the trainer's π_old is from the rollout engine's μ on the
+tokens μ sampled (polars, lazy in, small DataFrame out).
+
+With ρ = π_old(a_t)/μ(a_t) per token and log ρ clamped to ±20 (as verl does), the per-step
+quantities, named as verl's `rollout_corr/*` metrics where verl has one:
+
+    mismatch_kl       mean(log μ − log π_old)               K1 estimate of KL(μ ‖ π_old), nats
+    k3_kl             mean(ρ − 1 − log ρ)                   K3 estimate of KL(μ ‖ π_old), ≥ 0, nats
+    log_ppl_diff      mean over sequences of mean_t(log μ − log π_old)
+                      = log PPL_trainer − log PPL_rollout, nats
+    log_ppl_abs_diff  the same with |·| per sequence
+    chi2_token        mean(ρ²) − 1                          token-level χ²(π_old ‖ μ)
+    chi2_seq          mean over sequences of (Π_t ρ_t)² − 1 (log of the product clamped to ±20)
+    tv_mean, tv_max   mean / max of |π_old(a_t) − μ(a_t)|   (verl: training_rollout_probs_diff_*)
+    pearson           Pearson correlation of the probabilities μ(a_t) and π_old(a_t)
+
+Sequences are (step, update, sample). π_old is `old_logp`; where a run did not record it, the
+policy's log-probability at the first update of the step (`pi_logp` of rows with update 0,
+computed before any optimizer step, hence equal to π_old) stands in.
+
+A run without μ (an external trainer) has no mismatch to measure: every function then returns an
+empty frame with its usual columns, and `mismatch_unavailable` says why.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from trustlens.analysis.buckets import MIN_P, PER_DECADE, bucket_expr, bucket_table, collect
+
+# |log ρ| is clamped to this before exponentiating (verl's SAFETY_BOUND).
+LOG_RATIO_BOUND = 20.0
+
+# The per-step columns and their meaning (tooltips, docs).
+MISMATCH_COLUMNS: dict[str, str] = {
+    "tokens": "tokens with both μ and π_old",
+    "mismatch_kl": "mean(log μ − log π_old): K1 estimate of KL(μ‖π_old), nats",
+    "k3_kl": "mean(ρ − 1 − log ρ), ρ = π_old/μ: K3 estimate of KL(μ‖π_old), nats",
+    "log_ppl_diff": "log PPL(π_old) − log PPL(μ), averaged over sequences, nats",
+    "log_ppl_abs_diff": "|log PPL(π_old) − log PPL(μ)|, averaged over sequences, nats",
+    "chi2_token": "mean(ρ²) − 1: token-level χ² divergence",
+    "chi2_seq": "mean over sequences of (Π ρ)² − 1: sequence-level χ² divergence",
+    "tv_mean": "mean |π_old(a_t) − μ(a_t)|, probability",
+    "tv_max": "max |π_old(a_t) − μ(a_t)|, probability",
+    "pearson": "Pearson correlation of μ(a_t) and π_old(a_t)",
+}
+_TOKEN_LEVEL = ("mismatch_kl", "k3_kl", "chi2_token", "tv_mean", "tv_max", "pearson")
+
+
+def _trainer_logp() -> pl.Expr:
+    """π_old per row: old_logp, else pi_logp on rows of the step's first update."""
+    return pl.coalesce(pl.col("old_logp"), pl.when(pl.col("update") == 0).then(pl.col("pi_logp")))
+
+
+def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
+    """Rows with both μ and π_old, with mu, old (log-probs, float64) and log_rho."""
+    return (
+        tokens.with_columns(pl.col("mu_logp").cast(pl.Float64).alias("mu"),
+                            _trainer_logp().cast(pl.Float64).alias("old"))
+        .filter(pl.col("mu").is_not_null() & pl.col("old").is_not_null())
+        .with_columns((pl.col("old") - pl.col("mu")).alias("log_rho"))
+    )
+
+
+def _token_aggs() -> list[pl.Expr]:
+    log_rho = pl.col("log_rho").clip(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    rho = log_rho.exp()
+    p_mu, p_old = pl.col("mu").exp(), pl.col("old").exp()
+    return [
+        pl.len().cast(pl.Int64).alias("tokens"),
+        (-pl.col("log_rho")).mean().alias("mismatch_kl"),
+        (rho - 1 - log_rho).mean().alias("k3_kl"),
+        (rho * rho).mean().sub(1.0).alias("chi2_token"),
+        (p_old - p_mu).abs().mean().alias("tv_mean"),
+        (p_old - p_mu).abs().max().alias("tv_max"),
+        pl.corr(p_mu, p_old).alias("pearson"),
+    ]
+
+
+def _schema(keys: dict[str, pl.DataType], columns: tuple[str, ...]) -> dict[str, pl.DataType]:
+    return {**keys, "tokens": pl.Int64, **{c: pl.Float64 for c in columns}}
+
+
+def mismatch_unavailable(tokens: pl.LazyFrame) -> str | None:
+    """Why the mismatch of this token table cannot be measured, or None when it can."""
+    names = tokens.collect_schema().names()
+    if "mu_logp" not in names:
+        return "the token table has no mu_logp column: μ (the rollout engine's log-probabilities) was not recorded"
+    row = collect(
+        tokens.select(
+            pl.len().alias("rows"),
+            pl.col("mu_logp").is_not_null().sum().alias("mu"),
+            (pl.col("mu_logp").is_not_null() & _trainer_logp().is_not_null()).sum().alias("both"),
+        )
+    ).row(0, named=True)
+    if row["rows"] == 0:
+        return "the run has no token rows yet"
+    if row["mu"] == 0:
+        return ("μ (mu_logp) is null in every row: the run was recorded without the rollout "
+                "engine's log-probabilities, so the training-inference mismatch cannot be measured")
+    if row["both"] == 0:
+        return ("no row has both μ and π_old: old_logp was not recorded and no row of a step's "
+                "first update holds pi_logp")
+    return None
+
+
+def mismatch_per_step(tokens: pl.LazyFrame) -> pl.DataFrame:
+    """Per step: step, tokens, mismatch_kl, k3_kl, log_ppl_diff, log_ppl_abs_diff, chi2_token,
+    chi2_seq, tv_mean, tv_max, pearson (see the module docstring); sorted by step, only steps with
+    both μ and π_old. Empty (same columns) when `mismatch_unavailable` gives a reason."""
+    out_cols = ("mismatch_kl", "k3_kl", "log_ppl_diff", "log_ppl_abs_diff", "chi2_token", "chi2_seq",
+                "tv_mean", "tv_max", "pearson")
+    schema = _schema({"step": pl.Int32}, out_cols)
+    if "mu_logp" not in tokens.collect_schema().names():
+        return pl.DataFrame(schema=schema)
+    pairs = _pairs(tokens)
+    per_token = pairs.group_by("step").agg(_token_aggs())
+    per_seq = (
+        pairs.group_by("step", "update", "sample")
+        .agg((-pl.col("log_rho")).mean().alias("lpd"),
+             pl.col("log_rho").sum().clip(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).alias("log_rho_seq"))
+        .group_by("step")
+        .agg(pl.col("lpd").mean().alias("log_ppl_diff"),
+             pl.col("lpd").abs().mean().alias("log_ppl_abs_diff"),
+             ((2 * pl.col("log_rho_seq")).exp() - 1).mean().alias("chi2_seq"))
+    )
+    df = collect(per_token.join(per_seq, on="step").sort("step"))
+    return df.select(pl.col("step").cast(pl.Int32), pl.col("tokens").cast(pl.Int64),
+                     *(pl.col(c).cast(pl.Float64) for c in out_cols))
+
+
+def mismatch_by_bucket(tokens: pl.LazyFrame, *, min_p: float = MIN_P,
+                       per_decade: int = PER_DECADE) -> pl.DataFrame:
+    """Per μ-probability bucket: bucket, p_lo, p_hi, label, tokens, mismatch_kl, k3_kl,
+    chi2_token, tv_mean, tv_max, pearson; every bucket listed (tokens 0 and nulls where empty).
+    Empty when `mismatch_unavailable` gives a reason."""
+    buckets = bucket_table(min_p, per_decade)
+    schema = {**buckets.schema, **_schema({}, _TOKEN_LEVEL)}
+    if "mu_logp" not in tokens.collect_schema().names() or mismatch_unavailable(tokens) is not None:
+        return pl.DataFrame(schema=schema)
+    df = collect(_pairs(tokens).group_by(bucket_expr("mu", min_p, per_decade).alias("bucket")).agg(_token_aggs()))
+    out = buckets.join(df, on="bucket", how="left").with_columns(pl.col("tokens").fill_null(0))
+    return out.select(*buckets.columns, pl.col("tokens").cast(pl.Int64),
+                      *(pl.col(c).cast(pl.Float64) for c in _TOKEN_LEVEL)).sort("bucket")
+
+
+__all__ = [
+    "LOG_RATIO_BOUND",
+    "MISMATCH_COLUMNS",
+    "mismatch_by_bucket",
+    "mismatch_per_step",
+    "mismatch_unavailable",
+]
