@@ -19,9 +19,11 @@ _EXPORTS = {
     "load_runs": "trustlens.runs",
     "Run": "trustlens.runs",
     "RULES": "trustlens.rules",
+    "Rule": "trustlens.rules",
     "evaluate": "trustlens.rules",
     "evaluate_all": "trustlens.rules",
     "policy_loss": "trustlens.loss",
+    "PolicyLoss": "trustlens.loss",
     "binary_tv": "trustlens.divergence",
     "binary_kl": "trustlens.divergence",
     "topk_divergence": "trustlens.divergence",
@@ -39,9 +41,9 @@ if TYPE_CHECKING:
         topk_divergence,
         topk_from_logits,
     )
-    from trustlens.loss import policy_loss
+    from trustlens.loss import PolicyLoss, policy_loss
     from trustlens.recorder import NullRecorder, TokenRecorder
-    from trustlens.rules import RULES, evaluate, evaluate_all
+    from trustlens.rules import RULES, Rule, evaluate, evaluate_all
     from trustlens.runs import Run, load_run, load_runs
 
 
