@@ -59,10 +59,10 @@ def test_rules_and_anchor():
 def test_each_filter_alone():
     t = _tokens()
     assert _ids(filter_tokens(t, TokenQuery(steps=(1, 1)))) == [(2, 0, 0), (2, 0, 1), (2, 1, 0)]
-    assert _ids(filter_tokens(t, TokenQuery(rule="ppo"))) == [(0, 0, 1), (0, 0, 2), (1, 0, 1), (2, 1, 0)]
-    assert _ids(filter_tokens(t, TokenQuery(rule="ppo", blocked=False))) == [(0, 0, 0), (1, 0, 0), (2, 0, 0), (2, 0, 1)]
+    assert _ids(filter_tokens(t, TokenQuery(decisions=(("ppo", True),)))) == [(0, 0, 1), (0, 0, 2), (1, 0, 1), (2, 1, 0)]
+    assert _ids(filter_tokens(t, TokenQuery(decisions=(("ppo", False),)))) == [(0, 0, 0), (1, 0, 0), (2, 0, 0), (2, 0, 1)]
     # a null decision (rule not evaluable) matches neither blocked nor passed
-    assert (1, 0, 0) not in _ids(filter_tokens(t, TokenQuery(rule="dppo_binary_tv", blocked=False)))
+    assert (1, 0, 0) not in _ids(filter_tokens(t, TokenQuery(decisions=(("dppo_binary_tv", False),))))
     # μ in [0.01, 0.4): 0.05, 0.2, 0.3
     assert _ids(filter_tokens(t, TokenQuery(anchor_prob=(0.01, 0.4)))) == [(0, 0, 1), (1, 0, 1), (2, 0, 1)]
     assert _ids(filter_tokens(t, TokenQuery(advantage_sign="negative"))) == [(1, 0, 0), (1, 0, 1)]
@@ -76,8 +76,13 @@ def test_each_filter_alone():
     assert len(_ids(filter_tokens(t, TokenQuery()))) == 8
 
 
+def test_two_rules_disagreeing():
+    q = TokenQuery(decisions=(("ppo", True), ("dppo_binary_tv", False)))
+    assert _ids(filter_tokens(_tokens(), q)) == [(0, 0, 1), (2, 1, 0)]
+
+
 def test_filters_combine_with_and():
-    q = TokenQuery(steps=(0, 0), rule="ppo", advantage_sign="positive", anchor_prob=(0.0, 0.01))
+    q = TokenQuery(steps=(0, 0), decisions=(("ppo", True),), advantage_sign="positive", anchor_prob=(0.0, 0.01))
     assert _ids(filter_tokens(_tokens(), q)) == [(0, 0, 2)]
 
 
@@ -92,7 +97,7 @@ def test_anchor_bucket_uses_pi_old_without_mu():
     "query, message",
     [
         (TokenQuery(steps=(3, 1)), r"query.steps: first step 3 is after last step 1"),
-        (TokenQuery(rule="cispo"), r"rule 'cispo' was not evaluated in this run \(evaluated: ppo, dppo_binary_tv\)"),
+        (TokenQuery(decisions=(("ppo", True), ("cispo", False))), r"rule 'cispo' was not evaluated in this run \(evaluated: ppo, dppo_binary_tv\)"),
         (TokenQuery(anchor_prob=(0.5, 0.5)), r"query.anchor_prob must be 0 ≤ lo < hi"),
         (TokenQuery(advantage_sign="up"), r"query.advantage_sign must be one of"),
     ],
@@ -139,3 +144,4 @@ def test_alert_query_and_tokens():
     rows = alert_tokens(_tokens(), alert)
     assert rows.select("sample", "pos").rows() == [(1, 1), (0, 2)]  # alert order; unknown token dropped
     assert rows["token"].to_list() == [" dog", "<b>"]
+

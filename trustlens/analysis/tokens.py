@@ -32,8 +32,7 @@ class TokenQuery:
     """Filters on token rows; None means "no filter". All given filters must hold (AND)."""
 
     steps: tuple[int, int] | None = None  # inclusive range of steps
-    rule: str | None = None  # a rule whose decision is filtered on (with `blocked`)
-    blocked: bool | None = True  # with `rule`: True keeps rows it blocks, False rows it lets through
+    decisions: tuple[tuple[str, bool], ...] = ()  # (rule, blocked?) pairs that must all hold
     anchor_prob: tuple[float, float] | None = None  # anchor probability in [lo, hi), e.g. a μ bucket
     advantage_sign: AdvantageSign | None = None  # sign of the token's advantage (null never matches)
     text: str | None = None  # literal, case-insensitive substring of the decoded token text
@@ -64,9 +63,10 @@ def _check_query(query: TokenQuery, rules: Sequence[str]) -> None:
         lo, hi = query.steps
         if lo > hi:
             raise ValueError(f"query.steps: first step {lo} is after last step {hi}")
-    if query.rule is not None and query.rule not in rules:
-        raise ValueError(f"query.rule: rule {query.rule!r} was not evaluated in this run "
-                         f"(evaluated: {', '.join(rules) or 'none'})")
+    for rule, _ in query.decisions:
+        if rule not in rules:
+            raise ValueError(f"query.decisions: rule {rule!r} was not evaluated in this run "
+                             f"(evaluated: {', '.join(rules) or 'none'})")
     if query.anchor_prob is not None:
         lo, hi = query.anchor_prob
         if not 0.0 <= lo < hi:
@@ -83,9 +83,9 @@ def query_expr(query: TokenQuery, *, rules: Sequence[str], anchor: str = "mu_log
         conds.append(pl.col("step").is_between(query.steps[0], query.steps[1], closed="both"))
     if query.samples is not None:
         conds.append(pl.col("sample").is_in(list(query.samples)))
-    if query.rule is not None and query.blocked is not None:
-        col = pl.col(blocked_column(query.rule))
-        conds.append(col if query.blocked else ~col)
+    for rule, blocked in query.decisions:
+        col = pl.col(blocked_column(rule))
+        conds.append(col if blocked else ~col)
     if query.anchor_prob is not None:
         lo, hi = query.anchor_prob
         prob = pl.col(anchor).exp()
