@@ -19,7 +19,12 @@ import sys
 from trustlens import __version__
 
 # command -> (module that implements it, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("trustlens.train.commands", "RL fine-tune the built-in model under one trust-region rule, recording every token"),
+    "compare": ("trustlens.train.commands", "train the same settings under several rules, one run each"),
+    "demo": ("trustlens.train.commands", "the main job: the default training run, then the dashboard on it"),
+    "make-sample": ("trustlens.train.commands", "regenerate the shipped sample run (data/sample_run)"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,141 @@
+import os
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+
+import trustlens
+from trustlens.cli import main
+
+# a few-second run of the whole pipeline from a random model (no warm start needed)
+QUICK = ["--preset", "quick", "--checkpoint", "random", "--max-new-tokens", "6", "--quiet"]
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_help_documents_every_flag(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--rule", "--steps", "--out", "--seed", "--preset", "--checkpoint", "--lr",
+                 "--minibatches", "--group-size", "--rollout-precision", "--logit-noise", "--low", "--high"):
+        assert flag in text
+    assert "dppo_binary_tv" in text and "offpolicy" in text
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--steps", "many"], "invalid int value"),
+        (["train", "--preset", "huge"], "invalid choice"),
+        (["compare", "--rules", "ppo,ppo"], "listed twice"),
+        (["compare", "--seeds", "1,x"], "comma-separated integers"),
+    ],
+)
+def test_bad_arguments_exit_2_with_usage(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rule", "nope"], "unknown rule 'nope'; known rules: ppo,"),
+        (["--rollout-precision", "fp8"], "precision must be one of"),
+        (["--loss-agg-mode", "sum"], "loss_agg_mode must be one of"),
+        (["--steps", "0"], "steps must be ≥ 1"),
+        (["--group-size", "1"], "group_size must be ≥ 2"),
+        (["--rule", "pg_is", "--high", "0.3"], "has no high threshold"),
+        (["--temperature", "0"], "temperature must be > 0"),
+    ],
+)
+def test_bad_settings_exit_2_without_traceback(capsys, tmp_path, argv, message):
+    code, _, err = run_cli(capsys, "train", *QUICK, "--out", str(tmp_path / "r"), *argv)
+    assert code == 2
+    assert not (tmp_path / "r").exists()
+    assert message in err and "Traceback" not in err
+
+
+def test_compare_rejects_an_unknown_rule_before_training(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "compare", "--rules", "ppo,bogus", *QUICK, "--out", str(tmp_path))
+    assert code == 2 and "unknown rule 'bogus'" in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_missing_checkpoint(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "train", "--checkpoint", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r"))
+    assert code == 2
+    assert "nowhere" in err and "missing" in err and "Traceback" not in err
+
+
+def test_corrupt_checkpoint(capsys, tmp_path):
+    from trustlens.train.model import ModelConfig, build_model, build_tokenizer, save_checkpoint
+
+    ck = save_checkpoint(build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)),
+                         build_tokenizer(), tmp_path / "ck")
+    (ck / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    code, _, err = run_cli(capsys, "train", "--checkpoint", str(ck), "--out", str(tmp_path / "r"))
+    assert code == 2
+    assert "unreadable" in err and "Traceback" not in err
+
+
+def test_out_that_is_not_a_run_is_never_replaced(capsys, tmp_path):
+    (tmp_path / "mine.txt").write_text("keep me")
+    code, _, err = run_cli(capsys, "train", *QUICK, "--out", str(tmp_path))
+    assert code == 2 and "already exists" in err
+    code, _, err = run_cli(capsys, "train", *QUICK, "--out", str(tmp_path), "--overwrite")
+    assert code == 2 and "not a trustlens run" in err
+    assert (tmp_path / "mine.txt").read_text() == "keep me"
+
+
+def test_compare_trains_each_rule_into_its_own_run(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "compare", "--rules", "ppo,pg_is", "--steps", "2", *QUICK, "--out", str(tmp_path))
+    assert code == 0
+    runs = {r.manifest["active_rule"]: r for r in (trustlens.load_run(tmp_path / n) for n in ("ppo", "pg_is"))}
+    assert set(runs) == {"ppo", "pg_is"}
+    configs = [{k: v for k, v in r.manifest["config"].items() if k != "rule"} for r in runs.values()]
+    assert configs[0] == configs[1]  # same seed and settings
+    # same seed, same warm start: the first rollout batch is the same under both rules
+    first = [r.samples.filter(pl.col("step") == 0).sort("sample").collect()["response"].to_list() for r in runs.values()]
+    assert first[0] == first[1]
+    # a second run into the same place needs --overwrite
+    assert run_cli(capsys, "compare", "--rules", "ppo", "--steps", "1", *QUICK, "--out", str(tmp_path))[0] == 2
+    assert run_cli(capsys, "compare", "--rules", "ppo", "--steps", "1", *QUICK, "--out", str(tmp_path), "--overwrite")[0] == 0
+
+
+def test_demo_without_dashboard_prints_how_to_inspect(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "demo", *QUICK, "--out", str(tmp_path / "demo"), "--no-dashboard")
+    assert code == 0
+    assert "load_run" in out and str(tmp_path / "demo") in out
+    assert trustlens.load_run(tmp_path / "demo").manifest["status"] == "finished"
+
+
+def test_torchrun_two_processes_record_disjoint_shards(tmp_path):
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "trustlens.cli", "train", *QUICK, "--steps", "2", "--out", str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = trustlens.load_run(out)
+    assert run.manifest["world_size"] == 2 and run.manifest["status"] == "finished"
+    tokens = run.tokens.collect()
+    assert sorted(tokens["rank"].unique().to_list()) == [0, 1]
+    key = ["step", "update", "sample", "pos"]
+    assert tokens.select(key).is_duplicated().sum() == 0
+    by_rank = tokens.group_by("rank").agg(pl.col("sample").unique())
+    s0, s1 = (set(r) for r in by_rank.sort("rank")["sample"].to_list())
+    assert s0 and s1 and not s0 & s1  # each rank rolled out its own share of the prompts
+    samples = run.samples.collect()
+    assert samples.group_by("rank").len()["len"].to_list() == [2 * 4 * 4 // 2] * 2  # steps·prompts·G / ranks
+    metrics = run.metrics.collect()
+    assert metrics.select("step", "name").is_duplicated().sum() == 0  # logged once, reduced over ranks
+    assert metrics.filter(pl.col("name") == "eval/accuracy").height == 2

@@ -1,0 +1,276 @@
+"""The `trustlens train`, `compare`, `demo` and `make-sample` commands.
+
+    trustlens train --rule dppo_binary_tv --steps 60 --out runs/dppo --seed 0
+    trustlens compare --rules ppo,dppo_binary_tv,pg_is --steps 60 --out runs/
+    trustlens demo                      # the default run, then the dashboard on it
+    trustlens make-sample               # regenerate the shipped sample run, data/sample_run
+
+Data parallel on CPU: `torchrun --nproc_per_node 2 -m trustlens.cli train ...` (gloo); each rank
+rolls out its share of the prompts and records its own shard of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import time
+from dataclasses import fields, replace
+from pathlib import Path
+
+from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, TrainConfig, config_from_preset
+
+RULE_HELP = (
+    "trust-region rule that gates the updates (DESIGN §2): ppo, ppo_clip_higher, minirl, dppo_binary_tv, "
+    "dppo_binary_kl, dppo_topk_tv, dppo_topk_kl, *_recompute, cispo, pg_is, grpo_tis; "
+    "the full list is trustlens.rules.RULES [dppo_binary_tv]"
+)
+# (TrainConfig field, argparse type, help). The flag is --field-name; its default is the preset's.
+_CONFIG_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("steps", int, "training steps; each is one rollout batch"),
+    ("seed", int, "seed of the problems, the sampling and the minibatch order"),
+    ("low", float, "the rule's threshold when A ≤ 0 (default: the rule's own)"),
+    ("high", float, "the rule's threshold when A > 0 (default: the rule's own)"),
+    ("prompts_per_step", int, "problems per step, over all ranks"),
+    ("group_size", int, "responses sampled per problem (GRPO group size G)"),
+    ("minibatches", int, "optimizer updates per pass over a rollout batch"),
+    ("epochs", int, "passes over each rollout batch"),
+    ("lr", float, "AdamW learning rate"),
+    ("weight_decay", float, "AdamW weight decay"),
+    ("grad_clip", float, "max global gradient L2 norm"),
+    ("clip_ratio_c", float, "cap C of the importance weight min(π/μ, C)"),
+    ("loss_agg_mode", str, "loss aggregation over tokens: " + LOSS_AGG_MODES_HELP),
+    ("temperature", float, "sampling temperature τ (μ and π both use logits / τ)"),
+    ("max_new_tokens", int, "response length cap in tokens"),
+    ("topk", int, "K of μ's recorded top-K distribution"),
+    ("rollout_precision", str, "rollout engine weight precision: bf16 or fp32"),
+    ("logit_noise", float, "std of Gaussian noise on the rollout engine's logits"),
+    ("eval_every", int, "evaluate held-out accuracy every this many steps"),
+    ("eval_size", int, "held-out problems per evaluation (0 = no evaluation)"),
+    ("n_operands", int, "numbers per arithmetic problem"),
+    ("checkpoint", str, "warm-start checkpoint folder; 'random' starts from a random model"),
+    ("threads", int, "torch CPU threads per process"),
+    ("sample_every", int, "record prompts and responses every this many steps"),
+)
+
+
+
+def configure(name: str, parser: argparse.ArgumentParser) -> None:
+    """Add the flags of command `name` (train, compare, demo or make-sample)."""
+    parser.epilog = "presets: " + "; ".join(
+        f"{preset} = {', '.join(f'{k}={v}' for k, v in values.items()) or 'the defaults'}"
+        for preset, values in PRESETS.items()
+    )
+    if name == "train":
+        parser.add_argument("--rule", default="dppo_binary_tv", help=RULE_HELP)
+        parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<rule>)")
+        parser.set_defaults(func=_train)
+    elif name == "compare":
+        parser.add_argument("--rules", type=_rule_list, default="ppo,dppo_binary_tv,pg_is", help="comma-separated rules, each trained into its own run [ppo,dppo_binary_tv,pg_is]")
+        parser.add_argument("--seeds", type=_int_list, default="0", help="comma-separated seeds; several give OUT/<rule>-seed<S> runs [0]")
+        parser.add_argument("--out", type=Path, default=Path("runs"), help="parent directory: one run per rule, OUT/<rule> [runs]")
+        parser.set_defaults(func=_compare)
+    elif name == "demo":
+        parser.add_argument("--rule", default="dppo_binary_tv", help=RULE_HELP)
+        parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/demo-<time>)")
+        parser.add_argument("--port", type=int, default=8501, help="port of the dashboard [8501]")
+        parser.add_argument("--no-dashboard", action="store_true", help="only train; print how to inspect the run")
+        parser.set_defaults(func=_demo)
+    elif name == "make-sample":
+        parser.add_argument("--rules", type=_rule_list, default="ppo,dppo_binary_tv,pg_is", help="rules of the sample, one run each [ppo,dppo_binary_tv,pg_is]")
+        parser.add_argument("--out", type=Path, default=None, help="where to write it (default: the shipped data/sample_run)")
+        parser.set_defaults(func=_make_sample, preset="sample")
+    else:
+        raise ValueError(f"trustlens.train.commands has no command {name!r}")
+    if name != "make-sample":
+        parser.add_argument("--preset", choices=list(PRESETS), default="default", help="named settings that the flags below override (listed at the end) [default]")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing run directories instead of refusing")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    # compare and make-sample train several rules: per-rule thresholds make no sense there
+    several = {"low", "high"} if name in ("compare", "make-sample") else set()
+    _add_config_flags(parser, skip=several | ({"seed"} if name == "compare" else set()))
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, skip: set[str]) -> None:
+    defaults = TrainConfig.__dataclass_fields__
+    group = parser.add_argument_group("training settings (default: the preset's value; shown: the default preset's)")
+    for name, kind, text in _CONFIG_FLAGS:
+        if name in skip:
+            continue
+        flag = "--" + name.replace("_", "-")
+        group.add_argument(flag, dest=name, type=kind, default=None, help=f"{text} [{defaults[name].default}]")
+    group.add_argument(
+        "--no-scale-advantages", dest="scale_advantages", action="store_const", const=False, default=None,
+        help="advantages r − mean(r) without dividing by the group std (Dr. GRPO)",
+    )
+
+
+def _rule_list(text: str) -> list[str]:
+    """Comma-separated rule names (checked against the registry when the configs are built)."""
+    rules = [r.strip() for r in text.split(",") if r.strip()]
+    if not rules:
+        raise argparse.ArgumentTypeError(f"expected comma-separated rule names, got {text!r}")
+    if len(set(rules)) != len(rules):
+        raise argparse.ArgumentTypeError(f"a rule is listed twice in {text!r}")
+    return rules
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def _config(args: argparse.Namespace, **fixed) -> TrainConfig:
+    given = {f.name: getattr(args, f.name, None) for f in _config_fields()}
+    return config_from_preset(args.preset, **{**given, **fixed})
+
+
+def _config_fields():
+    return [f for f in fields(TrainConfig) if f.name not in ("rule", "record")]
+
+
+def _check_out(path: Path, overwrite: bool) -> bool:
+    """Whether an old run at `path` must be removed first; refuses to mix a new run into an
+    existing directory unless --overwrite, and never replaces anything but a trustlens run."""
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        return False
+    if not overwrite:
+        raise FileExistsError(f"--out {path} already exists; choose another directory or pass --overwrite")
+    if not (path / "run.json").is_file():
+        raise FileExistsError(f"--out {path} exists and is not a trustlens run; refusing to replace it")
+    return True
+
+
+def run_one(cfg, out: Path, *, overwrite: bool, quiet: bool):
+    """Train `cfg` into `out` (rank 0 prepares the directory) and print a one-line summary."""
+    from trustlens.train.trainer import init_world, train
+
+    world = init_world()
+    if world.main:
+        if _check_out(out, overwrite):
+            shutil.rmtree(out)
+        print(f"training rule {cfg.rule!r} for {cfg.steps} steps (seed {cfg.seed}, {world.size} process(es)) -> {out}")
+    _barrier()
+    result = train(cfg, out, progress=not quiet)
+    if world.main and result.eval_accuracy:
+        steps = sorted(result.eval_accuracy)
+        acc = " → ".join(f"{result.eval_accuracy[s]:.3f}" for s in (steps[0], steps[-1]))
+        mean_time = sum(result.step_times) / len(result.step_times)
+        print(f"{cfg.rule}: held-out accuracy {acc} (steps {steps[0]} → {steps[-1]}), {mean_time:.2f} s/step")
+    return result
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _is_main() -> bool:
+    """Whether this process is rank 0 (torchrun sets RANK; a plain process is rank 0)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _finish() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _train(args: argparse.Namespace) -> int:
+    cfg = _config(args, rule=args.rule)
+    out = args.out or Path("runs") / args.rule
+    try:
+        run_one(cfg, out, overwrite=args.overwrite, quiet=args.quiet)
+    finally:
+        _finish()
+    if _is_main():
+        _print_inspect(out)
+    return 0
+
+
+def compare(rules: list[str], seeds: list[int], out: Path, base, *, overwrite: bool = False, quiet: bool = False) -> dict[str, Path]:
+    """Train `base` under each rule and seed, same settings otherwise: {run name: run directory}."""
+    # every config and directory is checked before the first run starts
+    configs = {
+        (rule if len(seeds) == 1 else f"{rule}-seed{seed}"): replace(base, rule=rule, seed=seed)
+        for seed in seeds
+        for rule in rules
+    }
+    runs = {name: out / name for name in configs}
+    if _is_main():
+        for path in runs.values():
+            _check_out(path, overwrite)
+    for name, cfg in configs.items():
+        run_one(cfg, runs[name], overwrite=overwrite, quiet=quiet)
+    return runs
+
+
+def _compare(args: argparse.Namespace) -> int:
+    base = _config(args, seed=args.seeds[0])
+    try:
+        compare(args.rules, args.seeds, args.out, base, overwrite=args.overwrite, quiet=args.quiet)
+    finally:
+        _finish()
+    if _is_main():
+        print(f"runs in {args.out}/; compare them with trustlens.load_runs or the dashboard")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    cfg = _config(args, rule=args.rule)
+    out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    try:
+        run_one(cfg, out, overwrite=args.overwrite, quiet=args.quiet)
+    finally:
+        _finish()
+    if not _is_main():
+        return 0
+    launch = None if args.no_dashboard else _dashboard_launcher()
+    if launch is None:
+        _print_inspect(out)
+        return 0
+    return int(launch(str(out), port=args.port) or 0)
+
+
+def _dashboard_launcher():
+    """`trustlens.dashboard.launch` when the dashboard is installed, else None."""
+    try:
+        from trustlens.dashboard import launch
+    except ImportError:
+        return None
+    return launch
+
+
+def default_sample_dir() -> Path:
+    from trustlens.paths import data_path
+
+    return data_path("sample_run")
+
+
+def _make_sample(args: argparse.Namespace) -> int:
+    out = args.out or default_sample_dir()
+    base = _config(args)
+    try:
+        compare(args.rules, [base.seed], out, base, overwrite=True, quiet=args.quiet)
+    finally:
+        _finish()
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"sample runs ({', '.join(args.rules)}) written to {out}, {size / 1e6:.1f} MB")
+    return 0
+
+
+def _print_inspect(out: Path) -> None:
+    print(
+        f"run recorded in {out}\n"
+        f"  dashboard:  trustlens dashboard {out}\n"
+        f"  in Python:  import trustlens; run = trustlens.load_run({str(out)!r}); "
+        "run.tokens.collect()  # polars"
+    )

@@ -1,0 +1,100 @@
+"""Settings of the built-in training run: `TrainConfig` and its named presets.
+
+Kept free of torch at import time, so that `trustlens --help` stays fast; the checks that need
+the rule registry or torch import them when a config is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+RANDOM_INIT = "random"  # `checkpoint` value that starts from a random model instead of a warm start
+LOSS_AGG_MODES_HELP = "token-mean or seq-mean-token-sum-norm"  # see trustlens.loss.LOSS_AGG_MODES
+
+
+@dataclass
+class TrainConfig:
+    rule: str = "dppo_binary_tv"  # trust-region rule that gates the updates (DESIGN §2)
+    low: float | None = None  # the rule's threshold when A ≤ 0; None = the rule's default
+    high: float | None = None  # the rule's threshold when A > 0; None = the rule's default
+    steps: int = 60  # training steps; each is one rollout batch and `minibatches × epochs` updates
+    prompts_per_step: int = 16  # problems per step, summed over all ranks
+    group_size: int = 8  # G: responses sampled per problem (the GRPO group)
+    minibatches: int = 4  # optimizer updates per pass over the rollout batch
+    epochs: int = 1  # passes over the rollout batch
+    lr: float = 3e-4  # AdamW learning rate (constant)
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # max global gradient norm (L2), before the optimizer step
+    clip_ratio_c: float = 10.0  # C: cap of the importance weight min(π/μ, C)
+    loss_agg_mode: str = "token-mean"  # "token-mean" or "seq-mean-token-sum-norm"
+    scale_advantages: bool = True  # divide by the group std (GRPO); False = Dr. GRPO
+    temperature: float = 1.0  # sampling temperature τ of the rollouts
+    max_new_tokens: int = 24  # response length cap, in tokens
+    topk: int = 20  # K of μ's recorded top-K
+    rollout_precision: str = "bf16"  # rollout engine weights: "bf16" or "fp32"
+    logit_noise: float = 0.0  # std of Gaussian noise on the engine's logits (0 = none)
+    eval_every: int = 10  # evaluate every this many steps (and at the start and the end)
+    eval_size: int = 200  # held-out problems in each evaluation (greedy decoding)
+    n_operands: int = 3  # numbers per arithmetic problem
+    checkpoint: str | None = None  # warm-start folder; None = the shipped one, "random" = no warm start
+    seed: int = 0  # seeds the problems, the sampling and the minibatch order
+    threads: int = 1  # torch CPU threads per process
+    record: bool = True  # False: NullRecorder (nothing written; for overhead measurements)
+    sample_every: int = 1  # log prompts and responses every this many steps
+
+    def __post_init__(self) -> None:
+        from trustlens.loss import LOSS_AGG_MODES
+        from trustlens.rules import get_rule
+
+        get_rule(self.rule).with_thresholds(self.low, self.high)
+        for name in ("steps", "prompts_per_step", "minibatches", "epochs", "eval_every", "threads",
+                     "sample_every", "max_new_tokens", "topk", "n_operands"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be ≥ 2 (GRPO compares responses within a group), got {self.group_size}")
+        if self.eval_size < 0:
+            raise ValueError(f"eval_size must be ≥ 0, got {self.eval_size}")
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}")
+        if not self.lr > 0 or not self.grad_clip > 0:
+            raise ValueError(f"lr and grad_clip must be > 0, got lr={self.lr} grad_clip={self.grad_clip}")
+        self.rollout_config()  # validates temperature, precision, noise
+
+    def rollout_config(self):
+        """The RolloutConfig of the engine (validated)."""
+        from trustlens.train.rollout import RolloutConfig
+
+        return RolloutConfig(
+            temperature=self.temperature,
+            max_new_tokens=self.max_new_tokens,
+            topk=self.topk,
+            precision=self.rollout_precision,
+            logit_noise=self.logit_noise,
+        )
+
+
+# Named settings; explicit flags override them. "default" is what `trustlens train` runs.
+PRESETS: dict[str, dict] = {
+    "default": {},
+    # seconds: a smoke test of the whole pipeline
+    "quick": dict(steps=3, prompts_per_step=4, group_size=4, minibatches=2, eval_every=3, eval_size=16),
+    # the shipped sample run (data/sample_run): short, small files
+    "sample": dict(steps=30, prompts_per_step=8, eval_every=5, eval_size=100),
+    # a noisier inference engine: larger training–inference mismatch
+    "mismatch": dict(logit_noise=0.5),
+    # more updates per rollout batch and a larger step: π drifts far from μ, rules disagree most
+    "offpolicy": dict(minibatches=8, epochs=2, lr=1e-3),
+}
+
+
+def config_from_preset(preset: str = "default", **overrides) -> TrainConfig:
+    """The TrainConfig of a preset with `overrides` (None values are ignored) applied."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
+    known = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown TrainConfig fields {unknown}")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return TrainConfig(**{**PRESETS[preset], **given})

@@ -1,0 +1,219 @@
+"""The rollout engine: a separate copy of the policy that samples responses, like an inference server.
+
+It holds its own copy of the weights in its own precision (bfloat16 by default, as vLLM or
+SGLang would serve them; float32 on request), samples with a KV cache at temperature τ, and
+reports for every sampled token a_t what it believed:
+
+    mu_logp[b, t]        = log μ(a_t)  with  μ = softmax(logits_engine / τ)     (nats)
+    mu_topk_ids/logp     = μ's K most likely ids at t and their log μ, the sampled id forced in
+
+The trainer recomputes the same quantities with its own float32 weights (`response_logits`);
+the gap between the two is the training–inference mismatch the recorder measures. The engine
+receives the trainer's weights after every optimizer step (`sync_weights`), so μ always
+describes the policy that really sampled the tokens.
+
+`logit_noise` adds Gaussian noise (standard deviation in logit units, before the division by τ)
+to the engine's logits, imitating a noisier inference engine; μ is then the noisy distribution
+the tokens were really drawn from.
+
+Sequence layout shared with the trainer: prompts are left-padded to a common length P, responses
+right-padded to a common length T, so `input_ids` is (B, P + T) and the logits that predict the
+response are those at positions P − 1 … P + T − 2.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from trustlens.divergence import topk_from_logits
+
+PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass
+class RolloutConfig:
+    temperature: float = 1.0  # sampling temperature τ; μ and π are both softmax(logits / τ)
+    max_new_tokens: int = 32  # response length cap, in tokens (eos included)
+    topk: int = 20  # K: how many of μ's most likely ids are kept per token (sampled id forced in)
+    precision: str = "bf16"  # the engine's weight precision: "bf16" (default) or "fp32"
+    logit_noise: float = 0.0  # std of Gaussian noise added to the engine's logits (0 = none)
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {self.precision!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
+        if self.topk < 1:
+            raise ValueError(f"topk must be ≥ 1, got {self.topk}")
+        if self.logit_noise < 0:
+            raise ValueError(f"logit_noise must be ≥ 0, got {self.logit_noise}")
+
+
+@dataclass
+class Rollout:
+    """A batch of B sampled responses and what the engine believed about every token."""
+
+    input_ids: torch.Tensor  # (B, P + T) long: left-padded prompt, then right-padded response
+    attention_mask: torch.Tensor  # (B, P + T) long: 1 on real prompt and response tokens
+    prompt_len: int  # P
+    response_ids: torch.Tensor  # (B, T) long, pad_id after eos
+    response_mask: torch.Tensor  # (B, T) bool: True on generated tokens, eos included
+    mu_logp: torch.Tensor  # (B, T) float32: log μ(a_t), 0 on padding
+    mu_topk_ids: torch.Tensor  # (B, T, K) long: μ's top-K ids, the sampled id forced in
+    mu_topk_logp: torch.Tensor  # (B, T, K) float32: their log μ
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: torch.Tensor | slice) -> Rollout:
+        """The sub-batch of rows `index` (a minibatch), same P and T."""
+        return Rollout(
+            input_ids=self.input_ids[index],
+            attention_mask=self.attention_mask[index],
+            prompt_len=self.prompt_len,
+            response_ids=self.response_ids[index],
+            response_mask=self.response_mask[index],
+            mu_logp=self.mu_logp[index],
+            mu_topk_ids=self.mu_topk_ids[index],
+            mu_topk_logp=self.mu_topk_logp[index],
+        )
+
+    def lengths(self) -> torch.Tensor:
+        """Response lengths in tokens, (B,) long."""
+        return self.response_mask.sum(-1)
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding: 0 at each row's first real token. (B, L) long."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def response_logits(model: torch.nn.Module, batch: Rollout, temperature: float) -> torch.Tensor:
+    """The model's logits / τ at the positions that predict each response token. (B, T, V)
+
+    One full forward pass without a cache: this is how the trainer computes π_old and π.
+    """
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids(batch.attention_mask),
+        use_cache=False,
+    )
+    P = batch.prompt_len
+    return out.logits[:, P - 1 : -1] / temperature
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists as a left-padded (B, P) long tensor and its 0/1 attention mask."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
+    P = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), P), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, P - len(p) :] = 1
+    return ids, mask
+
+
+class RolloutEngine:
+    """Samples responses from its own (low-precision) copy of a causal LM, with a KV cache."""
+
+    def __init__(self, model: torch.nn.Module, config: RolloutConfig, *, eos_id: int, pad_id: int) -> None:
+        self.config = config
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+        # Cast the weights only: float buffers such as rotary frequencies stay float32, as an
+        # inference server keeps them.
+        dtype = PRECISIONS[config.precision]
+        for p in self.model.parameters():
+            p.data = p.data.to(dtype)
+
+    @torch.no_grad()
+    def sync_weights(self, trainer_model: torch.nn.Module) -> None:
+        """Copy the trainer's current weights into the engine (cast to the engine's precision)."""
+        source = dict(trainer_model.named_parameters())
+        for name, p in self.model.named_parameters():
+            if name not in source or source[name].shape != p.shape:
+                raise ValueError(f"sync_weights: trainer model has no parameter {name!r} of shape {tuple(p.shape)}")
+            p.copy_(source[name])
+
+    def _next_logits(self, logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """The engine's last-position logits as float32 / τ, with the optional noise. (B, V)"""
+        logits = logits.float()
+        if self.config.logit_noise > 0:
+            noise = torch.randn(logits.shape, generator=generator, dtype=logits.dtype)
+            logits = logits + self.config.logit_noise * noise
+        return logits / self.config.temperature
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+    ) -> Rollout:
+        """Sample one response per prompt (repeat a prompt G times for a GRPO group).
+
+        greedy=True takes the argmax instead of sampling (evaluation); μ is still reported at τ.
+        Generation stops when every row has emitted eos or after max_new_tokens tokens.
+        """
+        cfg = self.config
+        prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
+        B = prompt_ids.shape[0]
+        cache = DynamicCache()
+        mask = prompt_mask
+        pos = position_ids(mask)
+        out = self.model(
+            input_ids=prompt_ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        pos = pos[:, -1:]
+        finished = torch.zeros(B, dtype=torch.bool)
+        tokens, alive, logps, top_ids, top_logps = [], [], [], [], []
+        for _ in range(cfg.max_new_tokens):
+            scaled = self._next_logits(out.logits[:, -1], generator)  # (B, V)
+            if greedy:
+                tok = scaled.argmax(-1)
+            else:
+                tok = torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator).squeeze(-1)
+            tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
+            logp = scaled.gather(-1, tok[:, None]).squeeze(-1) - scaled.logsumexp(-1)
+            ids_k, logp_k = topk_from_logits(scaled, tok, cfg.topk, 1.0)
+            tokens.append(tok)
+            alive.append(~finished)
+            logps.append(torch.where(finished, torch.zeros_like(logp), logp))
+            top_ids.append(ids_k)
+            top_logps.append(logp_k)
+            finished = finished | (tok == self.eos_id)
+            if bool(finished.all()):
+                break
+            mask = torch.cat([mask, alive[-1].long()[:, None]], dim=1)
+            pos = pos + 1
+            out = self.model(
+                input_ids=tok[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+            )
+        response_ids = torch.stack(tokens, 1)
+        response_mask = torch.stack(alive, 1)
+        return Rollout(
+            input_ids=torch.cat([prompt_ids, response_ids], 1),
+            attention_mask=torch.cat([prompt_mask, response_mask.long()], 1),
+            prompt_len=prompt_ids.shape[1],
+            response_ids=response_ids,
+            response_mask=response_mask,
+            mu_logp=torch.stack(logps, 1),
+            mu_topk_ids=torch.stack(top_ids, 1),
+            mu_topk_logp=torch.stack(top_logps, 1).float(),
+        )

@@ -1,0 +1,397 @@
+"""The GRPO/DPPO trainer of the built-in run: rollouts from a separate engine, any trust-region rule.
+
+One training step, top to bottom (`train` below):
+
+ 1. Each rank draws `prompts_per_step / world_size` problems and the rollout engine (its own
+    bfloat16 copy of the weights, `trustlens.train.rollout`) samples G responses per problem at
+    temperature τ, reporting log μ(a_t) and μ's top-K for every token.
+ 2. Rewards from the task; GRPO group advantages A_i = (r_i − mean_G r) / (std_G r + ε), one per
+    response, broadcast to its tokens.
+ 3. The trainer recomputes log π_old(a_t) with its own float32 weights, logits divided by τ like
+    the engine's (DESIGN §1). μ vs π_old is the training–inference mismatch, logged per step.
+ 4. The batch is shuffled and split into `minibatches`; each minibatch is one optimizer update
+    (for `epochs` passes), so from the second update on π has moved away from μ and π_old and
+    the trust-region rule has something to decide. The loss is `trustlens.loss.policy_loss`
+    under the configured rule; AdamW with gradient-norm clipping.
+ 5. Every update is recorded token by token (`TokenRecorder`), with every rule of
+    `trustlens.rules.RULES` evaluated counterfactually on the same tokens.
+ 6. The engine receives the new weights (`sync_weights`), as an inference server would.
+
+Deviations from textbook GRPO (Shao et al. 2024), all common in current practice:
+ - no KL penalty to a reference model (β = 0), as in DAPO, Dr. GRPO and the DPPO paper;
+ - the importance weight and the trust region are anchored on the rollout policy μ, not on
+   π_old (the decoupled objective of DPPO): w = min(π/μ, C), and `ppo` clips π/μ; π_old is
+   recomputed for the mismatch metrics and for the rules anchored on it (`minirl`,
+   `*_recompute`, `grpo_tis`);
+ - the loss is a token mean over the minibatch (DAPO) by default rather than a mean over
+   sequences of per-sequence token means (`loss_agg_mode`);
+ - groups whose rewards are all equal get A = 0 and stay in the batch (no dynamic sampling);
+ - the group std is the unbiased one (as verl); `scale_advantages=False` drops it (Dr. GRPO);
+ - with data parallelism each rank takes the token mean of its own shard and the gradients are
+   averaged across ranks, so ranks weigh equally rather than tokens.
+
+Units: log-probabilities in nats, TV in probability mass, KL in nats, times in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trustlens.divergence import topk_divergence
+from trustlens.loss import policy_loss
+from trustlens.rules import RULES, evaluate_all
+from trustlens.train.config import RANDOM_INIT, TrainConfig
+from trustlens.train.rollout import Rollout, RolloutEngine, response_logits
+from trustlens.train.tasks import ArithmeticTask, Problem
+
+@dataclass
+class TrainResult:
+    run_dir: Path | None  # where the run was recorded (None with record=False)
+    eval_accuracy: dict[int, float] = field(default_factory=dict)  # step -> held-out accuracy
+    rewards: list[float] = field(default_factory=list)  # mean training reward per step
+    step_times: list[float] = field(default_factory=list)  # seconds per training step
+
+
+# ---------------------------------------------------------------------------------------------
+# Data parallelism: gloo on CPU, one process per rank, started by torchrun.
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int  # this process's rank
+    size: int  # number of processes
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_world() -> World:
+    """The process group from torchrun's environment (gloo), or a single process."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    if dist.is_initialized():
+        return World(dist.get_rank(), dist.get_world_size())
+    return World(0, 1)
+
+
+def all_reduce_(t: torch.Tensor, op: str = "mean") -> torch.Tensor:
+    """In place across ranks: "mean", "sum" or "max". A no-op in a single process."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        if op == "mean":
+            t /= dist.get_world_size()
+    return t
+
+
+def average_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Average the gradients over ranks with one flat all-reduce."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = all_reduce_(torch.cat([g.reshape(-1) for g in grads]))
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+# ---------------------------------------------------------------------------------------------
+# The pieces of a step.
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO advantages: each reward minus its group's mean, over the group's std when `scale`.
+
+    rewards: (N·G,) float, groups of G consecutive responses. Returns (N·G,) float32.
+    """
+    r = rewards.float().view(-1, group_size)
+    adv = r - r.mean(-1, keepdim=True)
+    if scale:
+        adv = adv / (r.std(-1, keepdim=True) + eps)
+    return adv.reshape(-1)
+
+
+def token_logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[ids] without materialising the log-softmax: (B, T, V), (B, T) -> (B, T)."""
+    return logits.gather(-1, ids[..., None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) in nats: (B, T, V) -> (B, T)."""
+    logp = torch.log_softmax(logits.float(), -1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of x over mask (True entries); NaN when the mask is empty."""
+    n = int(mask.sum())
+    return float(x[mask].double().sum() / n) if n else math.nan
+
+
+def mismatch_metrics(batch: Rollout, old_logits: torch.Tensor, old_logp: torch.Tensor) -> dict[str, float]:
+    """How far the engine's μ is from the trainer's π_old on this batch's tokens.
+
+    kl: mean of log μ − log π_old over tokens (a ~ μ, so an unbiased estimate of KL(μ‖π_old) per
+    token, nats); topk_kl / tv_mean / tv_max: the top-K KL and TV (DESIGN §1) per token;
+    log_ppl_diff: mean over responses of log PPL(π_old) − log PPL(μ), the per-token mean NLL gap.
+    """
+    m = batch.response_mask
+    tv, kl = topk_divergence(old_logits, batch.mu_topk_ids, batch.mu_topk_logp)
+    lengths = m.sum(-1).clamp(min=1)
+    nll_gap = ((batch.mu_logp - old_logp) * m).sum(-1) / lengths
+    return {
+        "mismatch/kl": masked_mean(batch.mu_logp - old_logp, m),
+        "mismatch/topk_kl": masked_mean(kl, m),
+        "mismatch/tv_mean": masked_mean(tv, m),
+        "mismatch/tv_max": float(tv[m].max()) if bool(m.any()) else math.nan,
+        "mismatch/log_ppl_diff": float(nll_gap.mean()),
+    }
+
+
+class BlockedCounter:
+    """Per rule, how many valid tokens it blocked among those with A > 0 and with A < 0."""
+
+    def __init__(self, rules: list[str]) -> None:
+        self.rules = rules
+        self.counts = torch.zeros(len(rules), 2, dtype=torch.float64)  # blocked (pos, neg)
+        self.totals = torch.zeros(2, dtype=torch.float64)  # tokens (pos, neg)
+
+    def add(self, blocked: dict[str, torch.Tensor], advantages: torch.Tensor, mask: torch.Tensor) -> None:
+        pos, neg = mask & (advantages > 0), mask & (advantages < 0)
+        self.totals += torch.tensor([pos.sum(), neg.sum()], dtype=torch.float64)
+        for i, rule in enumerate(self.rules):
+            b = blocked[rule]
+            self.counts[i, 0] += (b & pos).sum()
+            self.counts[i, 1] += (b & neg).sum()
+
+    def metrics(self) -> dict[str, float]:
+        out = {}
+        for i, rule in enumerate(self.rules):
+            for j, side in enumerate(("pos", "neg")):
+                total = float(self.totals[j])
+                out[f"blocked/{rule}/{side}"] = float(self.counts[i, j]) / total if total else math.nan
+        return out
+
+
+def decode_responses(tokenizer, batch: Rollout) -> list[str]:
+    """Each response's text, special tokens such as <eos> kept visible."""
+    return [tokenizer.decode(ids[m].tolist()) for ids, m in zip(batch.response_ids, batch.response_mask)]
+
+
+@torch.no_grad()
+def evaluate_accuracy(engine: RolloutEngine, tokenizer, task: ArithmeticTask, problems: list[Problem], world: World) -> float:
+    """Share of held-out problems answered right with greedy decoding, over all ranks' shares."""
+    mine = problems[world.rank :: world.size]
+    correct = torch.zeros(2, dtype=torch.float64)
+    if mine:
+        batch = engine.generate([tokenizer(p.prompt).input_ids for p in mine], greedy=True)
+        rewards = [task.reward(p, r) for p, r in zip(mine, decode_responses(tokenizer, batch))]
+        correct += torch.tensor([sum(r == 1.0 for r in rewards), len(mine)], dtype=torch.float64)
+    all_reduce_(correct, "sum")
+    return float(correct[0] / correct[1]) if correct[1] else math.nan
+
+
+def load_policy(cfg: TrainConfig):
+    """(model, tokenizer, meta) of the warm start, or a random model when checkpoint == "random"."""
+    from trustlens.train.model import ModelConfig, build_model, build_tokenizer, load_checkpoint
+
+    if cfg.checkpoint == RANDOM_INIT:
+        return build_model(ModelConfig(), seed=cfg.seed), build_tokenizer(), {"checkpoint": RANDOM_INIT}
+    return load_checkpoint(cfg.checkpoint)
+
+
+def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict):
+    from trustlens.recorder import NullRecorder, TokenRecorder
+
+    if not cfg.record or run_dir is None:
+        return NullRecorder()
+    return TokenRecorder(run_dir, rules=rules, active_rule=cfg.rule, tokenizer=tokenizer, config=asdict(cfg))
+
+
+# ---------------------------------------------------------------------------------------------
+# The run.
+
+
+def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True) -> TrainResult:
+    """Run `cfg` and record it into `run_dir` (see the module docstring). Returns the curves."""
+    world = init_world()
+    torch.set_num_threads(cfg.threads)
+    if cfg.prompts_per_step % world.size:
+        raise ValueError(f"prompts_per_step ({cfg.prompts_per_step}) must be divisible by the world size ({world.size})")
+    run_dir = Path(run_dir) if run_dir is not None and cfg.record else None
+    torch.manual_seed(cfg.seed)
+    rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + world.rank)
+
+    model, tokenizer, _ = load_policy(cfg)
+    model.train()
+    engine = RolloutEngine(model, cfg.rollout_config(), eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    task = ArithmeticTask(n_operands=cfg.n_operands)
+    eval_problems = task.eval_set(cfg.eval_size, seed=0)
+    # the active rule with its thresholds, every other rule at its defaults (counterfactual)
+    rules = {name: (None, None) for name in RULES} | {cfg.rule: (cfg.low, cfg.high)}
+    rule_names = list(rules)
+
+    n_prompts = cfg.prompts_per_step // world.size
+    n_rows = n_prompts * cfg.group_size  # responses per rank per step
+    result = TrainResult(run_dir)
+    bar = _progress_bar(cfg.steps, progress and world.main)
+    with make_recorder(cfg, run_dir, tokenizer, rules) as recorder:
+        for step in range(cfg.steps + 1):
+            metrics: dict[str, float] = {}
+            if cfg.eval_size and (step % cfg.eval_every == 0 or step == cfg.steps):
+                t = time.perf_counter()
+                acc = evaluate_accuracy(engine, tokenizer, task, eval_problems, world)
+                result.eval_accuracy[step] = acc
+                metrics.update({"eval/accuracy": acc, "time/eval": time.perf_counter() - t})
+            if step == cfg.steps:  # the last pass only evaluates the final weights
+                _log(recorder, world, step, metrics)
+                break
+            t_step = time.perf_counter()
+
+            # 1. rollouts: G responses per problem from the engine
+            problems = task.sample(n_prompts, rng)
+            prompts = [tokenizer(p.prompt).input_ids for p in problems]
+            batch = engine.generate([ids for ids in prompts for _ in range(cfg.group_size)], generator=rng)
+            t_rollout = time.perf_counter() - t_step
+
+            # 2. rewards and group advantages
+            responses = decode_responses(tokenizer, batch)
+            owners = [p for p in problems for _ in range(cfg.group_size)]
+            rewards = torch.tensor([task.reward(p, r) for p, r in zip(owners, responses)])
+            advantages = group_advantages(rewards, cfg.group_size, cfg.scale_advantages)  # (B,)
+            first = (step * world.size + world.rank) * n_rows  # sample ids unique over ranks and steps
+            sample_ids = torch.arange(first, first + n_rows)
+            group_ids = sample_ids // cfg.group_size
+            mask = batch.response_mask
+
+            # 3. π_old: the trainer's recomputation at the same weights, logits / τ
+            with torch.no_grad():
+                old_logits = response_logits(model, batch, cfg.temperature).float()  # (B, T, V)
+                old_logp = token_logp(old_logits, batch.response_ids)
+                metrics.update(mismatch_metrics(batch, old_logits, old_logp))
+                metrics["entropy/mean"] = masked_mean(entropy(old_logits), mask)
+            del old_logits
+
+            # 4.–5. minibatch updates under the rule, each recorded with every rule evaluated
+            counter = BlockedCounter(rule_names)
+            grad_norms, active_blocked = [], []
+            for epoch in range(cfg.epochs):
+                order = torch.randperm(n_rows, generator=rng)
+                for m, rows in enumerate(order.chunk(cfg.minibatches)):
+                    mb = batch.select(rows)
+                    logits = response_logits(model, mb, cfg.temperature).float()  # (b, T, V)
+                    pi_logp = token_logp(logits, mb.response_ids)
+                    with torch.no_grad():
+                        topk_tv, topk_kl = topk_divergence(logits.detach(), mb.mu_topk_ids, mb.mu_topk_logp)
+                        token_inputs = dict(
+                            mu_logp=mb.mu_logp, advantages=advantages[rows], old_logp=old_logp[rows],
+                            topk_tv=topk_tv, topk_kl=topk_kl,
+                        )
+                    out = policy_loss(
+                        cfg.rule, pi_logp=pi_logp, response_mask=mb.response_mask, low=cfg.low,
+                        high=cfg.high, clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode,
+                        **token_inputs,
+                    )
+                    optimizer.zero_grad(set_to_none=True)
+                    out.loss.backward()
+                    average_gradients(params)
+                    grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)))
+                    optimizer.step()
+
+                    with torch.no_grad():
+                        pi_logp = pi_logp.detach()
+                        blocked = evaluate_all(rules, pi_logp=pi_logp, **token_inputs)
+                        counter.add(blocked, advantages[rows][:, None], mb.response_mask)
+                        active_blocked.append(float(out.blocked_frac))
+                        recorder.record(
+                            step,
+                            update=epoch * cfg.minibatches + m,
+                            token_ids=mb.response_ids,
+                            response_mask=mb.response_mask,
+                            pi_logp=pi_logp,
+                            advantages=advantages[rows],
+                            mu_logp=mb.mu_logp,
+                            old_logp=old_logp[rows],
+                            logits=logits.detach(),  # the recorder takes π's entropy and top-K TV/KL from them
+                            mu_topk_ids=mb.mu_topk_ids,
+                            mu_topk_logp=mb.mu_topk_logp,
+                            sample_ids=sample_ids[rows],
+                            group_ids=group_ids[rows],
+                        )
+
+            # 6. the engine serves the new weights
+            engine.sync_weights(model)
+
+            step_time = time.perf_counter() - t_step
+            lengths = batch.lengths().float()
+            metrics.update(counter.metrics())
+            metrics.update({
+                "reward/mean": float(rewards.mean()),
+                "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+                "response_length/mean": float(lengths.mean()),
+                "grad_norm": sum(grad_norms) / len(grad_norms),
+                "blocked/active": sum(active_blocked) / len(active_blocked),
+                "time/step": step_time,
+                "time/rollout": t_rollout,
+            })
+            if step % cfg.sample_every == 0:
+                recorder.log_samples(
+                    step,
+                    prompts=[p.prompt for p in owners],
+                    responses=responses,
+                    rewards=rewards.tolist(),
+                    advantages=advantages.tolist(),
+                    lengths=lengths.long().tolist(),
+                    sample_ids=sample_ids.tolist(),
+                    group_ids=group_ids.tolist(),
+                )
+            logged = _log(recorder, world, step, metrics)
+            result.rewards.append(logged["reward/mean"])
+            result.step_times.append(step_time)
+            if bar is not None:
+                bar.update(1)
+                acc = result.eval_accuracy[max(result.eval_accuracy)] if result.eval_accuracy else math.nan
+                bar.set_postfix(reward=f"{logged['reward/mean']:.2f}", acc=f"{acc:.2f}")
+    if bar is not None:
+        bar.close()
+    return result
+
+
+def _log(recorder, world: World, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    """Reduce the metrics over ranks and log them once, from rank 0.
+
+    `*_max` metrics take the maximum over ranks, the others the mean of the ranks' finite values
+    (NaN, e.g. a blocked share with no A > 0 token, counts as no value).
+    """
+    names = sorted(metrics)
+    values = torch.tensor([metrics[n] for n in names], dtype=torch.float64)
+    finite = torch.isfinite(values)
+    is_max = torch.tensor([n.endswith("_max") for n in names])
+    sums = all_reduce_(torch.where(finite, values, 0.0), "sum")
+    counts = all_reduce_(finite.double(), "sum")
+    maxes = all_reduce_(torch.where(finite, values, -math.inf), "max")
+    reduced_values = torch.where(is_max, maxes, sums / counts)
+    reduced = {n: float(v) if math.isfinite(v) else math.nan for n, v in zip(names, reduced_values.tolist())}
+    if world.main:
+        recorder.log_metrics(step, reduced)
+    return reduced
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
+
