@@ -10,8 +10,11 @@ The column docs are used for validation, for the docs and for the dashboard's to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
+
+from trustlens import __version__
 
 SCHEMA_VERSION = 1
 # keys of the Parquet file metadata that every part file carries
@@ -115,3 +118,48 @@ def column_doc(name: str) -> str:
     if rule is not None:
         return f"True where rule {rule!r} blocks the update"
     raise KeyError(f"unknown column {name!r}")
+
+
+def table_schema(table: str, rules: list[str] | tuple[str, ...] = ()) -> pa.Schema:
+    """The Arrow schema of `table` ("tokens", "samples" or "metrics"), with the Parquet metadata
+    every part file carries (schema version, trustlens version); `rules` adds the
+    `blocked_<rule>` token columns."""
+    if table not in TABLES:
+        raise KeyError(f"unknown table {table!r}; known: {', '.join(TABLES)}")
+    columns = token_columns(rules) if table == "tokens" else TABLES[table]
+    return arrow_schema(columns, file_metadata())
+
+
+def file_metadata() -> dict[bytes, bytes]:
+    """The key/value metadata of every part file: schema version and trustlens version."""
+    return {META_SCHEMA_VERSION: str(SCHEMA_VERSION).encode(), META_TRUSTLENS_VERSION: __version__.encode()}
+
+
+# ---- the layout of a run directory (DESIGN §4) ----
+
+MANIFEST = "run.json"
+# part files of one table and rank: RUN_DIR/<table>/rank=<R>/part-<NNNNNN>.parquet
+PART_GLOB = "rank=*/part-*.parquet"
+
+# the keys of run.json and their meaning
+MANIFEST_FIELDS: dict[str, str] = {
+    "schema_version": "version of this data contract (SCHEMA_VERSION) the run was written with",
+    "trustlens_version": "trustlens version that wrote the run",
+    "status": "running | finished | failed",
+    "error": "the error that ended a failed run (type: message), else null",
+    "created": "UTC time the recorder opened the run, ISO 8601",
+    "updated": "UTC time of the last part file or status change, ISO 8601",
+    "config": "the training configuration passed to the recorder (free-form JSON)",
+    "rules": "every evaluated rule: {name: {low, high, anchor, description}}",
+    "active_rule": "the rule the run trains with (null when unknown)",
+    "world_size": "number of ranks recording shards",
+    "anchor": "what ratio and divergences compare π with: mu (the rollout policy), old (π_old, "
+    "when μ was not recorded) or mixed; null before the first record",
+    "missing": "token quantities never recorded so far (their columns are null)",
+    "flush": "writer settings: rows_per_file and flush_seconds (the most a killed run loses)",
+}
+
+
+def part_path(run_dir: str | Path, table: str, rank: int, index: int) -> Path:
+    """The path of part file number `index` of `table` written by `rank`."""
+    return Path(run_dir) / table / f"rank={rank}" / f"part-{index:06d}.parquet"

@@ -1,0 +1,61 @@
+import json
+
+import pyarrow as pa
+import pytest
+
+from trustlens import TokenRecorder, __version__
+from trustlens.schema import (
+    MANIFEST_FIELDS,
+    META_SCHEMA_VERSION,
+    META_TRUSTLENS_VERSION,
+    SCHEMA_VERSION,
+    TABLES,
+    blocked_column,
+    column_doc,
+    part_path,
+    rule_of_column,
+    table_schema,
+)
+
+
+def test_token_schema_is_the_contract():
+    schema = table_schema("tokens", ["ppo", "dppo_binary_tv"])
+    assert schema.names[:7] == ["step", "update", "rank", "sample", "group", "pos", "token_id"]
+    assert [str(schema.field(n).type) for n in ("step", "update", "rank", "sample", "group", "pos", "token_id")] == [
+        "int32", "int16", "int16", "int64", "int64", "int32", "int32"
+    ]
+    assert schema.field("token").type == pa.dictionary(pa.int32(), pa.string())
+    floats = ["mu_logp", "old_logp", "pi_logp", "ratio", "binary_tv", "binary_kl", "topk_tv", "topk_kl", "entropy", "advantage"]
+    assert schema.names[8:18] == floats and all(schema.field(n).type == pa.float32() for n in floats)
+    assert schema.names[18:] == ["blocked_ppo", "blocked_dppo_binary_tv"]
+    assert schema.field("blocked_ppo").type == pa.bool_()
+    assert not schema.field("pi_logp").nullable and schema.field("mu_logp").nullable
+    assert schema.metadata[META_SCHEMA_VERSION] == str(SCHEMA_VERSION).encode()
+    assert schema.metadata[META_TRUSTLENS_VERSION] == __version__.encode()
+
+
+def test_every_column_has_a_doc():
+    for table in TABLES:
+        for name in table_schema(table, ["ppo"]).names:
+            assert column_doc(name)
+    assert "'ppo'" in column_doc("blocked_ppo")
+    with pytest.raises(KeyError, match="unknown column 'nope'"):
+        column_doc("nope")
+    with pytest.raises(KeyError, match="unknown table 'nope'"):
+        table_schema("nope")
+
+
+def test_rule_columns_round_trip():
+    assert rule_of_column(blocked_column("dppo_topk_kl")) == "dppo_topk_kl"
+    assert rule_of_column("ratio") is None
+
+
+def test_part_path_layout(tmp_path):
+    assert part_path(tmp_path, "tokens", 3, 12) == tmp_path / "tokens" / "rank=3" / "part-000012.parquet"
+
+
+def test_manifest_fields_document_what_the_recorder_writes(tmp_path):
+    with TokenRecorder(tmp_path / "run", rules=["ppo"]):
+        pass
+    manifest = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert set(manifest) == set(MANIFEST_FIELDS)

@@ -1,0 +1,563 @@
+"""TokenRecorder: the per-token logging hook of a training loop, and its do-nothing twin.
+
+    with TokenRecorder("runs/exp1", rules=["ppo", "dppo_binary_tv"], tokenizer=tok,
+                       active_rule="dppo_binary_tv", config=cfg) as rec:
+        for step in ...:
+            rec.record(step, token_ids=ids, response_mask=mask, pi_logp=pi, mu_logp=mu,
+                       old_logp=old, advantages=adv)
+            rec.log_metrics(step, {"reward/mean": r})
+
+`record` computes, on the device of its tensors, for every valid (response_mask) position: the
+ratio π/anchor, the binary TV and KL, the top-K TV and KL (when π's logits and μ's top-K are
+given), the entropy of π (from the logits when not given) and the decision of every evaluated
+rule (`blocked_<rule>`, trustlens.rules). It then copies the compact per-row arrays to the CPU and
+hands them to a background writer (trustlens.writer): the training step does not wait on disk
+unless the writer's bounded queue is full.
+
+The anchor of ratio and divergences is μ. When μ is not given (an external trainer without the
+rollout engine's log-probs), they are anchored on π_old, `mu_logp` is null and the manifest
+says `"anchor": "old"`. Rules whose inputs are missing (π_old for `minirl`, top-K for
+`dppo_topk_*`) get a null `blocked_<rule>` column; the manifest lists what is missing.
+
+Logits are taken as given: when the rollout engine samples at temperature τ, pass logits already
+divided by τ so that π and μ describe the same distribution (DESIGN §1).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from trustlens import __version__
+from trustlens._checks import _first_index, broadcast_advantages, check_logp, check_mask, check_nonnegative, check_tensor
+from trustlens.divergence import topk_divergence
+from trustlens.rules import RULES, RuleSpec, TokenInputs, resolve_rules
+from trustlens.schema import SCHEMA_VERSION, blocked_column, part_path, table_schema
+from trustlens.writer import BackgroundWriter, TokenBatch, WriterStats, utc_now
+
+# float token columns in file order; the ones a caller may leave out are listed in the manifest's
+# "missing" when they were never recorded
+FLOAT_COLUMNS = ("mu_logp", "old_logp", "pi_logp", "ratio", "binary_tv", "binary_kl", "topk_tv",
+                 "topk_kl", "entropy", "advantage")
+OPTIONAL_COLUMNS = ("mu_logp", "old_logp", "topk_tv", "topk_kl", "entropy")
+# logits are processed in gathered chunks of about this many elements (rows × vocabulary)
+LOGIT_CHUNK_ELEMENTS = 1 << 24
+# default sample ids: step · SAMPLE_STEP + rank · SAMPLE_RANK + index of the sample in the step
+SAMPLE_STEP, SAMPLE_RANK = 10**9, 10**6
+
+
+def distributed_rank() -> tuple[int, int]:
+    """(rank, world size) from torch.distributed when it is initialised, else (0, 1)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy −Σ_v p_v log p_v of softmax(logits) over the last dim, in nats, float32 or wider.
+
+    `logits` (..., V) may hold −inf (tokens the policy cannot emit); they contribute 0.
+    """
+    logp = torch.log_softmax(logits.float() if logits.dtype != torch.float64 else logits, dim=-1)
+    return -(torch.exp(logp) * logp.nan_to_num(neginf=0.0)).sum(-1)
+
+
+def _config_dict(config: Any) -> dict[str, Any] | None:
+    """The run's config as a JSON-able dict: dataclasses and mappings are converted."""
+    if config is None:
+        return None
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    if isinstance(config, Mapping):
+        return dict(config)
+    raise ValueError(f"config must be a dataclass instance or a mapping, got {type(config).__name__}")
+
+
+def _int_arg(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = int(value)
+    if isinstance(value, (bool, float)) or not isinstance(value, (int, np.integer)) or not low <= value < high:
+        raise ValueError(f"{name} must be an integer in [{low}, {high}), got {value!r}")
+    return int(value)
+
+
+def _id_tensor(name: str, t: object, shape: tuple[int, ...]) -> torch.Tensor:
+    """Require an integer tensor of `shape` with values ≥ 0."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {shape}")
+    return t
+
+
+class TokenRecorder:
+    """Records every generated token of a run into RUN_DIR (DESIGN §4); see the module docstring.
+
+    run_dir: the run directory; created. This rank's part files must not exist yet.
+    rules: rules to evaluate per token: names, `Rule`s, or {name: (low, high)} (trustlens.rules);
+        default every rule of RULES with its default thresholds.
+    active_rule: the rule the run trains with (must be among `rules`), for the manifest.
+    tokenizer: anything with `decode(list[int]) -> str` (and optionally `batch_decode`); token
+        texts are then stored, decoded once per id. None leaves the `token` column null.
+    config: the training configuration (a dataclass or a mapping), stored in run.json.
+    rows_per_file: token rows per part file (and the bound of the writer's buffer).
+    flush_seconds: rows older than this are written even when a part file is not full: the most
+        a killed run loses.
+    queue_size: batches the writer may hold before `record` waits for it.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        rules: RuleSpec | None = None,
+        active_rule: str | None = None,
+        tokenizer: Any | None = None,
+        config: Any | None = None,
+        rows_per_file: int = 262_144,
+        flush_seconds: float = 30.0,
+        queue_size: int = 8,
+    ) -> None:
+        self.path = Path(run_dir)
+        self.rules = resolve_rules(list(RULES) if rules is None else rules)
+        names = [r.name for r in self.rules]
+        if active_rule is not None and active_rule not in names:
+            raise ValueError(f"active_rule {active_rule!r} is not among the evaluated rules {names}")
+        _int_arg("rows_per_file", rows_per_file, 1, 2**31)
+        _int_arg("queue_size", queue_size, 1, 2**31)
+        if not (isinstance(flush_seconds, (int, float)) and flush_seconds > 0):
+            raise ValueError(f"flush_seconds must be a number > 0, got {flush_seconds!r}")
+        self.rank, self.world_size = distributed_rank()
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"run_dir {str(self.path)!r} exists and is not a directory")
+        for table in ("tokens", "samples", "metrics"):
+            shard = part_path(self.path, table, self.rank, 0).parent
+            if shard.is_dir() and any(shard.glob("part-*.parquet")):
+                raise FileExistsError(
+                    f"run_dir {str(self.path)!r} already holds {table} of rank {self.rank} "
+                    f"({shard}); record each run into a new directory"
+                )
+        self.path.mkdir(parents=True, exist_ok=True)
+        now = utc_now()
+        manifest = {
+            "schema_version": SCHEMA_VERSION,
+            "trustlens_version": __version__,
+            "status": "running",
+            "error": None,
+            "created": now,
+            "updated": now,
+            "config": _config_dict(config),
+            "rules": {
+                r.name: {"low": r.low, "high": r.high, "anchor": r.anchor, "description": r.description}
+                for r in self.rules
+            },
+            "active_rule": active_rule,
+            "world_size": self.world_size,
+            "anchor": None,
+            "missing": [],
+            "flush": {"rows_per_file": rows_per_file, "flush_seconds": flush_seconds},
+        }
+        self._writer = BackgroundWriter(
+            self.path,
+            rank=self.rank,
+            rules=names,
+            tokenizer=tokenizer,
+            rows_per_file=rows_per_file,
+            flush_seconds=flush_seconds,
+            queue_size=queue_size,
+            manifest=manifest if self.rank == 0 else None,
+        )
+        self._anchor: str | None = None
+        self._recorded: set[str] = set()  # optional columns recorded at least once
+        self._next_sample: dict[tuple[Any, ...], int] = {}  # default sample-id counters
+        self._closed = False
+        atexit.register(self._at_exit)
+
+    # ---- the public API ----
+
+    @property
+    def stats(self) -> WriterStats:
+        """Rows and files written so far, the writer's peak buffer, time spent waiting on it."""
+        return self._writer.stats
+
+    def record(
+        self,
+        step: int,
+        *,
+        token_ids: torch.Tensor,  # (B, T) int: sampled token ids
+        response_mask: torch.Tensor,  # (B, T) bool or 0/1: True at generated tokens to record
+        pi_logp: torch.Tensor,  # (B, T) log π(a_t)
+        advantages: torch.Tensor,  # (B,) per sequence or (B, T) per token
+        mu_logp: torch.Tensor | None = None,  # (B, T) log μ(a_t), the rollout engine's
+        old_logp: torch.Tensor | None = None,  # (B, T) log π_old(a_t)
+        logits: torch.Tensor | None = None,  # (B, T, V) π's logits (already divided by τ)
+        mu_topk_ids: torch.Tensor | None = None,  # (B, T, K) μ's top-K ids, sampled id included
+        mu_topk_logp: torch.Tensor | None = None,  # (B, T, K) their log μ
+        entropy: torch.Tensor | None = None,  # (B, T) entropy of π, nats
+        sample_ids: torch.Tensor | Sequence[int] | None = None,  # (B,) unique sample ids
+        group_ids: torch.Tensor | Sequence[int] | None = None,  # (B,) prompt-group ids
+        update: int = 0,  # minibatch update within the step
+        temperature: float = 1.0,  # rollout sampling temperature: logits are divided by it
+    ) -> int:
+        """Record the valid tokens of one batch; returns the number of rows recorded.
+
+        All checks run before anything is queued: a bad input raises ValueError (naming the
+        argument, what is wrong and the (b, t) index) and records nothing. Default sample ids
+        number the samples of (step, update) on this rank in call order:
+        step · 10⁹ + rank · 10⁶ + index; default group ids equal the sample ids.
+        """
+        self._check_open()
+        step = _int_arg("step", step, 0, 2**31)
+        update = _int_arg("update", update, 0, 2**15)
+        if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 2:
+            got = tuple(token_ids.shape) if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__
+            raise ValueError(f"token_ids must be a (B, T) integer tensor, got {got}")
+        shape = tuple(token_ids.shape)
+        _id_tensor("token_ids", token_ids, shape)
+        if mu_logp is None and old_logp is None:
+            raise ValueError("record needs mu_logp or old_logp: ratio and divergences compare π with one of them")
+        if (mu_topk_ids is None) != (mu_topk_logp is None):
+            raise ValueError("mu_topk_ids and mu_topk_logp must be given together")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        per_token = {"pi_logp": pi_logp, "mu_logp": mu_logp, "old_logp": old_logp, "entropy": entropy}
+        for name, t in per_token.items():
+            if t is not None:
+                check_tensor_shape(name, t, shape)
+        device = pi_logp.device
+        mask = check_mask("response_mask", response_mask, token_ids).to(device)
+        samples = self._ids("sample_ids", sample_ids, shape[0], device, ("tokens", step, update))
+        groups = samples if group_ids is None else self._ids("group_ids", group_ids, shape[0], device, None)
+
+        index = torch.nonzero(mask.reshape(-1)).squeeze(1)  # (N,) flat (b, t) of the valid positions
+        b, t = index // shape[1], index % shape[1]
+
+        def take(x: torch.Tensor) -> torch.Tensor:  # (B, T) -> (N,) at the valid positions
+            return x.to(device).reshape(-1).index_select(0, index)
+
+        ids = take(token_ids)
+        if ids.numel():
+            lo, hi = torch.aminmax(ids)
+            if int(lo) < 0 or int(hi) >= 2**31:
+                bad = mask & ((token_ids.to(device) < 0) | (token_ids.to(device) >= 2**31))
+                raise ValueError(f"token_ids must be in [0, 2³¹) at valid positions; first bad at {_first_index(bad)}")
+        topk_tv = topk_kl = ent_from_logits = None
+        if logits is not None:
+            ent_from_logits, topk_tv, topk_kl = self._logit_quantities(
+                logits, mask, index, ids, mu_topk_ids, mu_topk_logp, temperature, want_entropy=entropy is None
+            )
+        try:
+            adv = _advantages_at(advantages, shape, b, take)
+            inputs = TokenInputs(
+                pi_logp=take(pi_logp),
+                mu_logp=take(mu_logp if mu_logp is not None else old_logp),
+                advantages=adv,
+                old_logp=None if old_logp is None else take(old_logp),
+                topk_tv=topk_tv,
+                topk_kl=topk_kl,
+            )
+            ent = ent_from_logits if entropy is None else check_nonnegative("entropy", take(entropy))
+        except ValueError:
+            _locate_error(mask, advantages=advantages, **per_token)
+            raise
+        floats = {
+            "mu_logp": None if mu_logp is None else inputs.mu_logp,
+            "old_logp": inputs.old_logp,
+            "pi_logp": inputs.pi_logp,
+            "ratio": torch.exp(inputs.pi_logp - inputs.mu_logp),
+            "binary_tv": inputs.distance(RULES["dppo_binary_tv"]),
+            "binary_kl": inputs.distance(RULES["dppo_binary_kl"]),
+            "topk_tv": inputs.given["topk_tv"],
+            "topk_kl": inputs.given["topk_kl"],
+            "entropy": ent,
+            "advantage": inputs.advantages,
+        }
+        blocked = {
+            r.name: inputs.blocked(r) if all(inputs.given[a] is not None for a in r.needs) else None
+            for r in self.rules
+        }
+        ints = torch.stack([samples.index_select(0, b), groups.index_select(0, b), t, ids.long()])
+        rows = _to_cpu(step, update, ints, floats, blocked)
+        self._note_anchor("mu" if mu_logp is not None else "old", floats, blocked)
+        self._writer.put_tokens(rows)
+        return len(rows)
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float | int | torch.Tensor]) -> None:
+        """Record scalar metrics of `step` (long format: one row per name)."""
+        self._check_open()
+        step = _int_arg("step", step, 0, 2**31)
+        if not isinstance(metrics, Mapping):
+            raise ValueError(f"metrics must be a mapping name -> number, got {type(metrics).__name__}")
+        names, values = [], []
+        for name, value in metrics.items():
+            if not isinstance(name, str):
+                raise ValueError(f"metric names must be strings, got {name!r}")
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    raise ValueError(f"metric {name!r} must be a scalar, got a tensor of shape {tuple(value.shape)}")
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+                raise ValueError(f"metric {name!r} must be a number, got {value!r}")
+            names.append(name)
+            values.append(float(value))
+        n = len(names)
+        batch = pa.RecordBatch.from_pydict(
+            {"step": [step] * n, "rank": [self.rank] * n, "name": names, "value": values},
+            schema=table_schema("metrics"),
+        )
+        self._writer.put_table("metrics", batch)
+
+    def log_samples(
+        self,
+        step: int,
+        *,
+        prompts: Sequence[str] | None = None,  # (B,) prompt texts
+        responses: Sequence[str] | None = None,  # (B,) response texts
+        rewards: Sequence[float] | torch.Tensor | None = None,  # (B,) scalar rewards
+        advantages: Sequence[float] | torch.Tensor | None = None,  # (B,) sequence advantages
+        lengths: Sequence[int] | torch.Tensor | None = None,  # (B,) response lengths in tokens
+        sample_ids: Sequence[int] | torch.Tensor | None = None,  # (B,) ids joining tokens.sample
+        group_ids: Sequence[int] | torch.Tensor | None = None,  # (B,) prompt-group ids
+    ) -> None:
+        """Record one row per sample of `step`. Default sample ids follow `record`'s numbering
+        (update 0), so that samples logged in the order they were recorded join their tokens."""
+        self._check_open()
+        step = _int_arg("step", step, 0, 2**31)
+        given = {"prompt": prompts, "response": responses, "reward": rewards, "advantage": advantages,
+                 "length": lengths, "sample": sample_ids, "group": group_ids}
+        sizes = {name: len(v) for name, v in given.items() if v is not None}
+        if not sizes:
+            raise ValueError("log_samples needs at least one of prompts, responses, rewards, advantages, lengths")
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"log_samples arguments differ in length: {sizes}")
+        n = next(iter(sizes.values()))
+        columns: dict[str, Any] = {"step": [step] * n, "rank": [self.rank] * n}
+        for name, value in given.items():
+            if isinstance(value, (torch.Tensor, np.ndarray)):
+                value = value.tolist()
+            if name in ("reward", "advantage") and value is not None:
+                bad = [i for i, v in enumerate(value) if not math.isfinite(v)]
+                if bad:
+                    raise ValueError(f"log_samples {name}s hold a non-finite value at index {bad[0]}")
+            columns[name] = value
+        if columns["sample"] is None:
+            start = self._take_ids(("samples", step), n)
+            columns["sample"] = list(range(start, start + n))
+        if columns["group"] is None:
+            columns["group"] = columns["sample"]
+        try:
+            batch = pa.RecordBatch.from_pydict(
+                {name: columns.get(name) or [None] * n for name in table_schema("samples").names},
+                schema=table_schema("samples"),
+            )
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            raise ValueError(f"log_samples: {err}") from err
+        self._writer.put_table("samples", batch)
+
+    def flush(self) -> None:
+        """Block until every row recorded so far is in complete part files."""
+        self._check_open()
+        self._writer.flush()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Write what is buffered, stop the writer and mark the run finished (or failed with
+        `error`). Raises the writer's error if it failed. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._at_exit)
+        self._writer.close(error)
+
+    def __enter__(self) -> TokenRecorder:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(exc)
+
+    # ---- internals ----
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"the TokenRecorder of {str(self.path)!r} is closed")
+        self._writer.raise_error()
+
+    def _at_exit(self) -> None:
+        """At interpreter exit without close(): keep the rows, and say the run did not close."""
+        self.close(RuntimeError("the process exited without TokenRecorder.close()"))
+
+    def _take_ids(self, key: tuple[Any, ...], n: int) -> int:
+        """The first of `n` default sample ids for `key` = (table, step, ...) on this rank."""
+        step = key[1]
+        if any(k[1] != step for k in self._next_sample):
+            self._next_sample = {k: v for k, v in self._next_sample.items() if k[1] == step}
+        start = self._next_sample.get(key, 0)
+        if start + n > SAMPLE_RANK:
+            raise ValueError(f"more than {SAMPLE_RANK} samples at step {step}: pass sample_ids")
+        self._next_sample[key] = start + n
+        return step * SAMPLE_STEP + self.rank * SAMPLE_RANK + start
+
+    def _ids(self, name: str, ids: object, batch: int, device: torch.device, key: tuple[Any, ...] | None) -> torch.Tensor:
+        """Per-sample ids (B,) as an int64 tensor on `device`; numbered by default when `key`."""
+        if ids is None:
+            start = self._take_ids(key, batch)
+            return torch.arange(start, start + batch, device=device)
+        if not isinstance(ids, torch.Tensor):
+            try:
+                ids = torch.as_tensor(ids)
+            except (TypeError, ValueError, RuntimeError) as err:
+                raise ValueError(f"{name} must be a sequence of {batch} integers: {err}") from None
+        return _id_tensor(name, ids, (batch,)).to(device=device, dtype=torch.int64)
+
+    def _logit_quantities(self, logits, mask, index, ids, topk_ids, topk_logp, temperature, *, want_entropy):
+        """Entropy and top-K TV/KL at the valid positions (flat `index` (N,), sampled `ids` (N,)),
+        from π's logits (B, T, V) gathered a chunk of rows at a time, so that no (N, V) copy is
+        made. Returns (entropy | None, topk_tv | None, topk_kl | None), each (N,)."""
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(mask.shape):
+            got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise ValueError(f"logits must be a (B, T, V) tensor with (B, T) = {tuple(mask.shape)}, got {got}")
+        if not logits.is_floating_point():
+            raise ValueError(f"logits must be a floating-point tensor, got dtype {logits.dtype}")
+        vocab = logits.shape[-1]
+        if ids.numel() and int(ids.max()) >= vocab:
+            raise ValueError(f"token_ids holds id {int(ids.max())} ≥ the vocabulary size {vocab} of logits")
+        with_topk = topk_ids is not None
+        if with_topk:
+            k = topk_ids.shape[-1] if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 3 else -1
+            _id_tensor("mu_topk_ids", topk_ids, (*mask.shape, k))
+            check_tensor_shape("mu_topk_logp", topk_logp, (*mask.shape, k))
+            topk_ids = topk_ids.to(mask.device).reshape(-1, k).index_select(0, index)
+            topk_logp = topk_logp.to(mask.device).reshape(-1, k).index_select(0, index)
+        if not (want_entropy or with_topk):
+            return None, None, None
+        flat = logits.reshape(-1, vocab)
+        rows = max(1, LOGIT_CHUNK_ELEMENTS // vocab)
+        ent, tv, kl = [], [], []
+        for start in range(0, len(index), rows):
+            chunk_index = index[start : start + rows]
+            chunk = flat.index_select(0, chunk_index)  # (n, V)
+            where = f"at the valid positions from (b, t) = {divmod(int(chunk_index[0]), mask.shape[1])} on"
+            if want_entropy:
+                bad = torch.isnan(chunk) | (chunk == math.inf)
+                if bool(bad.any()):
+                    row = int(chunk_index[torch.nonzero(bad.any(-1))[0, 0]])
+                    raise ValueError(f"logits hold NaN or +inf at (b, t) = {divmod(row, mask.shape[1])}")
+                ent.append(entropy_from_logits(chunk / temperature if temperature != 1.0 else chunk))
+            if with_topk:
+                sl = slice(start, start + rows)
+                try:
+                    chunk_tv, chunk_kl = topk_divergence(chunk, topk_ids[sl], topk_logp[sl], temperature=temperature)
+                except ValueError as err:
+                    raise ValueError(f"{err} ({where}; index counted over them)") from err
+                tv.append(chunk_tv)
+                kl.append(chunk_kl)
+
+        def cat(parts: list[torch.Tensor]) -> torch.Tensor:
+            return torch.cat(parts) if parts else torch.zeros(0, device=logits.device)
+
+        return cat(ent) if want_entropy else None, cat(tv) if with_topk else None, cat(kl) if with_topk else None
+
+    def _note_anchor(self, anchor: str, floats: dict, blocked: dict) -> None:
+        """Keep the manifest's anchor and list of missing quantities current."""
+        recorded = {k for k in OPTIONAL_COLUMNS if floats[k] is not None}
+        recorded |= {blocked_column(k) for k, v in blocked.items() if v is not None}
+        new_anchor = anchor if self._anchor in (None, anchor) else "mixed"
+        if new_anchor == self._anchor and recorded <= self._recorded:
+            return
+        self._anchor = new_anchor
+        self._recorded |= recorded
+        wanted = list(OPTIONAL_COLUMNS) + [blocked_column(r.name) for r in self.rules]
+        self._writer.put_manifest({"anchor": new_anchor, "missing": [k for k in wanted if k not in self._recorded]})
+
+
+def check_tensor_shape(name: str, t: object, shape: tuple[int, ...]) -> None:
+    """Require a floating-point tensor of `shape`."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {shape} like token_ids")
+
+
+def _advantages_at(advantages: object, shape: tuple[int, int], b: torch.Tensor, take) -> torch.Tensor:
+    """Advantages (B,) or (B, T) at the valid positions (N,), given their batch rows `b`."""
+    if isinstance(advantages, torch.Tensor) and tuple(advantages.shape) == shape:
+        return take(advantages)
+    if isinstance(advantages, torch.Tensor) and tuple(advantages.shape) == shape[:1]:
+        return check_tensor("advantages", advantages).to(b.device).index_select(0, b)
+    raise ValueError(
+        f"advantages has shape {tuple(getattr(advantages, 'shape', ()))}; expected per-sequence "
+        f"({shape[0]},) or per-token {shape}"
+    )
+
+
+def _locate_error(mask: torch.Tensor, **tensors: torch.Tensor | None) -> None:
+    """Re-run the checks of the (B, T) `tensors` on their valid positions (padding set to 0), so
+    that the error raised names the argument and its (b, t) index."""
+    checks = {"advantages": check_tensor, "entropy": check_nonnegative}
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.shape == mask.shape:
+            checks.get(name, check_logp)(name, t.to(mask.device).masked_fill(~mask, 0))
+
+
+def _to_cpu(step: int, update: int, ints: torch.Tensor, floats: dict, blocked: dict) -> TokenBatch:
+    """The rows as CPU numpy arrays, in three transfers: ints (4, N) (sample, group, pos,
+    token_id), the float columns and the rule decisions."""
+    n = ints.shape[1]
+    ints = ints.cpu().numpy()
+    present = [k for k, v in floats.items() if v is not None]
+    values = torch.stack([floats[k].float() for k in present]).cpu().numpy()
+    decided = [k for k, v in blocked.items() if v is not None]
+    bools = torch.stack([blocked[k] for k in decided]).cpu().numpy() if decided else np.zeros((0, n), bool)
+    return TokenBatch(
+        step=step,
+        update=update,
+        sample=ints[0],
+        group=ints[1],
+        pos=ints[2].astype(np.int32),
+        token_id=ints[3].astype(np.int32),
+        floats={k: values[present.index(k)] if k in present else None for k in floats},
+        blocked={k: bools[decided.index(k)] if k in decided else None for k in blocked},
+    )
+
+
+class NullRecorder:
+    """TokenRecorder's API doing nothing: swap it in to run without recording, at no cost."""
+
+    path = None
+    rules: list = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, *args: Any, **kwargs: Any) -> int:
+        return 0
+
+    def log_metrics(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_samples(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self, error: BaseException | None = None) -> None:
+        pass
+
+    def __enter__(self) -> NullRecorder:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        pass
