@@ -1,0 +1,329 @@
+"""What every page of the dashboard shares: the run picker and filters in the sidebar, cached
+access to runs and queries, download buttons, and safe display of untrusted text.
+
+No analysis happens here: queries are `trustlens.analysis` functions, figures `trustlens.plots`;
+this module only caches their results per run version and lays them out.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import polars as pl
+import streamlit as st
+
+from trustlens.analysis import tokens as tq
+from trustlens.analysis.buckets import bucket_table
+from trustlens.analysis.collapse import detect_collapse, step_signals
+from trustlens.dashboard import RUNS_ENV
+from trustlens.render import escape_markdown
+from trustlens.runs import NoRowsError, Run, load_run, load_runs
+from trustlens.schema import MANIFEST, PART_GLOB
+
+# Session-state keys shared by the pages.
+CONTEXT_KEY = "tl_context"  # the Context of the current script run
+INSPECT_KEY = "tl_inspect"  # {"step", "sample", "rule", ...}: what the token inspector should open
+# Most rows a download holds: a browser download of millions of rows helps nobody.
+MAX_DOWNLOAD_ROWS = 1_000_000
+# Seconds a cached run stays valid; part files added later change the run's signature anyway.
+RUN_TTL = 600
+
+
+def md(text: object) -> str:
+    """Untrusted text made inert for st.markdown / labels (see trustlens.render.escape_markdown)."""
+    return escape_markdown(str(text))
+
+
+def runs_root() -> Path | None:
+    """The folder the dashboard was started on ($TRUSTLENS_RUNS), else the shipped sample run."""
+    env = os.environ.get(RUNS_ENV)
+    if env:
+        return Path(env)
+    from trustlens.dashboard import default_runs
+
+    try:
+        return default_runs()
+    except FileNotFoundError:
+        return None
+
+
+@st.cache_resource(ttl=30, max_entries=4, show_spinner=False)
+def run_dirs(root: str) -> list[Path]:
+    """The run directories at or below `root` (re-listed every 30 s or on "Reload runs")."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [run.path for run in load_runs(root)]
+
+
+def run_signature(path: Path) -> tuple:
+    """Changes whenever the run changes on disk: the manifest's and part files' sizes and times.
+    Used as a cache key so that a run still being written shows its new steps."""
+    files = [path / MANIFEST, *sorted(path.glob(f"*/{PART_GLOB}"))]
+    return tuple((f.name, s.st_size, s.st_mtime_ns) for f in files if (s := _stat(f)) is not None)
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except OSError:
+        return None
+
+
+@st.cache_resource(ttl=RUN_TTL, max_entries=16, show_spinner=False)
+def open_run(path: str, signature: tuple) -> tuple[Run, list[str]]:
+    """The Run at `path` (lazy tables) and the warnings loading it raised (skipped corrupt part
+    files), cached per on-disk signature."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = load_run(path)
+    return run, [str(w.message) for w in caught]
+
+
+def run_at(path: str, signature: tuple) -> Run:
+    """The cached Run at `path` (for cached queries, which take (path, signature) as their key)."""
+    return open_run(path, signature)[0]
+
+
+def tokens_of(run: Run) -> pl.LazyFrame | None:
+    """The run's token table, or None when it has no token rows yet."""
+    try:
+        return run.tokens
+    except NoRowsError:
+        return None
+
+
+@st.cache_data(ttl=RUN_TTL, max_entries=64, show_spinner=False)
+def run_shape(path: str, signature: tuple) -> tuple[str, tuple[int, int] | None]:
+    """The run's anchor column and step range (None: no token rows yet)."""
+    run, _ = open_run(path, signature)
+    tokens = tokens_of(run)
+    if tokens is None:
+        return "mu_logp", None
+    mu = {"mu": True, "old": False}.get(run.manifest.get("anchor"), run.manifest.get("mu_recorded"))
+    return tq.anchor_column(tokens, mu_recorded=mu), tq.step_range(tokens)
+
+
+@st.cache_data(ttl=RUN_TTL, max_entries=256, show_spinner=False)
+def _on_tokens(name: str, path: str, signature: tuple, query: tq.TokenQuery | None, anchor: str,
+               kwargs: tuple):
+    module, func = name.rsplit(".", 1)
+    fn = getattr(importlib.import_module(module), func)
+    tokens = tokens_of(run_at(path, signature))
+    if query is not None:
+        tokens = tq.filter_tokens(tokens, query, anchor=anchor)
+    return fn(tokens, **dict(kwargs))
+
+
+def on_tokens(fn, ctx: "Context", *, filtered: bool = True, **kwargs):
+    """`fn(tokens, **kwargs)` for an analysis query `fn`, on the run's token rows (those passing
+    the sidebar filters unless `filtered` is False), cached per run version, filters and kwargs."""
+    return _on_tokens(f"{fn.__module__}.{fn.__qualname__}", *ctx.key, ctx.query if filtered else None,
+                      ctx.anchor, tuple(sorted(kwargs.items())))
+
+
+@st.cache_data(ttl=RUN_TTL, max_entries=32, show_spinner=False)
+def signals_and_alerts(path: str, signature: tuple) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The run's per-step collapse signals and its alerts (on the whole run, unfiltered)."""
+    run = run_at(path, signature)
+    signals = step_signals(run)
+    return signals, detect_collapse(run, signals=signals)
+
+
+@dataclass
+class Context:
+    """The run and the filters chosen in the sidebar, handed to the page being shown."""
+
+    root: Path  # the folder the dashboard was started on
+    runs: list[Path]  # every run found under it
+    path: Path  # the chosen run
+    signature: tuple  # its on-disk signature (cache key)
+    run: Run  # the chosen run, loaded
+    tokens: pl.LazyFrame | None  # its token table (None: no token rows yet)
+    rules: list[str]  # rules evaluated in the run
+    anchor: str  # "mu_logp", or "old_logp" when μ was not recorded
+    steps: tuple[int, int] | None  # the run's step range (None: no token rows yet)
+    query: tq.TokenQuery = field(default_factory=tq.TokenQuery)  # the sidebar's filters
+
+    @property
+    def key(self) -> tuple[str, tuple]:
+        """(path, signature): the first arguments of every cached query of this run."""
+        return str(self.path), self.signature
+
+    @property
+    def anchor_name(self) -> str:
+        return "μ" if self.anchor == "mu_logp" else "π_old"
+
+
+
+def context() -> Context | None:
+    """The Context the entry script built for this run of the page (None: nothing to show)."""
+    return st.session_state.get(CONTEXT_KEY)
+
+
+def sidebar() -> Context | None:
+    """Draw the run picker and the shared filters; return the Context, or None after explaining
+    on the page why there is nothing to show (no runs, unreadable run)."""
+    root = runs_root()
+    if root is None or not root.is_dir():
+        st.warning("No runs folder. Start the dashboard with `trustlens dashboard RUNS_DIR`.")
+        return None
+    runs = run_dirs(str(root))
+    if not runs:
+        st.info(f"No recorded runs in {md(root)} yet: a run is a folder holding {MANIFEST}.")
+        return None
+    sb = st.sidebar
+    names = [str(p.relative_to(root)) if p != root else p.name for p in runs]
+    _keep_valid("tl_run", lambda v: v in names)
+    path = runs[names.index(sb.selectbox("Run", names, key="tl_run"))]
+    signature = run_signature(path)
+    run, problems = open_run(str(path), signature)
+    for problem in problems:
+        st.warning(md(problem))
+    tokens = tokens_of(run)
+    rules = tq.rules_of(tokens) if tokens is not None else list(run.rules)
+    anchor, steps = run_shape(str(path), signature)
+    ctx = Context(root, runs, path, signature, run, tokens, rules, anchor, steps)
+    if sb.button("Reload runs", help="Read the runs folder again (new runs, new steps)"):
+        st.cache_resource.clear()
+        st.cache_data.clear()
+        st.rerun()
+    if steps is None:
+        return ctx
+    ctx.query = _filters(ctx)
+    with sb.expander("Download the filtered token rows"):
+        download_buttons(tq.filter_tokens(tokens, ctx.query, anchor=anchor), f"{path.name}-tokens", "tl_rows")
+    return ctx
+
+
+def _filters(ctx: Context) -> tq.TokenQuery:
+    """The shared filter widgets; their values persist across pages (keys in session state)."""
+    sb = st.sidebar
+    sb.subheader("Filters")
+    lo, hi = ctx.steps
+    _keep_valid("tl_steps", lambda v: lo <= v[0] <= v[1] <= hi)
+    _keep_valid("tl_rule", lambda v: v is None or v in ctx.rules)
+    if lo < hi:
+        steps = sb.slider("Steps", lo, hi, (lo, hi), key="tl_steps")
+    else:
+        sb.caption(f"Step {lo} (the only step so far)")
+        steps = (lo, hi)
+    rule = sb.selectbox("Rule", [None, *ctx.rules], format_func=lambda r: "any" if r is None else r,
+                        key="tl_rule", help="Keep tokens by this rule's decision")
+    if rule is not None:
+        blocked = sb.radio("Decision", [True, False], horizontal=True, key="tl_blocked",
+                           format_func=lambda b: "blocked" if b else "not blocked")
+    buckets = {(r["p_lo"], r["p_hi"]): r["label"] for r in bucket_table().iter_rows(named=True)}
+    bucket = sb.selectbox(f"{ctx.anchor_name} probability", [None, *buckets], key="tl_bucket",
+                          format_func=lambda b: "any" if b is None else buckets[b],
+                          help="Probability the anchor policy gave the sampled token (log-spaced buckets)")
+    sign = sb.selectbox("Advantage", [None, *tq.ADVANTAGE_SIGNS], key="tl_sign",
+                        format_func=lambda s: "any sign" if s is None else s)
+    text = sb.text_input("Token text contains", key="tl_text", max_chars=200,
+                         help="Literal, case-insensitive search in the decoded token text")
+    decisions = ((rule, blocked),) if rule is not None else ()
+    return tq.TokenQuery(steps=steps, decisions=decisions, anchor_prob=bucket,
+                         advantage_sign=sign, text=text or None)
+
+
+def _keep_valid(key: str, valid) -> None:
+    """Forget a widget's remembered value when it does not fit the run now shown (another run
+    was picked): the widget then starts from its default."""
+    if key in st.session_state and not valid(st.session_state[key]):
+        del st.session_state[key]
+
+
+def header(title: str, ctx: Context) -> None:
+    """The page title, the run's name and status, and the anchor note when μ is absent."""
+    st.title(title)
+    status = ctx.run.status
+    st.caption(f"Run {md(ctx.path.name)} · status {md(status)} · {len(ctx.rules)} rules evaluated")
+    if status == "running":
+        st.info("This run is still being written: use **Reload runs** in the sidebar to see new steps.")
+    if ctx.anchor == "old_logp":
+        st.info("μ (the rollout policy) was not recorded in this run: the anchor is π_old, "
+                "so ratios, divergences and buckets compare π with π_old.")
+
+
+def need_tokens(ctx: Context | None) -> Context:
+    """Stop the page with a message unless there is a run with token rows."""
+    if ctx is None:
+        st.stop()
+    if ctx.steps is None:
+        st.info("This run has no token rows yet.")
+        st.stop()
+    return ctx
+
+
+def download_buttons(rows: pl.LazyFrame, name: str, key: str) -> None:
+    """CSV and Parquet download buttons for `rows` (at most MAX_DOWNLOAD_ROWS), built on click."""
+    def frame() -> pl.DataFrame:
+        return rows.head(MAX_DOWNLOAD_ROWS).collect()
+
+    def csv() -> bytes:
+        return frame().write_csv().encode()
+
+    def parquet() -> bytes:
+        buf = io.BytesIO()
+        frame().write_parquet(buf)
+        return buf.getvalue()
+
+    st.download_button("Download CSV", csv, file_name=f"{name}.csv", mime="text/csv",
+                       key=f"{key}_csv", on_click="ignore", icon=":material/download:")
+    st.download_button("Download Parquet", parquet, file_name=f"{name}.parquet",
+                       mime="application/vnd.apache.parquet", key=f"{key}_parquet",
+                       on_click="ignore", icon=":material/download:")
+    st.caption(f"Downloads hold the filtered rows (at most {MAX_DOWNLOAD_ROWS:,}).")
+
+
+def inspect_tokens(**target) -> None:
+    """Open the token inspector on `target`: the click-through used by alerts and charts.
+    Keys: reason (shown), query (a TokenQuery replacing the sidebar's), and optionally step and
+    sample (the response to show first) and alert (whose driving tokens are listed)."""
+    st.session_state[INSPECT_KEY] = target
+    st.switch_page(INSPECTOR)
+
+
+INSPECTOR = "views/token_inspector.py"
+SEVERITY_ICONS = {"critical": ":material/error:", "warning": ":material/warning:"}
+
+
+def alert_list(ctx: Context, alerts: pl.DataFrame, *, limit: int = 20, key: str = "alerts") -> None:
+    """The alerts within the sidebar's step range, most severe first, each with a button that
+    opens the token inspector on the tokens and samples behind it."""
+    lo, hi = ctx.query.steps or ctx.steps
+    shown = alerts.filter((pl.col("end_step") >= lo) & (pl.col("step") <= hi))
+    if shown.is_empty():
+        st.success("No collapse alerts in these steps.")
+        return
+    shown = shown.sort(pl.col("severity") == "critical", "step", descending=[True, False])
+    for i, alert in enumerate(shown.head(limit).iter_rows(named=True)):
+        with st.container(border=True):
+            left, right = st.columns([5, 1], vertical_alignment="center")
+            icon = SEVERITY_ICONS.get(alert["severity"], "")
+            left.markdown(f"{icon} **{md(alert['severity'])}** · {md(alert['kind'])} · {md(alert['message'])}")
+            if right.button("Inspect tokens", key=f"{key}_{i}", icon=":material/search:"):
+                samples = alert["samples"] or []
+                inspect_tokens(reason=f"alert: {alert['message']}", query=tq.alert_query(alert),
+                               alert=alert, step=alert["step"], sample=samples[0] if samples else None)
+    if shown.height > limit:
+        st.caption(f"{shown.height - limit} more alerts: see Collapse signals.")
+
+
+def chart(fig, key: str, *, ctx: Context | None = None) -> None:
+    """Show a plotly figure; with `ctx` (for charts whose x axis is the step), selecting a point
+    offers to open the token inspector on that step's filtered tokens."""
+    if ctx is None:
+        st.plotly_chart(fig, key=key)
+        return
+    event = st.plotly_chart(fig, key=key, on_select="rerun", selection_mode="points")
+    points = (event or {}).get("selection", {}).get("points", []) if event else []
+    steps = sorted({int(round(p["x"])) for p in points if isinstance(p.get("x"), (int, float))})
+    if steps:
+        step = steps[0]
+        if st.button(f"Inspect the tokens of step {step}", key=f"{key}_inspect", icon=":material/search:"):
+            inspect_tokens(reason=f"step {step} of the chart", query=replace(ctx.query, steps=(step, step)))

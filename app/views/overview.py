@@ -1,0 +1,51 @@
+"""Overview: the chosen run's key figures, curves and collapse alerts."""
+
+import streamlit as st
+
+import trustlens_ui as ui
+from trustlens import plots
+from trustlens.analysis import blocked_per_step, step_summary
+
+ctx = ui.need_tokens(ui.context())
+ui.header("Overview", ctx)
+
+summary = ui.on_tokens(step_summary, ctx)
+signals, alerts = ui.signals_and_alerts(*ctx.key)
+if summary.is_empty():
+    st.warning("No token matches the sidebar filters.")
+    st.stop()
+
+active = ctx.run.active_rule if ctx.run.active_rule in ctx.rules else (ctx.rules[0] if ctx.rules else None)
+last = summary.row(-1, named=True)
+last_signals = signals.filter(signals["step"] <= last["step"]).tail(1).to_dicts()
+reward = last_signals[0].get("reward") if last_signals else None
+critical = alerts.filter(alerts["severity"] == "critical").height
+
+cols = st.columns(6)
+cols[0].metric("Steps", f"{summary.height}", help=f"steps {summary['step'][0]}–{last['step']} in the filters")
+cols[1].metric("Token rows", f"{int(summary['tokens'].sum()):,}")
+cols[2].metric("Samples", f"{int(summary['samples'].sum()):,}")
+if active is not None:
+    frac = last.get(f"blocked_{active}")
+    cols[3].metric(f"Blocked by {ui.md(active)}", "n/a" if frac is None else f"{frac:.2%}",
+                   help="fraction of the last step's (filtered) tokens the active rule blocks")
+else:
+    cols[3].metric("Blocked", "n/a", help="no rule was evaluated")
+cols[4].metric("Reward", "n/a" if reward is None else f"{reward:.3g}", help="mean reward of the last step")
+cols[5].metric("Alerts", f"{alerts.height}", delta=f"{critical} critical" if critical else None,
+               delta_color="inverse")
+
+left, right = st.columns(2)
+with left:
+    ui.chart(plots.blocked_per_step_lines(ui.on_tokens(blocked_per_step, ctx)), "ov_blocked", ctx=ctx)
+with right:
+    ui.chart(plots.collapse_timeline(signals, alerts, panels=("entropy", "reward")), "ov_timeline", ctx=ctx)
+st.caption("Select a point on a chart to open the token inspector on that step.")
+
+st.subheader("Alerts")
+ui.alert_list(ctx, alerts, limit=8, key="ov_alert")
+
+with st.expander("Per-step summary"):
+    st.dataframe(summary, hide_index=True)
+with st.expander("Run manifest"):
+    st.json(ctx.run.manifest, expanded=1)

@@ -1,0 +1,113 @@
+"""Token inspector: one response as coloured tokens, the rows behind a filter, alert or chart."""
+
+import polars as pl
+import streamlit as st
+
+import trustlens_ui as ui
+from trustlens.analysis import tokens as tq
+from trustlens.render import colored_tokens_html, legend_html
+from trustlens.schema import blocked_column, column_doc
+
+# Quantities a response can be coloured by, when the run holds them.
+COLOUR_BY = ("ratio", "binary_tv", "binary_kl", "topk_tv", "topk_kl", "entropy", "advantage",
+             "pi_logp", "mu_logp", "old_logp")
+
+
+@st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)
+def matching_samples(path: str, signature: tuple, query: tq.TokenQuery, anchor: str) -> pl.DataFrame:
+    return tq.sample_summary(tq.filter_tokens(ui.tokens_of(ui.run_at(path, signature)), query, anchor=anchor))
+
+
+@st.cache_data(ttl=ui.RUN_TTL, max_entries=64, show_spinner=False)
+def sample_updates(path: str, signature: tuple, sample: int, step: int) -> list[int]:
+    return tq.updates_of_sample(ui.tokens_of(ui.run_at(path, signature)), sample, step=step)
+
+
+@st.cache_data(ttl=ui.RUN_TTL, max_entries=64, show_spinner=False)
+def one_sample(path: str, signature: tuple, sample: int, step: int, update: int | None):
+    run = ui.run_at(path, signature)
+    return (tq.sample_tokens(ui.tokens_of(run), sample, step=step, update=update),
+            tq.sample_text(run.samples, sample, step=step))
+
+
+@st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)
+def driving_tokens(path: str, signature: tuple, alert: dict) -> pl.DataFrame:
+    return tq.alert_tokens(ui.tokens_of(ui.run_at(path, signature)), alert)
+
+
+def address_target() -> dict:
+    """A target from the address (?step=S&sample=N), so that a response can be linked to."""
+    params = st.query_params
+    if "sample" not in params or "step" not in params:
+        return {}
+    try:
+        step, sample = int(params["step"]), int(params["sample"])
+    except ValueError:
+        st.warning("Ignoring the step and sample in the address: they must be integers.")
+        return {}
+    return {"reason": f"the address (step {step}, sample {sample})", "step": step, "sample": sample}
+
+
+ctx = ui.need_tokens(ui.context())
+ui.header("Token inspector", ctx)
+
+target = address_target() or st.session_state.get(ui.INSPECT_KEY) or {}
+query = target.get("query") or ctx.query
+if target:
+    st.info(f"Showing the tokens behind {ui.md(target['reason'])}.")
+    if st.button("Back to the sidebar filters", key="tl_clear_target", icon=":material/filter_alt:"):
+        st.session_state.pop(ui.INSPECT_KEY, None)
+        st.query_params.clear()
+        st.rerun()
+    if target.get("alert"):
+        with st.expander("The tokens this alert lists as its drivers", expanded=True):
+            st.dataframe(driving_tokens(*ctx.key, target["alert"]), hide_index=True, height=240)
+
+summary = matching_samples(*ctx.key, query, ctx.anchor)
+picked = (target["step"], target["sample"]) if target.get("sample") is not None else None
+if summary.is_empty() and picked is None:
+    st.warning("No token matches these filters.")
+    st.stop()
+
+st.subheader("Samples with matching tokens")
+st.caption("Most matching tokens first (blocked_<rule>: how many of them the rule blocks). "
+           "Pick one below to read it token by token.")
+st.dataframe(summary, hide_index=True, height=220)
+
+choices = list(dict.fromkeys(zip(summary["step"].to_list(), summary["sample"].to_list())))
+if picked is not None and picked not in choices:
+    choices.insert(0, picked)
+step, sample = st.selectbox("Sample", choices, index=choices.index(picked) if picked else 0,
+                            key="tl_sample", format_func=lambda c: f"step {c[0]} · sample {c[1]}")
+
+names = ctx.tokens.collect_schema().names()
+c1, c2 = st.columns(2)
+quantity = c1.selectbox("Colour by", [c for c in COLOUR_BY if c in names], key="tl_colour_by",
+                        help="Blue above the centre (1 for the ratio, 0 otherwise), red below; "
+                             "saturation relative to this response's largest deviation")
+updates = sample_updates(*ctx.key, sample, step)
+update = c2.selectbox("Update", updates, key="tl_update") if len(updates) > 1 else None
+tokens, text = one_sample(*ctx.key, sample, step, update)
+if tokens.is_empty():
+    st.warning(f"Sample {sample} of step {step} has no token rows.")
+    st.stop()
+
+if text is not None:
+    st.markdown(f"**Prompt** · reward {ui.md(text.get('reward'))} · "
+                f"sequence advantage {ui.md(text.get('advantage'))}")
+    st.text(text.get("prompt") or "")
+st.markdown(f"**Response** · {tokens.height} tokens, coloured by {ui.md(quantity)}: {ui.md(column_doc(quantity))}")
+rules = [r for r in ctx.rules if blocked_column(r) in tokens.columns]
+st.html(legend_html(rules, quantity=quantity))
+st.html(colored_tokens_html(
+    tokens["token"].to_list(), tokens[quantity].to_list(), quantity=quantity,
+    blocked={r: tokens[blocked_column(r)].to_list() for r in rules},
+    hover={c: tokens[c].to_list() for c in COLOUR_BY if c in tokens.columns and c != quantity},
+))
+st.caption("Hover a token for every recorded value; rings mark the rules that block it.")
+with st.expander("This sample's tokens as a table"):
+    st.dataframe(tokens, hide_index=True)
+if target.get("query") is not None:
+    st.subheader("Download the rows behind this view")
+    ui.download_buttons(tq.filter_tokens(ctx.tokens, query, anchor=ctx.anchor),
+                        f"{ctx.path.name}-inspected", key="tl_target_rows")

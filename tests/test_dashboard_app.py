@@ -1,0 +1,249 @@
+"""Every dashboard page through Streamlit's AppTest, on synthetic runs of every awkward kind, and
+the `trustlens dashboard` launcher."""
+
+import io
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from test_render import _parse
+from trustlens import cli, dashboard
+from trustlens.schema import MANIFEST, SCHEMA_VERSION
+from trustlens.synthetic import HOSTILE_VOCAB, VOCAB, write_part, write_synthetic_run
+
+APP = Path(__file__).resolve().parent.parent / "app"
+ENTRY = APP / dashboard.ENTRY
+PAGES = {
+    "views/overview.py": "Overview",
+    "views/token_inspector.py": "Token inspector",
+    "views/ppo_vs_dppo.py": "PPO vs DPPO",
+    "views/mismatch.py": "Mismatch",
+    "views/collapse.py": "Collapse signals",
+    "views/compare.py": "Compare runs",
+}
+RULES = ("ppo", "ppo_clip_higher", "dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv")
+# Prompt text a hostile user could send: it must reach the page as text, never as markup.
+HOSTILE_PROMPTS = ("<script>alert(1)</script>", "<img src=x onerror=alert(2)>",
+                   "[click me](javascript:alert(3))", "**bold** $x$ :red[red]")
+SIZES = dict(steps=8, samples_per_step=16, seq_len=24)
+
+
+def _hostile_prompts(run: Path) -> None:
+    """Rewrite the run's samples with hostile prompts and responses."""
+    for part in sorted((run / "samples").glob("rank=*/part-*.parquet")):
+        table = pq.read_table(part)
+        n = table.num_rows
+        prompts = pa.array([HOSTILE_PROMPTS[i % len(HOSTILE_PROMPTS)] for i in range(n)], pa.string())
+        table = table.set_column(table.schema.get_field_index("prompt"), "prompt", prompts)
+        index = int(part.stem.split("-")[1])
+        part.unlink()
+        write_part(table, part.parent, index)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """A runs folder: a healthy multi-rank run, a collapsing one, one without μ, a hostile one."""
+    root = tmp_path_factory.mktemp("runs")
+    write_synthetic_run(root / "a_collapse", **SIZES, rules=RULES, collapse_at=5, seed=1)
+    write_synthetic_run(root / "b_healthy", **SIZES, rules=RULES, updates=2, world_size=2, seed=2)
+    write_synthetic_run(root / "c_no_mu", **SIZES, rules=("ppo", "dppo_binary_tv_recompute"),
+                        with_mu=False, seed=3)
+    write_synthetic_run(root / "d_hostile", **SIZES, rules=RULES, seed=4,
+                        vocab=HOSTILE_VOCAB + VOCAB[: 64 - len(HOSTILE_VOCAB)])
+    _hostile_prompts(root / "d_hostile")
+    return root
+
+
+def _app(monkeypatch, root: Path) -> AppTest:
+    monkeypatch.setenv(dashboard.RUNS_ENV, str(root))
+    return AppTest.from_file(str(ENTRY), default_timeout=120)
+
+
+def _pick_run(at: AppTest, name: str) -> AppTest:
+    return at.sidebar.selectbox(key="tl_run").set_value(name).run()
+
+
+def _open(at: AppTest, page: str) -> AppTest:
+    at.switch_page(page).run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def _page_text(at: AppTest) -> str:
+    """All text the page shows, flattened (markdown, captions, text, alerts, html bodies)."""
+    parts = [e.value for kind in ("markdown", "caption", "text", "info", "warning", "error", "title", "subheader")
+             for e in getattr(at, kind)]
+    parts += [h.proto.body for h in at.get("html")]
+    return "\n".join(str(p) for p in parts)
+
+
+@pytest.mark.parametrize("run_name", ["a_collapse", "b_healthy", "c_no_mu"])
+@pytest.mark.parametrize("page", list(PAGES))
+def test_every_page_renders(monkeypatch, runs, run_name, page):
+    at = _app(monkeypatch, runs).run()
+    _pick_run(at, run_name)
+    at = _open(at, page)
+    assert PAGES[page] in [t.value for t in at.title]
+    assert not at.error, [e.value for e in at.error]
+    if run_name == "c_no_mu" and page != "views/compare.py":
+        assert any("anchor is π_old" in i.value for i in at.info)
+
+
+def test_overview_shows_key_figures_curves_and_alerts(monkeypatch, runs):
+    at = _open(_pick_run(_app(monkeypatch, runs).run(), "a_collapse"), "views/overview.py")
+    assert len(at.metric) >= 4
+    assert len(at.get("plotly_chart")) >= 1
+
+
+def test_sidebar_filters_are_shared_by_the_pages(monkeypatch, runs):
+    at = _pick_run(_app(monkeypatch, runs).run(), "a_collapse")
+    at.sidebar.selectbox(key="tl_rule").set_value("ppo").run()
+    at.sidebar.text_input(key="tl_text").input(" the").run()
+    for page in PAGES:
+        at = _open(at, page)
+        assert at.sidebar.selectbox(key="tl_rule").value == "ppo"
+        assert at.sidebar.text_input(key="tl_text").value == " the"
+
+
+def test_token_inspector_draws_the_sample_and_offers_downloads(monkeypatch, runs):
+    at = _open(_pick_run(_app(monkeypatch, runs).run(), "b_healthy"), "views/token_inspector.py")
+    bodies = [h.proto.body for h in at.get("html")]
+    assert any("blocked by ppo" in b for b in bodies)  # the legend
+    assert any(b.count("<span") > 5 and "title=" in b for b in bodies)  # the coloured tokens
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert "Download CSV" in labels and "Download Parquet" in labels
+    # colouring by another quantity redraws the tokens
+    at.selectbox(key="tl_colour_by").set_value("entropy").run()
+    assert not at.exception
+    assert any("entropy = " in h.proto.body for h in at.get("html"))
+
+
+def test_token_inspector_filters_narrow_the_samples(monkeypatch, runs):
+    at = _open(_pick_run(_app(monkeypatch, runs).run(), "a_collapse"), "views/token_inspector.py")
+    all_rows = at.dataframe[0].value["rows"].sum()
+    at.sidebar.selectbox(key="tl_rule").set_value("dppo_binary_tv").run()
+    at.sidebar.selectbox(key="tl_sign").set_value("negative").run()
+    assert not at.exception
+    df = at.dataframe[0].value
+    assert 0 < df["rows"].sum() < all_rows
+    assert (df["advantage"] < 0).all()
+    assert (df["rows"] == df["blocked_dppo_binary_tv"]).all()
+    at.sidebar.text_input(key="tl_text").input("no token has this text").run()
+    assert any("No token matches" in w.value for w in at.warning)
+
+
+def test_token_inspector_opens_from_query_params(monkeypatch, runs):
+    at = _pick_run(_app(monkeypatch, runs).run(), "a_collapse")
+    at.query_params["step"] = "3"
+    at.query_params["sample"] = "50"
+    at = _open(at, "views/token_inspector.py")
+    assert at.selectbox(key="tl_sample").value == (3, 50)
+
+
+def test_hostile_text_is_shown_as_text(monkeypatch, runs):
+    at = _pick_run(_app(monkeypatch, runs).run(), "d_hostile")
+    for page in PAGES:
+        at = _open(at, page)
+        for h in at.get("html"):
+            parsed = _parse(h.proto.body)
+            assert set(parsed.tags) <= {"div", "span", "br"}
+            assert {name for name, _ in parsed.attrs} <= {"style", "title"}
+    # the token inspector shows the hostile prompt verbatim as plain text and the tokens escaped
+    at = _open(at, "views/token_inspector.py")
+    assert any(t.value in HOSTILE_PROMPTS for t in at.text)
+    for m in at.markdown:
+        assert "<script" not in m.value and "](javascript" not in m.value
+    bodies = "".join(h.proto.body for h in at.get("html"))
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in bodies or "&lt;img" in bodies
+
+
+@pytest.fixture
+def awkward(tmp_path) -> Path:
+    return tmp_path
+
+
+def test_empty_runs_folder(monkeypatch, awkward):
+    at = _app(monkeypatch, awkward).run()
+    assert not at.exception
+    assert any("No recorded runs" in i.value for i in at.info)
+    for page in PAGES:
+        _open(at, page)
+
+
+def _manifest(path: Path, status: str) -> None:
+    path.mkdir(parents=True)
+    (path / MANIFEST).write_text(json.dumps({"schema_version": SCHEMA_VERSION, "status": status,
+                                             "rules": {"ppo": {"low": 0.2, "high": 0.2}}}))
+
+
+def _every_page_says(at: AppTest, note: str) -> None:
+    """Every page renders, and every page about the chosen run shows `note` in an info box."""
+    for page in PAGES:
+        at = _open(at, page)
+        if page != "views/compare.py":
+            assert any(note in i.value for i in at.info), page
+
+
+def test_empty_run(monkeypatch, awkward):
+    _manifest(awkward / "empty", "running")
+    _every_page_says(_app(monkeypatch, awkward).run(), "no token rows yet")
+
+
+def test_run_still_being_written(monkeypatch, awkward):
+    write_synthetic_run(awkward / "live", steps=2, samples_per_step=8, seq_len=16, status="running",
+                        rows_per_part=40)
+    _every_page_says(_app(monkeypatch, awkward).run(), "still being written")
+
+
+def test_corrupt_part_file_is_reported_and_skipped(monkeypatch, awkward):
+    run = write_synthetic_run(awkward / "corrupt", steps=4, samples_per_step=8, seq_len=16, rows_per_part=100)
+    part = sorted((run / "tokens").glob("rank=*/part-*.parquet"))[1]
+    part.write_bytes(part.read_bytes()[:200])
+    at = _app(monkeypatch, awkward).run()
+    for page in PAGES:
+        at = _open(at, page)
+        assert any(part.name in w.value.replace("\\", "") and "skipping" in w.value for w in at.warning)
+
+
+# ---------------------------------------------------------------- the launcher
+
+
+def test_cli_parses_dashboard_flags(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(dashboard.subprocess, "call", lambda cmd, env: calls.append((cmd, env)) or 0)
+    assert cli.main(["dashboard", str(tmp_path), "--port", "8765"]) == 0
+    cmd, env = calls[0]
+    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"] and Path(cmd[4]) == ENTRY
+    flags = dict(zip(cmd[5::2], cmd[6::2]))
+    assert flags["--server.port"] == "8765"
+    assert flags["--server.address"] == "127.0.0.1"
+    assert flags["--server.headless"] == "true"
+    assert env[dashboard.RUNS_ENV] == str(tmp_path.resolve())
+
+
+def test_launch_rejects_bad_arguments(tmp_path, capsys):
+    with pytest.raises(FileNotFoundError, match=r"runs folder '.*nowhere' does not exist"):
+        dashboard.launch(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match=r"port must be an integer in 1\.\.65535, got 0"):
+        dashboard.launch(tmp_path, port=0)
+    assert cli.main(["dashboard", str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_wheel_carries_the_app(tmp_path):
+    root = APP.parent
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    str(root), "-w", str(tmp_path)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("trustlens-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    expected = {f"share/trustlens/app/{p.relative_to(APP).as_posix()}" for p in APP.rglob("*.py")}
+    installed = {n.split(".data/data/", 1)[1] for n in names if ".data/data/share/trustlens/app/" in n}
+    assert expected == installed
