@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -192,6 +192,82 @@ def write_manifest(path: Path, manifest: dict) -> None:
     tmp = path / ".run.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=2))
     os.replace(tmp, path / "run.json")
+
+
+# Defaults for token columns a hand-built run may leave out (see `write_run`).
+_TOKEN_DEFAULTS = {"update": 0, "rank": 0, "token_id": 0}
+
+
+def write_run(
+    path: str | os.PathLike,
+    *,
+    tokens: Mapping[str, Sequence] | pa.Table,
+    samples: Mapping[str, Sequence] | pa.Table | None = None,
+    metrics: Mapping[str, Sequence] | pa.Table | None = None,
+    rules: Sequence[str] | None = None,
+    status: str = "finished",
+    config: dict | None = None,
+) -> Path:
+    """Write a small hand-built run (one rank, one part file per table) in the contract format.
+
+    `tokens` needs step, sample, pos and pi_logp; update, rank and token_id default to 0, group to
+    the sample id, every other column to null. `rules` defaults to the rules whose
+    `blocked_<rule>` columns are given (rules not given a column get a null one). samples and
+    metrics are optional; their missing nullable columns are null and rank defaults to 0.
+    Used by tests with known answers (and for odd inputs such as hostile token text).
+    """
+    root = Path(path)
+    if (root / "run.json").exists():
+        raise ValueError(f"path {str(root)!r} already holds a run (run.json exists)")
+    token_data = dict(tokens.to_pydict() if isinstance(tokens, pa.Table) else tokens)
+    given_rules = [c.removeprefix("blocked_") for c in token_data if c.startswith("blocked_")]
+    rules = list(given_rules if rules is None else rules)
+    manifest_rules = _rule_entries(rules)
+    n = len(token_data.get("step", ()))
+    token_data.setdefault("group", token_data.get("sample"))
+    for name, value in _TOKEN_DEFAULTS.items():
+        token_data.setdefault(name, [value] * n)
+    meta = _metadata()
+    root.mkdir(parents=True, exist_ok=True)
+    write_part(_table(token_data, arrow_schema(token_columns(rules), meta), n, "tokens"), root / "tokens" / "rank=0", 0)
+    for kind, data, columns in (("samples", samples, SAMPLE_COLUMNS), ("metrics", metrics, METRIC_COLUMNS)):
+        if data is None:
+            continue
+        data = dict(data.to_pydict() if isinstance(data, pa.Table) else data)
+        rows = len(data.get("step", ()))
+        data.setdefault("rank", [0] * rows)
+        write_part(_table(data, arrow_schema(columns, meta), rows, kind), root / kind / "rank=0", 0)
+    mu = token_data.get("mu_logp")
+    has_mu = mu is not None and any(v is not None for v in mu)
+    now = datetime.now(timezone.utc).isoformat()
+    write_manifest(root, {
+        "schema_version": SCHEMA_VERSION, "trustlens_version": __version__, "status": status,
+        "created": now, "updated": now, "config": {"source": "hand-built", **(config or {})},
+        "rules": manifest_rules, "active_rule": rules[0] if rules else None, "world_size": 1,
+        "anchor": "mu" if has_mu else "old",
+        "missing": [c.name for c in token_columns(rules) if c.nullable and c.name not in token_data],
+    })
+    return root
+
+
+def _table(data: dict[str, Sequence], schema: pa.Schema, n: int, kind: str) -> pa.Table:
+    """`data` as a table of `schema`: missing nullable columns null, rows sorted by step."""
+    unknown = sorted(set(data) - set(schema.names))
+    if unknown:
+        raise ValueError(f"{kind}: unknown columns {unknown}; columns are {schema.names}")
+    arrays = []
+    for field in schema:
+        if field.name in data:
+            values = data[field.name]
+            if len(values) != n:
+                raise ValueError(f"{kind}[{field.name!r}] has {len(values)} rows, step has {n}")
+            arrays.append(pa.array(values).cast(field.type) if field.name == "token" else pa.array(values, field.type))
+        elif field.nullable:
+            arrays.append(pa.nulls(n, field.type))
+        else:
+            raise ValueError(f"{kind}: column {field.name!r} is required")
+    table = pa.Table.from_arrays(arrays, schema=schema)
+    return table.take(pc.array_sort_indices(table["step"]))
 
 
 def write_synthetic_run(
@@ -484,5 +560,6 @@ __all__ = [
     "expected_token_rows",
     "write_manifest",
     "write_part",
+    "write_run",
     "write_synthetic_run",
 ]

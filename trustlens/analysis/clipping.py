@@ -40,7 +40,7 @@ def blocked_per_step(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
     """Per step and rule: step, rule, count, blocked, blocked_frac; sorted by step, rule order."""
     rules = checked_rules(tokens, rules)
     wide = collect(tokens.group_by("step").agg(blocked_aggs(rules)).sort("step"))
-    return long_by_rule(wide, ["step"], rules)
+    return long_by_rule(wide, ["step"], rules).sort("step", maintain_order=True)
 
 
 def blocked_by_token(tokens: pl.LazyFrame, rules: Rules = None, *, top: int = 20,
@@ -57,14 +57,14 @@ def blocked_by_token(tokens: pl.LazyFrame, rules: Rules = None, *, top: int = 20
         tokens.group_by(pl.col("token").cast(pl.String)).agg(blocked_aggs(rules))
     )
     long = long_by_rule(wide, ["token"], rules)
+    order = pl.col("rule").replace_strict({r: i for i, r in enumerate(rules)}, return_dtype=pl.Int32)
     return (
         long.filter((pl.col("blocked") > 0) & (pl.col("count") >= min_count))
-        .sort(["rule", "blocked", "blocked_frac", "token"], descending=[False, True, True, False])
+        .sort([order, pl.col("blocked"), pl.col("blocked_frac"), pl.col("token")],
+              descending=[False, True, True, False])
         .group_by("rule", maintain_order=True)
         .head(top)
         .select("rule", "token", "count", "blocked", "blocked_frac")
-        .sort(pl.col("rule").replace_strict({r: i for i, r in enumerate(rules)}, return_dtype=pl.Int32),
-              maintain_order=True)
     )
 
 
@@ -80,13 +80,9 @@ def blocked_by_bucket(tokens: pl.LazyFrame, rules: Rules = None, *, min_p: float
         .group_by(bucket_expr(anchor, min_p, per_decade).alias("bucket"))
         .agg(blocked_aggs(rules))
     )
-    wide = bucket_table(min_p, per_decade).join(wide, on="bucket", how="left").with_columns(
-        pl.col(f"n_{r}").fill_null(0) for r in rules
-    )
-    return long_by_rule(wide, ["bucket", "p_lo", "p_hi", "label"], rules).sort(
-        ["rule", "bucket"], maintain_order=True
-    ).sort(pl.col("rule").replace_strict({r: i for i, r in enumerate(rules)}, return_dtype=pl.Int32),
-           maintain_order=True)
+    wide = bucket_table(min_p, per_decade).join(wide, on="bucket", how="left", maintain_order="left")
+    wide = wide.with_columns(pl.col(f"n_{r}").fill_null(0) for r in rules)
+    return long_by_rule(wide, ["bucket", "p_lo", "p_hi", "label"], rules)
 
 
 ADVANTAGE_SIGN_ORDER = ("positive", "negative", "zero")
@@ -102,7 +98,8 @@ def blocked_by_advantage_sign(tokens: pl.LazyFrame, rules: Rules = None) -> pl.D
         tokens.filter(adv.is_not_null()).group_by(sign.alias("sign")).agg(blocked_aggs(rules))
     )
     signs = pl.DataFrame({"sign": list(ADVANTAGE_SIGN_ORDER)})
-    wide = signs.join(wide, on="sign", how="left").with_columns(pl.col(f"n_{r}").fill_null(0) for r in rules)
+    wide = signs.join(wide, on="sign", how="left", maintain_order="left")
+    wide = wide.with_columns(pl.col(f"n_{r}").fill_null(0) for r in rules)
     return long_by_rule(wide, ["sign"], rules)
 
 
@@ -214,7 +211,9 @@ def figure1_density(tokens: pl.LazyFrame, y: str = "ratio", *, rules: Rules = ()
 
 
 def _solve_binary_kl(mu: np.ndarray, delta: float, above: bool) -> np.ndarray:
-    """π with KL(μ_bin ‖ π_bin) = delta, π > μ when `above` else π < μ (bisection, float64)."""
+    """π with KL(μ_bin ‖ π_bin) = delta, π > μ when `above` else π < μ (bisection, float64);
+    NaN where no float64 π reaches it (small μ, π < μ: the KL stays below delta until π
+    underflows, so the rule never blocks such a token)."""
     lo = mu.copy() if above else np.zeros_like(mu)
     hi = np.ones_like(mu) if above else mu.copy()
 
@@ -229,7 +228,8 @@ def _solve_binary_kl(mu: np.ndarray, delta: float, above: bool) -> np.ndarray:
             hi, lo = np.where(beyond, mid, hi), np.where(beyond, lo, mid)
         else:
             lo, hi = np.where(beyond, mid, lo), np.where(beyond, hi, mid)
-    return 0.5 * (lo + hi)
+    pi = 0.5 * (lo + hi)
+    return np.where(np.abs(kl(pi) - delta) <= 1e-6 * delta, pi, np.nan)
 
 
 def rule_boundaries(rules: Mapping[str, Mapping[str, float | None]] | Sequence[str], *,

@@ -16,19 +16,21 @@ perfectly flat history does not make every wiggle an alert), z = (x − m)/s:
 
     entropy_collapse   entropy < m·(1 − entropy_drop)  and z < −z_warning
     entropy_surge      entropy > m·(1 + entropy_surge) and z > z_warning
-    mismatch_growth    mean over the last `trend` steps of k3_kl > mismatch_growth · m, and the
-                       least-squares slope over those steps is positive (a trend, not one blip)
+    mismatch_growth    mean over the last `trend` steps of k3_kl > max(mismatch_growth · m,
+                       mismatch_floor), and the least-squares slope over those steps is positive
+                       (a trend, not one blip)
     grad_norm_spike    grad_norm > grad_spike · m and z > z_warning
     reward_drop        reward < m − reward_drop·|m| and z < −z_warning
     blocked_drift      |blocked fraction − m| > blocked_drift (absolute) and |z| > z_warning
 
-Severity is "critical" when |z| ≥ z_critical (for mismatch_growth: the level is ≥ 2× the growth
-factor), else "warning". Consecutive flagged steps of one detector merge into one alert that
+Severity is "critical" when |z| ≥ z_critical (for mismatch_growth: the level is twice the
+threshold), else "warning". Consecutive flagged steps of one detector merge into one alert that
 starts at the first of them (`step`) and ends at `end_step`, carrying the most extreme value.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -69,6 +71,7 @@ class CollapseConfig:
     entropy_drop: float = 0.3  # entropy collapse: fell by at least this fraction
     entropy_surge: float = 0.5  # entropy surge: rose by at least this fraction
     mismatch_growth: float = 3.0  # mismatch growth: level at least this multiple of the baseline
+    mismatch_floor: float = 1e-3  # ... and above this k3_kl (nats): growth from ~0 to ~0 is no alert
     grad_spike: float = 4.0  # grad-norm spike: at least this multiple of the baseline
     reward_drop: float = 0.25  # reward drop: fell by at least this fraction of |baseline|
     blocked_drift: float = 0.02  # blocked-fraction drift: moved by at least this much (absolute)
@@ -143,7 +146,7 @@ def _flags(signals: pl.DataFrame, cfg: CollapseConfig) -> list[_Flag]:
         x = signals[name].cast(pl.Float64).fill_null(np.nan).to_numpy()
         return x if np.isfinite(x).any() else None
 
-    def scan(name: str, kinds: list[tuple[str, callable]]) -> None:
+    def scan(name: str, kinds: list[tuple[str, Callable[[float, float, float], bool]]]) -> None:
         x = series(name)
         if x is None:
             return
@@ -180,9 +183,9 @@ def _flags(signals: pl.DataFrame, cfg: CollapseConfig) -> list[_Flag]:
             m, s = base
             level = float(recent.mean())
             slope = np.polyfit(np.arange(cfg.trend), recent, 1)[0] if cfg.trend > 1 else level - m
-            if level > cfg.mismatch_growth * max(m, 1e-12) and slope > 0:
+            if level > max(cfg.mismatch_growth * m, cfg.mismatch_floor) and slope > 0:
                 flags.append(_Flag("mismatch_growth", "k3_kl", int(steps[i]), level, m, (level - m) / s,
-                                   level > 2 * cfg.mismatch_growth * max(m, 1e-12)))
+                                   level > max(2 * cfg.mismatch_growth * m, 2 * cfg.mismatch_floor)))
     return flags
 
 
@@ -226,7 +229,7 @@ def _drivers(run, ep: dict, cfg: CollapseConfig) -> tuple[list[int], list[dict]]
     tokens = run.tokens.filter(pl.col("step") == step)
     kind, signal = ep["kind"], ep["signal"]
     if kind == "reward_drop":
-        worst = collect(run.samples.filter(pl.col("step") == step).sort("reward").head(cfg.top_samples))
+        worst = collect(run.samples.filter(pl.col("step") == step).sort("reward", "sample").head(cfg.top_samples))
         samples = worst["sample"].to_list()
         # the least likely tokens of the worst samples: where those responses went astray
         score = -pl.col("pi_logp").cast(pl.Float64)
@@ -246,10 +249,11 @@ def _drivers(run, ep: dict, cfg: CollapseConfig) -> tuple[list[int], list[dict]]
         score = pl.col("binary_tv").cast(pl.Float64)
         samples = None
     scored = tokens.select("sample", "update", "pos", score.alias("score")).filter(pl.col("score").is_not_null())
-    top = collect(scored.sort("score", descending=True, nulls_last=True).head(cfg.top_tokens))
+    top = collect(scored.sort(["score", "sample", "update", "pos"], descending=[True, False, False, False])
+                  .head(cfg.top_tokens))
     if samples is None:
-        per_sample = collect(scored.group_by("sample").agg(pl.col("score").mean()).sort("score", descending=True)
-                             .head(cfg.top_samples))
+        per_sample = collect(scored.group_by("sample").agg(pl.col("score").mean())
+                             .sort(["score", "sample"], descending=[True, False]).head(cfg.top_samples))
         samples = per_sample["sample"].to_list()
     return samples, top.select("sample", "update", "pos").to_dicts()
 

@@ -139,7 +139,8 @@ def mismatch_by_bucket(tokens: pl.LazyFrame, *, min_p: float = MIN_P,
     if "mu_logp" not in tokens.collect_schema().names() or mismatch_unavailable(tokens) is not None:
         return pl.DataFrame(schema=schema)
     df = collect(_pairs(tokens).group_by(bucket_expr("mu", min_p, per_decade).alias("bucket")).agg(_token_aggs()))
-    out = buckets.join(df, on="bucket", how="left").with_columns(pl.col("tokens").fill_null(0))
+    out = buckets.join(df, on="bucket", how="left", maintain_order="left")
+    out = out.with_columns(pl.col("tokens").fill_null(0))
     return out.select(*buckets.columns, pl.col("tokens").cast(pl.Int64),
                       *(pl.col(c).cast(pl.Float64) for c in _TOKEN_LEVEL)).sort("bucket")
 

@@ -1,0 +1,106 @@
+import polars as pl
+import pytest
+
+from trustlens.analysis import CollapseConfig, detect_collapse, step_signals
+from trustlens.analysis.collapse import ALERT_SCHEMA
+from trustlens.runs import load_run
+from trustlens.synthetic import write_run, write_synthetic_run
+
+STEPS = 12
+
+
+def _entropy(step: int, sample: int, pos: int) -> float:
+    if step < 8:
+        return 1.0
+    return {0: (0.1, 0.2), 1: (0.25, 0.25)}[sample % 2][pos]  # step mean 0.2
+
+
+@pytest.fixture
+def run(tmp_path):
+    rows = [(s, 2 * s + k, p) for s in range(STEPS) for k in range(2) for p in range(2)]
+    tokens = {
+        "step": [r[0] for r in rows], "sample": [r[1] for r in rows], "pos": [r[2] for r in rows],
+        "mu_logp": [-0.5] * len(rows), "old_logp": [-0.5] * len(rows), "pi_logp": [-0.5] * len(rows),
+        "ratio": [1.0] * len(rows), "binary_tv": [0.0] * len(rows),
+        "entropy": [_entropy(s, k, p) for s, k, p in rows],
+        "advantage": [float(k + p) for _, k, p in rows],
+        "blocked_ppo": [False] * len(rows),
+    }
+    samples = {
+        "step": [s for s in range(STEPS) for _ in range(2)],
+        "sample": [2 * s + k for s in range(STEPS) for k in range(2)],
+        "reward": [1.0 if s < 10 else 0.0 for s in range(STEPS) for _ in range(2)],
+    }
+    grad = {s: 1.0 for s in range(STEPS)}
+    metrics = {
+        "step": [s for s in range(STEPS) for _ in range(2)],
+        "rank": [0, 1] * STEPS,
+        "name": ["actor/grad_norm"] * (2 * STEPS),
+        "value": [v for s in range(STEPS) for v in ((9.0, 11.0) if s == 5 else (grad[s], grad[s]))],
+    }
+    return load_run(write_run(tmp_path / "run", tokens=tokens, samples=samples, metrics=metrics))
+
+
+def test_step_signals(run):
+    sig = step_signals(run)
+    assert sig.columns == ["step", "entropy", "k3_kl", "tv_mean", "reward", "grad_norm", "blocked_ppo"]
+    assert sig["step"].to_list() == list(range(STEPS))
+    assert sig["entropy"].to_list() == pytest.approx([1.0] * 8 + [0.2] * 4)
+    assert sig["grad_norm"][5] == pytest.approx(10.0) and sig["grad_norm"][4] == pytest.approx(1.0)
+    assert sig["reward"].to_list() == [1.0] * 10 + [0.0] * 2
+    assert sig["k3_kl"].to_list() == pytest.approx([0.0] * STEPS)
+    assert sig["blocked_ppo"].to_list() == [0.0] * STEPS
+
+
+def test_alerts_by_hand(run):
+    alerts = detect_collapse(run)
+    assert alerts.schema == pl.Schema(ALERT_SCHEMA)
+    got = [(a["kind"], a["step"], a["end_step"], a["severity"]) for a in alerts.iter_rows(named=True)]
+    assert got == [("grad_norm_spike", 5, 5, "critical"), ("entropy_collapse", 8, 11, "critical"),
+                   ("reward_drop", 10, 11, "critical")]
+    spike, entropy, reward = alerts.iter_rows(named=True)
+    assert spike["value"] == pytest.approx(10.0) and spike["baseline"] == pytest.approx(1.0)
+    assert spike["message"] == "step 5: gradient norm spiked to 10 from a baseline of 1 (10× baseline)"
+    # the tokens with the largest |A| · π/μ at step 5: sample 11 (A = 1 + pos) then sample 10
+    assert spike["tokens"][0] == {"sample": 11, "update": 0, "pos": 1}
+    assert spike["samples"] == [11, 10]
+    # entropy: the lowest-entropy token of step 8 first; sample 16 has the lower mean
+    assert entropy["tokens"][0] == {"sample": 16, "update": 0, "pos": 0}
+    assert entropy["samples"] == [16, 17]
+    assert entropy["value"] == pytest.approx(0.2) and entropy["baseline"] == pytest.approx(1.0)
+    assert reward["samples"] == [20, 21]
+
+
+def test_thresholds_matter(run):
+    assert detect_collapse(run, CollapseConfig(z_warning=1e9)).is_empty()
+    relaxed = detect_collapse(run, CollapseConfig(min_history=20))
+    assert relaxed.is_empty()  # no step has 20 steps of history
+
+
+def test_synthetic_collapse_detected(tmp_path):
+    run = load_run(write_synthetic_run(tmp_path / "r", steps=24, samples_per_step=32, seq_len=24,
+                                       rules=["ppo", "dppo_binary_tv"], collapse_at=16))
+    alerts = detect_collapse(run)
+    first = {k: alerts.filter(pl.col("kind") == k)["step"].min() for k in
+             ("entropy_collapse", "mismatch_growth", "grad_norm_spike")}
+    assert all(v is not None and 16 <= v <= 18 for v in first.values()), first
+    assert alerts.filter(pl.col("step") < 16).is_empty()
+
+
+def test_healthy_run_is_quiet(tmp_path):
+    run = load_run(write_synthetic_run(tmp_path / "r", steps=24, samples_per_step=32, seq_len=24,
+                                       rules=["ppo"], seed=3))
+    assert detect_collapse(run).is_empty()
+
+
+def test_without_mu_or_extras(tmp_path):
+    run = load_run(write_synthetic_run(tmp_path / "r", steps=6, samples_per_step=8, seq_len=8, rules=["ppo"],
+                                       with_mu=False))
+    sig = step_signals(run)
+    assert sig["k3_kl"].null_count() == sig.height
+    assert detect_collapse(run, signals=sig).schema == pl.Schema(ALERT_SCHEMA)
+    bare = load_run(write_run(tmp_path / "bare", tokens={"step": [0, 1], "sample": [0, 1], "pos": [0, 0],
+                                                          "pi_logp": [-1.0, -1.0]}))
+    sig = step_signals(bare)
+    assert sig["reward"].null_count() == 2 and sig["grad_norm"].null_count() == 2
+    assert detect_collapse(bare).is_empty()

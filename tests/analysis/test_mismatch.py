@@ -1,0 +1,67 @@
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from trustlens.analysis import MISMATCH_COLUMNS, mismatch_by_bucket, mismatch_per_step, mismatch_unavailable
+from trustlens.runs import load_run
+from trustlens.synthetic import write_run, write_synthetic_run
+
+L = math.log
+
+
+def test_per_step_by_hand(mismatch_run):
+    df = mismatch_per_step(mismatch_run.tokens)
+    assert df.columns == ["step", *MISMATCH_COLUMNS]
+    s0, s1 = df.iter_rows(named=True)
+    # step 0: ρ = π_old/μ = 0.5, 1, 2 over samples {0: (0.5, 1), 1: (2,)}
+    assert s0["tokens"] == 3
+    assert s0["mismatch_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert s0["k3_kl"] == pytest.approx(((0.5 - 1 - L(0.5)) + 0 + (2 - 1 - L(2))) / 3, rel=1e-6)
+    assert s0["chi2_token"] == pytest.approx((0.25 + 1 + 4) / 3 - 1, rel=1e-6)
+    assert s0["log_ppl_diff"] == pytest.approx(((-L(0.5)) / 2 + (-L(2))) / 2, rel=1e-6)
+    assert s0["log_ppl_abs_diff"] == pytest.approx((L(2) / 2 + L(2)) / 2, rel=1e-6)
+    assert s0["chi2_seq"] == pytest.approx(((0.25 - 1) + (4 - 1)) / 2, rel=1e-6)
+    assert s0["tv_mean"] == pytest.approx((0.25 + 0 + 0.125) / 3, rel=1e-6)
+    assert s0["tv_max"] == pytest.approx(0.25, rel=1e-6)
+    assert s0["pearson"] == pytest.approx(np.corrcoef([0.5, 0.8, 0.125], [0.25, 0.8, 0.25])[0, 1], rel=1e-6)
+    # step 1: only the first-update row without π_old counts, with π (0.5) standing in for π_old
+    assert s1["tokens"] == 1
+    assert s1["mismatch_kl"] == pytest.approx(L(0.4 / 0.5), rel=1e-6)
+    assert s1["k3_kl"] == pytest.approx(1.25 - 1 - L(1.25), rel=1e-5)
+
+
+def test_by_bucket_by_hand(mismatch_run):
+    df = mismatch_by_bucket(mismatch_run.tokens)
+    assert df["tokens"].to_list() == [0, 0, 0, 0, 0, 4]  # μ = 0.125 … 0.8 are all in [0.1, 1]
+    top = df.row(5, named=True)
+    assert top["k3_kl"] == pytest.approx(((0.5 - 1 - L(0.5)) + (2 - 1 - L(2)) + (1.25 - 1 - L(1.25))) / 4, rel=1e-5)
+    assert df.row(0, named=True)["k3_kl"] is None
+
+
+def test_without_mu_says_why(tmp_path):
+    run = load_run(write_synthetic_run(tmp_path / "r", steps=2, samples_per_step=8, seq_len=4, rules=["ppo"],
+                                       with_mu=False))
+    reason = mismatch_unavailable(run.tokens)
+    assert "without the rollout engine's log-probabilities" in reason
+    df = mismatch_per_step(run.tokens)
+    assert df.is_empty() and df.columns == ["step", *MISMATCH_COLUMNS]
+    assert mismatch_by_bucket(run.tokens).is_empty()
+
+
+def test_empty_and_unpaired(tmp_path, mismatch_run):
+    assert mismatch_unavailable(mismatch_run.tokens.filter(pl.lit(False))) == "the run has no token rows yet"
+    assert mismatch_per_step(mismatch_run.tokens.filter(pl.lit(False))).is_empty()
+    run = load_run(write_run(tmp_path / "r", tokens={
+        "step": [0], "update": [1], "sample": [0], "pos": [0], "mu_logp": [-1.0], "pi_logp": [-1.0]}))
+    assert "no row has both" in mismatch_unavailable(run.tokens)
+    assert mismatch_unavailable(mismatch_run.tokens) is None
+
+
+def test_synthetic_collapse_grows_mismatch(tmp_path):
+    run = load_run(write_synthetic_run(tmp_path / "r", steps=10, samples_per_step=16, seq_len=16, rules=[],
+                                       collapse_at=6))
+    df = mismatch_per_step(run.tokens)
+    assert df.filter(pl.col("step") >= 8)["k3_kl"].min() > 10 * df.filter(pl.col("step") < 6)["k3_kl"].median()
+    assert (df["k3_kl"] >= 0).all()

@@ -1,0 +1,136 @@
+import numpy as np
+import plotly.graph_objects as go
+import polars as pl
+import pytest
+
+from trustlens import analysis as A
+from trustlens import plots as P
+from trustlens.runs import load_run
+from trustlens.synthetic import HOSTILE_VOCAB, write_synthetic_run
+
+RULES = ["ppo", "dppo_binary_tv", "dppo_binary_kl"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    path = write_synthetic_run(tmp_path_factory.mktemp("plots") / "run", steps=20, samples_per_step=16,
+                               seq_len=24, rules=RULES, collapse_at=14, vocab=HOSTILE_VOCAB + ("ok",) * 4)
+    return load_run(path)
+
+
+def _points(fig: go.Figure) -> int:
+    """Data points (or heatmap cells) a figure sends to the browser."""
+    total = 0
+    for tr in fig.data:
+        if getattr(tr, "z", None) is not None:
+            total += int(np.size(tr.z))
+        elif getattr(tr, "x", None) is not None:
+            total += len(tr.x)
+        elif getattr(tr, "y", None) is not None:
+            total += len(tr.y)
+    return total
+
+
+def _strings(fig: go.Figure) -> list[str]:
+    """Every string a figure will render as (pseudo-)HTML: labels, names, hover and trace text."""
+    out = []
+
+    def walk(v):
+        if isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, np.ndarray) and v.dtype == object:
+            for x in v.ravel():
+                walk(x)
+
+    walk(fig.to_plotly_json())
+    return out
+
+
+def test_figure1_pair(run):
+    t = run.tokens
+    fig = P.figure1(A.figure1_density(t, "ratio", rules=["ppo"], n_x=40, n_y=30),
+                    A.figure1_density(t, "binary_tv", n_x=40, n_y=30), A.rule_boundaries(run.rules), rule="ppo")
+    heat = [tr for tr in fig.data if tr.type == "heatmap"]
+    assert len(heat) == 2 and np.shape(heat[0].z) == (30, 40)
+    lines = {(tr.name, tr.line.dash) for tr in fig.data if tr.type == "scatter"}
+    assert {("ppo", "solid"), ("ppo", "dash"), ("dppo_binary_tv", "solid"), ("dppo_binary_kl", "dash")} <= lines
+    # log10 of the counts sums back to the token total
+    assert np.nansum(10 ** np.asarray(heat[0].z, float)) == pytest.approx(t.select(pl.len()).collect().item())
+    assert _points(fig) < 10_000
+
+
+def test_bar_and_heatmap_figures(run):
+    t = run.tokens
+    bar = P.blocked_tokens_bar(A.blocked_by_token(t, top=5), top=5)
+    assert [tr.name for tr in bar.data] == RULES[: len(bar.data)] and len(bar.data) >= 1
+    assert max(len(tr.y) for tr in bar.data) <= 5
+    buckets = P.blocked_by_bucket_bar(A.blocked_by_bucket(t))
+    assert [tr.name for tr in buckets.data] == RULES and len(buckets.data[0].x) == 6
+    heat = P.confusion_heatmap(A.confusion_matrix(t))
+    assert np.shape(heat.data[0].z) == (3, 3) and np.diag(np.asarray(heat.data[0].z, float)).tolist() == [0, 0, 0]
+    lines = P.blocked_per_step_lines(A.blocked_per_step(t))
+    assert len(lines.data) == 3 and len(lines.data[0].x) == 20
+    conf = P.confusion_lines(A.rule_confusion(t, "ppo", "dppo_binary_tv"), "ppo", "dppo_binary_tv")
+    assert [tr.name for tr in conf.data] == ["only ppo", "only dppo_binary_tv"]
+
+
+def test_token_text_is_escaped(run):
+    fig = P.blocked_tokens_bar(A.blocked_by_token(run.tokens, top=20))
+    text = " ".join(_strings(fig))
+    assert "<script" not in text and "<img" not in text and "<b>" not in text
+    assert "&lt;script&gt;" in text
+    labels = [y for tr in fig.data for y in tr.y]
+    assert "‹&lt;b&gt;bold&lt;/b&gt;›" in labels and not any("<" in y for y in labels)
+    assert P.safe_text("$x$") == "&#36;x&#36;"
+    assert P.safe_text("a\u202eb") == "a\\u202eb"
+    labels = P.token_labels([" a", "\u00a0a", "a"])
+    assert len(set(labels)) == 3
+
+
+def test_mismatch_and_collapse_figures(run):
+    mm = P.mismatch_curves(A.mismatch_per_step(run.tokens))
+    assert [tr.name for tr in mm.data] == list(P.MISMATCH_CURVES)
+    empty = P.mismatch_curves(A.mismatch_per_step(run.tokens).clear(), reason="μ <not> recorded")
+    assert not empty.data and empty.layout.annotations[0].text == "μ &lt;not&gt; recorded"
+    with pytest.raises(ValueError, match="metrics"):
+        P.mismatch_curves(A.mismatch_per_step(run.tokens), ["nope"])
+    assert len(P.mismatch_by_bucket_bar(A.mismatch_by_bucket(run.tokens)).data[0].x) == 6
+    signals = A.step_signals(run)
+    alerts = A.detect_collapse(run, signals=signals)
+    fig = P.collapse_timeline(signals, alerts)
+    markers = [tr for tr in fig.data if tr.mode == "markers"]
+    assert sum(len(tr.x) for tr in markers) == alerts.height > 0
+    assert all(14 <= x for tr in markers for x in tr.x)
+
+
+def test_overlay_runs_escapes_names(run):
+    s = A.step_summary(run.tokens)
+    fig = P.overlay_runs({"a": s, "<b>evil</b>": s}, ["entropy", "blocked_ppo", "missing"])
+    assert [tr.name for tr in fig.data[:2]] == ["a", "&lt;b&gt;evil&lt;/b&gt;"]
+    assert len(fig.data) == 4  # two runs × two present columns
+
+
+def test_large_series_are_thinned():
+    n = 50_000
+    df = pl.DataFrame({"step": np.arange(n), "k3_kl": np.linspace(0, 1, n), "mismatch_kl": np.zeros(n),
+                       "tv_mean": np.zeros(n), "chi2_token": np.zeros(n)})
+    fig = P.mismatch_curves(df)
+    assert all(len(tr.x) <= P.MAX_POINTS for tr in fig.data)
+    thinned = P.thin(df, max_points=100)
+    assert thinned.height == 100 and thinned["k3_kl"].mean() == pytest.approx(0.5, rel=1e-3)
+    fig = P.overlay_runs({"big": df}, "k3_kl", max_points=500)
+    assert len(fig.data[0].x) == 500
+
+
+def test_empty_inputs_draw_a_message():
+    empty = pl.DataFrame()
+    for fig in (P.blocked_tokens_bar(pl.DataFrame(schema={"rule": pl.String, "token": pl.String})),
+                P.collapse_timeline(pl.DataFrame(schema={"step": pl.Int32})),
+                P.overlay_runs({}, "entropy"), P.confusion_heatmap(empty.with_columns())):
+        assert isinstance(fig, go.Figure) and fig.layout.annotations
