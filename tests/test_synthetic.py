@@ -140,3 +140,21 @@ def test_refuses_to_overwrite(tmp_path):
     write_synthetic_run(tmp_path / "r", steps=1, samples_per_step=8, seq_len=4, rules=[])
     with pytest.raises(ValueError, match="already holds a run"):
         write_synthetic_run(tmp_path / "r", steps=1, samples_per_step=8, seq_len=4, rules=[])
+
+
+def test_write_run_checks_columns(tmp_path):
+    from trustlens.synthetic import write_run
+
+    with pytest.raises(ValueError, match="unknown columns"):
+        write_run(tmp_path / "a", tokens={"step": [0], "sample": [0], "pos": [0], "pi_logp": [-1.0], "oops": [1]})
+    with pytest.raises(ValueError, match="'pi_logp' is required"):
+        write_run(tmp_path / "b", tokens={"step": [0], "sample": [0], "pos": [0]})
+    with pytest.raises(ValueError, match="has 2 rows"):
+        write_run(tmp_path / "c", tokens={"step": [0], "sample": [0], "pos": [0, 1], "pi_logp": [-1.0]})
+    path = write_run(tmp_path / "d", tokens={"step": [1, 0], "sample": [1, 0], "pos": [0, 0], "pi_logp": [-1.0, -2.0],
+                                             "token": ["<b>", "x"], "blocked_ppo": [True, None]})
+    df = _tokens(path)
+    assert df["step"].to_list() == [0, 1] and df["pi_logp"].to_list() == [-2.0, -1.0]
+    assert df["token"].cast(pl.String).to_list() == ["x", "<b>"]
+    manifest = json.loads((path / "run.json").read_text())
+    assert list(manifest["rules"]) == ["ppo"] and manifest["anchor"] == "old" and "mu_logp" in manifest["missing"]

@@ -21,11 +21,9 @@ needs only a few steps of rows in memory.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -34,16 +32,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trustlens import __version__
-from trustlens.schema import (
-    META_SCHEMA_VERSION,
-    META_TRUSTLENS_VERSION,
-    METRIC_COLUMNS,
-    SAMPLE_COLUMNS,
-    SCHEMA_VERSION,
-    arrow_schema,
-    blocked_column,
-    token_columns,
-)
+from trustlens.schema import MANIFEST, SCHEMA_VERSION, blocked_column, part_path, table_schema, token_columns
+from trustlens.writer import utc_now, write_json_atomic
 
 DEFAULT_RULES: tuple[str, ...] = (
     "ppo",
@@ -130,18 +120,13 @@ def _logit_of_logp(logp: np.ndarray) -> np.ndarray:
     return logp - np.log(-np.expm1(logp))
 
 
-def _metadata() -> dict[bytes, bytes]:
-    return {META_SCHEMA_VERSION: str(SCHEMA_VERSION).encode(), META_TRUSTLENS_VERSION: __version__.encode()}
-
-
 def write_part(table: pa.Table, directory: Path, index: int) -> Path:
-    """Write `table` as `directory/part-<index>.parquet` atomically (temporary name, then rename).
-
-    Row groups of at most 65,536 rows keep step pruning effective when rows are sorted by step.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"part-{index:06d}.parquet"
-    tmp = directory / f".part-{index:06d}.parquet.tmp"
+    """Write `table` as part file `index` in `directory` (a RUN_DIR/<table>/rank=R folder),
+    atomically: temporary name, then rename. Row groups of at most 65,536 rows keep step pruning
+    effective (rows sorted by step)."""
+    final = Path(directory) / part_path("", "", 0, index).name
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp")
     pq.write_table(table, tmp, row_group_size=65_536, compression="zstd")
     os.replace(tmp, final)
     return final
@@ -187,11 +172,27 @@ def _rule_entries(rules: Sequence[str]) -> dict[str, dict]:
     return out
 
 
-def write_manifest(path: Path, manifest: dict) -> None:
-    """Write `run.json` atomically."""
-    tmp = path / ".run.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, path / "run.json")
+def _manifest(*, rules: Sequence[str], active_rule: str | None, status: str, config: dict, world_size: int,
+              anchor: str, missing: list[str]) -> dict:
+    """A run.json of the contract (trustlens.schema.MANIFEST_FIELDS)."""
+    now = utc_now()
+    return {
+        "schema_version": SCHEMA_VERSION, "trustlens_version": __version__, "status": status, "error": None,
+        "created": now, "updated": now, "config": config, "rules": _rule_entries(rules),
+        "active_rule": active_rule, "world_size": world_size, "anchor": anchor, "missing": missing,
+    }
+
+
+def _check_status(status: str) -> None:
+    if status not in ("running", "finished", "failed"):
+        raise ValueError(f"status must be running, finished or failed, got {status!r}")
+
+
+def _new_run_dir(path: str | os.PathLike) -> Path:
+    root = Path(path)
+    if (root / MANIFEST).exists():
+        raise ValueError(f"path {str(root)!r} already holds a run ({MANIFEST} exists)")
+    return root
 
 
 # Defaults for token columns a hand-built run may leave out (see `write_run`).
@@ -216,37 +217,32 @@ def write_run(
     metrics are optional; their missing nullable columns are null and rank defaults to 0.
     Used by tests with known answers (and for odd inputs such as hostile token text).
     """
-    root = Path(path)
-    if (root / "run.json").exists():
-        raise ValueError(f"path {str(root)!r} already holds a run (run.json exists)")
+    _check_status(status)
+    root = _new_run_dir(path)
     token_data = dict(tokens.to_pydict() if isinstance(tokens, pa.Table) else tokens)
     given_rules = [c.removeprefix("blocked_") for c in token_data if c.startswith("blocked_")]
     rules = list(given_rules if rules is None else rules)
-    manifest_rules = _rule_entries(rules)
+    _rule_entries(rules)  # unknown rules fail before anything is written
     n = len(token_data.get("step", ()))
     token_data.setdefault("group", token_data.get("sample"))
     for name, value in _TOKEN_DEFAULTS.items():
         token_data.setdefault(name, [value] * n)
-    meta = _metadata()
     root.mkdir(parents=True, exist_ok=True)
-    write_part(_table(token_data, arrow_schema(token_columns(rules), meta), n, "tokens"), root / "tokens" / "rank=0", 0)
-    for kind, data, columns in (("samples", samples, SAMPLE_COLUMNS), ("metrics", metrics, METRIC_COLUMNS)):
+    write_part(_table(token_data, table_schema("tokens", rules), n, "tokens"), part_path(root, "tokens", 0, 0).parent, 0)
+    for kind, data in (("samples", samples), ("metrics", metrics)):
         if data is None:
             continue
         data = dict(data.to_pydict() if isinstance(data, pa.Table) else data)
         rows = len(data.get("step", ()))
         data.setdefault("rank", [0] * rows)
-        write_part(_table(data, arrow_schema(columns, meta), rows, kind), root / kind / "rank=0", 0)
+        write_part(_table(data, table_schema(kind), rows, kind), part_path(root, kind, 0, 0).parent, 0)
     mu = token_data.get("mu_logp")
     has_mu = mu is not None and any(v is not None for v in mu)
-    now = datetime.now(timezone.utc).isoformat()
-    write_manifest(root, {
-        "schema_version": SCHEMA_VERSION, "trustlens_version": __version__, "status": status,
-        "created": now, "updated": now, "config": {"source": "hand-built", **(config or {})},
-        "rules": manifest_rules, "active_rule": rules[0] if rules else None, "world_size": 1,
-        "anchor": "mu" if has_mu else "old",
-        "missing": [c.name for c in token_columns(rules) if c.nullable and c.name not in token_data],
-    })
+    write_json_atomic(root / MANIFEST, _manifest(
+        rules=rules, active_rule=rules[0] if rules else None, status=status,
+        config={"source": "hand-built", **(config or {})}, world_size=1, anchor="mu" if has_mu else "old",
+        missing=[c.name for c in token_columns(rules) if c.nullable and c.name not in token_data],
+    ))
     return root
 
 
@@ -315,18 +311,13 @@ def write_synthetic_run(
         raise ValueError(f"collapse_at must be a step in [0, {steps}), got {collapse_at}")
     if len(vocab) < 2:
         raise ValueError(f"vocab must hold at least 2 token texts, got {len(vocab)}")
-    if status not in ("running", "finished", "failed"):
-        raise ValueError(f"status must be running, finished or failed, got {status!r}")
+    _check_status(status)
     rules = list(rules)
-    thresholds = _rule_entries(rules)
-    if active_rule is not None and active_rule not in thresholds:
+    _rule_entries(rules)  # unknown rules fail before anything is written
+    if active_rule is not None and active_rule not in rules:
         raise ValueError(f"active_rule {active_rule!r} is not among rules {rules}")
-    root = Path(path)
-    if (root / "run.json").exists():
-        raise ValueError(f"path {str(root)!r} already holds a run (run.json exists)")
+    root = _new_run_dir(path)
     root.mkdir(parents=True, exist_ok=True)
-
-    now = datetime.now(timezone.utc).isoformat()
     config = {
         "source": "synthetic",
         "steps": steps,
@@ -340,31 +331,16 @@ def write_synthetic_run(
         "with_old": with_old,
         "with_topk": with_topk,
     }
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "trustlens_version": __version__,
-        "status": "running",
-        "created": now,
-        "updated": now,
-        "config": config,
-        "rules": thresholds,
-        "active_rule": active_rule or (rules[0] if rules else None),
-        "world_size": world_size,
-        "anchor": "mu" if with_mu else "old",
-        "missing": [name for name, present in (("mu_logp", with_mu), ("old_logp", with_old),
-                    ("topk_tv", with_topk), ("topk_kl", with_topk)) if not present],
-    }
-    write_manifest(root, manifest)
-
-    meta = _metadata()
-    schemas = {
-        "tokens": arrow_schema(token_columns(rules), meta),
-        "samples": arrow_schema(SAMPLE_COLUMNS, meta),
-        "metrics": arrow_schema(METRIC_COLUMNS, meta),
-    }
+    manifest = _manifest(
+        rules=rules, active_rule=active_rule or (rules[0] if rules else None), status="running",
+        config=config, world_size=world_size, anchor="mu" if with_mu else "old",
+        missing=[name for name, present in (("mu_logp", with_mu), ("old_logp", with_old),
+                 ("topk_tv", with_topk), ("topk_kl", with_topk)) if not present],
+    )
+    write_json_atomic(root / MANIFEST, manifest)
     writers = {
-        (kind, rank): _PartWriter(root / kind / f"rank={rank}", schemas[kind], rows_per_part)
-        for kind in schemas
+        (kind, rank): _PartWriter(part_path(root, kind, rank, 0).parent, table_schema(kind, rules), rows_per_part)
+        for kind in ("tokens", "samples", "metrics")
         for rank in range(world_size)
     }
     gen = _Generator(shape, np.random.default_rng(seed), list(vocab), rules, collapse_at,
@@ -383,8 +359,8 @@ def write_synthetic_run(
     for w in writers.values():
         w.flush()
     manifest["status"] = status
-    manifest["updated"] = datetime.now(timezone.utc).isoformat()
-    write_manifest(root, manifest)
+    manifest["updated"] = utc_now()
+    write_json_atomic(root / MANIFEST, manifest)
     return root
 
 
@@ -558,7 +534,6 @@ __all__ = [
     "HOSTILE_VOCAB",
     "VOCAB",
     "expected_token_rows",
-    "write_manifest",
     "write_part",
     "write_run",
     "write_synthetic_run",
