@@ -254,10 +254,20 @@ def test_bad_input_raises_and_records_nothing(tmp_path, gen, name, change, messa
             rec.record(**args)
         rec.flush()
         assert manifest_of(tmp_path / "run")["status"] == "running"
-        rec.record(2, **batch)  # the recorder still works
+        rec.record(1, **batch)  # the recorder still works
     df = tokens_of(tmp_path / "run")
-    assert sorted(set(df["step"].to_list())) == [0, 2]
+    assert sorted(set(df["step"].to_list())) == [0, 1]
     assert df.height == 2 * int(batch["response_mask"].sum())
+    # the failed call took no default sample ids
+    assert sorted(set(df.filter(pl.col("step") == 1)["sample"])) == [SAMPLE_STEP + i for i in range(B)]
+
+
+def test_all_padding_records_nothing(tmp_path, gen):
+    batch = make_batch(gen)
+    batch["response_mask"] = torch.zeros(B, T)
+    with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
+        assert rec.record(0, **batch) == 0
+    assert not any((tmp_path / "run" / "tokens" / "rank=0").iterdir())
 
 
 def test_unknown_rule_and_active_rule(tmp_path):

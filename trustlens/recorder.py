@@ -237,11 +237,12 @@ class TokenRecorder:
                 check_tensor_shape(name, t, shape)
         device = pi_logp.device
         mask = check_mask("response_mask", response_mask, token_ids).to(device)
-        samples = self._ids("sample_ids", sample_ids, shape[0], device, ("tokens", step, update))
+        id_key = ("tokens", step, update)
+        samples = self._ids("sample_ids", sample_ids, shape[0], device, id_key)
         groups = samples if group_ids is None else self._ids("group_ids", group_ids, shape[0], device, None)
 
-        index = torch.nonzero(mask.reshape(-1)).squeeze(1)  # (N,) flat (b, t) of the valid positions
-        b, t = index // shape[1], index % shape[1]
+        b, t = torch.nonzero(mask, as_tuple=True)  # (N,) each: the valid positions
+        index = b * shape[1] + t  # (N,) their flat index
 
         def take(x: torch.Tensor) -> torch.Tensor:  # (B, T) -> (N,) at the valid positions
             return x.to(device).reshape(-1).index_select(0, index)
@@ -287,10 +288,12 @@ class TokenRecorder:
             r.name: inputs.blocked(r) if all(inputs.given[a] is not None for a in r.needs) else None
             for r in self.rules
         }
-        ints = torch.stack([samples.index_select(0, b), groups.index_select(0, b), t, ids.long()])
+        ints = [samples.index_select(0, b), groups.index_select(0, b), t, ids.long()]
         rows = _to_cpu(step, update, ints, floats, blocked)
         self._note_anchor("mu" if mu_logp is not None else "old", floats, blocked)
         self._writer.put_tokens(rows)
+        if sample_ids is None:
+            self._count_ids(id_key, shape[0])
         return len(rows)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float | int | torch.Tensor]) -> None:
@@ -351,8 +354,9 @@ class TokenRecorder:
                 if bad:
                     raise ValueError(f"log_samples {name}s hold a non-finite value at index {bad[0]}")
             columns[name] = value
-        if columns["sample"] is None:
-            start = self._take_ids(("samples", step), n)
+        default_ids = columns["sample"] is None
+        if default_ids:
+            start = self._first_id(("samples", step), n)
             columns["sample"] = list(range(start, start + n))
         if columns["group"] is None:
             columns["group"] = columns["sample"]
@@ -364,6 +368,8 @@ class TokenRecorder:
         except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
             raise ValueError(f"log_samples: {err}") from err
         self._writer.put_table("samples", batch)
+        if default_ids:
+            self._count_ids(("samples", step), n)
 
     def flush(self) -> None:
         """Block until every row recorded so far is in complete part files."""
@@ -396,21 +402,23 @@ class TokenRecorder:
         """At interpreter exit without close(): keep the rows, and say the run did not close."""
         self.close(RuntimeError("the process exited without TokenRecorder.close()"))
 
-    def _take_ids(self, key: tuple[Any, ...], n: int) -> int:
-        """The first of `n` default sample ids for `key` = (table, step, ...) on this rank."""
-        step = key[1]
-        if any(k[1] != step for k in self._next_sample):
-            self._next_sample = {k: v for k, v in self._next_sample.items() if k[1] == step}
+    def _first_id(self, key: tuple[Any, ...], n: int) -> int:
+        """The first of the next `n` default sample ids for `key` = (table, step, ...) on this
+        rank; `_count_ids` takes them once the call that uses them has passed its checks."""
         start = self._next_sample.get(key, 0)
         if start + n > SAMPLE_RANK:
-            raise ValueError(f"more than {SAMPLE_RANK} samples at step {step}: pass sample_ids")
-        self._next_sample[key] = start + n
-        return step * SAMPLE_STEP + self.rank * SAMPLE_RANK + start
+            raise ValueError(f"more than {SAMPLE_RANK} samples at step {key[1]}: pass sample_ids")
+        return key[1] * SAMPLE_STEP + self.rank * SAMPLE_RANK + start
+
+    def _count_ids(self, key: tuple[Any, ...], n: int) -> None:
+        """Take `n` default ids of `key`; counters of other steps are dropped."""
+        self._next_sample = {k: v for k, v in self._next_sample.items() if k[1] == key[1]}
+        self._next_sample[key] = self._next_sample.get(key, 0) + n
 
     def _ids(self, name: str, ids: object, batch: int, device: torch.device, key: tuple[Any, ...] | None) -> torch.Tensor:
         """Per-sample ids (B,) as an int64 tensor on `device`; numbered by default when `key`."""
         if ids is None:
-            start = self._take_ids(key, batch)
+            start = self._first_id(key, batch)
             return torch.arange(start, start + batch, device=device)
         if not isinstance(ids, torch.Tensor):
             try:
@@ -511,22 +519,24 @@ def _locate_error(mask: torch.Tensor, **tensors: torch.Tensor | None) -> None:
             checks.get(name, check_logp)(name, t.to(mask.device).masked_fill(~mask, 0))
 
 
-def _to_cpu(step: int, update: int, ints: torch.Tensor, floats: dict, blocked: dict) -> TokenBatch:
-    """The rows as CPU numpy arrays, in three transfers: ints (4, N) (sample, group, pos,
-    token_id), the float columns and the rule decisions."""
-    n = ints.shape[1]
-    ints = ints.cpu().numpy()
+def _to_cpu(step: int, update: int, ints: list[torch.Tensor], floats: dict, blocked: dict) -> TokenBatch:
+    """The rows as CPU numpy arrays. Every tensor here was computed by `record` (none aliases
+    the caller's), so on the CPU they are handed over without a copy; from another device they
+    move in three transfers: ints (sample, group, pos, token_id), floats, rule decisions."""
     present = [k for k, v in floats.items() if v is not None]
-    values = torch.stack([floats[k].float() for k in present]).cpu().numpy()
     decided = [k for k, v in blocked.items() if v is not None]
-    bools = torch.stack([blocked[k] for k in decided]).cpu().numpy() if decided else np.zeros((0, n), bool)
+    columns = [ints, [floats[k].float() for k in present], [blocked[k] for k in decided]]
+    if ints[0].device.type == "cpu":
+        ints, values, bools = ([t.numpy() for t in group] for group in columns)
+    else:
+        ints, values, bools = ([*torch.stack(group).cpu().numpy()] if group else [] for group in columns)
     return TokenBatch(
         step=step,
         update=update,
         sample=ints[0],
         group=ints[1],
-        pos=ints[2].astype(np.int32),
-        token_id=ints[3].astype(np.int32),
+        pos=ints[2],
+        token_id=ints[3],
         floats={k: values[present.index(k)] if k in present else None for k in floats},
         blocked={k: bools[decided.index(k)] if k in decided else None for k in blocked},
     )
@@ -537,6 +547,7 @@ class NullRecorder:
 
     path = None
     rules: list = []
+    stats = WriterStats()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass

@@ -60,8 +60,8 @@ class TokenBatch:
     update: int  # update within the step of every row
     sample: np.ndarray  # (N,) int64 sample ids
     group: np.ndarray  # (N,) int64 group ids
-    pos: np.ndarray  # (N,) int32 positions in the response
-    token_id: np.ndarray  # (N,) int32 sampled token ids
+    pos: np.ndarray  # (N,) int positions in the response (cast to int32 by the writer)
+    token_id: np.ndarray  # (N,) int sampled token ids (cast to int32 by the writer)
     floats: dict[str, np.ndarray | None]  # float column -> (N,) float32; None = null column
     blocked: dict[str, np.ndarray | None]  # rule -> (N,) bool; None = rule not evaluable
 

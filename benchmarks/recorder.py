@@ -1,0 +1,133 @@
+"""Benchmark: TokenRecorder against writing the same rows with one pyarrow.parquet.write_table call.
+
+    python benchmarks/recorder.py [--rows 2000000] [--batch 64] [--seq 1024]
+
+Records `--rows` token rows (batches of B × T positions, responses 50–100% of T long) with 8
+rules evaluated (every rule that needs no logits: ppo, ppo_clip_higher, minirl, dppo_binary_tv,
+dppo_binary_kl, both *_recompute rules, grpo_tis), μ, π_old, π, entropy and per-sequence
+advantages given, token texts decoded by a stand-in tokenizer. All measured in this run, on one torch thread:
+
+- floor: the run's final token table (read back from its part files) written with a single
+  `pq.write_table` call, same compression; the median of 3.
+- unpaced: `record` called back to back, then `close()`. Total wall time / floor (goal ≤ 1.5×)
+  and rows/s. Here the caller outruns the writer, so `record` mostly waits on the full queue.
+- paced: between calls the "training step" sleeps 1.5× the floor's time per batch (a trainer
+  whose step lasts 1.5× what it takes to write that step's rows: far faster than any real one).
+  Time spent inside `record` / floor (goal ≤ 10%), split into the caller's own work (checks,
+  rules, copy to CPU) and waiting on the writer's full queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from trustlens import TokenRecorder, load_run
+from trustlens.writer import COMPRESSION
+
+RULES = ["ppo", "ppo_clip_higher", "minirl", "dppo_binary_tv", "dppo_binary_kl",
+         "dppo_binary_tv_recompute", "dppo_binary_kl_recompute", "grpo_tis"]
+
+
+class Tokenizer:
+    """Stands in for a real tokenizer: a distinct short text per id."""
+
+    def decode(self, ids: list[int]) -> str:
+        return f" tok{ids[0]}"
+
+
+def make_batches(n: int, batch: int, seq: int, seed: int) -> list[dict[str, torch.Tensor]]:
+    """`n` distinct batches of realistic inputs (cycled, so that input generation is not timed)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        mu = -torch.distributions.Exponential(2.0).sample((batch, seq)).clamp(min=1e-6)
+        lengths = torch.randint(seq // 2, seq + 1, (batch,), generator=g)
+        out.append({
+            "token_ids": torch.randint(0, 32_000, (batch, seq), generator=g),
+            "response_mask": torch.arange(seq)[None, :] < lengths[:, None],
+            "mu_logp": mu,
+            "old_logp": (mu + 0.05 * torch.randn(batch, seq, generator=g)).clamp(max=0),
+            "pi_logp": (mu + 0.1 * torch.randn(batch, seq, generator=g)).clamp(max=0),
+            "entropy": torch.rand(batch, seq, generator=g) * 3,
+            "advantages": torch.randn(batch, generator=g),
+        })
+    return out
+
+
+def limit_mask(mask: torch.Tensor, rows: int) -> torch.Tensor:
+    """`mask` keeping only its first `rows` valid positions (row-major)."""
+    return mask & (mask.reshape(-1).cumsum(0).reshape(mask.shape) <= rows)
+
+
+def record_run(run_dir: Path, batches, rows: int, pace: float) -> dict[str, float]:
+    """Record `rows` rows; returns wall time, time inside record, time waiting on the queue."""
+    inside = 0.0
+    recorded = step = 0
+    start = time.perf_counter()
+    rec = TokenRecorder(run_dir, rules=RULES, tokenizer=Tokenizer())
+    while recorded < rows:
+        batch = batches[step % len(batches)]
+        mask = limit_mask(batch["response_mask"], rows - recorded)
+        t = time.perf_counter()
+        recorded += rec.record(step, **{**batch, "response_mask": mask})
+        inside += time.perf_counter() - t
+        step += 1
+        if pace:
+            time.sleep(pace)
+    rec.close()
+    total = time.perf_counter() - start
+    return {"total": total, "inside": inside, "waiting": rec.stats.blocked_seconds, "steps": step}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=2_000_000, help="token rows to record")
+    parser.add_argument("--batch", type=int, default=64, help="B: responses per record call")
+    parser.add_argument("--seq", type=int, default=1024, help="T: positions per response")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    batches = make_batches(4, args.batch, args.seq, args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        unpaced = record_run(tmp / "unpaced", batches, args.rows, pace=0.0)
+
+        table = pa.concat_tables(pq.read_table(f) for f in load_run(tmp / "unpaced").files["tokens"])
+        floors = []
+        for i in range(3):
+            t = time.perf_counter()
+            pq.write_table(table, tmp / f"floor-{i}.parquet", compression=COMPRESSION)
+            floors.append(time.perf_counter() - t)
+        floor = statistics.median(floors)
+        shutil.rmtree(tmp / "unpaced")
+
+        pace = 1.5 * floor / unpaced["steps"]
+        paced = record_run(tmp / "paced", batches, args.rows, pace=pace)
+
+    rows = args.rows
+    print(f"recorder benchmark: {rows:,} token rows, {len(RULES)} rules, batches of "
+          f"{args.batch}×{args.seq} ({unpaced['steps']} record calls), zstd, 1 torch thread")
+    print(f"floor: one pq.write_table of the final table           {floor:7.3f} s  "
+          f"(median of {', '.join(f'{f:.3f}' for f in floors)})")
+    print(f"unpaced: record back to back, then close()             {unpaced['total']:7.3f} s  "
+          f"{rows / unpaced['total']:,.0f} rows/s")
+    print(f"  total / floor                                        {unpaced['total'] / floor:7.2f}×  (goal ≤ 1.5×)")
+    print(f"  inside record: {unpaced['inside']:.3f} s, of which waiting on the full queue {unpaced['waiting']:.3f} s")
+    work = paced["inside"] - paced["waiting"]
+    print(f"paced: {pace * 1e3:.1f} ms of training step between calls  total {paced['total']:7.3f} s")
+    print(f"  inside record / floor                                {paced['inside'] / floor:7.1%}  (goal ≤ 10%)")
+    print(f"    own work (checks, rules, copy to CPU) / floor      {work / floor:7.1%}")
+    print(f"    waiting on the full queue / floor                  {paced['waiting'] / floor:7.1%}")
+
+
+if __name__ == "__main__":
+    main()
