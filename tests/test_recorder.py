@@ -337,12 +337,14 @@ def test_metrics_and_samples(tmp_path, gen):
             rec.log_metrics(3, {"x": "high"})
         with pytest.raises(ValueError, match="differ in length"):
             rec.log_samples(3, prompts=["a"], rewards=[1.0, 2.0])
-        with pytest.raises(ValueError, match="non-finite value at index 1"):
-            rec.log_samples(3, rewards=[1.0, math.nan])
+        with pytest.raises(ValueError, match="infinite value at index 1"):
+            rec.log_samples(3, rewards=[1.0, math.inf])
+        rec.log_samples(4, rewards=[math.nan, None, 2.0])
     run = load_run(tmp_path / "run")
     metrics = run.metrics.collect().sort("name")
     assert metrics.select("step", "name", "value").rows() == [(3, "loss", 1.25), (3, "n", 7.0), (3, "reward/mean", 0.5)]
-    samples = run.samples.collect().sort("sample")
+    assert run.samples.filter(pl.col("step") == 4).collect().sort("sample")["reward"].to_list() == [None, None, 2.0]
+    samples = run.samples.filter(pl.col("step") == 3).collect().sort("sample")
     base = 3 * SAMPLE_STEP
     assert samples["sample"].to_list() == [base, base + 1, base + 2]
     assert samples["response"].to_list() == ["2", "4", "🙂"] and samples["prompt"][2] == "<b>x</b>"

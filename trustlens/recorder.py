@@ -334,7 +334,8 @@ class TokenRecorder:
         group_ids: Sequence[int] | torch.Tensor | None = None,  # (B,) prompt-group ids
     ) -> None:
         """Record one row per sample of `step`. Default sample ids follow `record`'s numbering
-        (update 0), so that samples logged in the order they were recorded join their tokens."""
+        (update 0), so that samples logged in the order they were recorded join their tokens.
+        A NaN (or None) reward or advantage is stored as null: the sample has none."""
         self._check_open()
         step = _int_arg("step", step, 0, 2**31)
         given = {"prompt": prompts, "response": responses, "reward": rewards, "advantage": advantages,
@@ -350,9 +351,10 @@ class TokenRecorder:
             if isinstance(value, (torch.Tensor, np.ndarray)):
                 value = value.tolist()
             if name in ("reward", "advantage") and value is not None:
-                bad = [i for i, v in enumerate(value) if not math.isfinite(v)]
+                value = [None if v is None or math.isnan(v) else v for v in value]  # NaN: no value
+                bad = [i for i, v in enumerate(value) if v is not None and math.isinf(v)]
                 if bad:
-                    raise ValueError(f"log_samples {name}s hold a non-finite value at index {bad[0]}")
+                    raise ValueError(f"log_samples {name}s hold an infinite value at index {bad[0]}")
             columns[name] = value
         default_ids = columns["sample"] is None
         if default_ids:
