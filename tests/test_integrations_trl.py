@@ -1,0 +1,287 @@
+"""A real TRL GRPO run on CPU with the trustlens hook: the recorded rows must be TRL's tensors.
+
+A tiny Llama and the word-level tokenizer are built locally (nothing from a hub). The hook's
+capture is checked against TRL's own batches (`_compute_loss` inputs, recorded by a spy
+subclass), its log-probabilities against a float64 recomputation, its counterfactual
+`blocked_minirl` against TRL's own `clip_ratio/region_mean`, and a rollout function that samples
+with a bf16 copy of the model supplies μ so that the mismatch columns are filled.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+
+import polars as pl
+import pytest
+import torch
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from trustlens import load_run  # noqa: E402
+from trustlens.integrations import trl as tl_trl  # noqa: E402
+from trustlens.integrations.trl import (  # noqa: E402
+    TrustLensGRPOTrainer,
+    UnsupportedTRLVersion,
+    default_rules,
+    with_trustlens,
+)
+from trustlens.train.model import ModelConfig, build_model, build_tokenizer  # noqa: E402
+
+# four prompts of equal token length (no left padding: position ids agree between sampler and TRL)
+PROMPTS = ["1 + 2 =", "3 + 4 =", "5 + 6 =", "7 + 8 ="]
+N_GEN = 4  # completions per prompt
+MAX_NEW = 6  # max_completion_length
+TEMPERATURE = 0.8
+
+
+def tiny():
+    tok = build_tokenizer(max_number=20)
+    cfg = ModelConfig(vocab_size=len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    return build_model(cfg, seed=0).train(), tok
+
+
+def length_reward(completions, **kwargs):
+    """More words, more reward: a signal the tiny model can follow within a few steps."""
+    return [len(c.split()) / MAX_NEW for c in completions]
+
+
+def grpo_args(tmp_path, **overrides) -> GRPOConfig:
+    # generation batch = 4 × 2 = 8 completions = 2 prompts × 4; 3 optimizer steps: steps 0 and 1
+    # share the first generation, so π moves between them and π_old ≠ π on the second.
+    kw = dict(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=4,
+        num_generations=N_GEN,
+        steps_per_generation=2,
+        gradient_accumulation_steps=1,
+        max_completion_length=MAX_NEW,
+        max_steps=3,
+        learning_rate=5e-2,
+        temperature=TEMPERATURE,
+        use_cpu=True,
+        bf16=False,  # TRL's default runs the trainer under bf16 autocast; float32 keeps π exact
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+    )
+    kw.update(overrides)
+    return GRPOConfig(**kw)
+
+
+class Spy(TrustLensGRPOTrainer):
+    """Keeps a copy of every training batch TRL hands to its loss, and the weights it used."""
+
+    def _compute_loss(self, model, inputs, *args, **kwargs):
+        if self.model.training:
+            self.spy.append(
+                ({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in inputs.items()},
+                 copy.deepcopy(self.model.state_dict()))
+            )
+        return super()._compute_loss(model, inputs, *args, **kwargs)
+
+
+def run_trl(tmp_path, **kwargs):
+    model, tok = tiny()
+    ds = datasets.Dataset.from_dict({"prompt": PROMPTS})
+    run_dir = tmp_path / "run"
+    trainer = Spy(
+        model=model,
+        processing_class=tok,
+        reward_funcs=length_reward,
+        args=grpo_args(tmp_path, **kwargs.pop("args", {})),
+        train_dataset=ds,
+        trustlens_dir=run_dir,
+        **kwargs,
+    )
+    trainer.spy = []
+    trainer.train()
+    return trainer, tok, load_run(run_dir)
+
+
+def logp_float64(model_state, model_template, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """log π(a_t) at TRL's temperature, recomputed in float64 from the weights TRL used."""
+    model = copy.deepcopy(model_template).double()
+    model.load_state_dict({k: v.double() for k, v in model_state.items()})
+    ids = torch.cat([prompt_ids, completion_ids], 1)
+    mask = torch.cat([prompt_mask, completion_mask], 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, prompt_ids.shape[1] - 1 : -1]
+    logp = torch.log_softmax(logits / TEMPERATURE, -1)
+    return logp.gather(-1, completion_ids[..., None]).squeeze(-1)
+
+
+def tokens_of(run) -> pl.DataFrame:
+    return run.tokens.sort("step", "update", "sample", "pos").collect()
+
+
+def test_trl_run_records_trl_batches(tmp_path):
+    trainer, tok, run = run_trl(tmp_path)
+    tokens = tokens_of(run)
+    m = run.manifest
+
+    # the manifest says where the quantities come from
+    assert m["status"] == "finished"
+    assert m["config"]["trl_version"] == tl_trl.trl.__version__
+    assert m["config"]["mu_source"] is None and "π_old" in m["config"]["mu_note"]
+    assert m["anchor"] == "old" and "mu_logp" in m["missing"]
+    assert m["active_rule"] == "minirl"
+    assert set(m["rules"]) == set(default_rules())
+    assert tokens["mu_logp"].null_count() == len(tokens)
+
+    # one recorded micro-batch per TRL loss call: steps 0, 0, 1 with updates 0, 1, 0
+    spied = trainer.spy
+    assert len(spied) == 3
+    keys = tokens.select("step", "update").unique().sort("step", "update").rows()
+    assert keys == [(0, 0), (0, 1), (1, 0)]
+    assert tokens.select("step", "update", "sample", "pos").is_duplicated().sum() == 0
+
+    template = tiny()[0]
+    for (batch, state), (step, update) in zip(spied, keys):
+        rows = tokens.filter((pl.col("step") == step) & (pl.col("update") == update))
+        mask = batch["completion_mask"].bool()
+        for i, sample in enumerate(batch[tl_trl.SAMPLE_KEY].tolist()):
+            got = rows.filter(pl.col("sample") == sample).sort("pos")
+            n = int(mask[i].sum())
+            # ids, counts and positions are TRL's completion and mask
+            assert got["pos"].to_list() == list(range(n))
+            assert got["token_id"].to_list() == batch["completion_ids"][i, :n].tolist()
+            assert got["token"].to_list() == [tok.decode([t]) for t in got["token_id"]]
+            assert got["advantage"].to_list() == pytest.approx([float(batch["advantages"][i])] * n)
+            assert got["group"].to_list() == [sample // N_GEN] * n
+        # π is TRL's log-prob pass: equal to a float64 recomputation from the same weights
+        ref = logp_float64(state, template, batch["prompt_ids"], batch["prompt_mask"],
+                           batch["completion_ids"], batch["completion_mask"])
+        order = {s: i for i, s in enumerate(batch[tl_trl.SAMPLE_KEY].tolist())}
+        expected = [float(ref[order[s], p]) for s, p in rows.select("sample", "pos").iter_rows()]
+        assert rows["pi_logp"].to_list() == pytest.approx(expected, abs=1e-4)
+
+    # π_old: TRL's recomputation before the first update, so π = π_old on update 0 only
+    diff = tokens.with_columns(d=(pl.col("pi_logp") - pl.col("old_logp")).abs())
+    by_update = diff.group_by("step", "update").agg(pl.col("d").max()).sort("step", "update")
+    assert by_update["d"].to_list()[0] < 1e-6 and by_update["d"].to_list()[1] > 1e-3
+    assert tokens["entropy"].null_count() == 0 and tokens["entropy"].min() >= 0
+
+    # the counterfactual minirl decision is TRL's own clipping (its clip_ratio/region_mean)
+    clipped = tokens.group_by("step", "update").agg(pl.col("blocked_minirl").mean()).sort("step", "update")
+    trl_clip = run.metrics.filter(pl.col("name") == "trl/clip_ratio/region_mean").sort("step").collect()
+    per_step = clipped.group_by("step").agg(pl.col("blocked_minirl").mean()).sort("step")
+    assert trl_clip["value"].to_list() == pytest.approx(per_step["blocked_minirl"].to_list(), abs=1e-6)
+    assert tokens["blocked_minirl"].sum() > 0  # lr 5e-2 moves π far enough to clip
+
+    # samples: 8 per generation, TRL's text and rewards; they join the token rows
+    samples = run.samples.sort("sample").collect()
+    assert samples.height == 16 and samples["sample"].to_list() == list(range(16))
+    assert set(samples.filter(pl.col("step") == 0)["prompt"]) <= set(PROMPTS)
+    lengths = tokens.group_by("sample").agg(pl.len().alias("n"), pl.col("step").first())
+    joined = lengths.join(samples, on=["sample", "step"])
+    assert joined.height == lengths.height
+    assert (joined["n"] == joined["length"]).all()
+    for resp, reward in samples.select("response", "reward").iter_rows():
+        assert reward == pytest.approx(len(resp.split()) / MAX_NEW)
+
+    # TRL's logs are in the metrics table, one row per (step, name)
+    metrics = run.metrics.collect()
+    assert {"trl/reward", "trl/loss", "trl/entropy"} <= set(metrics["name"])
+    assert metrics.select("step", "name").is_duplicated().sum() == 0
+
+
+def bf16_rollout(trainer_model_ref: list, tok):
+    """A TRL rollout_func sampling with a bf16 copy of the trainer's model, returning μ."""
+
+    def rollout(prompts, trainer):
+        engine = copy.deepcopy(trainer.model).to(torch.bfloat16).eval()
+        gen = torch.Generator().manual_seed(len(trainer_model_ref))
+        trainer_model_ref.append(1)
+        prompt_ids = [tok(p)["input_ids"] for p in prompts]
+        ids = torch.tensor(prompt_ids)  # equal lengths: no padding
+        out_ids, out_logp = [[] for _ in prompts], [[] for _ in prompts]
+        done = torch.zeros(len(prompts), dtype=torch.bool)
+        with torch.no_grad():
+            for _ in range(MAX_NEW):
+                logits = engine(input_ids=ids).logits[:, -1].float() / TEMPERATURE
+                logp = torch.log_softmax(logits, -1)
+                nxt = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
+                for i in range(len(prompts)):
+                    if not done[i]:
+                        out_ids[i].append(int(nxt[i]))
+                        out_logp[i].append(float(logp[i, nxt[i]]))
+                done |= nxt == tok.eos_token_id
+                ids = torch.cat([ids, nxt[:, None]], 1)
+                if bool(done.all()):
+                    break
+        return {"prompt_ids": prompt_ids, "completion_ids": out_ids, "logprobs": out_logp}
+
+    return rollout
+
+
+def test_trl_rollout_func_supplies_mu(tmp_path):
+    model, tok = tiny()
+    calls: list = []
+    trainer, tok, run = run_trl(tmp_path, rollout_func=bf16_rollout(calls, tok))
+    tokens = tokens_of(run)
+    assert run.manifest["config"]["mu_source"] == "rollout_func"
+    assert run.manifest["anchor"] == "mu" and "mu_logp" not in run.manifest["missing"]
+    assert tokens["mu_logp"].null_count() == 0
+
+    # μ is the bf16 sampler's log-prob, TRL's sampling_per_token_logps
+    for batch, _ in trainer.spy:
+        mu = batch["sampling_per_token_logps"]
+        mask = batch["completion_mask"].bool()
+        for i, sample in enumerate(batch[tl_trl.SAMPLE_KEY].tolist()):
+            got = tokens.filter(pl.col("sample") == sample).filter(pl.col("update") == 0)
+            if got.height:
+                assert got.sort("pos")["mu_logp"].to_list() == pytest.approx(mu[i][mask[i]].tolist(), abs=1e-6)
+
+    # the mismatch columns are filled, non-zero (bf16 vs float32) and consistent with their definitions
+    first = tokens.filter((pl.col("step") == 0) & (pl.col("update") == 0))
+    assert first["binary_tv"].null_count() == 0 and first["binary_tv"].max() > 0
+    expected_tv = (first["pi_logp"].exp() - first["mu_logp"].exp()).abs()
+    assert first["binary_tv"].to_list() == pytest.approx(expected_tv.to_list(), abs=1e-6)
+    expected_ratio = (first["pi_logp"] - first["mu_logp"]).exp()
+    assert first["ratio"].to_list() == pytest.approx(expected_ratio.to_list(), rel=1e-5)
+    for rule in ("ppo", "dppo_binary_tv", "dppo_binary_kl", "minirl"):
+        assert first[f"blocked_{rule}"].null_count() == 0
+
+
+def test_rules_and_recorder_arguments(tmp_path):
+    model, tok = tiny()
+    ds = datasets.Dataset.from_dict({"prompt": PROMPTS})
+    with pytest.raises(ValueError, match="exactly one of trustlens_dir"):
+        TrustLensGRPOTrainer(model=model, processing_class=tok, reward_funcs=length_reward,
+                             args=grpo_args(tmp_path), train_dataset=ds)
+    # a caller-chosen rule set with TRL's thresholds on the active rule
+    trainer = TrustLensGRPOTrainer(
+        model=model, processing_class=tok, reward_funcs=length_reward, train_dataset=ds,
+        args=grpo_args(tmp_path, epsilon=0.1, epsilon_high=0.3, max_steps=1),
+        trustlens_dir=tmp_path / "run", rules={"minirl": (0.1, 0.3), "ppo": (None, None)},
+    )
+    trainer.train()
+    m = load_run(tmp_path / "run").manifest
+    assert m["rules"]["minirl"]["low"] == 0.1 and m["rules"]["minirl"]["high"] == 0.3
+    assert set(m["rules"]) == {"minirl", "ppo"} and m["active_rule"] == "minirl"
+
+
+def test_unsupported_trl_is_named(monkeypatch):
+    class Broken(GRPOTrainer):
+        _compute_loss = None
+
+    with pytest.raises(UnsupportedTRLVersion, match=rf"no method _compute_loss \(installed trl {tl_trl.trl.__version__}"):
+        with_trustlens(Broken)
+    monkeypatch.setattr(tl_trl.trl, "__version__", "0.19.0")
+    with pytest.raises(UnsupportedTRLVersion, match="trl 0.19.0 is older"):
+        with_trustlens(type("Old", (GRPOTrainer,), {}))
+    with pytest.raises(TypeError, match="GRPOTrainer or a subclass"):
+        with_trustlens(dict)
+    monkeypatch.setattr(tl_trl.trl, "__version__", "99.0.0")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with_trustlens(type("New", (GRPOTrainer,), {}))
+    assert any("newer than the newest tested" in str(w.message) for w in caught)
