@@ -39,6 +39,15 @@ def md(text: object) -> str:
     return escape_markdown(str(text))
 
 
+def number(value: object) -> str:
+    """A value for display: 4 significant digits for numbers, "n/a" for none, else escaped text."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, (int, float)):
+        return f"{value:.4g}"
+    return md(value)
+
+
 def runs_root() -> Path | None:
     """The folder the dashboard was started on ($TRUSTLENS_RUNS), else the shipped sample run."""
     env = os.environ.get(RUNS_ENV)

@@ -50,6 +50,7 @@ def streamlit_command(port: int, host: str, open_browser: bool) -> list[str]:
         "--server.fileWatcherType", "none",
         "--server.runOnSave", "false",
         "--browser.gatherUsageStats", "false",
+        "--client.toolbarMode", "viewer",
         "--browser.serverAddress", host,
         "--global.developmentMode", "false",
     ]

@@ -33,7 +33,7 @@ OUTLINE_PX = 2
 _CENTRES = {"ratio": 1.0}
 
 # Visible stand-ins for whitespace that would otherwise vanish or break the layout.
-_VISIBLE = {"\n": "↵", "\r": "␍", "\t": "→", " ": "\u00a0"}
+_VISIBLE = {"\n": "↵", "\r": "␍", "\t": "→"}
 _MARKDOWN_SPECIAL = frozenset(string.punctuation)
 
 

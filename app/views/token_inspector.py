@@ -93,8 +93,8 @@ if tokens.is_empty():
     st.stop()
 
 if text is not None:
-    st.markdown(f"**Prompt** · reward {ui.md(text.get('reward'))} · "
-                f"sequence advantage {ui.md(text.get('advantage'))}")
+    st.markdown(f"**Prompt** · reward {ui.number(text.get('reward'))} · "
+                f"sequence advantage {ui.number(text.get('advantage'))}")
     st.text(text.get("prompt") or "")
 st.markdown(f"**Response** · {tokens.height} tokens, coloured by {ui.md(quantity)}: {ui.md(column_doc(quantity))}")
 rules = [r for r in ctx.rules if blocked_column(r) in tokens.columns]
