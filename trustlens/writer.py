@@ -87,13 +87,14 @@ class TokenDecoder:
         self.tokenizer = tokenizer
         self.cache: dict[int, str] = {}
 
-    def dictionary_column(self, token_ids: np.ndarray) -> pa.DictionaryArray:
+    def dictionary_column(self, token_ids: pa.Array) -> pa.DictionaryArray:
         """The `token` column for `token_ids` (N,): dictionary-encoded, one entry per distinct id."""
         n = len(token_ids)
         if self.tokenizer is None:
             return pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.string()))
-        uniq, inverse = np.unique(token_ids, return_inverse=True)
-        missing = [int(i) for i in uniq if int(i) not in self.cache]
+        encoded = pc.dictionary_encode(token_ids)  # hash-based: indices + the distinct ids
+        ids = encoded.dictionary.to_pylist()
+        missing = [i for i in ids if i not in self.cache]
         if missing:
             batch_decode = getattr(self.tokenizer, "batch_decode", None)
             if batch_decode is not None:
@@ -101,8 +102,8 @@ class TokenDecoder:
             else:
                 texts = [self.tokenizer.decode([i]) for i in missing]
             self.cache.update(zip(missing, texts))
-        dictionary = pa.array([self.cache[int(i)] for i in uniq], pa.string())
-        return pa.DictionaryArray.from_arrays(pa.array(inverse.astype(np.int32, copy=False)), dictionary)
+        dictionary = pa.array([self.cache[i] for i in ids], pa.string())
+        return pa.DictionaryArray.from_arrays(encoded.indices, dictionary)
 
 
 class PartFiles:
@@ -126,7 +127,7 @@ class PartFiles:
         if len(steps) > 1 and bool((np.diff(steps) < 0).any()):
             table = table.take(pc.sort_indices(table, [("step", "ascending")]))
         if self.table == "tokens":
-            token = decoder.dictionary_column(table.column("token_id").to_numpy())
+            token = decoder.dictionary_column(table.column("token_id").combine_chunks())
             table = table.add_column(self.schema.get_field_index("token"), "token", token)
         table = table.cast(self.schema)
         path = part_path(self.run_dir, self.table, self.rank, self.next_index)
