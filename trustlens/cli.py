@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("trustlens.train.commands", "train the same settings under several rules, one run each"),
     "demo": ("trustlens.train.commands", "the main job: the default training run, then the dashboard on it"),
     "make-sample": ("trustlens.train.commands", "regenerate the shipped sample run (data/sample_run)"),
+    "warmup": ("trustlens.train.warmup", "rebuild the warm-start checkpoint (supervised warm-up to mediocre accuracy)"),
 }
 
 

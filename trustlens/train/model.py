@@ -76,6 +76,8 @@ class ModelConfig:
     max_positions: int = 64  # longest prompt + response, in tokens
     rope_theta: float = 10000.0  # rotary embedding base
     tie_embeddings: bool = False  # share the input embedding with the output layer
+    number_periods: tuple[float, ...] = (2, 5, 10, 20, 50, 100, 200, 500, 1000)  # see build_model
+    number_scale: float = 0.05  # amplitude of the number features at init (0 = plain random init)
 
     def to_llama(self) -> LlamaConfig:
         """The equivalent transformers LlamaConfig (special-token ids of `build_tokenizer`)."""
@@ -97,11 +99,35 @@ class ModelConfig:
 
 
 def build_model(cfg: ModelConfig = ModelConfig(), seed: int = 0) -> LlamaForCausalLM:
-    """A freshly initialised float32 model; the same weights for the same (cfg, seed)."""
+    """A freshly initialised float32 model; the same weights for the same (cfg, seed).
+
+    The input and output embedding rows of the number tokens start as random init plus
+    ``number_scale · [cos(2πn/P), sin(2πn/P) for P in number_periods]`` in their first
+    2·len(number_periods) dimensions, n being the token's value: a number line with the
+    periodic structure pretrained LLMs learn for numbers, so the warm-up learns arithmetic in a
+    few hundred steps instead of thousands.
+    """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(cfg.to_llama())
+    if cfg.number_scale:
+        feats = number_features(cfg)  # (N, 2P)
+        first = len(SPECIAL_TOKENS) + len(WORDS)
+        with torch.no_grad():
+            for table in {id(t): t for t in (model.get_input_embeddings().weight, model.lm_head.weight)}.values():
+                table[first : first + feats.shape[0], : feats.shape[1]] += feats
     return model.float().eval()
+
+
+def number_features(cfg: ModelConfig) -> torch.Tensor:
+    """(N, 2P) float32: the init features of the N number tokens (see `build_model`)."""
+    n = torch.arange(cfg.vocab_size - len(SPECIAL_TOKENS) - len(WORDS), dtype=torch.float64)[:, None]
+    angle = 2 * torch.pi * n / torch.tensor(cfg.number_periods, dtype=torch.float64)  # (N, P)
+    if 2 * angle.shape[1] > cfg.hidden_size:
+        raise ValueError(
+            f"ModelConfig: 2·len(number_periods) = {2 * angle.shape[1]} exceeds hidden_size {cfg.hidden_size}"
+        )
+    return (cfg.number_scale * torch.cat([angle.cos(), angle.sin()], dim=1)).float()
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -120,6 +120,7 @@ class ArithmeticTask:
     _max_tries: int = field(default=1000, repr=False)  # rejection-sampling rounds before giving up
 
     def __post_init__(self):
+        object.__setattr__(self, "ops", tuple(self.ops))  # a list from JSON becomes a tuple
         if self.n_operands < 2:
             raise ValueError(f"ArithmeticTask.n_operands: need >= 2, got {self.n_operands}")
         if not 0 <= self.low <= self.high <= self.max_value:
