@@ -135,6 +135,21 @@ def test_blocked_equals_rules_evaluate_for_every_rule(tmp_path, gen):
     assert manifest_of(tmp_path / "run")["missing"] == []
 
 
+def test_temperature_divides_the_logits(tmp_path, gen):
+    batch = make_batch(gen)
+    mask = batch["response_mask"]
+    tau = 0.7
+    topk_ids, topk_logp = topk_from_logits(batch["logits"], batch["token_ids"], K, temperature=tau)
+    with TokenRecorder(tmp_path / "run", rules=["dppo_topk_tv"]) as rec:
+        rec.record(0, mu_topk_ids=topk_ids, mu_topk_logp=topk_logp, temperature=tau, **batch)
+    df = tokens_of(tmp_path / "run")
+    p = torch.softmax(batch["logits"].double() / tau, -1)
+    np.testing.assert_allclose(df["entropy"].to_numpy(), valid(-(p * p.log()).sum(-1), mask), rtol=1e-5)
+    tv, _ = topk_divergence(batch["logits"], topk_ids, topk_logp, temperature=tau)
+    np.testing.assert_allclose(df["topk_tv"].to_numpy(), valid(tv, mask), rtol=1e-5, atol=1e-7)
+    assert df["topk_tv"].max() < 1e-5  # μ's top-K came from the same tempered distribution
+
+
 def test_padding_may_hold_garbage(tmp_path, gen):
     batch = make_batch(gen)
     mask = batch["response_mask"]

@@ -19,8 +19,9 @@ rollout engine's log-probs), they are anchored on π_old, `mu_logp` is null and 
 says `"anchor": "old"`. Rules whose inputs are missing (π_old for `minirl`, top-K for
 `dppo_topk_*`) get a null `blocked_<rule>` column; the manifest lists what is missing.
 
-Logits are taken as given: when the rollout engine samples at temperature τ, pass logits already
-divided by τ so that π and μ describe the same distribution (DESIGN §1).
+When the rollout engine samples at temperature τ, pass `temperature=τ` with π's logits (they are
+divided by it) so that π and μ describe the same distribution (DESIGN §1); `pi_logp` and
+`old_logp` must come from logits divided by τ too.
 """
 
 from __future__ import annotations
@@ -43,10 +44,7 @@ from trustlens.rules import RULES, RuleSpec, TokenInputs, resolve_rules
 from trustlens.schema import SCHEMA_VERSION, blocked_column, part_path, table_schema
 from trustlens.writer import BackgroundWriter, TokenBatch, WriterStats, utc_now
 
-# float token columns in file order; the ones a caller may leave out are listed in the manifest's
-# "missing" when they were never recorded
-FLOAT_COLUMNS = ("mu_logp", "old_logp", "pi_logp", "ratio", "binary_tv", "binary_kl", "topk_tv",
-                 "topk_kl", "entropy", "advantage")
+# token columns a caller may leave null; the manifest's "missing" lists those never recorded
 OPTIONAL_COLUMNS = ("mu_logp", "old_logp", "topk_tv", "topk_kl", "entropy")
 # logits are processed in gathered chunks of about this many elements (rows × vocabulary)
 LOGIT_CHUNK_ELEMENTS = 1 << 24
@@ -91,7 +89,7 @@ def _int_arg(name: str, value: object, low: int, high: int) -> int:
 
 
 def _id_tensor(name: str, t: object, shape: tuple[int, ...]) -> torch.Tensor:
-    """Require an integer tensor of `shape` with values ≥ 0."""
+    """Require an integer tensor of `shape`."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
@@ -408,6 +406,8 @@ class TokenRecorder:
         """The first of the next `n` default sample ids for `key` = (table, step, ...) on this
         rank; `_count_ids` takes them once the call that uses them has passed its checks."""
         start = self._next_sample.get(key, 0)
+        if self.rank * SAMPLE_RANK >= SAMPLE_STEP:
+            raise ValueError(f"default sample ids cover ranks < {SAMPLE_STEP // SAMPLE_RANK}: pass sample_ids")
         if start + n > SAMPLE_RANK:
             raise ValueError(f"more than {SAMPLE_RANK} samples at step {key[1]}: pass sample_ids")
         return key[1] * SAMPLE_STEP + self.rank * SAMPLE_RANK + start
