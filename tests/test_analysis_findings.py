@@ -1,0 +1,91 @@
+"""The paper's findings located in a run: hand-built token tables with answers worked by hand."""
+
+import math
+
+import polars as pl
+import pytest
+
+from trustlens.analysis.findings import (
+    EXAMPLE_CASES,
+    blocked_anchor_quantiles,
+    blocked_token_anchor,
+    motivating_examples,
+    over_updates_per_step,
+)
+
+L = math.log
+
+# (step, token, μ, π, A, blocked_ppo, blocked_dppo_binary_tv); blocked_* as the default rules decide
+ROWS = [
+    (0, "7", 1e-4, 5e-4, 1.0, True, False),  # rare, pushed up: ratio 5
+    (0, "Wait", 0.01, 0.02, 1.0, True, False),  # rare, pushed up: ratio 2
+    (0, "the", 0.3, 0.9, 1.0, True, True),  # blocked by both: not a motivating example
+    (0, "=", 0.99, 0.8, -1.0, False, True),  # near-certain, pushed down by 0.19, ratio 0.81
+    (1, "=", 0.95, 0.85, -1.0, False, False),  # near-certain, pushed down by 0.10
+    (1, "so", 0.4, 0.3, -1.0, True, False),  # μ below 0.5: not near-certain
+    (1, "7", 0.02, 0.015, -1.0, True, False),  # ratio 0.75 < 0.8
+    (1, "the", 0.6, 0.6, 0.0, False, False),
+]
+
+
+def table(rows=ROWS) -> pl.LazyFrame:
+    step, token, mu, pi, adv, ppo, tv = zip(*rows)
+    return pl.LazyFrame({
+        "step": list(step), "update": [0] * len(rows), "sample": list(range(len(rows))), "pos": [0] * len(rows),
+        "token": list(token), "mu_logp": [L(p) for p in mu], "pi_logp": [L(p) for p in pi],
+        "binary_tv": [abs(p - m) for m, p in zip(mu, pi)], "advantage": list(adv),
+        "blocked_ppo": list(ppo), "blocked_dppo_binary_tv": list(tv),
+    })
+
+
+def test_motivating_examples():
+    df = motivating_examples(table(), n=5)
+    up = df.filter(pl.col("case") == EXAMPLE_CASES[0])
+    down = df.filter(pl.col("case") == EXAMPLE_CASES[1])
+    assert up["token"].to_list() == ["7", "Wait"]  # largest ratio first
+    assert up["ratio"].to_list() == pytest.approx([5.0, 2.0])
+    assert up["binary_tv"].to_list() == pytest.approx([4e-4, 0.01])
+    assert down["sample"].to_list() == [3, 4]  # the one DPPO blocks leads
+    assert down["mu"].to_list() == pytest.approx([0.99, 0.95])
+    assert down["pi"].to_list() == pytest.approx([0.8, 0.85])
+    assert motivating_examples(table(), n=1)["sample"].to_list() == [0, 3]
+
+
+def test_motivating_examples_bad_input():
+    with pytest.raises(ValueError, match="dppo_binary_kl"):
+        motivating_examples(table(), divergence_rule="dppo_binary_kl")
+    with pytest.raises(ValueError, match="n must"):
+        motivating_examples(table(), n=0)
+
+
+def test_blocked_anchor_quantiles():
+    df = blocked_anchor_quantiles(table(), quantiles=(0.0, 0.5, 1.0))
+    assert df["rule"].to_list() == ["all tokens", "ppo", "dppo_binary_tv"]
+    assert df["tokens"].to_list() == [8, 5, 2]
+    ppo = df.row(1, named=True)  # μ of the ppo-blocked: 1e-4, 0.01, 0.3, 0.4, 0.02
+    assert (ppo["p0"], ppo["p50"], ppo["p100"]) == pytest.approx((1e-4, 0.02, 0.4))
+    tv = df.row(2, named=True)
+    assert (tv["p0"], tv["p100"]) == pytest.approx((0.3, 0.99))
+
+
+def test_blocked_token_anchor():
+    df = blocked_token_anchor(table(), "ppo", top=2)
+    assert df["token"].to_list() == ["7", "Wait"]  # "7" blocked twice
+    seven = df.row(0, named=True)
+    assert (seven["count"], seven["blocked"]) == (2, 2)
+    assert seven["mu_median"] == pytest.approx(math.sqrt(1e-4 * 0.02))  # median of two logs
+    empty = blocked_token_anchor(table([r for r in ROWS if not r[5]]), "ppo")
+    assert empty.is_empty() and "mu_median" in empty.columns
+
+
+def test_over_updates_per_step():
+    df = over_updates_per_step(table())
+    assert df["step"].to_list() == [0, 1]
+    s0, s1 = df.rows(named=True)
+    assert (s0["count_pos"], s0["over_pos"], s0["count_neg"], s0["over_neg"]) == (3, 1, 1, 1)
+    assert s0["over_frac_pos"] == pytest.approx(1 / 3)
+    assert s0["tv_mean_pos"] == pytest.approx((4e-4 + 0.01 + 0.6) / 3)
+    assert (s1["count_pos"], s1["over_neg"], s1["count_neg"]) == (0, 0, 3)  # A = 0 left out
+    assert s1["over_frac_pos"] is None and s1["over_frac_neg"] == 0.0
+    with pytest.raises(ValueError, match="dppo_binary_kl"):
+        over_updates_per_step(table(), "dppo_binary_kl")
