@@ -87,13 +87,13 @@ class TokenDecoder:
         self.tokenizer = tokenizer
         self.cache: dict[int, str] = {}
 
-    def dictionary_column(self, token_ids: pa.Array) -> pa.DictionaryArray:
-        """The `token` column for `token_ids` (N,): dictionary-encoded, one entry per distinct id."""
-        n = len(token_ids)
+    def dictionary_column(self, token_ids: pa.ChunkedArray) -> pa.ChunkedArray:
+        """The `token` column for `token_ids`: dictionary-encoded, one entry per distinct id,
+        one dictionary shared by all chunks."""
         if self.tokenizer is None:
-            return pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.string()))
-        encoded = pc.dictionary_encode(token_ids)  # hash-based: indices + the distinct ids
-        ids = encoded.dictionary.to_pylist()
+            return pa.chunked_array([pa.nulls(len(token_ids), pa.dictionary(pa.int32(), pa.string()))])
+        encoded = pc.dictionary_encode(token_ids)  # hash-based; its chunks share one dictionary
+        ids = encoded.chunk(0).dictionary.to_pylist() if encoded.num_chunks else []
         missing = [i for i in ids if i not in self.cache]
         if missing:
             batch_decode = getattr(self.tokenizer, "batch_decode", None)
@@ -103,7 +103,10 @@ class TokenDecoder:
                 texts = [self.tokenizer.decode([i]) for i in missing]
             self.cache.update(zip(missing, texts))
         dictionary = pa.array([self.cache[i] for i in ids], pa.string())
-        return pa.DictionaryArray.from_arrays(encoded.indices, dictionary)
+        return pa.chunked_array(
+            [pa.DictionaryArray.from_arrays(c.indices, dictionary) for c in encoded.chunks],
+            pa.dictionary(pa.int32(), pa.string()),
+        )
 
 
 class PartFiles:
@@ -120,14 +123,24 @@ class PartFiles:
         self.batches.append(batch)
         self.rows += batch.num_rows
 
+    def _sorted_by_step(self) -> bool:
+        """Whether the buffered rows are already in step order (the usual case: one step per
+        batch, batches in step order), so that no sort is needed."""
+        last = None
+        for batch in self.batches:
+            lo, hi = pc.min_max(batch.column("step")).values()
+            if lo.as_py() != hi.as_py() or (last is not None and lo.as_py() < last):
+                return False
+            last = hi.as_py()
+        return True
+
     def write(self, decoder: TokenDecoder) -> Path:
         """Write the buffered rows, sorted by step (stably), as the next part file; empty the buffer."""
-        table = pa.Table.from_batches(self.batches).combine_chunks()
-        steps = table.column("step").to_numpy()
-        if len(steps) > 1 and bool((np.diff(steps) < 0).any()):
+        table = pa.Table.from_batches(self.batches)
+        if not self._sorted_by_step():
             table = table.take(pc.sort_indices(table, [("step", "ascending")]))
         if self.table == "tokens":
-            token = decoder.dictionary_column(table.column("token_id").combine_chunks())
+            token = decoder.dictionary_column(table.column("token_id"))
             table = table.add_column(self.schema.get_field_index("token"), "token", token)
         table = table.cast(self.schema)
         path = part_path(self.run_dir, self.table, self.rank, self.next_index)
