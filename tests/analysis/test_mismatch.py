@@ -30,6 +30,7 @@ def test_per_step_by_hand(mismatch_run):
     assert s1["tokens"] == 1
     assert s1["mismatch_kl"] == pytest.approx(L(0.4 / 0.5), rel=1e-6)
     assert s1["k3_kl"] == pytest.approx(1.25 - 1 - L(1.25), rel=1e-5)
+    assert s1["pearson"] is None  # one token: no correlation
 
 
 def test_by_bucket_by_hand(mismatch_run):

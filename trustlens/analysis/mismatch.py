@@ -53,27 +53,55 @@ def _trainer_logp() -> pl.Expr:
 
 
 def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
-    """Rows with both μ and π_old, with mu, old (log-probs, float64) and log_rho."""
+    """Rows with both μ and π_old, with the per-token terms every statistic sums."""
+    log_rho = pl.col("old") - pl.col("mu")
+    lr = log_rho.clip(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     return (
-        tokens.with_columns(pl.col("mu_logp").cast(pl.Float64).alias("mu"),
-                            _trainer_logp().cast(pl.Float64).alias("old"))
+        tokens.select("step", "update", "sample", pl.col("mu_logp").cast(pl.Float64).alias("mu"),
+                      _trainer_logp().cast(pl.Float64).alias("old"))
         .filter(pl.col("mu").is_not_null() & pl.col("old").is_not_null())
-        .with_columns((pl.col("old") - pl.col("mu")).alias("log_rho"))
+        .with_columns(log_rho.alias("log_rho"), lr.exp().alias("rho"), lr.alias("lr"),
+                      pl.col("mu").exp().alias("x"), pl.col("old").exp().alias("y"))
     )
 
 
-def _token_aggs() -> list[pl.Expr]:
-    log_rho = pl.col("log_rho").clip(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    rho = log_rho.exp()
-    p_mu, p_old = pl.col("mu").exp(), pl.col("old").exp()
+# Sums that every statistic is a function of; summing them per sequence first and then per step
+# (or bucket) reads the table once.
+_SUMS = {
+    "n": pl.len(),
+    "s_k1": -pl.col("log_rho").sum(),
+    "s_k3": (pl.col("rho") - 1 - pl.col("lr")).sum(),
+    "s_rho2": (pl.col("rho") * pl.col("rho")).sum(),
+    "s_dp": (pl.col("y") - pl.col("x")).abs().sum(),
+    "m_dp": (pl.col("y") - pl.col("x")).abs().max(),
+    "s_x": pl.col("x").sum(),
+    "s_y": pl.col("y").sum(),
+    "s_xx": (pl.col("x") * pl.col("x")).sum(),
+    "s_yy": (pl.col("y") * pl.col("y")).sum(),
+    "s_xy": (pl.col("x") * pl.col("y")).sum(),
+}
+
+
+def _sums() -> list[pl.Expr]:
+    return [e.alias(k) for k, e in _SUMS.items()]
+
+
+def _token_stats() -> list[pl.Expr]:
+    """The token-level statistics from group sums of `_sums` (columns n, s_*, m_dp)."""
+    n = pl.col("n").sum()
+    mean = {k: pl.col(k).sum() / n for k in ("s_k1", "s_k3", "s_rho2", "s_dp", "s_x", "s_y", "s_xx", "s_yy", "s_xy")}
+    cov = mean["s_xy"] - mean["s_x"] * mean["s_y"]
+    var_x = mean["s_xx"] - mean["s_x"] * mean["s_x"]
+    var_y = mean["s_yy"] - mean["s_y"] * mean["s_y"]
+    pearson = pl.when((n > 1) & (var_x > 0) & (var_y > 0)).then(cov / (var_x * var_y).sqrt())
     return [
-        pl.len().cast(pl.Int64).alias("tokens"),
-        (-pl.col("log_rho")).mean().alias("mismatch_kl"),
-        (rho - 1 - log_rho).mean().alias("k3_kl"),
-        (rho * rho).mean().sub(1.0).alias("chi2_token"),
-        (p_old - p_mu).abs().mean().alias("tv_mean"),
-        (p_old - p_mu).abs().max().alias("tv_max"),
-        pl.corr(p_mu, p_old).alias("pearson"),
+        n.cast(pl.Int64).alias("tokens"),
+        mean["s_k1"].alias("mismatch_kl"),
+        mean["s_k3"].alias("k3_kl"),
+        (mean["s_rho2"] - 1).alias("chi2_token"),
+        mean["s_dp"].alias("tv_mean"),
+        pl.col("m_dp").max().alias("tv_max"),
+        pearson.clip(-1.0, 1.0).alias("pearson"),
     ]
 
 
@@ -113,18 +141,15 @@ def mismatch_per_step(tokens: pl.LazyFrame) -> pl.DataFrame:
     schema = _schema({"step": pl.Int32}, out_cols)
     if "mu_logp" not in tokens.collect_schema().names():
         return pl.DataFrame(schema=schema)
-    pairs = _pairs(tokens)
-    per_token = pairs.group_by("step").agg(_token_aggs())
-    per_seq = (
-        pairs.group_by("step", "update", "sample")
-        .agg((-pl.col("log_rho")).mean().alias("lpd"),
-             pl.col("log_rho").sum().clip(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).alias("log_rho_seq"))
+    lpd = pl.col("s_k1") / pl.col("n")  # per sequence: mean(log μ − log π_old)
+    log_rho_seq = (-pl.col("s_k1")).clip(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    df = collect(
+        _pairs(tokens).group_by("step", "update", "sample").agg(_sums())
         .group_by("step")
-        .agg(pl.col("lpd").mean().alias("log_ppl_diff"),
-             pl.col("lpd").abs().mean().alias("log_ppl_abs_diff"),
-             ((2 * pl.col("log_rho_seq")).exp() - 1).mean().alias("chi2_seq"))
+        .agg(*_token_stats(), lpd.mean().alias("log_ppl_diff"), lpd.abs().mean().alias("log_ppl_abs_diff"),
+             ((2 * log_rho_seq).exp() - 1).mean().alias("chi2_seq"))
+        .sort("step")
     )
-    df = collect(per_token.join(per_seq, on="step").sort("step"))
     return df.select(pl.col("step").cast(pl.Int32), pl.col("tokens").cast(pl.Int64),
                      *(pl.col(c).cast(pl.Float64) for c in out_cols))
 
@@ -136,9 +161,12 @@ def mismatch_by_bucket(tokens: pl.LazyFrame, *, min_p: float = MIN_P,
     Empty when `mismatch_unavailable` gives a reason."""
     buckets = bucket_table(min_p, per_decade)
     schema = {**buckets.schema, **_schema({}, _TOKEN_LEVEL)}
-    if "mu_logp" not in tokens.collect_schema().names() or mismatch_unavailable(tokens) is not None:
+    if "mu_logp" not in tokens.collect_schema().names():
         return pl.DataFrame(schema=schema)
-    df = collect(_pairs(tokens).group_by(bucket_expr("mu", min_p, per_decade).alias("bucket")).agg(_token_aggs()))
+    df = collect(_pairs(tokens).group_by(bucket_expr("mu", min_p, per_decade).alias("bucket")).agg(_sums())
+                 .group_by("bucket").agg(_token_stats()))
+    if df.is_empty():
+        return pl.DataFrame(schema=schema)
     out = buckets.join(df, on="bucket", how="left", maintain_order="left")
     out = out.with_columns(pl.col("tokens").fill_null(0))
     return out.select(*buckets.columns, pl.col("tokens").cast(pl.Int64),

@@ -1,0 +1,62 @@
+"""Write a large synthetic run (10M token rows by default) for the scale benchmarks and the
+dashboard's scale check.
+
+    python benchmarks/synthetic_run.py [--out DIR] [--tokens N] [--collapse-at STEP]
+
+Prints the rows written, the time taken, rows/s, the size on disk and the peak resident memory
+of the generator (it streams step by step, so memory does not grow with the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import resource
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from trustlens.runs import load_run
+from trustlens.synthetic import DEFAULT_RULES, expected_token_rows, write_synthetic_run
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "synthetic-10m"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="run directory (replaced if it exists)")
+    parser.add_argument("--tokens", type=int, default=10_000_000, help="approximate token rows")
+    parser.add_argument("--samples-per-step", type=int, default=512)
+    parser.add_argument("--seq-len", type=int, default=256, help="longest response; lengths are 50–100%% of it")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--collapse-at", type=float, default=0.75,
+                        help="collapse from this fraction of the steps on (negative: none)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+
+    per_step = expected_token_rows(1, args.samples_per_step, args.seq_len)
+    steps = max(1, math.ceil(args.tokens / per_step))
+    collapse_at = int(steps * args.collapse_at) if args.collapse_at >= 0 else None
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    start = time.perf_counter()
+    write_synthetic_run(args.out, steps=steps, samples_per_step=args.samples_per_step, seq_len=args.seq_len,
+                        rules=DEFAULT_RULES, world_size=args.world_size, collapse_at=collapse_at, seed=args.seed,
+                        progress=True)
+    seconds = time.perf_counter() - start
+    rows = load_run(args.out).tokens.select("step").collect().height
+    size = sum(f.stat().st_size for f in args.out.rglob("*.parquet"))
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"run:        {args.out}")
+    print(f"token rows: {rows:,} over {steps} steps ({args.world_size} ranks, collapse at {collapse_at})")
+    print(f"time:       {seconds:.1f} s ({rows / seconds:,.0f} rows/s)")
+    print(f"on disk:    {size / 2**20:.0f} MiB ({size / rows:.1f} bytes/row)")
+    print(f"peak RSS:   {peak_mb:.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
