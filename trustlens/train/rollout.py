@@ -145,10 +145,10 @@ class RolloutEngine:
                 raise ValueError(f"sync_weights: trainer model has no parameter {name!r} of shape {tuple(p.shape)}")
             p.copy_(source[name])
 
-    def _next_logits(self, logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    def _next_logits(self, logits: torch.Tensor, generator: torch.Generator | None, noise: bool) -> torch.Tensor:
         """The engine's last-position logits as float32 / τ, with the optional noise. (B, V)"""
         logits = logits.float()
-        if self.config.logit_noise > 0:
+        if noise and self.config.logit_noise > 0:
             noise = torch.randn(logits.shape, generator=generator, dtype=logits.dtype)
             logits = logits + self.config.logit_noise * noise
         return logits / self.config.temperature
@@ -163,7 +163,8 @@ class RolloutEngine:
     ) -> Rollout:
         """Sample one response per prompt (repeat a prompt G times for a GRPO group).
 
-        greedy=True takes the argmax instead of sampling (evaluation); μ is still reported at τ.
+        greedy=True takes the argmax of the noiseless logits instead of sampling (evaluation of
+        the policy itself); μ is still reported at τ.
         Generation stops when every row has emitted eos or after max_new_tokens tokens.
         """
         cfg = self.config
@@ -184,7 +185,7 @@ class RolloutEngine:
         finished = torch.zeros(B, dtype=torch.bool)
         tokens, alive, logps, top_ids, top_logps = [], [], [], [], []
         for _ in range(cfg.max_new_tokens):
-            scaled = self._next_logits(out.logits[:, -1], generator)  # (B, V)
+            scaled = self._next_logits(out.logits[:, -1], generator, noise=not greedy)  # (B, V)
             if greedy:
                 tok = scaled.argmax(-1)
             else:

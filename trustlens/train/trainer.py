@@ -46,10 +46,12 @@ import torch.distributed as dist
 
 from trustlens.divergence import topk_divergence
 from trustlens.loss import policy_loss
+from trustlens.recorder import NullRecorder, TokenRecorder, entropy_from_logits
 from trustlens.rules import RULES, evaluate_all
 from trustlens.train.config import RANDOM_INIT, TrainConfig
 from trustlens.train.rollout import Rollout, RolloutEngine, response_logits
 from trustlens.train.tasks import ArithmeticTask, Problem
+
 
 @dataclass
 class TrainResult:
@@ -123,12 +125,6 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
 def token_logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[ids] without materialising the log-softmax: (B, T, V), (B, T) -> (B, T)."""
     return logits.gather(-1, ids[..., None]).squeeze(-1) - logits.logsumexp(-1)
-
-
-def entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) in nats: (B, T, V) -> (B, T)."""
-    logp = torch.log_softmax(logits.float(), -1)
-    return -(logp.exp() * logp).sum(-1)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -210,8 +206,7 @@ def load_policy(cfg: TrainConfig):
 
 
 def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict):
-    from trustlens.recorder import NullRecorder, TokenRecorder
-
+    """The run's TokenRecorder, or a NullRecorder when nothing is to be written."""
     if not cfg.record or run_dir is None:
         return NullRecorder()
     return TokenRecorder(run_dir, rules=rules, active_rule=cfg.rule, tokenizer=tokenizer, config=asdict(cfg))
@@ -228,7 +223,6 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
     if cfg.prompts_per_step % world.size:
         raise ValueError(f"prompts_per_step ({cfg.prompts_per_step}) must be divisible by the world size ({world.size})")
     run_dir = Path(run_dir) if run_dir is not None and cfg.record else None
-    torch.manual_seed(cfg.seed)
     rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + world.rank)
 
     model, tokenizer, _ = load_policy(cfg)
@@ -280,7 +274,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                 old_logits = response_logits(model, batch, cfg.temperature).float()  # (B, T, V)
                 old_logp = token_logp(old_logits, batch.response_ids)
                 metrics.update(mismatch_metrics(batch, old_logits, old_logp))
-                metrics["entropy/mean"] = masked_mean(entropy(old_logits), mask)
+                metrics["entropy/mean"] = masked_mean(entropy_from_logits(old_logits), mask)
             del old_logits
 
             # 4.–5. minibatch updates under the rule, each recorded with every rule evaluated
