@@ -150,6 +150,15 @@ def test_temperature_divides_the_logits(tmp_path, gen):
     assert df["topk_tv"].max() < 1e-5  # μ's top-K came from the same tempered distribution
 
 
+def test_inputs_that_require_grad(tmp_path, gen):
+    batch = make_batch(gen)
+    batch = {k: v.requires_grad_() if v.is_floating_point() else v for k, v in batch.items()}
+    batch["entropy"] = torch.ones(B, T, requires_grad=True)
+    with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
+        assert rec.record(0, **batch) == int(batch["response_mask"].sum())
+    assert tokens_of(tmp_path / "run")["entropy"].to_list() == [1.0] * 12
+
+
 def test_padding_may_hold_garbage(tmp_path, gen):
     batch = make_batch(gen)
     mask = batch["response_mask"]

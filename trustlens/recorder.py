@@ -189,6 +189,7 @@ class TokenRecorder:
         """Rows and files written so far, the writer's peak buffer, time spent waiting on it."""
         return self._writer.stats
 
+    @torch.no_grad()
     def record(
         self,
         step: int,
