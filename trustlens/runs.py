@@ -53,7 +53,7 @@ class Run:
     """A recorded run, as loaded by `load_run`."""
 
     path: Path  # the run directory
-    manifest: dict[str, Any]  # the contents of run.json (trustlens.schema.MANIFEST_FIELDS)
+    manifest: dict[str, Any] = field(repr=False)  # run.json (trustlens.schema.MANIFEST_FIELDS)
     files: dict[str, tuple[Path, ...]] = field(repr=False)  # table -> readable part files
 
     @property
@@ -156,7 +156,7 @@ def load_run(path: str | os.PathLike) -> Run:
     Raises NotARunError (a ValueError) when `path` is not a run directory, its run.json is
     unreadable, or it was written with a newer schema version than this trustlens reads.
     """
-    path = Path(path)
+    path = Path(path).expanduser()
     if path.name == MANIFEST and path.is_file():
         path = path.parent
     manifest = _read_manifest(path)
@@ -167,7 +167,7 @@ def load_run(path: str | os.PathLike) -> Run:
 def load_runs(folder: str | os.PathLike) -> list[Run]:
     """Every run at or below `folder`, sorted by path. Directories that look like runs but cannot
     be loaded are skipped with a warning; part folders of runs are not searched."""
-    folder = Path(folder)
+    folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise NotARunError(f"{str(folder)!r} is not a directory")
     runs = []
