@@ -406,7 +406,7 @@ class _Generator:
         adv = adv_seq[owner]
 
         # μ: a near-certain bulk and a long tail; the collapse makes the model over-confident.
-        bulk = rng.random(total) < 0.65 + 0.3 * c
+        bulk = rng.random(total) < 0.65 + 0.15 * c
         nll = np.where(bulk, rng.exponential(0.03, total), rng.gamma(1.2, 2.5, total))
         mu_logp = -np.clip(nll, 1e-6, 20.0)
         token_ids = np.clip(np.abs(rng.normal(0, 3, total)) + 12 * nll, 0, len(self.vocab) - 1).astype(np.int32)
@@ -417,7 +417,7 @@ class _Generator:
         old_logp = np.minimum(_log_sigmoid(old_logit), -1e-7)
         # π: the update moves the token towards (A > 0) or away from (A ≤ 0) π_old, more in later updates.
         push = 0.15 * np.sign(adv) * (1 + 0.5 * updates[owner])
-        pi_logp = np.minimum(_log_sigmoid(old_logit + push + rng.normal(0, 0.1 + 0.5 * c, total)), -1e-7)
+        pi_logp = np.minimum(_log_sigmoid(old_logit + push + rng.standard_t(3, total) * (0.1 + 0.5 * c)), -1e-7)
         anchor = mu_logp if self.with_mu else old_logp
 
         tv, kl = _binary_divergences(pi_logp, anchor)

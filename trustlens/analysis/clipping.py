@@ -53,9 +53,11 @@ def blocked_by_token(tokens: pl.LazyFrame, rules: Rules = None, *, top: int = 20
     untrusted: render it escaped (trustlens.plots does).
     """
     rules = checked_rules(tokens, rules)
-    wide = collect(
-        tokens.group_by(pl.col("token").cast(pl.String)).agg(blocked_aggs(rules))
-    )
+    # grouping on the (categorical) column itself is ~5× faster than on its text; two categories
+    # with one text (parts written with different dictionaries) are summed after the cast
+    sums = [pl.col(c).sum() for r in rules for c in (f"n_{r}", f"k_{r}")]
+    wide = collect(tokens.group_by("token").agg(blocked_aggs(rules)))
+    wide = wide.with_columns(pl.col("token").cast(pl.String)).group_by("token").agg(sums)
     long = long_by_rule(wide, ["token"], rules)
     order = pl.col("rule").replace_strict({r: i for i, r in enumerate(rules)}, return_dtype=pl.Int32)
     return (

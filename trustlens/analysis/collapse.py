@@ -16,12 +16,13 @@ perfectly flat history does not make every wiggle an alert), z = (x − m)/s:
 
     entropy_collapse   entropy < m·(1 − entropy_drop)  and z < −z_warning
     entropy_surge      entropy > m·(1 + entropy_surge) and z > z_warning
-    mismatch_growth    mean over the last `trend` steps of k3_kl > max(mismatch_growth · m,
+    mismatch_growth    median of k3_kl over the last `trend` steps > max(mismatch_growth · m,
                        mismatch_floor), and the least-squares slope over those steps is positive
-                       (a trend, not one blip)
+                       (a sustained trend, not one blip)
     grad_norm_spike    grad_norm > grad_spike · m and z > z_warning
     reward_drop        reward < m − reward_drop·|m| and z < −z_warning
-    blocked_drift      |blocked fraction − m| > blocked_drift (absolute) and |z| > z_warning
+    blocked_drift      the blocked fraction moved by a factor ≥ blocked_factor (up or down) and by
+                       ≥ blocked_drift (absolute), and |z| > z_warning
 
 Severity is "critical" when |z| ≥ z_critical (for mismatch_growth: the level is twice the
 threshold), else "warning". Consecutive flagged steps of one detector merge into one alert that
@@ -74,7 +75,8 @@ class CollapseConfig:
     mismatch_floor: float = 1e-3  # ... and above this k3_kl (nats): growth from ~0 to ~0 is no alert
     grad_spike: float = 4.0  # grad-norm spike: at least this multiple of the baseline
     reward_drop: float = 0.25  # reward drop: fell by at least this fraction of |baseline|
-    blocked_drift: float = 0.02  # blocked-fraction drift: moved by at least this much (absolute)
+    blocked_drift: float = 0.01  # blocked-fraction drift: moved by at least this much (absolute)
+    blocked_factor: float = 2.0  # ... and by at least this factor (binomial noise alone rarely does)
     top_tokens: int = 10  # driving tokens listed per alert
     top_samples: int = 5  # driving samples listed per alert
 
@@ -171,7 +173,8 @@ def _flags(signals: pl.DataFrame, cfg: CollapseConfig) -> list[_Flag]:
     scan("reward", [("reward_drop", lambda v, m, z: v < m - cfg.reward_drop * abs(m) and z < -cfg.z_warning)])
     for col in signals.columns:
         if col.startswith("blocked_"):
-            scan(col, [("blocked_drift", lambda v, m, z: abs(v - m) > cfg.blocked_drift and abs(z) > cfg.z_warning)])
+            scan(col, [("blocked_drift", lambda v, m, z: abs(v - m) > cfg.blocked_drift and abs(z) > cfg.z_warning
+                        and (v >= cfg.blocked_factor * m or v * cfg.blocked_factor <= m))])
 
     x = series("k3_kl")
     if x is not None:
@@ -181,7 +184,7 @@ def _flags(signals: pl.DataFrame, cfg: CollapseConfig) -> list[_Flag]:
             if base is None or not np.isfinite(recent).all():
                 continue
             m, s = base
-            level = float(recent.mean())
+            level = float(np.median(recent))
             slope = np.polyfit(np.arange(cfg.trend), recent, 1)[0] if cfg.trend > 1 else level - m
             if level > max(cfg.mismatch_growth * m, cfg.mismatch_floor) and slope > 0:
                 flags.append(_Flag("mismatch_growth", "k3_kl", int(steps[i]), level, m, (level - m) / s,
