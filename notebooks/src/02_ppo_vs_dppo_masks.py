@@ -1,0 +1,117 @@
+# %% [markdown]
+# # 2 · PPO's clip and DPPO's masks on the same tokens
+#
+# A recorded run holds every rule's decision for every token, so the rules can be compared
+# without training once per rule: which tokens each blocks, where they disagree and on which
+# tokens, whether the cheap binary divergence agrees with the top-K one, and how the masks move
+# when the thresholds ε (PPO) and δ (DPPO) change.
+
+# %%
+import polars as pl
+
+import trustlens.analysis as A
+from trustlens import RULES, plots
+from trustlens.analysis.findings import blocked_token_anchor
+from trustlens.analysis.sweep import threshold_sweep
+from trustlens.analysis.tokens import TokenQuery, filter_tokens
+from trustlens.notebook import sample_runs, setup
+
+setup()
+
+# The run trained with DPPO's binary-TV mask; every other rule was evaluated on its tokens.
+runs = sample_runs()
+run = runs["dppo_binary_tv"]
+tokens = run.tokens
+# the rules that can block a token (cispo and pg_is never do)
+blocking = [r for r in run.rules if RULES[r].blocks]
+print(f"run {run.name!r}, trained with {run.active_rule}; comparing {', '.join(blocking)}")
+
+# %% [markdown]
+# ## How much each rule blocks, step by step
+#
+# PPO-style rules (ratio against μ or π_old) block a steady share of the tokens from the first
+# update on; the divergence rules block far fewer, only tokens whose probability moved by more
+# than δ.
+
+# %%
+plots.blocked_per_step_lines(A.blocked_per_step(tokens, blocking)).show()
+
+# %% [markdown]
+# ## Where the masks disagree
+#
+# Cell (row a, column b) is the fraction of all tokens that rule a blocks and rule b lets
+# through. The PPO rows against the DPPO columns are the updates PPO suppresses and DPPO keeps;
+# the DPPO rows against the PPO columns are moves PPO leaves unchecked. The binary and top-K
+# versions of one divergence should nearly never disagree (the paper's finding that the binary
+# approximation captures most of what top-K does).
+
+# %%
+plots.confusion_heatmap(A.confusion_matrix(tokens, blocking)).show()
+
+# %%
+plots.confusion_lines(A.rule_confusion(tokens, "ppo", "dppo_binary_tv"), "ppo", "dppo_binary_tv").show()
+
+# %% [markdown]
+# ## On which tokens they disagree
+#
+# The tokens only PPO blocks, with where they sit in μ — expect rare ones (small `mu_median`) —
+# and the tokens only DPPO blocks, which should be likely ones whose probability moved a lot.
+
+# %%
+only_ppo = filter_tokens(tokens, TokenQuery(decisions=(("ppo", True), ("dppo_binary_tv", False))))
+blocked_token_anchor(only_ppo, "ppo", top=10)
+
+# %%
+only_dppo = filter_tokens(tokens, TokenQuery(decisions=(("ppo", False), ("dppo_binary_tv", True))))
+blocked_token_anchor(only_dppo, "dppo_binary_tv", top=10)
+
+# %% [markdown]
+# ## Binary vs top-K
+#
+# Agreement of each binary rule with its top-K counterpart over the whole run: the share of
+# tokens both block or both let through. Values close to 1 mean the binary divergence, which
+# needs only μ(a_t) and π(a_t), makes the same decisions as the top-K one, which needs μ's top-K
+# distribution at every position.
+
+# %%
+pairs = [("dppo_binary_tv", "dppo_topk_tv"), ("dppo_binary_kl", "dppo_topk_kl")]
+pl.concat([
+    A.rule_confusion(tokens, a, b, per_step=False).select(pl.lit(a).alias("binary"), pl.lit(b).alias("top_k"), pl.all())
+    for a, b in pairs
+])
+
+# %% [markdown]
+# ## Moving the thresholds
+#
+# Every rule re-evaluated with its thresholds scaled from ¼ to 4 times the run's (ε = 0.2 for
+# PPO, δ = 0.15 for binary TV, 0.05 nats for binary KL at scale 1), for tokens with A > 0 (the
+# `high` side) and A ≤ 0 (the `low` side). Scale 1 reproduces the recorded decisions. PPO still
+# blocks a large share at 4ε; the divergence rules fall to almost nothing well before that.
+
+# %%
+sweep = threshold_sweep(tokens, ["ppo", "dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv"], base=run.rules)
+sweep.select("rule", "scale", "low", "high", "blocked_frac", "blocked_frac_pos", "blocked_frac_neg")
+
+# %%
+fig = plots.overlay_runs({rule: part for (rule,), part in sweep.group_by("rule", maintain_order=True)},
+                         ["blocked_frac_pos", "blocked_frac_neg"], x="scale",
+                         title="Blocked fraction as the thresholds scale")
+fig.update_xaxes(type="log").show()
+
+# %% [markdown]
+# Where in μ each threshold bites: PPO at ε/2, ε and 2ε (left), DPPO's binary TV at δ/2, δ and 2δ
+# (right). Changing ε moves PPO's mask up and down but it stays on the rare tokens; changing δ
+# changes how far down in μ the TV mask reaches, from the likely tokens down.
+
+# %%
+by_bucket = threshold_sweep(tokens, ["ppo", "dppo_binary_tv"], scales=(0.5, 1.0, 2.0), base=run.rules,
+                            by_bucket=True)
+for rule, symbol in (("ppo", "ε"), ("dppo_binary_tv", "δ")):
+    part = by_bucket.filter(pl.col("rule") == rule).with_columns(
+        pl.format("{} at {}×{}", "rule", "scale", pl.lit(symbol)).alias("rule"))
+    plots.blocked_by_bucket_bar(part, title=f"{rule}: blocked fraction by μ bucket as {symbol} scales").show()
+
+# %% [markdown]
+# **What to take away.** The ratio clip and the divergence masks are not stricter or looser
+# versions of each other: they block different tokens, and no choice of ε makes PPO's mask look
+# like DPPO's. Notebook 3 follows what that does to a run over time.

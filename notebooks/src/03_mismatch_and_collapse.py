@@ -1,0 +1,120 @@
+# %% [markdown]
+# # 3 · Training-inference mismatch and collapse, run against run
+#
+# The rollout engine that samples (μ) and the trainer that computes π_old never agree exactly
+# (different precision, kernels, batching). The DPPO paper finds that runs without a trust region
+# anchored on μ (PG-IS, CISPO, or one anchored on the recomputed π_old as in MiniRL) let this
+# mismatch grow until they collapse, that DPPO keeps it flat, and that collapse is driven mostly
+# by over-updates on negative-advantage samples. This notebook puts several runs of the same
+# task, one per rule, side by side.
+
+# %%
+import polars as pl
+
+import trustlens.analysis as A
+from trustlens import plots
+from trustlens.analysis.findings import over_updates_per_step
+from trustlens.analysis.tokens import alert_tokens
+from trustlens.notebook import sample_runs, setup
+
+setup()
+
+# One run per rule, same task, seed and settings (`trustlens make-sample`, or
+# `trustlens compare --rules ppo,dppo_binary_tv,pg_is` for your own).
+runs = sample_runs()
+for name, run in runs.items():
+    print(f"{name}: trained with {run.active_rule}, status {run.status}")
+
+# %% [markdown]
+# ## Reward and entropy
+#
+# The per-step signals of each run (mean reward of the step's samples, mean entropy of π).
+# A run that collapses loses reward and, typically, entropy.
+
+# %%
+signals = {name: A.step_signals(run) for name, run in runs.items()}
+plots.overlay_runs(signals, ["reward", "entropy"], title="Reward and entropy per run").show()
+
+# %% [markdown]
+# ## Mismatch over steps
+#
+# Training-inference mismatch between μ and π_old per step (K3 estimate of KL(μ ‖ π_old) and the
+# mean |π_old − μ| over sampled tokens, named as verl names them). Expect the run without a
+# trust region to drift upward while the DPPO run stays flat.
+
+# %%
+mismatch = {name: A.mismatch_per_step(run.tokens) for name, run in runs.items()}
+plots.overlay_runs(mismatch, ["k3_kl", "tv_mean", "log_ppl_abs_diff"], title="Training-inference mismatch per run").show()
+
+# %% [markdown]
+# Where in μ the mismatch lives, for the run without a trust region: rare tokens carry most of
+# it, since the same logit error is a larger relative error in a small probability.
+
+# %%
+unconstrained = runs["pg_is"]
+plots.mismatch_by_bucket_bar(A.mismatch_by_bucket(unconstrained.tokens), "k3_kl",
+                             reason=A.mismatch_unavailable(unconstrained.tokens),
+                             title=f"Mismatch by μ bucket ({unconstrained.name})").show()
+
+# %% [markdown]
+# ## Over-updates, by the sign of the advantage
+#
+# An over-update is a token whose update pushed π beyond DPPO's binary-TV bound in the direction
+# its advantage asks for — exactly the tokens `dppo_binary_tv` blocks. In the DPPO run they were
+# blocked; in the others they were trained on. Per step, the share of A < 0 and of A > 0 tokens
+# that were over-updated: the paper finds the negative side drives collapse.
+
+# %%
+over = {name: over_updates_per_step(run.tokens, "dppo_binary_tv") for name, run in runs.items()}
+plots.overlay_runs(over, ["over_frac_neg", "over_frac_pos", "tv_mean_neg", "tv_mean_pos"],
+                   title="Over-updates beyond the binary-TV bound, A < 0 vs A > 0").show()
+
+# %%
+pl.concat([
+    A.blocked_by_advantage_sign(run.tokens, ["dppo_binary_tv"]).select(pl.lit(name).alias("run"), pl.all())
+    for name, run in runs.items()
+])
+
+# %% [markdown]
+# ## Collapse alerts and the tokens behind them
+#
+# `detect_collapse` compares every step with a robust baseline of the steps before it and raises
+# an alert when entropy collapses or surges, mismatch grows, the gradient norm spikes, the reward
+# drops or a rule's blocked fraction drifts. Each alert names the samples and tokens that drove
+# it. How many alerts of each kind every run raised:
+
+# %%
+alerts = {name: A.detect_collapse(run, signals=signals[name]) for name, run in runs.items()}
+pl.concat([a.select(pl.lit(name).alias("run"), "kind", "severity") for name, a in alerts.items()]).pivot(
+    "severity", index=["run", "kind"], values="kind", aggregate_function="len").sort("run", "kind")
+
+# %% [markdown]
+# The signals of the run with the most alerts, each alert marked on the panel of the signal it
+# watched (hover a marker for its message).
+
+# %%
+worst = max(alerts, key=lambda name: alerts[name].height)
+plots.collapse_timeline(signals[worst], alerts[worst], title=f"Collapse signals of {worst}").show()
+alerts[worst].select("step", "end_step", "kind", "severity", "message")
+
+# %% [markdown]
+# The tokens behind that run's first critical alert (or its first alert, when none is
+# critical): the rows the detector ranked as the most extreme at the alert's first step.
+
+# %%
+chosen = alerts[worst].sort(pl.col("severity") != "critical", "step")
+if chosen.is_empty():
+    print(f"{worst} raised no alert")
+else:
+    alert = chosen.row(0, named=True)
+    print(alert["message"])
+    behind = alert_tokens(runs[worst].tokens, alert)
+    display(behind.select("sample", "pos", "token", pl.col("mu_logp").exp().alias("mu"),
+                          pl.col("old_logp").exp().alias("pi_old"), pl.col("pi_logp").exp().alias("pi"),
+                          "advantage", "entropy", "blocked_dppo_binary_tv"))
+
+# %% [markdown]
+# **What to take away.** Read the runs together: the mismatch curves say whether the rollout
+# engine and the trainer are drifting apart, the over-update curves say which side of the
+# advantage is moving the policy too far, and each alert points at the exact tokens to inspect
+# (in the dashboard's token inspector, or with `trustlens.analysis.tokens`).
