@@ -89,29 +89,48 @@ pl.concat([a.select(pl.lit(name).alias("run"), "kind", "severity") for name, a i
     "severity", index=["run", "kind"], values="kind", aggregate_function="len").sort("run", "kind")
 
 # %% [markdown]
-# The signals of the run with the most alerts, each alert marked on the panel of the signal it
-# watched (hover a marker for its message).
+# ## A run that collapses
+#
+# A short sample run rarely collapses, so to see the detectors at work this section uses a
+# **synthetic** run (`trustlens.synthetic`) in the same format with a collapse injected from step
+# 18: the rollout engine and the trainer drift apart, entropy falls, the reward drops and the
+# gradient norm spikes. Its signals, each alert marked on the panel of the signal it watched
+# (hover a marker for its message):
 
 # %%
-worst = max(alerts, key=lambda name: alerts[name].height)
-plots.collapse_timeline(signals[worst], alerts[worst], title=f"Collapse signals of {worst}").show()
-alerts[worst].select("step", "end_step", "kind", "severity", "message")
+import tempfile
+from pathlib import Path
+
+from trustlens import load_run
+from trustlens.synthetic import write_synthetic_run
+
+collapsing = load_run(write_synthetic_run(
+    Path(tempfile.mkdtemp(prefix="trustlens-collapse-")) / "pg_is_synthetic", steps=30, samples_per_step=64,
+    seq_len=48, updates=2, collapse_at=18, seed=7, active_rule="pg_is",
+    rules=["ppo", "minirl", "dppo_binary_tv", "dppo_binary_kl", "pg_is"]))
+collapse_signals = A.step_signals(collapsing)
+collapse_alerts = A.detect_collapse(collapsing, signals=collapse_signals)
+plots.collapse_timeline(collapse_signals, collapse_alerts, title="Collapse signals of a synthetic collapsing run").show()
+collapse_alerts.select("step", "end_step", "kind", "severity", "message")
 
 # %% [markdown]
-# The tokens behind that run's first critical alert (or its first alert, when none is
-# critical): the rows the detector ranked as the most extreme at the alert's first step.
+# Its over-updates by the sign of the advantage: from the collapse on, the tokens pushed down
+# beyond the trust region (A < 0) outnumber those pushed up.
 
 # %%
-chosen = alerts[worst].sort(pl.col("severity") != "critical", "step")
-if chosen.is_empty():
-    print(f"{worst} raised no alert")
-else:
-    alert = chosen.row(0, named=True)
-    print(alert["message"])
-    behind = alert_tokens(runs[worst].tokens, alert)
-    display(behind.select("sample", "pos", "token", pl.col("mu_logp").exp().alias("mu"),
-                          pl.col("old_logp").exp().alias("pi_old"), pl.col("pi_logp").exp().alias("pi"),
-                          "advantage", "entropy", "blocked_dppo_binary_tv"))
+plots.overlay_runs({"synthetic collapse": over_updates_per_step(collapsing.tokens)},
+                   ["over_frac_neg", "over_frac_pos"], title="Over-updates in the collapsing run").show()
+
+# %% [markdown]
+# The tokens behind the first critical alert: the rows the detector ranked as the most extreme at
+# the alert's first step, ready to be looked up in the dashboard's token inspector.
+
+# %%
+alert = collapse_alerts.sort(pl.col("severity") != "critical", "step").row(0, named=True)
+print(alert["message"])
+alert_tokens(collapsing.tokens, alert).select(
+    "sample", "pos", "token", pl.col("mu_logp").exp().alias("mu"), pl.col("old_logp").exp().alias("pi_old"),
+    pl.col("pi_logp").exp().alias("pi"), "advantage", "entropy", "blocked_dppo_binary_tv")
 
 # %% [markdown]
 # **What to take away.** Read the runs together: the mismatch curves say whether the rollout
