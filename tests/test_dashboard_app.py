@@ -34,6 +34,7 @@ RULES = ("ppo", "ppo_clip_higher", "dppo_binary_tv", "dppo_binary_kl", "dppo_top
 HOSTILE_PROMPTS = ("<script>alert(1)</script>", "<img src=x onerror=alert(2)>",
                    "[click me](javascript:alert(3))", "**bold** $x$ :red[red]")
 SIZES = dict(steps=8, samples_per_step=16, seq_len=24)
+INSPECT_KEY = "tl_inspect"  # the session-state key of the token inspector's click-through target
 
 
 def _hostile_prompts(run: Path) -> None:
@@ -140,6 +141,31 @@ def test_token_inspector_filters_narrow_the_samples(monkeypatch, runs):
     assert any("No token matches" in w.value for w in at.warning)
 
 
+def test_alert_opens_the_tokens_behind_it(monkeypatch, runs):
+    at = _open(_pick_run(_app(monkeypatch, runs).run(), "a_collapse"), "views/overview.py")
+    at.button(key="ov_alert_0").click().run()
+    assert not at.exception
+    assert [t.value for t in at.title][0] == "Token inspector"
+    assert any("Showing the tokens behind alert" in i.value for i in at.info)
+    target = at.session_state[INSPECT_KEY]
+    drivers = at.dataframe[0].value  # the alert's driving tokens
+    assert len(drivers) > 0 and set(drivers["step"]) == {target["alert"]["step"]}
+    samples = at.dataframe[1].value  # the samples behind the alert
+    assert set(samples["sample"]) == set(target["alert"]["samples"])
+
+
+def test_rule_disagreement_opens_the_tokens_behind_it(monkeypatch, runs):
+    at = _open(_pick_run(_app(monkeypatch, runs).run(), "a_collapse"), "views/ppo_vs_dppo.py")
+    assert at.selectbox(key="pv_a").value == "ppo" and at.selectbox(key="pv_b").value == "dppo_binary_tv"
+    only_ppo = int(at.metric[2].value.replace(",", ""))
+    at.button(key="pv_inspect_True").click().run()
+    assert not at.exception
+    assert [t.value for t in at.title][0] == "Token inspector"
+    samples = at.dataframe[0].value
+    assert samples["rows"].sum() == only_ppo
+    assert (samples["blocked_ppo"] == samples["rows"]).all() and (samples["blocked_dppo_binary_tv"] == 0).all()
+
+
 def test_token_inspector_opens_from_query_params(monkeypatch, runs):
     at = _pick_run(_app(monkeypatch, runs).run(), "a_collapse")
     at.query_params["step"] = "3"
@@ -218,7 +244,15 @@ def test_corrupt_part_file_is_reported_and_skipped(monkeypatch, awkward):
 
 def test_cli_parses_dashboard_flags(monkeypatch, tmp_path):
     calls = []
-    monkeypatch.setattr(dashboard.subprocess, "call", lambda cmd, env: calls.append((cmd, env)) or 0)
+
+    class Done:
+        def __init__(self, cmd, env):
+            calls.append((cmd, env))
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(dashboard.subprocess, "Popen", Done)
     assert cli.main(["dashboard", str(tmp_path), "--port", "8765"]) == 0
     cmd, env = calls[0]
     assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"] and Path(cmd[4]) == ENTRY
@@ -247,3 +281,15 @@ def test_wheel_carries_the_app(tmp_path):
     expected = {f"share/trustlens/app/{p.relative_to(APP).as_posix()}" for p in APP.rglob("*.py")}
     installed = {n.split(".data/data/", 1)[1] for n in names if ".data/data/share/trustlens/app/" in n}
     assert expected == installed
+
+
+def test_app_is_found_in_an_installed_prefix(monkeypatch, tmp_path):
+    installed = tmp_path / "share" / "trustlens" / "app"
+    (installed / "views").mkdir(parents=True)
+    (installed / dashboard.ENTRY).write_text("")
+    monkeypatch.setattr(dashboard, "_SOURCE_APP", tmp_path / "no_checkout" / "app")
+    monkeypatch.setattr(dashboard, "_INSTALLED_APP", installed)
+    assert dashboard.app_dir() == installed
+    monkeypatch.setattr(dashboard, "_INSTALLED_APP", tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="dashboard app not found"):
+        dashboard.app_dir()

@@ -4,19 +4,16 @@ Debian Chromium (driven by Playwright), no error box, hostile run text shown and
 Screenshots go to artifacts/browser/ at the repository root (git-ignored).
 """
 
-import os
-import shutil
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from trustlens import dashboard
 from trustlens.synthetic import HOSTILE_VOCAB, VOCAB, write_part, write_synthetic_run
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -61,29 +58,23 @@ def _hostile_run(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """`trustlens dashboard RUNS --port P` running in the background; yields its URL."""
+    """`trustlens dashboard RUNS --port P` serving a hostile run in the background; yields its URL.
+    Terminating the command stops the Streamlit server it started."""
     runs = tmp_path_factory.mktemp("browser_runs")
     _hostile_run(runs)
     port = _free_port()
-    exe = Path(sys.executable).parent / "trustlens"
-    cmd = [str(exe)] if exe.is_file() else [sys.executable, "-m", "trustlens.cli"]
     log = open(tmp_path_factory.mktemp("log") / "dashboard.log", "w+")
-    proc = subprocess.Popen([*cmd, "dashboard", str(runs), "--port", str(port)], stdout=log,
-                            stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    exe = Path(sys.executable).parent / "trustlens"
+    cli = [str(exe)] if exe.is_file() else [sys.executable, "-m", "trustlens.cli"]
+    proc = subprocess.Popen([*cli, "dashboard", str(runs), "--port", str(port)], stdout=log,
+                            stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"trustlens dashboard did not come up:\n{log.read()}")
-            time.sleep(0.5)
+        try:
+            dashboard.wait_until_ready(proc, url)
+        except RuntimeError as err:
+            log.seek(0)
+            pytest.fail(f"{err}:\n{log.read()}")
         yield url
     finally:
         proc.terminate()

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 # The environment variable the app reads its runs folder (or single run) from.
@@ -56,10 +60,10 @@ def streamlit_command(port: int, host: str, open_browser: bool) -> list[str]:
     ]
 
 
-def launch(path: str | Path | None = None, port: int = 8501, host: str = "127.0.0.1",
-           open_browser: bool = False) -> int:
-    """Run the dashboard on `path` (a folder of runs or one run; default the shipped sample run)
-    until it is stopped; return the exit code of the Streamlit process.
+def start(path: str | Path | None = None, port: int = 8501, host: str = "127.0.0.1",
+          open_browser: bool = False, **popen: object) -> subprocess.Popen:
+    """Start the dashboard on `path` (a folder of runs or one run; default the shipped sample run)
+    in a background process and return it; `popen` goes to subprocess.Popen (e.g. stdout).
 
     Bound to `host` (localhost by default: the dashboard shows model text and has no login).
     """
@@ -69,12 +73,46 @@ def launch(path: str | Path | None = None, port: int = 8501, host: str = "127.0.
     if not isinstance(port, int) or not 1 <= port <= 65535:
         raise ValueError(f"port must be an integer in 1..65535, got {port!r}")
     env = dict(os.environ, **{RUNS_ENV: str(path.resolve())})
-    cmd = streamlit_command(port, host, open_browser)
-    print(f"trustlens dashboard: serving {path} at http://{host}:{port}", file=sys.stderr, flush=True)
+    return subprocess.Popen(streamlit_command(port, host, open_browser), env=env, **popen)
+
+
+def wait_until_ready(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
+    """Block until the dashboard at `url` answers its health check; RuntimeError when the process
+    exits first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as reply:
+                if reply.read().strip() == b"ok":
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"the dashboard process exited with status {proc.returncode} before it was ready")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the dashboard at {url} was not ready after {timeout:.0f} s")
+        time.sleep(0.25)
+
+
+def launch(path: str | Path | None = None, port: int = 8501, host: str = "127.0.0.1",
+           open_browser: bool = False) -> int:
+    """Run the dashboard (see `start`) until it is stopped; return its exit code."""
+    proc = start(path, port, host, open_browser)
+    shown = default_runs() if path is None else path
+    print(f"trustlens dashboard: serving {shown} at http://{host}:{port} (Ctrl-C stops it)",
+          file=sys.stderr, flush=True)
+    # `kill` of this process (SIGTERM) stops the server too, instead of orphaning it
+    forward = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate()) if forward else None
     try:
-        return subprocess.call(cmd, env=env)
+        return proc.wait()
     except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait()
         return 0
+    finally:
+        if forward:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _run(args: argparse.Namespace) -> int:
