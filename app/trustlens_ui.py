@@ -27,7 +27,7 @@ from trustlens.schema import MANIFEST, PART_GLOB
 
 # Session-state keys shared by the pages.
 CONTEXT_KEY = "tl_context"  # the Context of the current script run
-INSPECT_KEY = "tl_inspect"  # {"step", "sample", "rule", ...}: what the token inspector should open
+INSPECT_KEY = "tl_inspect"  # what the token inspector should open (see inspect_tokens)
 # Most rows a download holds: a browser download of millions of rows helps nobody.
 MAX_DOWNLOAD_ROWS = 1_000_000
 # Seconds a cached run stays valid; part files added later change the run's signature anyway.
@@ -73,7 +73,7 @@ def run_signature(path: Path) -> tuple:
     """Changes whenever the run changes on disk: the manifest's and part files' sizes and times.
     Used as a cache key so that a run still being written shows its new steps."""
     files = [path / MANIFEST, *sorted(path.glob(f"*/{PART_GLOB}"))]
-    return tuple((f.name, s.st_size, s.st_mtime_ns) for f in files if (s := _stat(f)) is not None)
+    return tuple((str(f.relative_to(path)), s.st_size, s.st_mtime_ns) for f in files if (s := _stat(f)) is not None)
 
 
 def _stat(path: Path) -> os.stat_result | None:

@@ -261,6 +261,14 @@ def test_cli_parses_dashboard_flags(monkeypatch, tmp_path):
     assert flags["--server.address"] == "127.0.0.1"
     assert flags["--server.headless"] == "true"
     assert env[dashboard.RUNS_ENV] == str(tmp_path.resolve())
+    # no argument: the shipped sample run
+    sample = tmp_path / "sample_run"
+    monkeypatch.setattr(dashboard, "default_runs", lambda: sample)
+    assert cli.main(["dashboard"]) == 2  # not there yet
+    sample.mkdir()
+    assert cli.main(["dashboard"]) == 0
+    assert calls[-1][1][dashboard.RUNS_ENV] == str(sample.resolve())
+    assert dict(zip(calls[-1][0][5::2], calls[-1][0][6::2]))["--server.port"] == "8501"
 
 
 def test_launch_rejects_bad_arguments(tmp_path, capsys):

@@ -67,7 +67,12 @@ def start(path: str | Path | None = None, port: int = 8501, host: str = "127.0.0
 
     Bound to `host` (localhost by default: the dashboard shows model text and has no login).
     """
-    path = default_runs() if path is None else Path(path)
+    if path is None:
+        path = default_runs()
+        if not path.is_dir():
+            raise FileNotFoundError(f"the shipped sample run is missing ({path}); pass a RUNS_DIR, "
+                                    "or record a run with `trustlens demo`")
+    path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"runs folder {str(path)!r} does not exist or is not a folder")
     if not isinstance(port, int) or not 1 <= port <= 65535:
