@@ -86,8 +86,7 @@ def _decade_ticks(lo: float, hi: float) -> dict:
     return {"tickvals": vals, "ticktext": [f"1e{v}" if v else "1" for v in vals]}
 
 
-def _density_trace(density: pl.DataFrame, *, log_y: bool, rule: str | None, showscale: bool,
-                   colorbar_x: float) -> go.Heatmap:
+def _density_trace(density: pl.DataFrame, *, log_y: bool, rule: str | None, showscale: bool) -> go.Heatmap:
     """A heatmap of log10(count) on (log10 μ, y) from `figure1_density` output."""
     n_x = int(density["x_bin"].max()) + 1
     n_y = int(density["y_bin"].max()) + 1
@@ -105,8 +104,9 @@ def _density_trace(density: pl.DataFrame, *, log_y: bool, rule: str | None, show
     blocked_line = f"<br>blocked by {safe_text(rule)}: %{{customdata[1]:.1%}}" if col else ""
     return go.Heatmap(
         x=x_edges, y=y_edges, z=z, customdata=custom, colorscale="Viridis", showscale=showscale,
-        colorbar={"title": "log10 tokens", "x": colorbar_x, "len": 0.8},
-        hovertemplate="log10 μ %{x:.2f}, y %{y:.3g}<br>tokens: %{customdata[0]:.0f}" + blocked_line
+        colorbar={"title": "log10 tokens", "x": 1.02, "len": 0.8},
+        hovertemplate="log10 μ %{x:.2f}, " + ("log10 π/μ" if log_y else "|π − μ|")
+        + " %{y:.3g}<br>tokens: %{customdata[0]:.0f}" + blocked_line
         + "<extra></extra>",
     )
 
@@ -135,8 +135,7 @@ def figure1(ratio_density: pl.DataFrame, tv_density: pl.DataFrame, boundaries: p
     for col, (density, log_y) in enumerate(((ratio_density, True), (tv_density, False)), start=1):
         if density.is_empty():
             continue
-        fig.add_trace(_density_trace(density, log_y=log_y, rule=rule, showscale=col == 2,
-                                     colorbar_x=1.02), row=1, col=col)
+        fig.add_trace(_density_trace(density, log_y=log_y, rule=rule, showscale=col == 2), row=1, col=col)
     if boundaries is not None and not boundaries.is_empty():
         rules = list(dict.fromkeys(boundaries["rule"].to_list()))
         colours = rule_colours(rules)
