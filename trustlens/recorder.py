@@ -14,6 +14,13 @@ rule (`blocked_<rule>`, trustlens.rules). It then copies the compact per-row arr
 hands them to a background writer (trustlens.writer): the training step does not wait on disk
 unless the writer's bounded queue is full.
 
+Where the work happens: the caller's thread checks every input (so bad input raises from
+`record` and records nothing), selects the valid positions and derives what needs π's logits
+(entropy, top-K), on the tensors' device. The rest (ratio, binary divergences, rule decisions)
+is derived on that device too: by the caller for accelerator tensors, so that only compact rows
+leave the device; by the writer thread for CPU tensors, so that on a CPU the training step pays
+only for the checks and the selection (the writer thread runs torch ops without holding the GIL).
+
 The anchor of ratio and divergences is μ. When μ is not given (an external trainer without the
 rollout engine's log-probs), they are anchored on π_old, `mu_logp` is null and the manifest
 says `"anchor": "old"`. Rules whose inputs are missing (π_old for `minirl`, top-K for
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -271,29 +279,18 @@ class TokenRecorder:
         except ValueError:
             _locate_error(mask, advantages=advantages, **per_token)
             raise
-        floats = {
-            "mu_logp": None if mu_logp is None else inputs.mu_logp,
-            "old_logp": inputs.old_logp,
-            "pi_logp": inputs.pi_logp,
-            "ratio": torch.exp(inputs.pi_logp - inputs.mu_logp),
-            "binary_tv": inputs.distance(RULES["dppo_binary_tv"]),
-            "binary_kl": inputs.distance(RULES["dppo_binary_kl"]),
-            "topk_tv": inputs.given["topk_tv"],
-            "topk_kl": inputs.given["topk_kl"],
-            "entropy": ent,
-            "advantage": inputs.advantages,
-        }
-        blocked = {
-            r.name: inputs.blocked(r) if all(inputs.given[a] is not None for a in r.needs) else None
-            for r in self.rules
-        }
+        evaluable = [r for r in self.rules if all(inputs.given[a] is not None for a in r.needs)]
         ints = [samples.index_select(0, b), groups.index_select(0, b), t, ids.long()]
-        rows = _to_cpu(step, update, ints, floats, blocked)
-        self._note_anchor("mu" if mu_logp is not None else "old", floats, blocked)
-        self._writer.put_tokens(rows)
+        job = functools.partial(_derive, step, update, ints, inputs, mu_logp is not None, ent, self.rules, evaluable)
+        recorded = {k for k, v in (("mu_logp", mu_logp), ("old_logp", old_logp), ("topk_tv", topk_tv),
+                                   ("topk_kl", topk_kl), ("entropy", ent)) if v is not None}
+        self._note_anchor("mu" if mu_logp is not None else "old", recorded | {blocked_column(r.name) for r in evaluable})
+        # on the CPU the derived columns are computed by the writer thread (same device, off the
+        # training step's path); elsewhere here, so that only compact rows leave the device
+        self._writer.put_tokens(job if device.type == "cpu" else job())
         if sample_ids is None:
             self._count_ids(id_key, shape[0])
-        return len(rows)
+        return len(b)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float | int | torch.Tensor]) -> None:
         """Record scalar metrics of `step` (long format: one row per name)."""
@@ -478,10 +475,9 @@ class TokenRecorder:
 
         return cat(ent) if want_entropy else None, cat(tv) if with_topk else None, cat(kl) if with_topk else None
 
-    def _note_anchor(self, anchor: str, floats: dict, blocked: dict) -> None:
-        """Keep the manifest's anchor and list of missing quantities current."""
-        recorded = {k for k in OPTIONAL_COLUMNS if floats[k] is not None}
-        recorded |= {blocked_column(k) for k, v in blocked.items() if v is not None}
+    def _note_anchor(self, anchor: str, recorded: set[str]) -> None:
+        """Keep the manifest's anchor and list of missing quantities current; `recorded` holds
+        the optional columns (and `blocked_<rule>` columns) this call fills."""
         new_anchor = anchor if self._anchor in (None, anchor) else "mixed"
         if new_anchor == self._anchor and recorded <= self._recorded:
             return
@@ -489,6 +485,27 @@ class TokenRecorder:
         self._recorded |= recorded
         wanted = list(OPTIONAL_COLUMNS) + [blocked_column(r.name) for r in self.rules]
         self._writer.put_manifest({"anchor": new_anchor, "missing": [k for k in wanted if k not in self._recorded]})
+
+
+@torch.no_grad()
+def _derive(step: int, update: int, ints: list[torch.Tensor], inputs: TokenInputs, mu_given: bool,
+            entropy: torch.Tensor | None, rules: list, evaluable: list) -> TokenBatch:
+    """The rows of one `record` call from its checked inputs (N,): ratio π/anchor, binary TV and
+    KL, and the decision of every evaluable rule (the others stay null), as CPU arrays."""
+    floats = {
+        "mu_logp": inputs.mu_logp if mu_given else None,
+        "old_logp": inputs.old_logp,
+        "pi_logp": inputs.pi_logp,
+        "ratio": torch.exp(inputs.pi_logp - inputs.mu_logp),
+        "binary_tv": inputs.distance(RULES["dppo_binary_tv"]),
+        "binary_kl": inputs.distance(RULES["dppo_binary_kl"]),
+        "topk_tv": inputs.given["topk_tv"],
+        "topk_kl": inputs.given["topk_kl"],
+        "entropy": entropy,
+        "advantage": inputs.advantages,
+    }
+    blocked = {r.name: inputs.blocked(r) if r in evaluable else None for r in rules}
+    return _to_cpu(step, update, ints, floats, blocked)
 
 
 def check_tensor_shape(name: str, t: object, shape: tuple[int, ...]) -> None:

@@ -226,7 +226,8 @@ class BackgroundWriter:
 
     # ---- caller side ----
 
-    def put_tokens(self, batch: TokenBatch) -> None:
+    def put_tokens(self, batch: TokenBatch | Callable[[], TokenBatch]) -> None:
+        """Queue the rows of a `record` call, or a function computing them, run by the thread."""
         self._put(("tokens", batch))
 
     def put_table(self, table: str, batch: pa.RecordBatch) -> None:
@@ -321,6 +322,8 @@ class BackgroundWriter:
 
     def _buffer(self, table: str, payload: TokenBatch | pa.RecordBatch) -> None:
         parts = self._parts[table]
+        if callable(payload):
+            payload = payload()
         if isinstance(payload, TokenBatch):
             payload = token_record_batch(payload, self.rank, parts.schema)
         if payload.num_rows == 0:
