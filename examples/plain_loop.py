@@ -9,13 +9,21 @@ full-batch optimizer steps per rollout batch, so that π moves away from μ. Eve
 recorded with every trust-region rule evaluated counterfactually.
 
     python examples/plain_loop.py --out runs/plain --steps 30
+
+Launched by torchrun it trains data-parallel (DistributedDataParallel over gloo): each rank
+samples its own prompts and records its own shard of the same run directory, with no change to
+the trustlens lines (the recorder takes the rank from torch.distributed).
+
+    python -m torch.distributed.run --nproc_per_node 2 examples/plain_loop.py --out runs/plain_ddp
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from trustlens import TokenRecorder  # trustlens
 from trustlens.divergence import topk_from_logits  # trustlens
@@ -69,12 +77,17 @@ def main() -> None:
     p.add_argument("--clip", type=float, default=0.2, help="PPO clip range ε")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     args = p.parse_args()
-    torch.manual_seed(args.seed)
+    distributed = "RANK" in os.environ  # launched by torchrun
+    if distributed:
+        torch.distributed.init_process_group("gloo")
+    rank = torch.distributed.get_rank() if distributed else 0
+    torch.manual_seed(args.seed + rank)  # each rank its own prompts and samples
     torch.set_num_threads(1)
 
     tok = build_tokenizer(max_number=99)
     cfg = ModelConfig(vocab_size=len(tok), hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
-    model = build_model(cfg, seed=args.seed).train()
+    model = build_model(cfg, seed=args.seed).train()  # the same initial weights on every rank
+    ddp = DistributedDataParallel(model) if distributed else model  # averages gradients over ranks
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     with TokenRecorder(args.out, tokenizer=tok, active_rule="ppo", config=vars(args)) as rec:  # trustlens
         for step in range(args.steps):
@@ -93,7 +106,7 @@ def main() -> None:
                 old = torch.log_softmax(response_logits(model, ids, P, args.temperature), -1)
                 old = old.gather(-1, response[..., None]).squeeze(-1)
             for update in range(args.updates):
-                logits = response_logits(model, ids, P, args.temperature)  # (B, T, V)
+                logits = response_logits(ddp, ids, P, args.temperature)  # (B, T, V)
                 pi = torch.log_softmax(logits, -1).gather(-1, response[..., None]).squeeze(-1)
                 ratio = torch.exp(pi - mu)
                 surrogate = torch.min(ratio * adv[:, None], ratio.clamp(1 - args.clip, 1 + args.clip) * adv[:, None])
@@ -108,7 +121,9 @@ def main() -> None:
             rec.log_samples(step, prompts=prompt_texts, responses=texts, rewards=rewards,  # trustlens
                             advantages=adv, lengths=mask.sum(1), group_ids=groups)  # trustlens
             rec.log_metrics(step, {"reward/mean": rewards.mean(), "loss": loss.detach()})  # trustlens
-            print(f"step {step}: reward {rewards.mean():.3f}")
+            print(f"rank {rank} step {step}: reward {rewards.mean():.3f}")
+    if distributed:
+        torch.distributed.destroy_process_group()
     print(f"recorded {args.out}")
 
 
