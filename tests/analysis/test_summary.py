@@ -1,0 +1,22 @@
+import pytest
+
+from trustlens.analysis import step_summary
+
+
+def test_step_summary_by_hand(clip_run):
+    df = step_summary(clip_run.tokens)
+    assert df.columns == ["step", "tokens", "samples", "mean_advantage", "entropy", "ratio_mean", "ratio_max",
+                          "binary_tv_mean", "binary_tv_max", "blocked_ppo", "blocked_dppo_binary_tv"]
+    s0, s1 = df.iter_rows(named=True)
+    assert (s0["step"], s0["tokens"], s0["samples"]) == (0, 4, 2)
+    assert s0["mean_advantage"] == 0.0 and s0["entropy"] is None
+    assert s0["ratio_mean"] == pytest.approx((1.4 + 2 + 0.95 / 0.9 + 10) / 4, rel=1e-6)
+    assert s0["ratio_max"] == pytest.approx(10, rel=1e-6)
+    assert s0["binary_tv_max"] == pytest.approx(0.2, rel=1e-6)
+    assert (s0["blocked_ppo"], s0["blocked_dppo_binary_tv"]) == (0.5, 0.25)
+    assert s1["blocked_dppo_binary_tv"] == pytest.approx(1 / 3)  # the null row is not counted
+    assert s1["mean_advantage"] == pytest.approx(-0.5)
+
+
+def test_empty(clip_run):
+    assert step_summary(clip_run.tokens.head(0)).is_empty()
