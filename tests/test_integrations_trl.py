@@ -33,6 +33,8 @@ from trustlens.integrations.trl import (  # noqa: E402
 )
 from trustlens.train.model import ModelConfig, build_model, build_tokenizer  # noqa: E402
 
+from test_dashboard_app import PAGES, _app, _open, _pick_run  # noqa: E402
+
 # four prompts of equal token length (no left padding: position ids agree between sampler and TRL)
 PROMPTS = ["1 + 2 =", "3 + 4 =", "5 + 6 =", "7 + 8 ="]
 N_GEN = 4  # completions per prompt
@@ -51,11 +53,11 @@ def length_reward(completions, **kwargs):
     return [len(c.split()) / MAX_NEW for c in completions]
 
 
-def grpo_args(tmp_path, **overrides) -> GRPOConfig:
+def grpo_args(out_dir, **overrides) -> GRPOConfig:
     # generation batch = 4 × 2 = 8 completions = 2 prompts × 4; 3 optimizer steps: steps 0 and 1
     # share the first generation, so π moves between them and π_old ≠ π on the second.
     kw = dict(
-        output_dir=str(tmp_path / "trl"),
+        output_dir=str(out_dir),
         per_device_train_batch_size=4,
         num_generations=N_GEN,
         steps_per_generation=2,
@@ -88,15 +90,16 @@ class Spy(TrustLensGRPOTrainer):
         return super()._compute_loss(model, inputs, *args, **kwargs)
 
 
-def run_trl(tmp_path, **kwargs):
+def run_trl(root, name, **kwargs):
+    """A 3-step TRL GRPO run recorded into root/name; (trainer with its spied batches, tokenizer, run)."""
     model, tok = tiny()
     ds = datasets.Dataset.from_dict({"prompt": PROMPTS})
-    run_dir = tmp_path / "run"
+    run_dir = root / name
     trainer = Spy(
         model=model,
         processing_class=tok,
         reward_funcs=length_reward,
-        args=grpo_args(tmp_path, **kwargs.pop("args", {})),
+        args=grpo_args(root.parent / f"{root.name}-trl-{name}", **kwargs.pop("args", {})),
         train_dataset=ds,
         trustlens_dir=run_dir,
         **kwargs,
@@ -122,8 +125,25 @@ def tokens_of(run) -> pl.DataFrame:
     return run.tokens.sort("step", "update", "sample", "pos").collect()
 
 
-def test_trl_run_records_trl_batches(tmp_path):
-    trainer, tok, run = run_trl(tmp_path)
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("trl_runs")
+
+
+@pytest.fixture(scope="module")
+def no_mu(runs_root):
+    """A TRL run without sampling log-probs (TRL's own generate)."""
+    return run_trl(runs_root, "no_mu")
+
+
+@pytest.fixture(scope="module")
+def with_mu(runs_root):
+    """A TRL run whose rollout_func samples with a bf16 copy of the model and returns μ."""
+    return run_trl(runs_root, "with_mu", rollout_func=bf16_rollout())
+
+
+def test_trl_run_records_trl_batches(no_mu):
+    trainer, tok, run = no_mu
     tokens = tokens_of(run)
     m = run.manifest
 
@@ -193,13 +213,13 @@ def test_trl_run_records_trl_batches(tmp_path):
     assert metrics.select("step", "name").is_duplicated().sum() == 0
 
 
-def bf16_rollout(trainer_model_ref: list, tok):
+def bf16_rollout():
     """A TRL rollout_func sampling with a bf16 copy of the trainer's model, returning μ."""
+    gen = torch.Generator().manual_seed(0)
 
     def rollout(prompts, trainer):
         engine = copy.deepcopy(trainer.model).to(torch.bfloat16).eval()
-        gen = torch.Generator().manual_seed(len(trainer_model_ref))
-        trainer_model_ref.append(1)
+        tok = trainer.processing_class
         prompt_ids = [tok(p)["input_ids"] for p in prompts]
         ids = torch.tensor(prompt_ids)  # equal lengths: no padding
         out_ids, out_logp = [[] for _ in prompts], [[] for _ in prompts]
@@ -222,10 +242,8 @@ def bf16_rollout(trainer_model_ref: list, tok):
     return rollout
 
 
-def test_trl_rollout_func_supplies_mu(tmp_path):
-    model, tok = tiny()
-    calls: list = []
-    trainer, tok, run = run_trl(tmp_path, rollout_func=bf16_rollout(calls, tok))
+def test_trl_rollout_func_supplies_mu(with_mu):
+    trainer, tok, run = with_mu
     tokens = tokens_of(run)
     assert run.manifest["config"]["mu_source"] == "rollout_func"
     assert run.manifest["anchor"] == "mu" and "mu_logp" not in run.manifest["missing"]
@@ -256,11 +274,11 @@ def test_rules_and_recorder_arguments(tmp_path):
     ds = datasets.Dataset.from_dict({"prompt": PROMPTS})
     with pytest.raises(ValueError, match="exactly one of trustlens_dir"):
         TrustLensGRPOTrainer(model=model, processing_class=tok, reward_funcs=length_reward,
-                             args=grpo_args(tmp_path), train_dataset=ds)
+                             args=grpo_args(tmp_path / "trl"), train_dataset=ds)
     # a caller-chosen rule set with TRL's thresholds on the active rule
     trainer = TrustLensGRPOTrainer(
         model=model, processing_class=tok, reward_funcs=length_reward, train_dataset=ds,
-        args=grpo_args(tmp_path, epsilon=0.1, epsilon_high=0.3, max_steps=1),
+        args=grpo_args(tmp_path / "trl", epsilon=0.1, epsilon_high=0.3, max_steps=1),
         trustlens_dir=tmp_path / "run", rules={"minirl": (0.1, 0.3), "ppo": (None, None)},
     )
     trainer.train()
@@ -285,3 +303,14 @@ def test_unsupported_trl_is_named(monkeypatch):
         warnings.simplefilter("always")
         with_trustlens(type("New", (GRPOTrainer,), {}))
     assert any("newer than the newest tested" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("name", ["no_mu", "with_mu"])
+def test_dashboard_opens_trl_runs_on_every_page(monkeypatch, runs_root, no_mu, with_mu, name):
+    at = _pick_run(_app(monkeypatch, runs_root).run(), name)
+    for page, title in PAGES.items():
+        at = _open(at, page)
+        assert title in [t.value for t in at.title]
+        assert not at.error, [e.value for e in at.error]
+        if page != "views/compare.py":  # a page about the chosen run says what its anchor is
+            assert any("anchor is π_old" in i.value for i in at.info) == (name == "no_mu"), page
