@@ -116,7 +116,7 @@ def main() -> None:
                 opt.step()
                 rec.record(step, update=update, token_ids=response, response_mask=mask,  # trustlens
                            pi_logp=pi, mu_logp=mu, old_logp=old, advantages=adv, group_ids=groups,  # trustlens
-                           logits=logits.detach(), mu_topk_ids=mu_top_ids, mu_topk_logp=mu_top_logp)  # trustlens
+                           logits=logits, mu_topk_ids=mu_top_ids, mu_topk_logp=mu_top_logp)  # trustlens
             prompt_texts = tok.batch_decode(prompts, skip_special_tokens=True)
             rec.log_samples(step, prompts=prompt_texts, responses=texts, rewards=rewards,  # trustlens
                             advantages=adv, lengths=mask.sum(1), group_ids=groups)  # trustlens
