@@ -378,6 +378,20 @@ def test_metrics_and_samples(tmp_path, gen):
     assert joined.height == int(batch["response_mask"].sum())
 
 
+def test_caller_may_reuse_its_tensors_after_record(tmp_path, gen):
+    batch = make_batch(gen)
+    batch.pop("logits")
+    batch["sample_ids"] = torch.tensor([10, 11, 12])
+    expected = batch["pi_logp"][batch["response_mask"]].clone()
+    with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
+        rec.record(0, **batch)
+        for value in batch.values():  # the training loop overwrites its buffers in place
+            value.zero_() if value.dtype != torch.bool else value.fill_(True)
+    df = tokens_of(tmp_path / "run")
+    assert sorted(set(df["sample"])) == [10, 11, 12]
+    np.testing.assert_array_equal(df["pi_logp"].to_numpy(), expected.numpy())
+
+
 def test_default_sample_ids_count_per_step_and_update(tmp_path, gen):
     batch = make_batch(gen)
     batch.pop("logits")

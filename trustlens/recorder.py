@@ -280,8 +280,8 @@ class TokenRecorder:
             _locate_error(mask, advantages=advantages, **per_token)
             raise
         evaluable = [r for r in self.rules if all(inputs.given[a] is not None for a in r.needs)]
-        ints = [samples.index_select(0, b), groups.index_select(0, b), t, ids.long()]
-        job = functools.partial(_derive, step, update, ints, inputs, mu_logp is not None, ent, self.rules, evaluable)
+        ids_of_rows = (samples, groups, b, t, ids)
+        job = functools.partial(_derive, step, update, ids_of_rows, inputs, mu_logp is not None, ent, self.rules, evaluable)
         recorded = {k for k, v in (("mu_logp", mu_logp), ("old_logp", old_logp), ("topk_tv", topk_tv),
                                    ("topk_kl", topk_kl), ("entropy", ent)) if v is not None}
         self._note_anchor("mu" if mu_logp is not None else "old", recorded | {blocked_column(r.name) for r in evaluable})
@@ -425,7 +425,8 @@ class TokenRecorder:
                 ids = torch.as_tensor(ids)
             except (TypeError, ValueError, RuntimeError) as err:
                 raise ValueError(f"{name} must be a sequence of {batch} integers: {err}") from None
-        return _id_tensor(name, ids, (batch,)).to(device=device, dtype=torch.int64)
+        # a copy: the rows may be derived after record returns, and the caller may reuse `ids`
+        return _id_tensor(name, ids, (batch,)).to(device=device, dtype=torch.int64, copy=True)
 
     def _logit_quantities(self, logits, mask, index, ids, topk_ids, topk_logp, temperature, *, want_entropy):
         """Entropy and top-K TV/KL at the valid positions (flat `index` (N,), sampled `ids` (N,)),
@@ -488,10 +489,13 @@ class TokenRecorder:
 
 
 @torch.no_grad()
-def _derive(step: int, update: int, ints: list[torch.Tensor], inputs: TokenInputs, mu_given: bool,
-            entropy: torch.Tensor | None, rules: list, evaluable: list) -> TokenBatch:
-    """The rows of one `record` call from its checked inputs (N,): ratio π/anchor, binary TV and
-    KL, and the decision of every evaluable rule (the others stay null), as CPU arrays."""
+def _derive(step: int, update: int, ids_of_rows: tuple[torch.Tensor, ...], inputs: TokenInputs,
+            mu_given: bool, entropy: torch.Tensor | None, rules: list, evaluable: list) -> TokenBatch:
+    """The rows of one `record` call from its checked inputs (N,): their ids, ratio π/anchor,
+    binary TV and KL, and the decision of every evaluable rule (the others stay null), as CPU
+    arrays. `ids_of_rows` = (sample ids (B,), group ids (B,), b (N,), t (N,), token ids (N,))."""
+    samples, groups, b, t, token_ids = ids_of_rows
+    ints = [samples.index_select(0, b), groups.index_select(0, b), t, token_ids.long()]
     floats = {
         "mu_logp": inputs.mu_logp if mu_given else None,
         "old_logp": inputs.old_logp,
