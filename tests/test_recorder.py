@@ -220,17 +220,31 @@ def test_missing_mu_anchors_on_old(tmp_path, gen):
     assert "mu_logp" not in manifest["missing"]
 
 
-def test_rules_missing_inputs_are_null_and_listed(tmp_path, gen):
+def test_default_rules_missing_inputs_are_null_and_listed(tmp_path, gen):
     batch = make_batch(gen)
     batch.pop("logits")
     batch.pop("old_logp")
-    with TokenRecorder(tmp_path / "run", rules=["ppo", "minirl", "dppo_topk_tv"]) as rec:
+    with TokenRecorder(tmp_path / "run") as rec:
         rec.record(0, **batch)
     df = tokens_of(tmp_path / "run")
-    assert df["blocked_minirl"].null_count() == df.height == df["blocked_dppo_topk_tv"].null_count()
-    assert df["blocked_ppo"].null_count() == 0
+    undecided = {"minirl", "dppo_topk_tv", "dppo_topk_kl", "dppo_binary_tv_recompute", "dppo_binary_kl_recompute", "grpo_tis"}
+    for rule in RULES:
+        assert df[f"blocked_{rule}"].null_count() == (df.height if rule in undecided else 0), rule
     missing = manifest_of(tmp_path / "run")["missing"]
-    assert set(missing) == {"old_logp", "topk_tv", "topk_kl", "entropy", "blocked_minirl", "blocked_dppo_topk_tv"}
+    assert set(missing) == {"old_logp", "topk_tv", "topk_kl", "entropy"} | {f"blocked_{r}" for r in undecided}
+
+
+@pytest.mark.parametrize("rule,drop,message", [
+    ("minirl", "old_logp", r"rule 'minirl' needs old_logp"),
+    ("dppo_topk_kl", "logits", r"rule 'dppo_topk_kl' needs topk_kl"),
+])
+def test_named_rules_must_be_decidable(tmp_path, gen, rule, drop, message):
+    batch = make_batch(gen)
+    batch.pop(drop)
+    with TokenRecorder(tmp_path / "run", rules=["ppo", rule]) as rec:
+        with pytest.raises(ValueError, match=message):
+            rec.record(0, **batch)
+    assert not any((tmp_path / "run" / "tokens" / "rank=0").iterdir())
 
 
 def _bad(batch, **changes):

@@ -23,8 +23,9 @@ only for the checks and the selection (the writer thread runs torch ops without 
 
 The anchor of ratio and divergences is μ. When μ is not given (an external trainer without the
 rollout engine's log-probs), they are anchored on π_old, `mu_logp` is null and the manifest
-says `"anchor": "old"`. Rules whose inputs are missing (π_old for `minirl`, top-K for
-`dppo_topk_*`) get a null `blocked_<rule>` column; the manifest lists what is missing.
+says `"anchor": "old"`. With the default rule set, rules whose inputs are missing (π_old for
+`minirl`, top-K for `dppo_topk_*`) get a null `blocked_<rule>` column; the manifest lists what
+is missing. Rules asked for by name must be decidable at every call.
 
 When the rollout engine samples at temperature τ, pass `temperature=τ` with π's logits (they are
 divided by it) so that π and μ describe the same distribution (DESIGN §1); `pi_logp` and
@@ -112,7 +113,9 @@ class TokenRecorder:
 
     run_dir: the run directory; created. This rank's part files must not exist yet.
     rules: rules to evaluate per token: names, `Rule`s, or {name: (low, high)} (trustlens.rules);
-        default every rule of RULES with its default thresholds.
+        `record` then raises when an input one of them needs is missing (π_old for `minirl`, top-K
+        for `dppo_topk_*`). Default: every rule of RULES with its default thresholds, each
+        decided where the inputs allow it (null `blocked_<rule>` otherwise).
     active_rule: the rule the run trains with (must be among `rules`), for the manifest.
     tokenizer: anything with `decode(list[int]) -> str` (and optionally `batch_decode`); token
         texts are then stored, decoded once per id. None leaves the `token` column null.
@@ -137,6 +140,7 @@ class TokenRecorder:
     ) -> None:
         self.path = Path(run_dir)
         self.rules = resolve_rules(list(RULES) if rules is None else rules)
+        self._rules_given = rules is not None
         names = [r.name for r in self.rules]
         if active_rule is not None and active_rule not in names:
             raise ValueError(f"active_rule {active_rule!r} is not among the evaluated rules {names}")
@@ -279,6 +283,9 @@ class TokenRecorder:
         except ValueError:
             _locate_error(mask, advantages=advantages, **per_token)
             raise
+        if self._rules_given:  # the caller asked for these rules: each must be decidable
+            for rule in self.rules:
+                inputs.require(rule)
         evaluable = [r for r in self.rules if all(inputs.given[a] is not None for a in r.needs)]
         ids_of_rows = (samples, groups, b, t, ids)
         job = functools.partial(_derive, step, update, ids_of_rows, inputs, mu_logp is not None, ent, self.rules, evaluable)
