@@ -96,20 +96,24 @@ examples = motivating_examples(tokens, "ppo", "dppo_binary_tv", n=3)
 examples
 
 # %% [markdown]
-# The response the first rare-token example comes from, each token coloured by its ratio π/μ
+# The responses the first example of each case comes from, each token coloured by its ratio π/μ
 # (blue above 1, red below) and outlined where a rule blocks it; hover a token for its numbers.
 # The text is the model's and is shown escaped.
 
 # %%
-first = examples.row(0, named=True)
-response = sample_tokens(tokens, first["sample"], step=first["step"], update=first["update"])
 shown = ["ppo", "dppo_binary_tv"]
-HTML(legend_html(shown, quantity="ratio") + colored_tokens_html(
-    response["token"].to_list(), response["ratio"].to_list(), quantity="ratio",
-    blocked={r: response[f"blocked_{r}"].to_list() for r in shown},
-    hover={"μ": response["mu_logp"].exp().to_list(), "π": response["pi_logp"].exp().to_list(),
-           "advantage": response["advantage"].to_list()},
-))
+display(HTML(legend_html(shown, quantity="ratio")))
+for example in examples.unique("case", keep="first", maintain_order=True).iter_rows(named=True):
+    response = sample_tokens(tokens, example["sample"], step=example["step"], update=example["update"])
+    print(f"{example['case']}: position {example['pos']} of sample {example['sample']}, step {example['step']}")
+    display(HTML(colored_tokens_html(
+        response["token"].to_list(), response["ratio"].to_list(), quantity="ratio",
+        blocked={r: response[f"blocked_{r}"].to_list() for r in shown},
+        hover={"μ": response["mu_logp"].exp().to_list(), "π": response["pi_logp"].exp().to_list(),
+               "advantage": response["advantage"].to_list()},
+    )))
+if examples.is_empty():
+    print("no token of this run matches either case")
 
 # %% [markdown]
 # **What to take away.** On this run PPO spends its clipping on the long tail of μ, exactly where
