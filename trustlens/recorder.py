@@ -212,7 +212,7 @@ class TokenRecorder:
         advantages: torch.Tensor,  # (B,) per sequence or (B, T) per token
         mu_logp: torch.Tensor | None = None,  # (B, T) log μ(a_t), the rollout engine's
         old_logp: torch.Tensor | None = None,  # (B, T) log π_old(a_t)
-        logits: torch.Tensor | None = None,  # (B, T, V) π's logits (already divided by τ)
+        logits: torch.Tensor | None = None,  # (B, T, V) π's logits, divided by `temperature` here
         mu_topk_ids: torch.Tensor | None = None,  # (B, T, K) μ's top-K ids, sampled id included
         mu_topk_logp: torch.Tensor | None = None,  # (B, T, K) their log μ
         entropy: torch.Tensor | None = None,  # (B, T) entropy of π, nats
@@ -231,21 +231,8 @@ class TokenRecorder:
         self._check_open()
         step = _int_arg("step", step, 0, 2**31)
         update = _int_arg("update", update, 0, 2**15)
-        if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 2:
-            got = tuple(token_ids.shape) if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__
-            raise ValueError(f"token_ids must be a (B, T) integer tensor, got {got}")
-        shape = tuple(token_ids.shape)
-        _id_tensor("token_ids", token_ids, shape)
-        if mu_logp is None and old_logp is None:
-            raise ValueError("record needs mu_logp or old_logp: ratio and divergences compare π with one of them")
-        if (mu_topk_ids is None) != (mu_topk_logp is None):
-            raise ValueError("mu_topk_ids and mu_topk_logp must be given together")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
-            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
         per_token = {"pi_logp": pi_logp, "mu_logp": mu_logp, "old_logp": old_logp, "entropy": entropy}
-        for name, t in per_token.items():
-            if t is not None:
-                check_tensor_shape(name, t, shape)
+        shape = _check_arguments(token_ids, per_token, mu_topk_ids, mu_topk_logp, temperature)
         device = pi_logp.device
         mask = check_mask("response_mask", response_mask, token_ids).to(device)
         id_key = ("tokens", step, update)
@@ -527,6 +514,26 @@ def check_tensor_shape(name: str, t: object, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {shape} like token_ids")
+
+
+def _check_arguments(token_ids: object, per_token: dict[str, torch.Tensor | None], topk_ids: object,
+                     topk_logp: object, temperature: object) -> tuple[int, int]:
+    """The checks of `record`'s arguments that need no pass over the data; returns (B, T)."""
+    if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 2:
+        got = tuple(token_ids.shape) if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__
+        raise ValueError(f"token_ids must be a (B, T) integer tensor, got {got}")
+    shape = tuple(token_ids.shape)
+    _id_tensor("token_ids", token_ids, shape)
+    if per_token["mu_logp"] is None and per_token["old_logp"] is None:
+        raise ValueError("record needs mu_logp or old_logp: ratio and divergences compare π with one of them")
+    if (topk_ids is None) != (topk_logp is None):
+        raise ValueError("mu_topk_ids and mu_topk_logp must be given together")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    for name, t in per_token.items():
+        if t is not None or name == "pi_logp":
+            check_tensor_shape(name, t, shape)
+    return shape
 
 
 def _advantages_at(advantages: object, shape: tuple[int, int], b: torch.Tensor, take) -> torch.Tensor:
