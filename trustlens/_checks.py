@@ -7,6 +7,8 @@ numbers downstream.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 # Log-probabilities above this are rejected; those in (0, LOGP_TOLERANCE] are rounding noise of
@@ -25,20 +27,83 @@ def upcast(t: torch.Tensor) -> torch.Tensor:
     return t.double() if t.dtype == torch.float64 else t.float()
 
 
-def check_tensor(name: str, t: object) -> torch.Tensor:
-    """Require a floating-point tensor with no NaN or inf; return it unchanged."""
+def check_tensor(name: str, t: object, *, finite: bool = True) -> torch.Tensor:
+    """Require a floating-point tensor with no NaN or inf; return it unchanged.
+
+    finite=False skips the NaN/inf scan (a full pass and a bool copy of `t`): for callers that
+    check large inputs by blocks with `check_logit_rows` instead.
+    """
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    bad = ~torch.isfinite(t)
-    if bool(bad.any()):
-        kind = "NaN" if bool(torch.isnan(t).any()) else "inf"
-        raise ValueError(
-            f"{name} contains {kind} ({int(bad.sum())} non-finite values, first at index "
-            f"{_first_index(bad)} of shape {tuple(t.shape)})"
-        )
+    if finite:
+        bad = ~torch.isfinite(t)
+        if bool(bad.any()):
+            _raise_at(name, "NaN" if bool(torch.isnan(t).any()) else "inf", bad, t.shape, 0)
     return t
+
+
+def _raise_at(name: str, what: str, bad: torch.Tensor, shape: torch.Size, first_row: int) -> None:
+    """Raise "name contains what" at the first True of `bad`: a mask shaped like the tensor
+    (`shape`), or like a (R, V) block of its rows first_row… seen as (N, V)."""
+    idx = _first_index(bad)
+    if bad.shape != shape:  # a block of the flattened tensor: map the index back to `shape`
+        row = first_row + idx[0]
+        lead = torch.unravel_index(torch.tensor(row), shape[:-1]) if len(shape) > 1 else ()
+        idx = (*(int(i) for i in lead), idx[-1])
+    raise ValueError(
+        f"{name} contains {what} ({int(bad.sum())} non-finite values, first at index {idx} of "
+        f"shape {tuple(shape)})"
+    )
+
+
+def check_logit_rows(
+    name: str, rows: torch.Tensor, shape: torch.Size, first_row: int
+) -> None:
+    """Require a block `rows` (R, V) of logits — rows first_row… of a tensor of `shape` seen as
+    (N, V) — to hold no NaN or +inf and no row of only −inf, raising like `check_tensor` with
+    the index in `shape`. A −inf logit elsewhere is a token of probability 0 (a masked token) and
+    is allowed. Large inputs are checked block by block, or only where a cheap statistic (a row
+    maximum) is not finite."""
+    hi = torch.amax(rows, dim=-1, keepdim=True)
+    if not bool(torch.isfinite(hi).all()):
+        nan = torch.isnan(rows)
+        if bool(nan.any()):
+            _raise_at(name, "NaN", nan, shape, first_row)
+        posinf = rows == math.inf
+        if bool(posinf.any()):
+            _raise_at(name, "inf", posinf, shape, first_row)
+        _raise_at(name, "a row of only -inf", (hi == -math.inf).expand_as(rows), shape, first_row)
+
+
+def check_token_ids(
+    name: str, ids: object, vocab_size: int, *, distinct: bool = False
+) -> torch.Tensor:
+    """Require integer token ids in [0, vocab_size); with distinct=True, no id repeated along the
+    last dim (one top-K set). Returns them as int64."""
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor of token ids, got dtype {ids.dtype}")
+    ids = ids.long()
+    out = (ids < 0) | (ids >= vocab_size)
+    if bool(out.any()):
+        idx = _first_index(out)
+        raise ValueError(
+            f"{name} holds id {int(ids[idx])} at index {idx}, outside the vocabulary "
+            f"[0, {vocab_size})"
+        )
+    if distinct and ids.dim() > 0 and ids.shape[-1] > 1:
+        ordered = ids.sort(dim=-1).values
+        dup = ordered[..., 1:] == ordered[..., :-1]
+        if bool(dup.any()):
+            idx = _first_index(dup)
+            raise ValueError(
+                f"{name} repeats id {int(ordered[idx])} in the set at index {idx[:-1]}; "
+                "the ids of one top-K set must be distinct"
+            )
+    return ids
 
 
 def check_logp(name: str, t: object) -> torch.Tensor:

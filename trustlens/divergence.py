@@ -1,19 +1,54 @@
 """Divergences between the rollout policy μ and the trained policy π, per token.
 
-All inputs are log-probabilities or logits; every result is computed in float32 or wider in log
-space, so that probabilities near 0 and near 1 keep their precision. Units: TV is a probability
-mass in [0, 1]; KL is in nats.
+All inputs are log-probabilities or logits; every result is computed in float32 or wider (float64
+when an input is float64) in log space, so that probabilities near 0 and near 1 keep their
+precision. Units: TV is a probability mass in [0, 1]; KL is in nats, always KL(μ ‖ π).
 
 Binary forms look at two buckets per position, {a_t, everything else}:
     binary_tv = |π(a_t) − μ(a_t)|
     binary_kl = μ log(μ/π) + (1−μ) log((1−μ)/(1−π))          = KL(μ_bin ‖ π_bin)
+
+Top-K forms look at K + 1 buckets: S, μ's top-K token ids at the position (the sampled token
+forced in, see `topk_from_logits`), one bucket each, plus rest = everything else:
+    topk_tv = ½ (Σ_{i∈S} |μ_i − π_i| + |μ_rest − π_rest|)
+    topk_kl = Σ_{i∈S} μ_i log(μ_i/π_i) + μ_rest log(μ_rest/π_rest)
+Exact forms use every token of the vocabulary as its own bucket. Each bucketing coarsens the
+next, so binary ≤ top-K ≤ exact for both TV and KL (data-processing inequality).
+
+Logits may hold −inf (a masked token: probability 0); NaN, +inf and rows of only −inf raise.
+
+Memory: the full-vocabulary functions never build a (N, V) log-softmax. They walk the rows in
+chunks of about `CHUNK_ELEMENTS` elements (at least one row), so their extra memory is O(N·K)
+plus one chunk whatever N is, and each chunk stays in cache while it is worked on.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+
 import torch
 
-from trustlens._checks import check_logp, check_same_shape
+from trustlens._checks import (
+    LOGP_TOLERANCE,
+    check_logit_rows,
+    check_logp,
+    check_same_shape,
+    check_tensor,
+    check_token_ids,
+)
+
+# Elements of one chunk of rows (1 MiB of float32): small enough to stay in a core's L2 cache.
+# A row longer than this is processed alone.
+CHUNK_ELEMENTS = 1 << 18
+
+# When the largest logit/τ among μ's top-K ids lies in this range, π's exps are taken without a
+# shift: their total is ≥ e^-20, far above float32's underflow, and a logit up to 88 fits.
+_NO_SHIFT = (-20.0, 50.0)
+
+# A rest-bucket sum below this may have lost digits to float32 underflow (exps below 1e-38):
+# such rows get an exact log-softmax recomputation.
+_UNDERFLOW = 1e-25
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -21,12 +56,19 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
 
 
+def _abs_diff_exp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|exp(a) − exp(b)| as exp(max)·(1 − exp(min − max)): exact relative precision when a ≈ b,
+    no overflow for any a, b ≤ 0, and 0 when both are −inf."""
+    hi, lo = torch.maximum(a, b), torch.minimum(a, b)
+    out = torch.exp(hi) * -torch.expm1(lo - hi)
+    return torch.where(hi == -math.inf, torch.zeros_like(out), out)
+
+
 def binary_tv(pi_logp: torch.Tensor, mu_logp: torch.Tensor) -> torch.Tensor:
     """|π(a_t) − μ(a_t)| from log-probabilities of the sampled tokens; any shape, float32+."""
     pi_logp, mu_logp = check_logp("pi_logp", pi_logp), check_logp("mu_logp", mu_logp)
     check_same_shape(pi_logp=pi_logp, mu_logp=mu_logp)
-    # μ·|exp(log π − log μ) − 1| keeps relative precision when π ≈ μ.
-    return torch.exp(mu_logp) * torch.expm1(pi_logp - mu_logp).abs()
+    return _abs_diff_exp(pi_logp, mu_logp)
 
 
 def binary_kl(pi_logp: torch.Tensor, mu_logp: torch.Tensor) -> torch.Tensor:
@@ -42,3 +84,289 @@ def binary_kl(pi_logp: torch.Tensor, mu_logp: torch.Tensor) -> torch.Tensor:
     rest = rest_mu * (log1mexp(mu_logp) - log1mexp(pi_logp))
     rest = torch.where(rest_mu > 0, rest, torch.zeros_like(rest))
     return (mu * (mu_logp - pi_logp) + rest).clamp(min=0.0)
+
+
+def _bucket_divergence(
+    log_mu: torch.Tensor, log_pi: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(TV, KL(μ ‖ π)) over the last dim of bucket log-probabilities (N, B), in float64.
+
+    A bucket with μ = 0 adds nothing to the KL; one with μ > 0 and π = 0 makes it +inf.
+    """
+    log_mu, log_pi = log_mu.double(), log_pi.double()
+    kl_terms = torch.exp(log_mu) * (log_mu - log_pi)
+    kl_terms = torch.where(log_mu == -math.inf, torch.zeros_like(kl_terms), kl_terms)
+    tv = 0.5 * _abs_diff_exp(log_mu, log_pi).sum(-1)
+    return tv.clamp(0.0, 1.0), kl_terms.sum(-1).clamp(min=0.0)
+
+
+def _check_temperature(temperature: float) -> float:
+    """Require a positive finite sampling temperature."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ValueError(f"temperature must be a number, got {type(temperature).__name__}")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be positive and finite, got {temperature}")
+    return float(temperature)
+
+
+def _check_logits(name: str, logits: object) -> torch.Tensor:
+    """Require a floating-point (..., V) tensor with V ≥ 1; NaN/inf are caught chunk by chunk."""
+    logits = check_tensor(name, logits, finite=False)
+    if logits.dim() == 0 or logits.shape[-1] == 0:
+        raise ValueError(f"{name} must have shape (..., V) with V ≥ 1, got {tuple(logits.shape)}")
+    return logits
+
+
+def _check_lead(
+    name: str, t: torch.Tensor, logits_name: str, logits: torch.Tensor, extra: int
+) -> None:
+    """Require t to have logits' leading dims followed by `extra` (0 or 1) dims of its own."""
+    lead = tuple(logits.shape[:-1])
+    if t.dim() != len(lead) + extra or tuple(t.shape[: len(lead)]) != lead:
+        expected = f"{lead}" if extra == 0 else f"{(*lead, 'K')}"
+        raise ValueError(
+            f"{name} has shape {tuple(t.shape)}; expected {expected} to match {logits_name} of "
+            f"shape {tuple(logits.shape)}"
+        )
+
+
+def _row_blocks(*tensors: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Aligned 2-D (rows, V) views of tensors that share their leading dims, in row-major order.
+
+    A tensor whose leading dims cannot be flattened without a copy (e.g. logits[:, :-1]) is split
+    along dim 0 until they can, so no block is ever copied.
+    """
+    try:
+        views = tuple(t.view(-1, t.shape[-1]) for t in tensors)
+    except RuntimeError:
+        views = None
+    if views is not None:
+        yield views
+        return
+    for parts in zip(*(t.unbind(0) for t in tensors)):
+        yield from _row_blocks(*parts)
+
+
+def _row_chunks(*tensors: torch.Tensor) -> Iterator[tuple[int, tuple[torch.Tensor, ...]]]:
+    """(first row, aligned chunks of at most max(1, CHUNK_ELEMENTS // V) rows) over the rows of
+    tensors of one shape (..., V)."""
+    rows = max(1, CHUNK_ELEMENTS // tensors[0].shape[-1])
+    first = 0
+    for block in _row_blocks(*tensors):
+        for start in range(0, block[0].shape[0], rows):
+            chunk = tuple(b[start : start + rows] for b in block)
+            yield first, chunk
+            first += chunk[0].shape[0]
+
+
+def _rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows (len(rows), V) of t (..., V) seen as (N, V), by flat row index, copying only them."""
+    if t.dim() == 1:
+        return t.unsqueeze(0)[rows]
+    return t[torch.unravel_index(rows, t.shape[:-1])]
+
+
+def _check_row_maxima(
+    name: str, logits: torch.Tensor, maxima: torch.Tensor, rows: torch.Tensor | None = None
+) -> None:
+    """Raise for the first row of logits (..., V) whose maximum is not finite (NaN, +inf or a row
+    of only −inf), with the index of the offending element. maxima: (N,), or one per flat row
+    index in `rows`."""
+    bad = torch.nonzero(~torch.isfinite(maxima))[:, 0]
+    if bad.numel():
+        row = int(bad[0]) if rows is None else int(rows[bad[0]])
+        check_logit_rows(name, _rows(logits, torch.tensor([row])), logits.shape, row)
+
+
+def _logp_on_ids(
+    name: str, logits: torch.Tensor, ids: torch.Tensor, temperature: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(logits / τ) on `ids` (N, K) and on the rest bucket (N,), float64, without a
+    log-softmax of the vocabulary.
+
+    logits: (..., V) with N rows, any float dtype; ids: (N, K) int64, distinct per row.
+    One pass over the vocabulary: per chunk of rows, exp((logits − s)/τ) into a scratch chunk, the
+    ids zeroed, summed, so that rest = Σ_{j∉ids} exp keeps its relative precision however small it
+    is (instead of being 1 − Σ_ids). Then total = rest + Σ_ids exp, log π_ids = (x_ids − s)/τ −
+    log total, log π_rest = log rest − log total (−inf when the ids cover the vocabulary).
+
+    The shift s needs no max pass: c = max over the ids of logits/τ (a gather) bounds the total
+    from below (total ≥ exp(c − s/τ)), so s = 0 when c ∈ _NO_SHIFT (exp runs on the logits as
+    they are) and s = τ·c otherwise. Rows where that guess fails — exp overflowed (π's max far
+    above its logits on the ids), rest underflowed, or the input is not finite — are redone
+    exactly with a log-softmax of the row, which also reports NaN/inf. Extra memory: O(N·K) plus
+    one chunk.
+    """
+    V, K, n = logits.shape[-1], ids.shape[-1], ids.shape[0]
+    rows_per_chunk = max(1, CHUNK_ELEMENTS // V)
+    on_ids = logits.gather(-1, ids.reshape(*logits.shape[:-1], K)).reshape(n, K).to(dtype)
+    top = on_ids.amax(-1) / temperature  # (N,) c
+    shift = torch.where((top >= _NO_SHIFT[0]) & (top <= _NO_SHIFT[1]), 0.0, top * temperature)
+    shift = shift.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)[:, None]  # bad rows are redone
+    plain = logits.dtype == dtype and temperature == 1.0  # exp straight from the logits
+    direct = (shift[:, 0] == 0).tolist() if plain else [False] * n
+    rest = torch.empty(n, dtype=dtype)  # Σ_{j∉ids} exp((x_j − s)/τ)
+    scratch = torch.empty(min(n, rows_per_chunk), V, dtype=dtype)
+    for first, (chunk,) in _row_chunks(logits):
+        last = first + chunk.shape[0]
+        z = scratch[: chunk.shape[0]]
+        if all(direct[first:last]):
+            torch.exp(chunk, out=z)
+        else:
+            torch.sub(chunk, shift[first:last], out=z)
+            if temperature != 1.0:
+                z.div_(temperature)
+            z.exp_()
+        z.scatter_(-1, ids[first:last], 0.0)
+        torch.sum(z, -1, out=rest[first:last])
+    # (N, K) sized from here on, in float64. log total = top + log1p(everything else / e^top),
+    # so that a token with π = 1 − 1e-12 gets log π = −1e-12, not a rounded 0.
+    rest = rest.double()
+    z_ids = (on_ids.double() - shift.double()) / temperature  # (N, K)
+    top_z, top_at = z_ids.max(-1, keepdim=True)  # (N, 1)
+    others = (z_ids - top_z).exp().scatter(-1, top_at, 0.0).sum(-1) + rest * torch.exp(-top_z[:, 0])
+    log_total = top_z[:, 0] + torch.log1p(others)  # (N,)
+    log_ids, log_rest = z_ids - log_total[:, None], torch.log(rest) - log_total
+    redo = ~torch.isfinite(top) | ~torch.isfinite(rest)
+    if K < V:
+        redo |= rest < _UNDERFLOW
+    for part in torch.nonzero(redo)[:, 0].split(rows_per_chunk):  # rare
+        x = _rows(logits, part)
+        _check_row_maxima(name, logits, x.amax(-1), part)
+        log_pi = torch.log_softmax(x.double() / temperature, -1)
+        log_ids[part] = log_pi.gather(-1, ids[part])
+        log_rest[part] = log_pi.scatter(-1, ids[part], -math.inf).logsumexp(-1)
+    return log_ids, log_rest
+
+
+def _result_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float64 when any input is float64, else float32."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def topk_divergence(
+    pi_logits: torch.Tensor,
+    mu_topk_ids: torch.Tensor,
+    mu_topk_logp: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_tv, topk_kl) per position, shaped like pi_logits' leading dims.
+
+    pi_logits: (..., V) π's logits, any float dtype; divided by `temperature` (the rollout's
+    sampling temperature) before the softmax, without a copy.
+    mu_topk_ids: (..., K) integer ids of μ's top-K set S (distinct, sampled token included).
+    mu_topk_logp: (..., K) log μ on S, as the rollout engine recorded them.
+    KL(μ ‖ π) over the K + 1 buckets S ∪ {rest}; log μ_rest = log1mexp(logsumexp(log μ_S)),
+    in float64.
+    π's log-probs come from one exp-and-sum pass over the vocabulary, chunk by chunk, plus a
+    gather (see `_logp_on_ids`): extra memory O(N·K) plus one chunk, no compile step. Float32
+    results (float64 when an input is).
+    """
+    temperature = _check_temperature(temperature)
+    pi_logits = _check_logits("pi_logits", pi_logits)
+    if not isinstance(mu_topk_ids, torch.Tensor):
+        raise ValueError(f"mu_topk_ids must be a torch.Tensor, got {type(mu_topk_ids).__name__}")
+    logp_dtype = getattr(mu_topk_logp, "dtype", None)
+    mu_topk_logp = check_logp("mu_topk_logp", mu_topk_logp)
+    check_same_shape(mu_topk_ids=mu_topk_ids, mu_topk_logp=mu_topk_logp)
+    _check_lead("mu_topk_ids", mu_topk_ids, "pi_logits", pi_logits, extra=1)
+    V, K = pi_logits.shape[-1], mu_topk_ids.shape[-1]
+    if K == 0:
+        raise ValueError("mu_topk_ids holds no ids (K = 0); a top-K set needs K ≥ 1")
+    if K > V:
+        raise ValueError(
+            f"mu_topk_ids has K = {K} ids per position, more than the vocabulary of pi_logits "
+            f"(V = {V})"
+        )
+    ids = check_token_ids("mu_topk_ids", mu_topk_ids, V, distinct=True).reshape(-1, K)
+    dtype = _result_dtype(pi_logits, mu_topk_logp)
+
+    # μ's side is small (N, K): float64, so that a small μ_rest = 1 − Σ_S μ keeps the digits
+    # its float32 log-probs carry.
+    log_mu = mu_topk_logp.double().reshape(-1, K)
+    mass = torch.logsumexp(log_mu, -1)  # (N,) log Σ_S μ
+    tolerance = max(LOGP_TOLERANCE, 4 * torch.finfo(logp_dtype).eps)  # rounding of the input
+    if bool((mass > tolerance).any()):
+        row = int(torch.nonzero(mass > tolerance)[0, 0])
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(row), pi_logits.shape[:-1]))
+        raise ValueError(
+            f"mu_topk_logp at index {idx} gives a top-K mass of "
+            f"{math.exp(float(mass[row])):.6g} > 1; pass log-probabilities of one distribution"
+        )
+    if K == V:  # S is the whole vocabulary: the rest bucket is empty for both
+        log_mu_rest = torch.full_like(mass, -math.inf)
+    else:
+        log_mu_rest = log1mexp(mass.clamp(max=0.0))
+
+    log_pi, log_pi_rest = _logp_on_ids("pi_logits", pi_logits, ids, temperature, dtype)
+    tv, kl = _bucket_divergence(
+        torch.cat([log_mu, log_mu_rest[:, None]], -1), torch.cat([log_pi, log_pi_rest[:, None]], -1)
+    )
+    lead = pi_logits.shape[:-1]
+    return tv.to(dtype).reshape(lead), kl.to(dtype).reshape(lead)
+
+
+def exact_divergence(
+    pi_logits: torch.Tensor, mu_logits: torch.Tensor, *, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(TV, KL(μ ‖ π)) over the whole vocabulary per position, from logits (..., V) of each,
+    both divided by the sampling `temperature`.
+
+    TV = ½ Σ_v |μ_v − π_v|, KL = Σ_v μ_v (log μ_v − log π_v), any float dtype in, float32 out
+    (float64 when an input is). Rows are processed in chunks: extra memory is a few chunks, not
+    (N, V) copies. A token with μ_v = 0 (a −inf logit) adds 0 to the KL; one with μ_v > 0 = π_v
+    makes it +inf.
+    """
+    temperature = _check_temperature(temperature)
+    pi_logits = _check_logits("pi_logits", pi_logits)
+    mu_logits = _check_logits("mu_logits", mu_logits)
+    check_same_shape(pi_logits=pi_logits, mu_logits=mu_logits)
+    dtype = _result_dtype(pi_logits, mu_logits)
+    n = math.prod(pi_logits.shape[:-1])
+    tv, kl = torch.empty(n, dtype=dtype), torch.empty(n, dtype=dtype)
+    pi_max, mu_max = torch.empty(n, dtype=pi_logits.dtype), torch.empty(n, dtype=mu_logits.dtype)
+    rows = min(n, max(1, CHUNK_ELEMENTS // pi_logits.shape[-1]))
+    log_mu, log_pi, work = (torch.empty(rows, pi_logits.shape[-1], dtype=dtype) for _ in range(3))
+    for first, (pi, mu) in _row_chunks(pi_logits, mu_logits):
+        sl, r = slice(first, first + pi.shape[0]), pi.shape[0]
+        torch.amax(pi, -1, out=pi_max[sl])
+        torch.amax(mu, -1, out=mu_max[sl])
+        for logits, out in ((mu, log_mu[:r]), (pi, log_pi[:r])):
+            if temperature != 1.0:
+                logits = work[:r].copy_(logits).div_(temperature)
+            torch.log_softmax(logits, -1, dtype=dtype, out=out)
+        ratio = torch.sub(log_mu[:r], log_pi[:r], out=work[:r])
+        ratio.nan_to_num_(nan=0.0, posinf=math.inf, neginf=0.0)  # μ = 0 terms: 0·(−inf) = 0
+        mu_p, pi_p = log_mu[:r].exp_(), log_pi[:r].exp_()
+        torch.matmul(mu_p.unsqueeze(-2), ratio.unsqueeze(-1), out=kl[sl].view(-1, 1, 1))
+        torch.sum(mu_p.sub_(pi_p).abs_(), -1, out=tv[sl])
+    _check_row_maxima("pi_logits", pi_logits, pi_max)
+    _check_row_maxima("mu_logits", mu_logits, mu_max)
+    lead = pi_logits.shape[:-1]
+    return tv.mul_(0.5).clamp_(0.0, 1.0).reshape(lead), kl.clamp_(min=0.0).reshape(lead)
+
+
+def topk_from_logits(
+    logits: torch.Tensor, sampled_ids: torch.Tensor, k: int, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """μ's top-K ids (..., k) int64 and their log-probs (..., k) at `temperature`, as a rollout
+    engine records them: the k most probable tokens in descending order, except that a sampled
+    token outside them replaces the k-th. logits: (..., V); sampled_ids: (...) integer.
+    Float32 log-probs (float64 for float64 logits); memory as `topk_divergence`.
+    """
+    temperature = _check_temperature(temperature)
+    logits = _check_logits("logits", logits)
+    V = logits.shape[-1]
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= V:
+        raise ValueError(f"k must be an int in [1, V = {V}] (the vocabulary of logits), got {k!r}")
+    sampled = check_token_ids("sampled_ids", sampled_ids, V)
+    _check_lead("sampled_ids", sampled, "logits", logits, extra=0)
+    sampled = sampled.reshape(-1, 1)
+    ids = logits.topk(k, dim=-1).indices.reshape(-1, k)  # (N, k), descending
+    missing = ~(ids == sampled).any(-1)
+    ids[missing, -1] = sampled[missing, 0]
+    dtype = _result_dtype(logits)
+    logp = _logp_on_ids("logits", logits, ids, temperature, dtype)[0].to(dtype)
+    lead = logits.shape[:-1]
+    return ids.reshape(*lead, k), logp.reshape(*lead, k)
