@@ -65,7 +65,7 @@ def test_sample_ranges_and_rng_kinds():
     probs = TASK.sample(500, torch.Generator().manual_seed(1))
     assert len(probs) == 500
     for p in probs:
-        assert len(p.numbers) == 3 and all(0 <= x <= 99 for x in p.numbers)
+        assert len(p.numbers) == 3 and all(TASK.low <= x <= TASK.high for x in p.numbers)
         assert p.answer == sum(p.numbers)
     assert TASK.sample(20, 5) == TASK.sample(20, torch.Generator().manual_seed(5))
     assert TASK.sample(20, random.Random(3)) == TASK.sample(20, random.Random(3))

@@ -112,7 +112,7 @@ class ArithmeticTask:
 
     n_operands: int = 3  # numbers per problem (n_operands - 1 scratchpad steps)
     low: int = 0  # smallest operand
-    high: int = 99  # largest operand (inclusive)
+    high: int = 49  # largest operand (inclusive)
     ops: tuple[str, ...] = ("+",)  # operators drawn uniformly per position
     max_value: int = 999  # largest allowed intermediate/final value (the tokenizer's top number)
     eval_fraction: float = 0.1  # share of all problems reserved for eval_set (by a stable hash)

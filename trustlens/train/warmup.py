@@ -36,8 +36,8 @@ class WarmupConfig:
 
     seed: int = 0  # seeds the model init, the training draws and the sampled eval
     max_steps: int = 3000  # hard cap on optimiser steps
-    batch_size: int = 64  # problems per optimiser step
-    lr: float = 1e-3  # AdamW learning rate after the ramp
+    batch_size: int = 128  # problems per optimiser step
+    lr: float = 2e-3  # AdamW learning rate after the ramp
     lr_ramp: int = 50  # steps of linear learning-rate ramp from 0
     weight_decay: float = 0.01  # AdamW decoupled weight decay
     eval_every: int = 25  # steps between held-out accuracy checks
