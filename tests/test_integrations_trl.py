@@ -29,6 +29,7 @@ from trustlens.integrations.trl import (  # noqa: E402
     TrustLensGRPOTrainer,
     UnsupportedTRLVersion,
     default_rules,
+    engine_rollout,
     with_trustlens,
 )
 from trustlens.train.model import ModelConfig, build_model, build_tokenizer  # noqa: E402
@@ -139,7 +140,7 @@ def no_mu(runs_root):
 @pytest.fixture(scope="module")
 def with_mu(runs_root):
     """A TRL run whose rollout_func samples with a bf16 copy of the model and returns μ."""
-    return run_trl(runs_root, "with_mu", rollout_func=bf16_rollout())
+    return run_trl(runs_root, "with_mu", rollout_func=engine_rollout("bf16"))
 
 
 def test_trl_run_records_trl_batches(no_mu):
@@ -213,35 +214,6 @@ def test_trl_run_records_trl_batches(no_mu):
     assert metrics.select("step", "name").is_duplicated().sum() == 0
 
 
-def bf16_rollout():
-    """A TRL rollout_func sampling with a bf16 copy of the trainer's model, returning μ."""
-    gen = torch.Generator().manual_seed(0)
-
-    def rollout(prompts, trainer):
-        engine = copy.deepcopy(trainer.model).to(torch.bfloat16).eval()
-        tok = trainer.processing_class
-        prompt_ids = [tok(p)["input_ids"] for p in prompts]
-        ids = torch.tensor(prompt_ids)  # equal lengths: no padding
-        out_ids, out_logp = [[] for _ in prompts], [[] for _ in prompts]
-        done = torch.zeros(len(prompts), dtype=torch.bool)
-        with torch.no_grad():
-            for _ in range(MAX_NEW):
-                logits = engine(input_ids=ids).logits[:, -1].float() / TEMPERATURE
-                logp = torch.log_softmax(logits, -1)
-                nxt = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
-                for i in range(len(prompts)):
-                    if not done[i]:
-                        out_ids[i].append(int(nxt[i]))
-                        out_logp[i].append(float(logp[i, nxt[i]]))
-                done |= nxt == tok.eos_token_id
-                ids = torch.cat([ids, nxt[:, None]], 1)
-                if bool(done.all()):
-                    break
-        return {"prompt_ids": prompt_ids, "completion_ids": out_ids, "logprobs": out_logp}
-
-    return rollout
-
-
 def test_trl_rollout_func_supplies_mu(with_mu):
     trainer, tok, run = with_mu
     tokens = tokens_of(run)
@@ -258,15 +230,28 @@ def test_trl_rollout_func_supplies_mu(with_mu):
             if got.height:
                 assert got.sort("pos")["mu_logp"].to_list() == pytest.approx(mu[i][mask[i]].tolist(), abs=1e-6)
 
-    # the mismatch columns are filled, non-zero (bf16 vs float32) and consistent with their definitions
+    # the mismatch columns are filled and consistent with their definitions; before any update
+    # (π = π_old) they hold the bf16 engine's gap alone: far above float32 noise, still small
     first = tokens.filter((pl.col("step") == 0) & (pl.col("update") == 0))
-    assert first["binary_tv"].null_count() == 0 and first["binary_tv"].max() > 0
+    gap = (first["mu_logp"] - first["old_logp"]).abs()
+    assert 1e-3 < gap.max() < 0.2 and gap.mean() < 0.05
+    assert (first["pi_logp"] - first["old_logp"]).abs().max() < 1e-6
+    assert first["binary_tv"].null_count() == 0 and first["binary_tv"].max() > 1e-5
     expected_tv = (first["pi_logp"].exp() - first["mu_logp"].exp()).abs()
     assert first["binary_tv"].to_list() == pytest.approx(expected_tv.to_list(), abs=1e-6)
     expected_ratio = (first["pi_logp"] - first["mu_logp"]).exp()
     assert first["ratio"].to_list() == pytest.approx(expected_ratio.to_list(), rel=1e-5)
     for rule in ("ppo", "dppo_binary_tv", "dppo_binary_kl", "minirl"):
         assert first[f"blocked_{rule}"].null_count() == 0
+
+
+def test_fp32_engine_agrees_with_trl(tmp_path):
+    """Same weights, same precision: the engine's μ is TRL's π_old up to float32 noise, so
+    positions, temperature and token alignment match between the sampler and TRL's loss."""
+    _, _, run = run_trl(tmp_path, "fp32", rollout_func=engine_rollout("fp32"), args={"max_steps": 1})
+    first = run.tokens.filter(pl.col("update") == 0).collect()
+    assert first.height > 0
+    assert (first["mu_logp"] - first["old_logp"]).abs().max() < 1e-4
 
 
 def test_rules_and_recorder_arguments(tmp_path):

@@ -7,7 +7,9 @@
     trainer.train()            # writes runs/grpo: tokens, samples, metrics, run.json
 
 `with_trustlens(cls)` does the same for any subclass of `GRPOTrainer`. Instead of
-`trustlens_dir`, an open recorder may be passed as `recorder=` (its owner closes it).
+`trustlens_dir`, an open recorder may be passed as `recorder=` (its owner closes it). Without
+vLLM, `rollout_func=engine_rollout("bf16")` samples with a bf16 copy of the policy and hands TRL
+the sampling log-probabilities, so that the run records μ and a real training–inference mismatch.
 
 What the hook records, per micro-batch of TRL's loss (`_compute_loss`):
 
@@ -49,6 +51,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -371,6 +374,60 @@ class _LogCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if logs:
             self.trainer._tl_on_log(logs)
+
+
+def engine_rollout(precision: str = "bf16", *, logit_noise: float = 0.0, seed: int | None = None) -> Callable:
+    """A TRL `rollout_func` sampling with trustlens' RolloutEngine (trustlens.train.rollout).
+
+    The engine holds its own copy of the policy in `precision` ("bf16" as an inference server
+    serves it, or "fp32"), receives the trainer's weights before every generation, and samples
+    with a KV cache at TRL's `temperature` up to `max_completion_length` tokens. It returns the
+    sampling log-probabilities, so a run without vLLM still records μ and a real training–
+    inference mismatch. `logit_noise` imitates a noisier engine (RolloutConfig); `seed` seeds its
+    sampling (default: TRL's seed, plus the process index). Prompts are text or chat messages.
+    """
+    from trustlens.train.rollout import RolloutConfig, RolloutEngine
+
+    state: dict[str, Any] = {}
+
+    def rollout(prompts: list, trainer: Any) -> dict[str, list]:
+        tok = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        policy = trainer.accelerator.unwrap_model(trainer.model)
+        if "engine" not in state:
+            config = RolloutConfig(
+                temperature=trainer.args.temperature,
+                max_new_tokens=trainer.args.max_completion_length,
+                precision=precision,
+                logit_noise=logit_noise,
+            )
+            engine = RolloutEngine(policy, config, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+            # TRL and accelerate patch `forward` on the instances (fused log-prob head, autocast)
+            # with closures over the trainer's own modules: the copy must run its own weights.
+            for module in engine.model.modules():
+                module.__dict__.pop("forward", None)
+            base = trainer.args.seed if seed is None else seed
+            state["engine"] = engine
+            state["generator"] = torch.Generator().manual_seed(base + trainer.accelerator.process_index)
+        else:
+            state["engine"].sync_weights(policy)
+        prompt_ids = [_prompt_ids(tok, p) for p in prompts]
+        out = state["engine"].generate(prompt_ids, generator=state["generator"])
+        lengths = out.lengths().tolist()
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": [out.response_ids[i, :n].tolist() for i, n in enumerate(lengths)],
+            "logprobs": [out.mu_logp[i, :n].tolist() for i, n in enumerate(lengths)],
+        }
+
+    return rollout
+
+
+def _prompt_ids(tok: Any, prompt: str | list[dict]) -> list[int]:
+    """Token ids of a text prompt, or of a chat prompt with the generation prompt appended."""
+    if isinstance(prompt, str):
+        return list(tok(text=prompt)["input_ids"])
+    encoded = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(encoded["input_ids"])
 
 
 _CLASSES: dict[type, type] = {}
