@@ -1,5 +1,6 @@
-"""An external data-parallel loop under torchrun (2 processes, gloo): each rank records its own
-shard of one run directory, and `load_run` reads them as one table with no duplicated rows."""
+"""External data-parallel runs under torchrun (2 processes, gloo), a plain PyTorch loop and TRL:
+each rank records its own shard of one run directory, and `load_run` reads them as one table
+with no duplicated rows."""
 
 from __future__ import annotations
 
@@ -18,14 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 STEPS, PROMPTS, GROUP, UPDATES = 2, 2, 2, 2
 
 
-def test_torchrun_ranks_record_one_run(tmp_path):
-    out = tmp_path / "ddp"
+def torchrun(script: str, *args: str) -> None:
+    """Run examples/`script` with 2 processes under torchrun; fail with its stderr."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        str(ROOT / "examples" / "plain_loop.py"), "--out", str(out), "--steps", str(STEPS),
-        "--prompts", str(PROMPTS), "--group", str(GROUP), "--updates", str(UPDATES), "--max-new", "4",
-    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "examples" / script), *args]
     # its own session, so that a hung run is killed with its workers
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=ROOT, start_new_session=True)
@@ -36,6 +34,12 @@ def test_torchrun_ranks_record_one_run(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, stderr[-3000:]
+
+
+def test_torchrun_ranks_record_one_run(tmp_path):
+    out = tmp_path / "ddp"
+    torchrun("plain_loop.py", "--out", str(out), "--steps", str(STEPS), "--prompts", str(PROMPTS),
+             "--group", str(GROUP), "--updates", str(UPDATES), "--max-new", "4")
 
     run = load_run(out)
     assert run.manifest["status"] == "finished" and run.manifest["world_size"] == 2
@@ -60,3 +64,26 @@ def test_torchrun_ranks_record_one_run(tmp_path):
     assert (joined["n"] == UPDATES * joined["length"]).all()
     metrics = run.metrics.collect()
     assert metrics.group_by("rank").len().sort("rank")["len"].to_list() == [2 * STEPS] * 2
+
+
+def test_torchrun_trl_ranks_record_one_run(tmp_path):
+    """TRL's GRPOTrainer on 2 processes (accelerate over gloo) with the trustlens hook."""
+    out = tmp_path / "trl"
+    torchrun("trl_grpo.py", "--out", str(out), "--steps", "3")
+    run = load_run(out)
+    assert run.manifest["status"] == "finished" and run.manifest["world_size"] == 2
+    assert run.manifest["anchor"] == "mu"
+    tokens = run.tokens.collect()
+    assert sorted(tokens["rank"].unique()) == [0, 1]
+    assert tokens.select("step", "update", "sample", "pos").is_duplicated().sum() == 0
+    # 2 generations of 16 completions (4 prompts × 4), 8 per rank: ids 0..31, disjoint by rank
+    samples = run.samples.collect()
+    assert sorted(samples["sample"]) == list(range(32))
+    assert samples.group_by("rank", "step").len()["len"].to_list() == [8] * 4
+    by_rank = {r: set(samples.filter(pl.col("rank") == r)["sample"]) for r in (0, 1)}
+    assert not by_rank[0] & by_rank[1]
+    assert set(tokens.filter(pl.col("rank") == 1)["sample"]) <= by_rank[1]
+    # a group is one prompt's completions
+    assert (samples.group_by("group").agg(pl.col("prompt").n_unique())["prompt"] == 1).all()
+    # TRL's logs are already averaged over ranks: only the main process writes them
+    assert run.metrics.collect()["rank"].unique().to_list() == [0]
