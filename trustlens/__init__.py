@@ -18,6 +18,8 @@ _EXPORTS = {
     "load_run": "trustlens.runs",
     "load_runs": "trustlens.runs",
     "Run": "trustlens.runs",
+    "NotARunError": "trustlens.runs",
+    "NoRowsError": "trustlens.runs",
     "RULES": "trustlens.rules",
     "Rule": "trustlens.rules",
     "evaluate": "trustlens.rules",
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
     from trustlens.loss import PolicyLoss, policy_loss
     from trustlens.recorder import NullRecorder, TokenRecorder
     from trustlens.rules import RULES, Rule, evaluate, evaluate_all
-    from trustlens.runs import Run, load_run, load_runs
+    from trustlens.runs import NoRowsError, NotARunError, Run, load_run, load_runs
 
 
 def __getattr__(name: str):
