@@ -324,15 +324,18 @@ def alert_list(ctx: Context, alerts: pl.DataFrame, *, limit: int = 20, key: str 
 
 
 def chart(fig, key: str, *, ctx: Context | None = None) -> None:
-    """Show a plotly figure; with `ctx` (for charts whose x axis is the step), selecting a point
-    offers to open the token inspector on that step's filtered tokens."""
+    """Show a plotly figure; with `ctx` (for charts whose x axis is the step), a control under it
+    opens the token inspector on one step's filtered tokens.
+
+    Not plotly's own click selection: Streamlit cannot select points of line traces, and on
+    figures with subplots its selection events make the page rerun over and over
+    (streamlit/streamlit#8766)."""
+    st.plotly_chart(fig, key=key)
     if ctx is None:
-        st.plotly_chart(fig, key=key)
         return
-    event = st.plotly_chart(fig, key=key, on_select="rerun", selection_mode="points")
-    points = (event or {}).get("selection", {}).get("points", []) if event else []
-    steps = sorted({int(round(p["x"])) for p in points if isinstance(p.get("x"), (int, float))})
-    if steps:
-        step = steps[0]
-        if st.button(f"Inspect the tokens of step {step}", key=f"{key}_inspect", icon=":material/search:"):
+    lo, hi = ctx.query.steps or ctx.steps
+    _keep_valid(f"{key}_step", lambda v: lo <= v <= hi)
+    with st.popover("Inspect the tokens of a step", icon=":material/search:"):
+        step = st.number_input("Step", min_value=lo, max_value=hi, value=hi, key=f"{key}_step")
+        if st.button("Open in the token inspector", key=f"{key}_inspect"):
             inspect_tokens(reason=f"step {step} of the chart", query=replace(ctx.query, steps=(step, step)))

@@ -154,6 +154,16 @@ def test_alert_opens_the_tokens_behind_it(monkeypatch, runs):
     assert set(samples["sample"]) == set(target["alert"]["samples"])
 
 
+def test_chart_opens_the_tokens_of_a_step(monkeypatch, runs):
+    at = _open(_pick_run(_app(monkeypatch, runs).run(), "b_healthy"), "views/overview.py")
+    at.number_input(key="ov_blocked_step").set_value(3).run()
+    at.button(key="ov_blocked_inspect").click().run()
+    assert not at.exception
+    assert [t.value for t in at.title][0] == "Token inspector"
+    assert any("step 3 of the chart" in i.value for i in at.info)
+    assert set(at.dataframe[0].value["step"]) == {3}
+
+
 def test_rule_disagreement_opens_the_tokens_behind_it(monkeypatch, runs):
     at = _open(_pick_run(_app(monkeypatch, runs).run(), "a_collapse"), "views/ppo_vs_dppo.py")
     assert at.selectbox(key="pv_a").value == "ppo" and at.selectbox(key="pv_b").value == "dppo_binary_tv"

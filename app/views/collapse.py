@@ -13,7 +13,7 @@ lo, hi = ctx.query.steps or ctx.steps
 in_range = signals.filter(signals["step"].is_between(lo, hi))
 ui.chart(plots.collapse_timeline(in_range, alerts), "cs_timeline", ctx=ctx)
 st.caption("Signals are computed on the whole run (the sidebar's step range applies; its token "
-           "filters do not). Select a point to open the token inspector on that step.")
+           "filters do not).")
 
 st.subheader(f"Alerts ({alerts.height})")
 ui.alert_list(ctx, alerts, limit=50, key="cs_alert")

@@ -40,7 +40,6 @@ with left:
     ui.chart(plots.blocked_per_step_lines(ui.on_tokens(blocked_per_step, ctx)), "ov_blocked", ctx=ctx)
 with right:
     ui.chart(plots.collapse_timeline(signals, alerts, panels=("entropy", "reward")), "ov_timeline", ctx=ctx)
-st.caption("Select a point on a chart to open the token inspector on that step.")
 
 st.subheader("Alerts")
 ui.alert_list(ctx, alerts, limit=8, key="ov_alert")
