@@ -16,6 +16,7 @@ import warnings
 import polars as pl
 import pytest
 import torch
+from packaging.version import Version
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 pytest.importorskip("trl")
@@ -252,6 +253,31 @@ def test_fp32_engine_agrees_with_trl(tmp_path):
     first = run.tokens.filter(pl.col("update") == 0).collect()
     assert first.height > 0
     assert (first["mu_logp"] - first["old_logp"]).abs().max() < 1e-4
+
+
+@pytest.mark.skipif(Version(tl_trl.trl.__version__) < Version("1.16"),
+                    reason="TRL maps a None sampling log-prob to NaN from 1.16 on")
+def test_unscored_tokens_give_their_sequence_a_null_mu(tmp_path):
+    """vLLM leaves a token it could not score as None (NaN in TRL's batch): that sequence is
+    recorded with a null μ (anchored on π_old), the others keep theirs."""
+    engine = engine_rollout("fp32")
+
+    def rollout(prompts, trainer):
+        out = engine(prompts, trainer)
+        out["logprobs"][0][0] = None  # the first completion of every generation
+        return out
+
+    # two optimizer steps: both micro-batches of the first generation
+    trainer, _, run = run_trl(tmp_path, "unscored", rollout_func=rollout, args={"max_steps": 2})
+    batch = {k: torch.cat([b[k] for b, _ in trainer.spy]) for k in
+             ("sampling_per_token_logps", "completion_mask", tl_trl.SAMPLE_KEY)}
+    tokens = run.tokens.collect()
+    unscored = torch.isnan(batch["sampling_per_token_logps"]).any(dim=1)
+    assert int(unscored.sum()) == 1
+    bad = int(batch[tl_trl.SAMPLE_KEY][unscored])
+    assert tokens.filter(pl.col("sample") == bad)["mu_logp"].null_count() == int(batch["completion_mask"][unscored].sum())
+    assert tokens.filter(pl.col("sample") != bad)["mu_logp"].null_count() == 0
+    assert run.manifest["anchor"] == "mixed"
 
 
 def test_rules_and_recorder_arguments(tmp_path):

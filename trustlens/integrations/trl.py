@@ -340,7 +340,7 @@ class TrustLensGRPOMixin:
     def _tl_log_samples(self, batch: dict[str, Any], rank: int) -> None:
         tok = self._tl_tokenizer()
         n = batch["completion_ids"].shape[0]
-        advantages = batch["advantages"]
+        advantages, mask = batch["advantages"], batch["completion_mask"]
         rewards = None
         if self._tl_rewards is not None:
             per_func = self._tl_rewards[rank * n : (rank + 1) * n].float().cpu()
@@ -351,8 +351,8 @@ class TrustLensGRPOMixin:
             prompts=tok.batch_decode(batch["prompt_ids"], skip_special_tokens=True),
             responses=tok.batch_decode(batch["completion_ids"], skip_special_tokens=True),
             rewards=None if rewards is None else rewards.tolist(),
-            advantages=(advantages if advantages.dim() == 1 else advantages.mean(dim=1)).tolist(),
-            lengths=batch["completion_mask"].sum(dim=1).tolist(),
+            advantages=advantages.tolist() if advantages.dim() == 1 else _masked_mean(advantages, mask).tolist(),
+            lengths=mask.sum(dim=1).tolist(),
             sample_ids=batch[SAMPLE_KEY].tolist(),
             group_ids=batch[GROUP_KEY].tolist(),
         )
@@ -374,6 +374,12 @@ class _LogCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if logs:
             self.trainer._tl_on_log(logs)
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-row mean of (B, T) `x` over the positions where `mask` is set (0 for an empty row)."""
+    mask = mask.to(x.dtype)
+    return (x * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
 def engine_rollout(precision: str = "bf16", *, logit_noise: float = 0.0, seed: int | None = None) -> Callable:
