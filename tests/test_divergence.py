@@ -54,6 +54,7 @@ def tv_kl64(log_mu, log_pi):
 
 
 def binary_kl64(mu: float, pi: float) -> float:
+    """KL(μ_bin ‖ π_bin) in float64 from the probabilities themselves."""
     return mu * math.log(mu / pi) + (1 - mu) * math.log((1 - mu) / (1 - pi))
 
 
@@ -62,7 +63,8 @@ def random_case(seed, lead, vocab, k, scale, noise, temperature):
     gen = torch.Generator().manual_seed(seed)
     pi = torch.randn(*lead, vocab, generator=gen) * scale
     mu = pi + torch.randn(*lead, vocab, generator=gen) * noise
-    sampled = Categorical(logits=mu / temperature).sample()
+    probs = torch.softmax(mu.reshape(-1, vocab) / temperature, -1)
+    sampled = torch.multinomial(probs, 1, generator=gen).reshape(lead)
     ids, logp = topk_from_logits(mu, sampled, k, temperature)
     return pi, mu, sampled, ids, logp
 
@@ -160,6 +162,27 @@ def test_topk_large_logits_and_pi_far_from_mu():
     tv64, kl64 = tv_kl64(*buckets64(pi, ids, logp))
     torch.testing.assert_close(kl.double(), kl64, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(tv.double(), tv64, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1000.0, -1000.0, 45.0, -25.0])
+@pytest.mark.parametrize("outlier", [None, 95.0, 300.0])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_topk_every_exp_shift_path(offset, outlier, temperature, gen):
+    """Logits far from 0 (the exps need a shift), and a logit outside S far above those in S
+    (an unshifted exp overflows and the row is redone exactly): all match float64."""
+    pi, _, _, ids, logp = random_case(8, (4,), 200, 10, 3.0, 1.0, temperature)
+    pi = pi + offset
+    if outlier is not None:
+        free = [v for v in range(200) if v not in ids[0].tolist()][0]
+        pi[0, free] = offset + outlier
+    tv, kl = topk_divergence(pi.double(), ids, logp, temperature=temperature)
+    tv32, kl32 = topk_divergence(pi, ids, logp, temperature=temperature)
+    tv64, kl64 = tv_kl64(*buckets64(pi.double(), ids, logp, temperature))
+    torch.testing.assert_close(tv, tv64, atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(kl, kl64, atol=1e-9, rtol=1e-9)
+    tv64, kl64 = tv_kl64(*buckets64(pi, ids, logp, temperature))  # the float32 logits
+    torch.testing.assert_close(tv32.double(), tv64, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(kl32.double(), kl64, atol=1e-6, rtol=1e-5)
 
 
 def test_topk_masked_logits_of_pi(gen):

@@ -325,13 +325,10 @@ def exact_divergence(
     dtype = _result_dtype(pi_logits, mu_logits)
     n = math.prod(pi_logits.shape[:-1])
     tv, kl = torch.empty(n, dtype=dtype), torch.empty(n, dtype=dtype)
-    pi_max, mu_max = torch.empty(n, dtype=pi_logits.dtype), torch.empty(n, dtype=mu_logits.dtype)
     rows = min(n, max(1, CHUNK_ELEMENTS // pi_logits.shape[-1]))
     log_mu, log_pi, work = (torch.empty(rows, pi_logits.shape[-1], dtype=dtype) for _ in range(3))
     for first, (pi, mu) in _row_chunks(pi_logits, mu_logits):
         sl, r = slice(first, first + pi.shape[0]), pi.shape[0]
-        torch.amax(pi, -1, out=pi_max[sl])
-        torch.amax(mu, -1, out=mu_max[sl])
         for logits, out in ((mu, log_mu[:r]), (pi, log_pi[:r])):
             if temperature != 1.0:
                 logits = work[:r].copy_(logits).div_(temperature)
@@ -341,8 +338,11 @@ def exact_divergence(
         mu_p, pi_p = log_mu[:r].exp_(), log_pi[:r].exp_()
         torch.matmul(mu_p.unsqueeze(-2), ratio.unsqueeze(-1), out=kl[sl].view(-1, 1, 1))
         torch.sum(mu_p.sub_(pi_p).abs_(), -1, out=tv[sl])
-    _check_row_maxima("pi_logits", pi_logits, pi_max)
-    _check_row_maxima("mu_logits", mu_logits, mu_max)
+    # NaN, +inf or a row of only −inf makes its log-softmax NaN, hence its TV: find the culprit.
+    bad = torch.nonzero(tv.isnan())[:1, 0]  # the first such row
+    if bad.numel():
+        for name, logits in (("pi_logits", pi_logits), ("mu_logits", mu_logits)):
+            _check_row_maxima(name, logits, _rows(logits, bad).amax(-1), bad)
     lead = pi_logits.shape[:-1]
     return tv.mul_(0.5).clamp_(0.0, 1.0).reshape(lead), kl.clamp_(min=0.0).reshape(lead)
 
