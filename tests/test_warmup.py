@@ -127,3 +127,18 @@ def test_shipped_checkpoint_is_mediocre():
     problems = task.eval_set(meta["eval"]["problems"], seed=meta["eval"]["eval_set_seed"])[:200]
     assert abs(evaluate(model, tok, task, problems) - meta["accuracy_greedy"]) < 0.12
     json.dumps(meta)
+
+
+@pytest.mark.slow
+def test_rebuild_reproduces_the_shipped_checkpoint(tmp_path):
+    """`trustlens warmup` with its defaults rebuilds data/warmstart bit for bit (checked with torch
+    2.13 CPU on x86-64; other kernels may round differently)."""
+    from trustlens.paths import data_path
+
+    subprocess.run([sys.executable, "-m", "trustlens.cli", "warmup", "--out", str(tmp_path), "--quiet"], check=True)
+    shipped = data_path("warmstart")
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes(), name
+    ours, theirs = (json.loads((d / "meta.json").read_text()) for d in (tmp_path, shipped))
+    ours.pop("train_seconds"), theirs.pop("train_seconds")
+    assert ours == theirs
