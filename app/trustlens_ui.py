@@ -131,8 +131,9 @@ def _on_tokens(name: str, path: str, signature: tuple, query: tq.TokenQuery | No
 def on_tokens(fn, ctx: "Context", *, filtered: bool = True, **kwargs):
     """`fn(tokens, **kwargs)` for an analysis query `fn`, on the run's token rows (those passing
     the sidebar filters unless `filtered` is False), cached per run version, filters and kwargs."""
-    return _on_tokens(f"{fn.__module__}.{fn.__qualname__}", *ctx.key, ctx.query if filtered else None,
-                      ctx.anchor, tuple(sorted(kwargs.items())))
+    query = ctx.query if filtered and ctx.query != tq.TokenQuery() else None
+    return _on_tokens(f"{fn.__module__}.{fn.__qualname__}", *ctx.key, query, ctx.anchor,
+                      tuple(sorted(kwargs.items())))
 
 
 @st.cache_data(ttl=RUN_TTL, max_entries=32, show_spinner=False)
@@ -235,7 +236,8 @@ def _filters(ctx: Context) -> tq.TokenQuery:
     text = sb.text_input("Token text contains", key="tl_text", max_chars=200,
                          help="Literal, case-insensitive search in the decoded token text")
     decisions = ((rule, blocked),) if rule is not None else ()
-    return tq.TokenQuery(steps=steps, decisions=decisions, anchor_prob=bucket,
+    # the whole run is no step filter: queries then share their cache with unfiltered ones
+    return tq.TokenQuery(steps=None if steps == (lo, hi) else steps, decisions=decisions, anchor_prob=bucket,
                          advantage_sign=sign, text=text or None)
 
 
