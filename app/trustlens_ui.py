@@ -169,7 +169,6 @@ class Context:
         return "μ" if self.anchor == "mu_logp" else "π_old"
 
 
-
 def context() -> Context | None:
     """The Context the entry script built for this run of the page (None: nothing to show)."""
     return st.session_state.get(CONTEXT_KEY)

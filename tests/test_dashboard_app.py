@@ -1,14 +1,12 @@
 """Every dashboard page through Streamlit's AppTest, on synthetic runs of every awkward kind, and
 the `trustlens dashboard` launcher."""
 
-import io
 import json
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
