@@ -309,3 +309,18 @@ def test_app_is_found_in_an_installed_prefix(monkeypatch, tmp_path):
     monkeypatch.setattr(dashboard, "_INSTALLED_APP", tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match="dashboard app not found"):
         dashboard.app_dir()
+
+
+def test_no_argument_opens_the_shipped_sample_run(monkeypatch):
+    try:
+        sample = dashboard.default_runs()
+    except FileNotFoundError:
+        sample = None
+    if sample is None or not sample.is_dir():
+        pytest.skip("the sample run is not shipped in data/sample_run yet")
+    monkeypatch.delenv(dashboard.RUNS_ENV, raising=False)
+    at = AppTest.from_file(str(ENTRY), default_timeout=120).run()
+    assert not at.exception and not at.error
+    assert at.sidebar.selectbox(key="tl_run").options
+    for page in PAGES:
+        _open(at, page)
