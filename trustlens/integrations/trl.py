@@ -61,7 +61,7 @@ from packaging.version import Version
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from trustlens.rules import RULES
+from trustlens.rules import RULES, resolve_rules
 
 # TRL releases this integration supports: tests/test_integrations_trl.py passes on 0.29.1, 1.0.0,
 # 1.8.0 and 1.16.0 (older TRL does not import with transformers 5). An older release is refused, a
@@ -114,7 +114,10 @@ def check_trl(trainer_cls: type) -> None:
         )
 
 
-def default_rules(active_rule: str | None = None, thresholds: tuple[float, float] | None = None) -> dict:
+Thresholds = tuple[float | None, float | None]  # (low, high); None keeps the rule's default
+
+
+def default_rules(active_rule: str | None = None, thresholds: Thresholds | None = None) -> dict[str, Thresholds]:
     """{rule: (low, high)} for every rule TRL's tensors can decide (none needs μ's top-K),
     default thresholds except `thresholds` for `active_rule`."""
     rules = {name: (None, None) for name, rule in RULES.items() if set(rule.needs) <= {"old_logp"}}
@@ -123,7 +126,7 @@ def default_rules(active_rule: str | None = None, thresholds: tuple[float, float
     return rules
 
 
-def active_rule_of(args: Any) -> tuple[str | None, tuple[float | None, float | None] | None]:
+def active_rule_of(args: Any) -> tuple[str | None, Thresholds | None]:
     """The trustlens rule TRL trains with under GRPOConfig `args`, with its (low, high); (None,
     None) for a loss no rule reproduces (sapo, vespo, sequence-level importance sampling)."""
     low = float(args.epsilon)
@@ -181,8 +184,8 @@ class TrustLensGRPOMixin:
         active, thresholds = active_rule_of(self.args)
         if rules is None:
             rules = default_rules(active, thresholds)
-        if active is not None and active not in (rules if isinstance(rules, dict) else list(rules)):
-            active = None
+        if active not in [rule.name for rule in resolve_rules(rules)]:
+            active = None  # the caller's rule set leaves TRL's rule out
         return TokenRecorder(
             run_dir, rules=rules, active_rule=active, tokenizer=self._tl_tokenizer(), config=self._tl_config()
         )
@@ -325,7 +328,6 @@ class TrustLensGRPOMixin:
             return
         # vLLM leaves NaN where it could not score a token: those sequences get a null μ
         unscored = (torch.isnan(mu) & mask.bool()).any(dim=1)
-        mu = torch.nan_to_num(mu, nan=0.0)
         if not bool(unscored.any()):
             self._tl_record_rows(fields, mu)
             return
