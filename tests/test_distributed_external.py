@@ -12,6 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow.parquet as pq
+import pytest
 
 from trustlens import load_run
 
@@ -66,6 +67,7 @@ def test_torchrun_ranks_record_one_run(tmp_path):
     assert metrics.group_by("rank").len().sort("rank")["len"].to_list() == [2 * STEPS] * 2
 
 
+@pytest.mark.slow  # two processes importing TRL: about 50 s on the shared 2-core machine
 def test_torchrun_trl_ranks_record_one_run(tmp_path):
     """TRL's GRPOTrainer on 2 processes (accelerate over gloo) with the trustlens hook."""
     out = tmp_path / "trl"
