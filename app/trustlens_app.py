@@ -8,6 +8,7 @@ import polars as pl
 import pyarrow as pa
 import streamlit as st
 
+import page_data
 import trustlens_ui as ui
 
 st.set_page_config(page_title="trustlens", page_icon=":material/troubleshoot:", layout="wide")
@@ -28,5 +29,6 @@ READ_ERRORS = (OSError, ValueError, KeyError, pl.exceptions.PolarsError, pa.Arro
 try:
     st.session_state[ui.CONTEXT_KEY] = ui.sidebar()
     page.run()
+    page_data.warm_up(ui.context())
 except READ_ERRORS as err:
     st.error(f"Could not read this run: {ui.md(err)}")

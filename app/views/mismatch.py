@@ -2,19 +2,19 @@
 
 import streamlit as st
 
+import page_data
 import trustlens_ui as ui
 from trustlens import plots
-from trustlens.analysis import MISMATCH_COLUMNS, mismatch_by_bucket, mismatch_per_step, mismatch_unavailable
+from trustlens.analysis import MISMATCH_COLUMNS
 
 ctx = ui.need_tokens(ui.context())
 ui.header("Mismatch", ctx)
 
-reason = ui.on_tokens(mismatch_unavailable, ctx)
+reason, per_step, by_bucket = page_data.mismatch(ctx)
 if reason is not None:
     st.info(f"The training-inference mismatch cannot be measured here: {ui.md(reason)}.")
     st.stop()
 
-per_step = ui.on_tokens(mismatch_per_step, ctx)
 last = per_step.row(-1, named=True)
 shown = ("mismatch_kl", "k3_kl", "log_ppl_diff", "chi2_token", "tv_max", "pearson")
 cols = st.columns(len(shown))
@@ -25,7 +25,7 @@ for col, name in zip(cols, shown):
 ui.chart(plots.mismatch_curves(per_step), "mm_curves", ctx=ctx)
 metric = st.selectbox("By μ bucket", ("k3_kl", "mismatch_kl", "chi2_token", "tv_mean", "tv_max", "pearson"),
                       key="mm_metric", help="Mismatch within each μ-probability bucket")
-ui.chart(plots.mismatch_by_bucket_bar(ui.on_tokens(mismatch_by_bucket, ctx), metric), "mm_bucket")
+ui.chart(plots.mismatch_by_bucket_bar(by_bucket, metric), "mm_bucket")
 with st.expander("Per-step mismatch table"):
     st.dataframe(per_step, hide_index=True)
     st.caption(" · ".join(f"{k}: {v}" for k, v in MISMATCH_COLUMNS.items()))

@@ -2,15 +2,14 @@
 
 import streamlit as st
 
+import page_data
 import trustlens_ui as ui
 from trustlens import plots
-from trustlens.analysis import blocked_per_step, step_summary
 
 ctx = ui.need_tokens(ui.context())
 ui.header("Overview", ctx)
 
-summary = ui.on_tokens(step_summary, ctx)
-signals, alerts = ui.signals_and_alerts(*ctx.key)
+summary, blocked, signals, alerts = page_data.overview(ctx)
 if summary.is_empty():
     st.warning("No token matches the sidebar filters.")
     st.stop()
@@ -37,7 +36,7 @@ cols[5].metric("Alerts", f"{alerts.height}", delta=f"{critical} critical" if cri
 
 left, right = st.columns(2)
 with left:
-    ui.chart(plots.blocked_per_step_lines(ui.on_tokens(blocked_per_step, ctx)), "ov_blocked", ctx=ctx)
+    ui.chart(plots.blocked_per_step_lines(blocked), "ov_blocked", ctx=ctx)
 with right:
     ui.chart(plots.collapse_timeline(signals, alerts, panels=("entropy", "reward")), "ov_timeline", ctx=ctx)
 

@@ -4,16 +4,9 @@ from dataclasses import replace
 
 import streamlit as st
 
+import page_data
 import trustlens_ui as ui
 from trustlens import plots
-from trustlens.analysis import (
-    blocked_by_bucket,
-    blocked_by_token,
-    confusion_matrix,
-    figure1_density,
-    rule_boundaries,
-    rule_confusion,
-)
 
 ctx = ui.need_tokens(ui.context())
 ui.header("PPO vs DPPO", ctx)
@@ -21,10 +14,7 @@ if len(ctx.rules) < 2:
     st.info("This run evaluated fewer than two rules: there is nothing to compare.")
     st.stop()
 
-ratio_rules = [r for r in ctx.rules if not r.startswith("dppo")]
-dppo_rules = [r for r in ctx.rules if r.startswith("dppo")]
-default_a = ratio_rules[0] if ratio_rules else ctx.rules[0]
-default_b = next((r for r in dppo_rules if r != default_a), next(r for r in ctx.rules if r != default_a))
+default_a, default_b = page_data.rule_pair(ctx.rules)
 c1, c2 = st.columns(2)
 rule_a = c1.selectbox("Rule A", ctx.rules, index=ctx.rules.index(default_a), key="pv_a")
 rule_b = c2.selectbox("Rule B", ctx.rules, index=ctx.rules.index(default_b), key="pv_b")
@@ -32,11 +22,11 @@ if rule_a == rule_b:
     st.warning("Pick two different rules.")
     st.stop()
 
-total = ui.on_tokens(rule_confusion, ctx, rule_a=rule_a, rule_b=rule_b, per_step=False)
-if total.is_empty() or total["count"][0] == 0:
+data = page_data.ppo_vs_dppo(ctx, rule_a, rule_b)
+if data["total"].is_empty() or data["total"]["count"][0] == 0:
     st.warning("No token has a decision from both rules in these filters.")
     st.stop()
-t = total.row(0, named=True)
+t = data["total"].row(0, named=True)
 cols = st.columns(5)
 cols[0].metric("Tokens compared", f"{t['count']:,}")
 cols[1].metric("Blocked by both", f"{t['both']:,}")
@@ -48,26 +38,15 @@ b1, b2 = st.columns(2)
 for col, (blocked_a, label) in zip((b1, b2), ((True, f"only {rule_a}"), (False, f"only {rule_b}"))):
     if col.button(f"Inspect tokens blocked by {label}", key=f"pv_inspect_{blocked_a}", icon=":material/search:"):
         decisions = ((rule_a, blocked_a), (rule_b, not blocked_a))
-        ui.inspect_tokens(reason=f"tokens blocked by {label}",
-                          query=replace(ctx.query, decisions=decisions))
+        ui.inspect_tokens(reason=f"tokens blocked by {label}", query=replace(ctx.query, decisions=decisions))
 
-ui.chart(plots.confusion_lines(ui.on_tokens(rule_confusion, ctx, rule_a=rule_a, rule_b=rule_b), rule_a, rule_b),
-         "pv_lines", ctx=ctx)
-
-density_rules = (rule_a, rule_b)
-fig1 = plots.figure1(
-    ui.on_tokens(figure1_density, ctx, y="ratio", rules=density_rules),
-    ui.on_tokens(figure1_density, ctx, y="binary_tv", rules=density_rules),
-    rule_boundaries({r: ctx.run.rules.get(r, {}) for r in density_rules}),
-    rule=rule_a,
-    title=f"Ratio and TV against {ctx.anchor_name} (DPPO paper, Figure 1)",
-)
-ui.chart(fig1, "pv_figure1")
-
+ui.chart(plots.confusion_lines(data["per_step"], rule_a, rule_b), "pv_lines", ctx=ctx)
+ui.chart(plots.figure1(data["ratio_density"], data["tv_density"], data["boundaries"], rule=rule_a,
+                       title=f"Ratio and TV against {ctx.anchor_name} (DPPO paper, Figure 1)"), "pv_figure1")
 left, right = st.columns(2)
 with left:
-    ui.chart(plots.blocked_by_bucket_bar(ui.on_tokens(blocked_by_bucket, ctx, rules=density_rules),
-                                         title=f"Blocked fraction by {ctx.anchor_name} bucket"), "pv_bucket")
+    ui.chart(plots.blocked_by_bucket_bar(data["by_bucket"], title=f"Blocked fraction by {ctx.anchor_name} bucket"),
+             "pv_bucket")
 with right:
-    ui.chart(plots.confusion_heatmap(ui.on_tokens(confusion_matrix, ctx)), "pv_matrix")
-ui.chart(plots.blocked_tokens_bar(ui.on_tokens(blocked_by_token, ctx, rules=density_rules, top=15)), "pv_tokens")
+    ui.chart(plots.confusion_heatmap(data["matrix"]), "pv_matrix")
+ui.chart(plots.blocked_tokens_bar(data["by_token"]), "pv_tokens")

@@ -3,6 +3,7 @@
 import polars as pl
 import streamlit as st
 
+import page_data
 import trustlens_ui as ui
 from trustlens.analysis import tokens as tq
 from trustlens.render import colored_tokens_html, legend_html
@@ -11,11 +12,6 @@ from trustlens.schema import blocked_column, column_doc
 # Quantities a response can be coloured by, when the run holds them.
 COLOUR_BY = ("ratio", "binary_tv", "binary_kl", "topk_tv", "topk_kl", "entropy", "advantage",
              "pi_logp", "mu_logp", "old_logp")
-
-
-@st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)
-def matching_samples(path: str, signature: tuple, query: tq.TokenQuery, anchor: str) -> pl.DataFrame:
-    return tq.sample_summary(tq.filter_tokens(ui.tokens_of(ui.run_at(path, signature)), query, anchor=anchor))
 
 
 @st.cache_data(ttl=ui.RUN_TTL, max_entries=64, show_spinner=False)
@@ -63,7 +59,7 @@ if target:
         with st.expander("The tokens this alert lists as its drivers", expanded=True):
             st.dataframe(driving_tokens(*ctx.key, target["alert"]), hide_index=True, height=240)
 
-summary = matching_samples(*ctx.key, query, ctx.anchor)
+summary = page_data.matching_samples(ctx, query)
 picked = (target["step"], target["sample"]) if target.get("sample") is not None else None
 if summary.is_empty() and picked is None:
     st.warning("No token matches these filters.")

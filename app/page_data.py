@@ -1,0 +1,109 @@
+"""The queries behind each page, bundled: a page and the cache warmer ask for exactly the same
+cached results, so that after the first page of a run has loaded, the others open from cache.
+
+The warmer runs the default queries of every page in one background thread per run version and
+filters, after the page being shown has finished (polars releases the GIL while it scans).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import polars as pl
+import streamlit as st
+from streamlit.runtime.scriptrunner import add_script_run_ctx
+
+import trustlens_ui as ui
+from trustlens.analysis import (
+    blocked_by_bucket,
+    blocked_by_token,
+    blocked_per_step,
+    confusion_matrix,
+    figure1_density,
+    mismatch_by_bucket,
+    mismatch_per_step,
+    mismatch_unavailable,
+    rule_boundaries,
+    rule_confusion,
+    step_summary,
+)
+from trustlens.analysis import tokens as tq
+
+_LOG = logging.getLogger(__name__)
+_warmed: set[tuple] = set()  # (path, signature, query) already warmed in this process
+_warming = threading.Lock()  # held while a warmer runs: at most one at a time
+
+
+def overview(ctx: ui.Context) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Per-step summary and blocked fractions (filtered), collapse signals and alerts (whole run)."""
+    return (ui.on_tokens(step_summary, ctx), ui.on_tokens(blocked_per_step, ctx),
+            *ui.signals_and_alerts(*ctx.key))
+
+
+@st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)
+def _matching_samples(path: str, signature: tuple, query: tq.TokenQuery, anchor: str) -> pl.DataFrame:
+    return tq.sample_summary(tq.filter_tokens(ui.tokens_of(ui.run_at(path, signature)), query, anchor=anchor))
+
+
+def matching_samples(ctx: ui.Context, query: tq.TokenQuery) -> pl.DataFrame:
+    """The samples with rows passing `query`, most matching rows first (token inspector)."""
+    return _matching_samples(*ctx.key, query, ctx.anchor)
+
+
+def rule_pair(rules: list[str]) -> tuple[str, str]:
+    """The two rules compared by default: the first ratio rule and the first DPPO rule (else the
+    first two rules). Needs at least two rules."""
+    ratio = [r for r in rules if not r.startswith("dppo")]
+    a = ratio[0] if ratio else rules[0]
+    b = next((r for r in rules if r.startswith("dppo") and r != a), next(r for r in rules if r != a))
+    return a, b
+
+
+def ppo_vs_dppo(ctx: ui.Context, rule_a: str, rule_b: str) -> dict[str, pl.DataFrame]:
+    """Everything the PPO vs DPPO page draws for two rules on the filtered tokens."""
+    pair = (rule_a, rule_b)
+    return {
+        "total": ui.on_tokens(rule_confusion, ctx, rule_a=rule_a, rule_b=rule_b, per_step=False),
+        "per_step": ui.on_tokens(rule_confusion, ctx, rule_a=rule_a, rule_b=rule_b),
+        "ratio_density": ui.on_tokens(figure1_density, ctx, y="ratio", rules=pair),
+        "tv_density": ui.on_tokens(figure1_density, ctx, y="binary_tv", rules=pair),
+        "boundaries": rule_boundaries({r: ctx.run.rules.get(r, {}) for r in pair}),
+        "by_bucket": ui.on_tokens(blocked_by_bucket, ctx, rules=pair),
+        "matrix": ui.on_tokens(confusion_matrix, ctx),
+        "by_token": ui.on_tokens(blocked_by_token, ctx, rules=pair, top=15),
+    }
+
+
+def mismatch(ctx: ui.Context) -> tuple[str | None, pl.DataFrame | None, pl.DataFrame | None]:
+    """(why the mismatch cannot be measured, or None; per step; per μ bucket) on the filtered tokens."""
+    reason = ui.on_tokens(mismatch_unavailable, ctx)
+    if reason is not None:
+        return reason, None, None
+    return None, ui.on_tokens(mismatch_per_step, ctx), ui.on_tokens(mismatch_by_bucket, ctx)
+
+
+def _warm(ctx: ui.Context) -> None:
+    try:
+        overview(ctx)
+        matching_samples(ctx, ctx.query)
+        mismatch(ctx)
+        if len(ctx.rules) >= 2:
+            ppo_vs_dppo(ctx, *rule_pair(ctx.rules))
+    except Exception:  # only a warmer: the page that needs the result reports the error
+        _LOG.debug("warming the dashboard caches failed", exc_info=True)
+    finally:
+        _warming.release()
+
+
+def warm_up(ctx: ui.Context | None) -> None:
+    """Compute every page's default queries for this run and filters in the background, once."""
+    if ctx is None or ctx.tokens is None or st.get_option("global.appTest"):
+        return
+    key = (*ctx.key, ctx.query)
+    if key in _warmed or not _warming.acquire(blocking=False):
+        return
+    _warmed.add(key)
+    thread = threading.Thread(target=_warm, args=(ctx,), name="trustlens-warm-up", daemon=True)
+    add_script_run_ctx(thread)
+    thread.start()
