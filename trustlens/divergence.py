@@ -203,20 +203,20 @@ def _logp_on_ids(
     top = on_ids.amax(-1) / temperature  # (N,) c
     shift = torch.where((top >= _NO_SHIFT[0]) & (top <= _NO_SHIFT[1]), 0.0, top * temperature)
     shift = shift.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)[:, None]  # bad rows are redone
-    plain = logits.dtype == dtype and temperature == 1.0  # exp straight from the logits
-    direct = (shift[:, 0] == 0).tolist() if plain else [False] * n
+    unshifted = (shift[:, 0] == 0).tolist()
     rest = torch.empty(n, dtype=dtype)  # Σ_{j∉ids} exp((x_j − s)/τ)
     scratch = torch.empty(min(n, rows_per_chunk), V, dtype=dtype)
     for first, (chunk,) in _row_chunks(logits):
         last = first + chunk.shape[0]
         z = scratch[: chunk.shape[0]]
-        if all(direct[first:last]):
-            torch.exp(chunk, out=z)
-        else:
-            torch.sub(chunk, shift[first:last], out=z)
-            if temperature != 1.0:
-                z.div_(temperature)
-            z.exp_()
+        src = chunk  # each step below is one pass, taken only when needed
+        if chunk.dtype != dtype:
+            src = z.copy_(chunk)  # upcast (a mixed-dtype sub would be slower)
+        if not all(unshifted[first:last]):
+            src = torch.sub(src, shift[first:last], out=z)
+        if temperature != 1.0:
+            src = torch.div(src, temperature, out=z)
+        torch.exp(src, out=z)
         z.scatter_(-1, ids[first:last], 0.0)
         torch.sum(z, -1, out=rest[first:last])
     # (N, K) sized from here on, in float64. log total = top + log1p(everything else / e^top),
@@ -330,9 +330,11 @@ def exact_divergence(
     for first, (pi, mu) in _row_chunks(pi_logits, mu_logits):
         sl, r = slice(first, first + pi.shape[0]), pi.shape[0]
         for logits, out in ((mu, log_mu[:r]), (pi, log_pi[:r])):
+            if logits.dtype != dtype:
+                logits = work[:r].copy_(logits)  # upcast once, in cache
             if temperature != 1.0:
-                logits = work[:r].copy_(logits).div_(temperature)
-            torch.log_softmax(logits, -1, dtype=dtype, out=out)
+                logits = torch.div(logits, temperature, out=work[:r])
+            torch.log_softmax(logits, -1, out=out)
         ratio = torch.sub(log_mu[:r], log_pi[:r], out=work[:r])
         ratio.nan_to_num_(nan=0.0, posinf=math.inf, neginf=0.0)  # μ = 0 terms: 0·(−inf) = 0
         mu_p, pi_p = log_mu[:r].exp_(), log_pi[:r].exp_()
