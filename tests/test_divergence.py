@@ -295,6 +295,12 @@ def test_topk_from_logits_forces_the_sampled_token():
     assert ids.dtype == torch.long and logp.dtype == torch.float32
 
 
+def test_topk_from_logits_keeps_probabilities_near_one():
+    """π = 1 − 2e^-30: a float32 log-softmax says log π = 0, the record keeps −1.87e-13."""
+    ids, logp = topk_from_logits(torch.tensor([[30.0, 0.0, 0.0]]), torch.tensor([0]), 1)
+    assert float(logp[0, 0]) == pytest.approx(-math.log1p(2 * math.exp(-30)), rel=1e-6)
+
+
 @FEW
 @given(cases)
 def test_topk_from_logits_records_the_top_k(case):

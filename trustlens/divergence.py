@@ -76,6 +76,8 @@ def binary_kl(pi_logp: torch.Tensor, mu_logp: torch.Tensor) -> torch.Tensor:
 
     μ log(μ/π) + (1−μ)(log(1−μ) − log(1−π)), with log(1−p) from `log1mexp`; a bucket with
     μ = 1 exactly contributes 0 (0 log 0 = 0) and the result is clamped at 0 against rounding.
+    pi_logp = 0 exactly means π = 1, so any μ < 1 gives +inf. Note that a float32 log_softmax
+    rounds log π to 0 once π > 1 − 6e-8; log-probs from `topk_from_logits` keep such digits.
     """
     pi_logp, mu_logp = check_logp("pi_logp", pi_logp), check_logp("mu_logp", mu_logp)
     check_same_shape(pi_logp=pi_logp, mu_logp=mu_logp)
