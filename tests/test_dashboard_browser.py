@@ -26,6 +26,8 @@ PAGES = {"": "Overview", "token_inspector": "Token inspector", "ppo_vs_dppo": "P
          "mismatch": "Mismatch", "collapse": "Collapse signals", "compare": "Compare runs"}
 # Sets a flag if any injected markup ever runs; alert() is caught by the dialog handler.
 FLAG_PROMPT = '<img src=x onerror="window.__tl_pwned=1">'
+# The run's folder name is shown on every page (run picker, captions, legends): hostile too.
+RUN_NAME = "<img src=x onerror=window.__tl_pwned=2> run"
 PROMPTS = ("<script>alert(1)</script>", FLAG_PROMPT, "[click](javascript:alert(3))",
            "<svg onload=alert(4)>", "**bold** $x$")
 
@@ -44,7 +46,7 @@ def _free_port() -> int:
 
 
 def _hostile_run(root: Path) -> Path:
-    run = write_synthetic_run(root / "hostile", steps=10, samples_per_step=16, seq_len=24, seed=5,
+    run = write_synthetic_run(root / RUN_NAME, steps=10, samples_per_step=16, seq_len=24, seed=5,
                               collapse_at=6, vocab=HOSTILE_VOCAB + VOCAB[: 80 - len(HOSTILE_VOCAB)])
     for part in sorted((run / "samples").glob("rank=*/part-*.parquet")):
         table = pq.read_table(part)
@@ -99,6 +101,7 @@ def _hostile_text_is_text(page) -> None:
     body = page.inner_text("body")
     assert "<script>alert(1)</script>" in body or "<img src=x onerror=alert(1)>" in body
     assert any(prompt in body for prompt in PROMPTS)
+    assert RUN_NAME in body
     assert page.locator("img[src=x]").count() == 0 and page.locator("svg[onload]").count() == 0
     title = page.locator("span[title]").first.get_attribute("title")
     assert "ratio = " in title and "blocked by:" in title
