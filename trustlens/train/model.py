@@ -66,7 +66,7 @@ def _wrap(tok) -> PreTrainedTokenizerFast:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Size of the policy model (a transformers Llama); the defaults give about 1.3M parameters."""
+    """Size of the policy model (a transformers Llama); the defaults give 1.11M parameters."""
 
     vocab_size: int = len(SPECIAL_TOKENS) + len(WORDS) + MAX_NUMBER + 1  # = len(build_tokenizer())
     hidden_size: int = 128  # residual stream width
@@ -103,9 +103,8 @@ def build_model(cfg: ModelConfig = ModelConfig(), seed: int = 0) -> LlamaForCaus
 
     The input and output embedding rows of the number tokens start as random init plus
     ``number_scale · [cos(2πn/P), sin(2πn/P) for P in number_periods]`` in their first
-    2·len(number_periods) dimensions, n being the token's value: a number line with the
-    periodic structure pretrained LLMs learn for numbers, so the warm-up learns arithmetic in a
-    few hundred steps instead of thousands.
+    2·len(number_periods) dimensions, n being the token's value: a number line with periodic
+    structure, like the one pretrained LLMs learn for numbers, as a head start for the warm-up.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
