@@ -500,3 +500,20 @@ def test_topk_from_logits_bad_input():
         topk_from_logits(logits, torch.tensor([0, 5, 1]), 2)
     with pytest.raises(ValueError, match=r"logits contains NaN .*index \(2, 1\)"):
         topk_from_logits(_with(logits, (2, 1), math.nan), sampled, 2)
+
+
+def test_binary_kl_reads_rounded_pi_one_as_half_epsilon():
+    # log_softmax rounds log π to 0 for a near-certain token; μ just as certain must not give +inf.
+    logits = torch.tensor([[30.0, 0.0, 0.0]])
+    pi_logp = torch.log_softmax(logits, -1)[:, 0]
+    assert float(pi_logp) == 0.0
+    mu = 1 - 1e-7
+    got = float(binary_kl(pi_logp, torch.tensor([math.log(mu)])))
+    half_eps = torch.finfo(torch.float32).eps / 2
+    want = mu * math.log(mu / (1 - half_eps)) + (1 - mu) * math.log((1 - mu) / half_eps)
+    assert got == pytest.approx(want, rel=1e-3)
+    assert got < 1e-5
+    # In float64 the floor is float64's: an exact 0 still reads as a tiny 1 − π.
+    got64 = float(binary_kl(torch.tensor([0.0], dtype=torch.float64), torch.tensor([math.log(0.5)], dtype=torch.float64)))
+    eps64 = torch.finfo(torch.float64).eps / 2
+    assert got64 == pytest.approx(0.5 * math.log(0.5) + 0.5 * math.log(0.5 / eps64), rel=1e-9)

@@ -76,13 +76,17 @@ def binary_kl(pi_logp: torch.Tensor, mu_logp: torch.Tensor) -> torch.Tensor:
 
     μ log(μ/π) + (1−μ)(log(1−μ) − log(1−π)), with log(1−p) from `log1mexp`; a bucket with
     μ = 1 exactly contributes 0 (0 log 0 = 0) and the result is clamped at 0 against rounding.
-    pi_logp = 0 exactly means π = 1, so any μ < 1 gives +inf. Note that a float32 log_softmax
-    rounds log π to 0 once π > 1 − 6e-8; log-probs from `topk_from_logits` keep such digits.
+    A softmax over finite logits never gives π = 1: pi_logp = 0 exactly is a log_softmax that
+    rounded (float32 does so once π > 1 − 6e-8). Such a π is read as 1 − π = ε/2 of the input's
+    dtype (6e-8 for float32), the middle of what the rounding hides, instead of 1 − π = 0, which
+    would make the KL +inf and block every confident token.
     """
+    in_dtype = pi_logp.dtype if isinstance(pi_logp, torch.Tensor) else torch.float32
     pi_logp, mu_logp = check_logp("pi_logp", pi_logp), check_logp("mu_logp", mu_logp)
     check_same_shape(pi_logp=pi_logp, mu_logp=mu_logp)
     mu = torch.exp(mu_logp)
     rest_mu = -torch.expm1(mu_logp)  # 1 − μ, exact near μ = 1
+    pi_logp = torch.where(pi_logp == 0, -torch.finfo(in_dtype).eps / 2, pi_logp)  # log(1 − ε/2)
     rest = rest_mu * (log1mexp(mu_logp) - log1mexp(pi_logp))
     rest = torch.where(rest_mu > 0, rest, torch.zeros_like(rest))
     return (mu * (mu_logp - pi_logp) + rest).clamp(min=0.0)
@@ -206,8 +210,8 @@ def _logp_on_ids(
     shift = torch.where((top >= _NO_SHIFT[0]) & (top <= _NO_SHIFT[1]), 0.0, top * temperature)
     shift = shift.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)[:, None]  # bad rows are redone
     unshifted = (shift[:, 0] == 0).tolist()
-    rest = torch.empty(n, dtype=dtype)  # Σ_{j∉ids} exp((x_j − s)/τ)
-    scratch = torch.empty(min(n, rows_per_chunk), V, dtype=dtype)
+    rest = torch.empty(n, dtype=dtype, device=logits.device)  # Σ_{j∉ids} exp((x_j − s)/τ)
+    scratch = torch.empty(min(n, rows_per_chunk), V, dtype=dtype, device=logits.device)
     for first, (chunk,) in _row_chunks(logits):
         last = first + chunk.shape[0]
         z = scratch[: chunk.shape[0]]
@@ -326,9 +330,11 @@ def exact_divergence(
     check_same_shape(pi_logits=pi_logits, mu_logits=mu_logits)
     dtype = _result_dtype(pi_logits, mu_logits)
     n = math.prod(pi_logits.shape[:-1])
-    tv, kl = torch.empty(n, dtype=dtype), torch.empty(n, dtype=dtype)
+    tv, kl = (torch.empty(n, dtype=dtype, device=pi_logits.device) for _ in range(2))
     rows = min(n, max(1, CHUNK_ELEMENTS // pi_logits.shape[-1]))
-    log_mu, log_pi, work = (torch.empty(rows, pi_logits.shape[-1], dtype=dtype) for _ in range(3))
+    log_mu, log_pi, work = (
+        torch.empty(rows, pi_logits.shape[-1], dtype=dtype, device=pi_logits.device) for _ in range(3)
+    )
     for first, (pi, mu) in _row_chunks(pi_logits, mu_logits):
         sl, r = slice(first, first + pi.shape[0]), pi.shape[0]
         for logits, out in ((mu, log_mu[:r]), (pi, log_pi[:r])):
