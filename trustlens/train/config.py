@@ -36,6 +36,7 @@ class TrainConfig:
     eval_every: int = 10  # evaluate every this many steps (and at the start and the end)
     eval_size: int = 200  # held-out problems in each evaluation (greedy decoding)
     n_operands: int = 3  # numbers per arithmetic problem
+    partial_credit: float = 0.0  # reward share for right scratchpad steps when the answer is wrong
     checkpoint: str | None = None  # warm-start folder; None = the shipped one, "random" = no warm start
     seed: int = 0  # seeds the problems, the sampling and the minibatch order
     threads: int = 1  # torch CPU threads per process

@@ -56,7 +56,8 @@ from trustlens.train.tasks import ArithmeticTask, Problem
 @dataclass
 class TrainResult:
     run_dir: Path | None  # where the run was recorded (None with record=False)
-    eval_accuracy: dict[int, float] = field(default_factory=dict)  # step -> held-out accuracy
+    eval_accuracy: dict[int, float] = field(default_factory=dict)  # step -> held-out greedy accuracy
+    eval_accuracy_sampled: dict[int, float] = field(default_factory=dict)  # step -> sampled at τ
     rewards: list[float] = field(default_factory=list)  # mean training reward per step
     step_times: list[float] = field(default_factory=list)  # seconds per training step
 
@@ -184,16 +185,26 @@ def decode_responses(tokenizer, batch: Rollout) -> list[str]:
 
 
 @torch.no_grad()
-def evaluate_accuracy(engine: RolloutEngine, tokenizer, task: ArithmeticTask, problems: list[Problem], world: World) -> float:
-    """Share of held-out problems answered right with greedy decoding, over all ranks' shares."""
+def evaluate_accuracy(engine: RolloutEngine, tokenizer, task: ArithmeticTask, problems: list[Problem], world: World) -> dict[str, float]:
+    """Share of held-out problems answered right, over all ranks' shares of `problems`:
+
+    eval/accuracy          greedy decoding (the policy's mode)
+    eval/accuracy_sampled  one response per problem sampled at τ, from a fixed seed at every
+                           evaluation (common random numbers, so steps compare with less noise):
+                           the policy's expected held-out accuracy, what RL optimises
+    """
     mine = problems[world.rank :: world.size]
-    correct = torch.zeros(2, dtype=torch.float64)
+    prompts = [tokenizer(p.prompt).input_ids for p in mine]
+    correct = torch.zeros(3, dtype=torch.float64)  # greedy, sampled, problems
     if mine:
-        batch = engine.generate([tokenizer(p.prompt).input_ids for p in mine], greedy=True)
-        rewards = [task.reward(p, r) for p, r in zip(mine, decode_responses(tokenizer, batch))]
-        correct += torch.tensor([sum(r == 1.0 for r in rewards), len(mine)], dtype=torch.float64)
+        greedy = engine.generate(prompts, greedy=True)
+        sampled = engine.generate(prompts, generator=torch.Generator().manual_seed(world.rank))
+        for i, batch in enumerate((greedy, sampled)):
+            correct[i] = sum(task.reward(p, r) == 1.0 for p, r in zip(mine, decode_responses(tokenizer, batch)))
+        correct[2] = len(mine)
     all_reduce_(correct, "sum")
-    return float(correct[0] / correct[1]) if correct[1] else math.nan
+    shares = (correct[:2] / correct[2]).tolist() if correct[2] else [math.nan, math.nan]
+    return {"eval/accuracy": shares[0], "eval/accuracy_sampled": shares[1]}
 
 
 def load_policy(cfg: TrainConfig):
@@ -230,7 +241,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
     engine = RolloutEngine(model, cfg.rollout_config(), eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    task = ArithmeticTask(n_operands=cfg.n_operands)
+    task = ArithmeticTask(n_operands=cfg.n_operands, partial_credit=cfg.partial_credit)
     eval_problems = task.eval_set(cfg.eval_size, seed=0)
     # the active rule with its thresholds, every other rule at its defaults (counterfactual)
     rules = {name: (None, None) for name in RULES} | {cfg.rule: (cfg.low, cfg.high)}
@@ -245,9 +256,10 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
             metrics: dict[str, float] = {}
             if cfg.eval_size and (step % cfg.eval_every == 0 or step == cfg.steps):
                 t = time.perf_counter()
-                acc = evaluate_accuracy(engine, tokenizer, task, eval_problems, world)
-                result.eval_accuracy[step] = acc
-                metrics.update({"eval/accuracy": acc, "time/eval": time.perf_counter() - t})
+                accuracy = evaluate_accuracy(engine, tokenizer, task, eval_problems, world)
+                result.eval_accuracy[step] = accuracy["eval/accuracy"]
+                result.eval_accuracy_sampled[step] = accuracy["eval/accuracy_sampled"]
+                metrics.update({**accuracy, "time/eval": time.perf_counter() - t})
             if step == cfg.steps:  # the last pass only evaluates the final weights
                 _log(recorder, world, step, metrics)
                 break
@@ -355,8 +367,12 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
             result.step_times.append(step_time)
             if bar is not None:
                 bar.update(1)
-                acc = result.eval_accuracy[max(result.eval_accuracy)] if result.eval_accuracy else math.nan
-                bar.set_postfix(reward=f"{logged['reward/mean']:.2f}", acc=f"{acc:.2f}")
+                last = max(result.eval_accuracy, default=None)
+                bar.set_postfix(
+                    reward=f"{logged['reward/mean']:.2f}",
+                    acc=f"{result.eval_accuracy[last]:.2f}" if last is not None else "-",
+                    acc_sampled=f"{result.eval_accuracy_sampled[last]:.2f}" if last is not None else "-",
+                )
     if bar is not None:
         bar.close()
     return result
