@@ -37,7 +37,9 @@ def check_tensor(name: str, t: object, *, finite: bool = True) -> torch.Tensor:
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if finite:
+    # The sum is finite unless an element is NaN/inf (or the sum overflows): one cheap reduction
+    # spares the element-wise scan on the common, clean input.
+    if finite and not bool(torch.isfinite(t.sum(dtype=torch.float64))):
         bad = ~torch.isfinite(t)
         if bool(bad.any()):
             _raise_at(name, "NaN" if bool(torch.isnan(t).any()) else "inf", bad, t.shape, 0)
@@ -110,9 +112,8 @@ def check_logp(name: str, t: object) -> torch.Tensor:
     """Require finite log-probabilities (≤ 0); return them upcast and clamped to ≤ 0."""
     t = check_tensor(name, t)
     t = upcast(t)
-    pos = t > LOGP_TOLERANCE
-    if bool(pos.any()):
-        idx = _first_index(pos)
+    if t.numel() and float(t.max()) > LOGP_TOLERANCE:
+        idx = _first_index(t > LOGP_TOLERANCE)
         raise ValueError(
             f"{name} holds positive log-probabilities (e.g. {float(t[idx]):.6g} at index {idx}); "
             "pass log-probabilities, not probabilities or logits"
