@@ -96,7 +96,7 @@ sweep.select("rule", "scale", "low", "high", "blocked_frac", "blocked_frac_pos",
 fig = plots.overlay_runs({rule: part for (rule,), part in sweep.group_by("rule", maintain_order=True)},
                          ["blocked_frac_pos", "blocked_frac_neg"], x="scale",
                          title="Blocked fraction as the thresholds scale")
-fig.update_xaxes(type="log").show()
+fig.update_xaxes(type="log", tickvals=sweep["scale"].unique().sort().to_list()).show()
 
 # %% [markdown]
 # Where in μ each threshold bites: PPO at ε/2, ε and 2ε (left), DPPO's binary TV at δ/2, δ and 2δ
