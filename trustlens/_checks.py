@@ -112,7 +112,7 @@ def check_logp(name: str, t: object) -> torch.Tensor:
     """Require finite log-probabilities (≤ 0); return them upcast and clamped to ≤ 0."""
     t = check_tensor(name, t)
     t = upcast(t)
-    if t.numel() and float(t.max()) > LOGP_TOLERANCE:
+    if t.numel() and float(t.detach().max()) > LOGP_TOLERANCE:
         idx = _first_index(t > LOGP_TOLERANCE)
         raise ValueError(
             f"{name} holds positive log-probabilities (e.g. {float(t[idx]):.6g} at index {idx}); "
