@@ -35,9 +35,10 @@ print(f"run {run.name!r}: trained with {run.active_rule}, {summary['tokens'].sum
 # ## Where in μ the clip bites
 #
 # The fraction of tokens each rule blocks, by the probability μ the rollout engine gave the
-# sampled token. Expect PPO's bars to grow as μ falls (a small μ turns any move into a large
-# ratio), while the divergence rules block almost nothing there and act, if at all, on likely
-# tokens, where a change of probability is a large move of the distribution.
+# sampled token. Expect PPO's blocked fraction to be many times higher in the tail (μ below 0.1)
+# than among likely tokens — a small μ turns any move into a large ratio — while the divergence
+# rules block almost nothing in the tail and act, if at all, on likely tokens, where a change of
+# probability is a large move of the distribution.
 
 # %%
 compared = ["ppo", "ppo_clip_higher", "dppo_binary_tv", "dppo_binary_kl"]
@@ -55,8 +56,10 @@ blocked_anchor_quantiles(tokens, compared)
 # ## The tokens PPO blocks most
 #
 # The token texts with the most PPO-blocked updates, with the median μ of all their occurrences
-# and of the blocked ones. In a reasoning task these are the numbers and the connecting words
-# where the model is choosing between paths — the tokens RL most needs to move.
+# and of the blocked ones. In the paper's math reasoning runs these are numbers and words such
+# as "Wait" and "Thus"; in the arithmetic task of the built-in run they are the numbers of the
+# intermediate results. Either way they are the tokens where the model chooses its path, the
+# ones RL most needs to move. (Token text is the model's: tables show it as plain text.)
 
 # %%
 blocked_token_anchor(tokens, "ppo", top=15)

@@ -29,9 +29,9 @@ print(f"run {run.name!r}, trained with {run.active_rule}; comparing {', '.join(b
 # %% [markdown]
 # ## How much each rule blocks, step by step
 #
-# PPO-style rules (ratio against μ or π_old) block a steady share of the tokens from the first
-# update on; the divergence rules block far fewer, only tokens whose probability moved by more
-# than δ.
+# The ratio rules (against μ, or π_old for `minirl` and `grpo_tis`) block a steady share of the
+# tokens; the divergence rules block fewer, only tokens whose probability moved by more than δ
+# (or a KL bound) in the direction their advantage asks for.
 
 # %%
 plots.blocked_per_step_lines(A.blocked_per_step(tokens, blocking)).show()
@@ -85,8 +85,8 @@ pl.concat([
 #
 # Every rule re-evaluated with its thresholds scaled from ¼ to 4 times the run's (ε = 0.2 for
 # PPO, δ = 0.15 for binary TV, 0.05 nats for binary KL at scale 1), for tokens with A > 0 (the
-# `high` side) and A ≤ 0 (the `low` side). Scale 1 reproduces the recorded decisions. PPO still
-# blocks a large share at 4ε; the divergence rules fall to almost nothing well before that.
+# `high` side) and A ≤ 0 (the `low` side). Scale 1 reproduces the recorded decisions. Every mask
+# shrinks as its thresholds grow; what the next figures show is *where* each one shrinks.
 
 # %%
 sweep = threshold_sweep(tokens, ["ppo", "dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv"], base=run.rules)
