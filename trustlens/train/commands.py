@@ -47,7 +47,7 @@ _CONFIG_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("logit_noise", float, "std of Gaussian noise on the rollout engine's logits"),
     ("eval_every", int, "evaluate held-out accuracy every this many steps"),
     ("eval_size", int, "held-out problems per evaluation (0 = no evaluation)"),
-    ("n_operands", int, "numbers per arithmetic problem"),
+    ("partial_credit", float, "reward share for right scratchpad steps when the final answer is wrong"),
     ("checkpoint", str, "warm-start checkpoint folder; 'random' starts from a random model"),
     ("threads", int, "torch CPU threads per process"),
     ("sample_every", int, "record prompts and responses every this many steps"),

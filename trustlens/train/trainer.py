@@ -216,6 +216,12 @@ def load_policy(cfg: TrainConfig):
     return load_checkpoint(cfg.checkpoint)
 
 
+def task_of(meta: dict, cfg: TrainConfig) -> ArithmeticTask:
+    """The task the warm start was trained on (its meta.json), with the run's partial credit."""
+    trained_on = meta.get("config", {}).get("task", {})
+    return ArithmeticTask(**{**trained_on, "partial_credit": cfg.partial_credit})
+
+
 def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict):
     """The run's TokenRecorder, or a NullRecorder when nothing is to be written."""
     if not cfg.record or run_dir is None:
@@ -236,12 +242,12 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
     run_dir = Path(run_dir) if run_dir is not None and cfg.record else None
     rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + world.rank)
 
-    model, tokenizer, _ = load_policy(cfg)
+    model, tokenizer, meta = load_policy(cfg)
     model.train()
     engine = RolloutEngine(model, cfg.rollout_config(), eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    task = ArithmeticTask(n_operands=cfg.n_operands, partial_credit=cfg.partial_credit)
+    task = task_of(meta, cfg)
     eval_problems = task.eval_set(cfg.eval_size, seed=0)
     # the active rule with its thresholds, every other rule at its defaults (counterfactual)
     rules = {name: (None, None) for name in RULES} | {cfg.rule: (cfg.low, cfg.high)}
