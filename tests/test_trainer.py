@@ -96,6 +96,7 @@ def test_log_in_one_process_is_the_identity():
 
     out = _log(Sink(), World(0, 1), 3, {"x": 1.5, "y_max": 2.0, "z": math.nan})
     assert logged[3] == out and out["x"] == 1.5 and out["y_max"] == 2.0 and math.isnan(out["z"])
+    assert _log(Sink(), World(0, 1), 4, {}) == {} and 4 not in logged
 
 
 def test_config_presets_and_validation():

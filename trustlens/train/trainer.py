@@ -390,6 +390,8 @@ def _log(recorder, world: World, step: int, metrics: dict[str, float]) -> dict[s
     `*_max` metrics take the maximum over ranks, the others the mean of the ranks' finite values
     (NaN, e.g. a blocked share with no A > 0 token, counts as no value).
     """
+    if not metrics:
+        return {}
     names = sorted(metrics)
     values = torch.tensor([metrics[n] for n in names], dtype=torch.float64)
     finite = torch.isfinite(values)
