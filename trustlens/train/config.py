@@ -81,8 +81,9 @@ PRESETS: dict[str, dict] = {
     "default": {},
     # seconds: a smoke test of the whole pipeline
     "quick": dict(steps=3, prompts_per_step=4, group_size=4, minibatches=2, eval_every=3, eval_size=16),
-    # the shipped sample run (data/sample_run): short, small files, a larger step so rules block
-    "sample": dict(steps=30, prompts_per_step=8, lr=1e-4, eval_every=10, eval_size=100),
+    # the shipped sample run (data/sample_run): small files; π moves far enough from μ in a step
+    # for the rules to block and disagree (and for pg_is to start collapsing)
+    "sample": dict(steps=40, prompts_per_step=8, minibatches=8, lr=1e-4, eval_every=10, eval_size=100),
     # a noisier inference engine: larger training–inference mismatch
     "mismatch": dict(logit_noise=0.5),
     # more updates per rollout batch and a larger step: π drifts far from μ, rules disagree most
