@@ -118,6 +118,14 @@ def test_demo_without_dashboard_prints_how_to_inspect(capsys, tmp_path):
     assert trustlens.load_run(tmp_path / "demo").manifest["status"] == "finished"
 
 
+def test_demo_replaces_its_own_earlier_run(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        code, out, _ = run_cli(capsys, "demo", *QUICK, "--steps", "1", "--no-dashboard")
+        assert code == 0 and "runs/demo" in out
+    assert trustlens.load_run(tmp_path / "runs" / "demo").manifest["status"] == "finished"
+
+
 def test_torchrun_two_processes_record_disjoint_shards(tmp_path):
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import time
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -72,7 +71,7 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         parser.set_defaults(func=_compare)
     elif name == "demo":
         parser.add_argument("--rule", default="dppo_binary_tv", help=RULE_HELP)
-        parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/demo-<time>)")
+        parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/demo, replacing an earlier demo run)")
         parser.add_argument("--port", type=int, default=8501, help="port of the dashboard [8501]")
         parser.add_argument("--no-dashboard", action="store_true", help="only train; print how to inspect the run")
         parser.set_defaults(func=_demo)
@@ -226,9 +225,9 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     cfg = _config(args, rule=args.rule)
-    out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    out = args.out or Path("runs") / "demo"
     try:
-        run_one(cfg, out, overwrite=args.overwrite, quiet=args.quiet)
+        run_one(cfg, out, overwrite=args.overwrite or args.out is None, quiet=args.quiet)
     finally:
         _finish()
     if not _is_main():
