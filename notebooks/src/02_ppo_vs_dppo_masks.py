@@ -55,7 +55,9 @@ plots.confusion_lines(A.rule_confusion(tokens, "ppo", "dppo_binary_tv"), "ppo", 
 # ## On which tokens they disagree
 #
 # The tokens only PPO blocks, with where they sit in μ — expect rare ones (small `mu_median`) —
-# and the tokens only DPPO blocks, which should be likely ones whose probability moved a lot.
+# and the tokens only DPPO blocks, likely ones whose probability moved a lot while the ratio
+# stayed within 1 ± ε. On a short run the second list can be short or empty: a likely token must
+# fall by more than δ yet keep π/μ above 1 − ε, which needs μ > δ/ε (0.75 at the defaults).
 
 # %%
 only_ppo = filter_tokens(tokens, TokenQuery(decisions=(("ppo", True), ("dppo_binary_tv", False))))

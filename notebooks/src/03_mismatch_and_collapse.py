@@ -40,8 +40,9 @@ plots.overlay_runs(signals, ["reward", "entropy"], title="Reward and entropy per
 #
 # Training-inference mismatch between μ and π_old per step (K3 estimate of KL(μ ‖ π_old) and the
 # mean |π_old − μ| over sampled tokens, named as verl names them). The paper finds the run
-# without a trust region drifting upward while the DPPO run stays flat; over a short run the gap
-# can be small, so compare the trends, not single steps.
+# without a trust region drifting upward while the DPPO run stays flat. In the shipped sample the
+# pg_is run does so over its last steps, as its entropy surges and its reward falls (above);
+# compare trends, not single steps.
 
 # %%
 mismatch = {name: A.mismatch_per_step(run.tokens) for name, run in runs.items()}
@@ -90,48 +91,29 @@ pl.concat([a.select(pl.lit(name).alias("run"), "kind", "severity") for name, a i
     "severity", index=["run", "kind"], values="kind", aggregate_function="len").sort("run", "kind")
 
 # %% [markdown]
-# ## A run that collapses
-#
-# A short sample run rarely collapses, so to see the detectors at work this section uses a
-# **synthetic** run (`trustlens.synthetic`) in the same format with a collapse injected from step
-# 18: the rollout engine and the trainer drift apart, entropy falls, the reward drops and the
-# gradient norm spikes. Its signals, each alert marked on the panel of the signal it watched
-# (hover a marker for its message):
+# The signals of the run with the most critical alerts, each alert marked on the panel of the
+# signal it watched (hover a marker for its message), and its alerts in full.
 
 # %%
-import tempfile
-from pathlib import Path
-
-from trustlens import load_run
-from trustlens.synthetic import write_synthetic_run
-
-collapsing = load_run(write_synthetic_run(
-    Path(tempfile.mkdtemp(prefix="trustlens-collapse-")) / "pg_is_synthetic", steps=30, samples_per_step=64,
-    seq_len=48, updates=2, collapse_at=18, seed=7, active_rule="pg_is",
-    rules=["ppo", "minirl", "dppo_binary_tv", "dppo_binary_kl", "pg_is"]))
-collapse_signals = A.step_signals(collapsing)
-collapse_alerts = A.detect_collapse(collapsing, signals=collapse_signals)
-plots.collapse_timeline(collapse_signals, collapse_alerts, title="Collapse signals of a synthetic collapsing run").show()
-collapse_alerts.select("step", "end_step", "kind", "severity", "message")
+worst = max(alerts, key=lambda name: (alerts[name]["severity"] == "critical").sum())
+plots.collapse_timeline(signals[worst], alerts[worst], title=f"Collapse signals of {worst}").show()
+alerts[worst].select("step", "end_step", "kind", "severity", "message")
 
 # %% [markdown]
-# Its over-updates by the sign of the advantage: from the collapse on, the tokens pushed down
-# beyond the trust region (A < 0) outnumber those pushed up.
+# The tokens behind that run's first critical alert (its first alert when none is critical): the
+# rows the detector ranked as the most extreme at the alert's first step, ready to be looked up
+# in the dashboard's token inspector.
 
 # %%
-plots.overlay_runs({"synthetic collapse": over_updates_per_step(collapsing.tokens)},
-                   ["over_frac_neg", "over_frac_pos"], title="Over-updates in the collapsing run").show()
-
-# %% [markdown]
-# The tokens behind the first critical alert: the rows the detector ranked as the most extreme at
-# the alert's first step, ready to be looked up in the dashboard's token inspector.
-
-# %%
-alert = collapse_alerts.sort(pl.col("severity") != "critical", "step").row(0, named=True)
-print(alert["message"])
-alert_tokens(collapsing.tokens, alert).select(
-    "sample", "pos", "token", pl.col("mu_logp").exp().alias("mu"), pl.col("old_logp").exp().alias("pi_old"),
-    pl.col("pi_logp").exp().alias("pi"), "advantage", "entropy", "blocked_dppo_binary_tv")
+ranked = alerts[worst].sort(pl.col("severity") != "critical", "step")
+if ranked.is_empty():
+    print(f"{worst} raised no alert")
+else:
+    alert = ranked.row(0, named=True)
+    print(alert["message"])
+    display(alert_tokens(runs[worst].tokens, alert).select(
+        "sample", "pos", "token", pl.col("mu_logp").exp().alias("mu"), pl.col("old_logp").exp().alias("pi_old"),
+        pl.col("pi_logp").exp().alias("pi"), "advantage", "entropy", "blocked_dppo_binary_tv"))
 
 # %% [markdown]
 # **What to take away.** Read the runs together: the mismatch curves say whether the rollout
