@@ -111,7 +111,8 @@ by_bucket = threshold_sweep(tokens, ["ppo", "dppo_binary_tv"], scales=(0.5, 1.0,
 for rule, symbol in (("ppo", "ε"), ("dppo_binary_tv", "δ")):
     part = by_bucket.filter(pl.col("rule") == rule).with_columns(
         pl.format("{} at {}×{}", "rule", "scale", pl.lit(symbol)).alias("rule"))
-    plots.blocked_by_bucket_bar(part, title=f"{rule}: blocked fraction by μ bucket as {symbol} scales").show()
+    fig = plots.blocked_by_bucket_bar(part, title=f"{rule}: blocked fraction by μ bucket as {symbol} scales")
+    fig.update_yaxes(tickformat=".1%").show()
 
 # %% [markdown]
 # **What to take away.** The ratio clip and the divergence masks are not stricter or looser
