@@ -288,14 +288,20 @@ def test_launch_rejects_bad_arguments(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_wheel_carries_the_app(tmp_path):
+def test_wheel_carries_the_app_and_the_shipped_data(tmp_path):
     root = APP.parent
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     str(root), "-w", str(tmp_path)], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("trustlens-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     expected = {f"share/trustlens/app/{p.relative_to(APP).as_posix()}" for p in APP.rglob("*.py")}
-    installed = {n.split(".data/data/", 1)[1] for n in names if ".data/data/share/trustlens/app/" in n}
+    data = root / "data"
+    expected |= {
+        f"share/trustlens/data/{p.relative_to(data).as_posix()}"
+        for p in data.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(data).parts)
+    }
+    installed = {n.split(".data/data/", 1)[1] for n in names if ".data/data/share/trustlens/" in n}
     assert expected == installed
 
 
