@@ -28,8 +28,8 @@ RULE_HELP = (
 _CONFIG_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("steps", int, "training steps; each is one rollout batch"),
     ("seed", int, "seed of the problems, the sampling and the minibatch order"),
-    ("low", float, "the rule's threshold when A ≤ 0 (default: the rule's own)"),
-    ("high", float, "the rule's threshold when A > 0 (default: the rule's own)"),
+    ("low", float, "the rule's threshold when A ≤ 0"),
+    ("high", float, "the rule's threshold when A > 0"),
     ("prompts_per_step", int, "problems per step, over all ranks"),
     ("group_size", int, "responses sampled per problem (GRPO group size G)"),
     ("minibatches", int, "optimizer updates per pass over a rollout batch"),
@@ -97,7 +97,9 @@ def _add_config_flags(parser: argparse.ArgumentParser, skip: set[str]) -> None:
         if name in skip:
             continue
         flag = "--" + name.replace("_", "-")
-        group.add_argument(flag, dest=name, type=kind, default=None, help=f"{text} [{defaults[name].default}]")
+        default = defaults[name].default
+        shown = "the shipped data/warmstart" if name == "checkpoint" else "the rule's own" if default is None else default
+        group.add_argument(flag, dest=name, type=kind, default=None, help=f"{text} [{shown}]")
     group.add_argument(
         "--no-scale-advantages", dest="scale_advantages", action="store_const", const=False, default=None,
         help="advantages r − mean(r) without dividing by the group std (Dr. GRPO)",
