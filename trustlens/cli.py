@@ -29,7 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported to add its flags (None: every command's)."""
     parser = argparse.ArgumentParser(
         prog="trustlens",
         description="Token-level diagnostics of the trust region in LLM RL fine-tuning.",
@@ -38,12 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(module).configure(name, p)
+        if command is None or name == command:
+            importlib.import_module(module).configure(name, p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    # The first word naming a command picks the one module to import: `trustlens --help` and
+    # `trustlens train ...` never pay for the other commands' imports.
+    command = next((a for a in argv if a in COMMANDS), "")
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         parser.print_help()
