@@ -39,7 +39,7 @@ def check_tensor(name: str, t: object, *, finite: bool = True) -> torch.Tensor:
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
     # The sum is finite unless an element is NaN/inf (or the sum overflows): one cheap reduction
     # spares the element-wise scan on the common, clean input.
-    if finite and not bool(torch.isfinite(t.sum(dtype=torch.float64))):
+    if finite and not bool(torch.isfinite(t.sum(dtype=t.dtype if t.dtype == torch.float64 else torch.float32))):
         bad = ~torch.isfinite(t)
         if bool(bad.any()):
             _raise_at(name, "NaN" if bool(torch.isnan(t).any()) else "inf", bad, t.shape, 0)
@@ -112,13 +112,14 @@ def check_logp(name: str, t: object) -> torch.Tensor:
     """Require finite log-probabilities (≤ 0); return them upcast and clamped to ≤ 0."""
     t = check_tensor(name, t)
     t = upcast(t)
-    if t.numel() and float(t.detach().max()) > LOGP_TOLERANCE:
+    top = float(t.detach().max()) if t.numel() else 0.0
+    if top > LOGP_TOLERANCE:
         idx = _first_index(t > LOGP_TOLERANCE)
         raise ValueError(
             f"{name} holds positive log-probabilities (e.g. {float(t[idx]):.6g} at index {idx}); "
             "pass log-probabilities, not probabilities or logits"
         )
-    return t.clamp(max=0.0)
+    return t.clamp(max=0.0) if top > 0 else t  # the clamp pass only where rounding went above 0
 
 
 def check_same_shape(**tensors: torch.Tensor | None) -> None:
