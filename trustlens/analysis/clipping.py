@@ -31,6 +31,7 @@ from trustlens.analysis.buckets import (
     collect,
     long_by_rule,
 )
+from trustlens.analysis.tokens import ADVANTAGE_SIGNS
 from trustlens.schema import blocked_column
 
 Rules = str | Sequence[str] | None
@@ -87,9 +88,6 @@ def blocked_by_bucket(tokens: pl.LazyFrame, rules: Rules = None, *, min_p: float
     return long_by_rule(wide, ["bucket", "p_lo", "p_hi", "label"], rules)
 
 
-ADVANTAGE_SIGN_ORDER = ("positive", "negative", "zero")
-
-
 def blocked_by_advantage_sign(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
     """Per advantage sign (positive A > 0, negative A < 0, zero A = 0) and rule: sign, rule,
     count, blocked, blocked_frac. Rows with a null advantage are left out."""
@@ -99,7 +97,7 @@ def blocked_by_advantage_sign(tokens: pl.LazyFrame, rules: Rules = None) -> pl.D
     wide = collect(
         tokens.filter(adv.is_not_null()).group_by(sign.alias("sign")).agg(blocked_aggs(rules))
     )
-    signs = pl.DataFrame({"sign": list(ADVANTAGE_SIGN_ORDER)})
+    signs = pl.DataFrame({"sign": list(ADVANTAGE_SIGNS)})
     wide = signs.join(wide, on="sign", how="left", maintain_order="left")
     wide = wide.with_columns(pl.col(f"n_{r}").fill_null(0) for r in rules)
     return long_by_rule(wide, ["sign"], rules)
@@ -282,7 +280,6 @@ def rule_boundaries(rules: Mapping[str, Mapping[str, float | None]] | Sequence[s
 
 
 __all__ = [
-    "ADVANTAGE_SIGN_ORDER",
     "blocked_by_advantage_sign",
     "blocked_by_bucket",
     "blocked_by_token",
