@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trustlens._checks import check_logp, check_mask
+from trustlens._checks import check_mask, upcast
 from trustlens.rules import Rule, TokenInputs, get_rule
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum-norm")
@@ -98,17 +98,17 @@ def policy_loss(
         or clip_ratio_c <= 1
     ):
         raise ValueError(f"clip_ratio_c must be a finite number > 1, got {clip_ratio_c!r}")
-    pi = check_logp("pi_logp", pi_logp)
-    if pi.dim() != 2:
-        raise ValueError(f"pi_logp must have shape (B, T), got {tuple(pi.shape)}")
-    x = TokenInputs(
-        pi_logp=pi,
+    if isinstance(pi_logp, torch.Tensor) and pi_logp.dim() != 2:
+        raise ValueError(f"pi_logp must have shape (B, T), got {tuple(pi_logp.shape)}")
+    x = TokenInputs(  # checks every input once
+        pi_logp=pi_logp,
         mu_logp=mu_logp,
         advantages=advantages,
         old_logp=old_logp,
         topk_tv=topk_tv,
         topk_kl=topk_kl,
     )
+    pi = upcast(pi_logp).clamp(max=0.0)  # the differentiable log π, its values checked above
     mask = check_mask("response_mask", response_mask, pi)
     blocked = x.blocked(rule) & mask
     weight = _weight(rule, x, clip_ratio_c)
