@@ -12,9 +12,9 @@ import threading
 
 import polars as pl
 import streamlit as st
+import trustlens_ui as ui
 from streamlit.runtime.scriptrunner import add_script_run_ctx
 
-import trustlens_ui as ui
 from trustlens.analysis import (
     blocked_by_bucket,
     blocked_by_token,
@@ -37,8 +37,7 @@ _warming = threading.Lock()  # held while a warmer runs: at most one at a time
 
 def overview(ctx: ui.Context) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """Per-step summary and blocked fractions (filtered), collapse signals and alerts (whole run)."""
-    return (ui.on_tokens(step_summary, ctx), ui.on_tokens(blocked_per_step, ctx),
-            *ui.signals_and_alerts(*ctx.key))
+    return (ui.on_tokens(step_summary, ctx), ui.on_tokens(blocked_per_step, ctx), *ui.signals_and_alerts(*ctx.key))
 
 
 @st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)

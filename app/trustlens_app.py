@@ -4,11 +4,10 @@ The sidebar (run picker and filters) is drawn here, once, so that every page sha
 page reads the resulting Context from session state.
 """
 
+import page_data
 import polars as pl
 import pyarrow as pa
 import streamlit as st
-
-import page_data
 import trustlens_ui as ui
 
 st.set_page_config(page_title="trustlens", page_icon=":material/troubleshoot:", layout="wide")

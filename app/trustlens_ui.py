@@ -118,8 +118,7 @@ def run_shape(path: str, signature: tuple) -> tuple[str, tuple[int, int] | None]
 
 
 @st.cache_data(ttl=RUN_TTL, max_entries=256, show_spinner=False)
-def _on_tokens(name: str, path: str, signature: tuple, query: tq.TokenQuery | None, anchor: str,
-               kwargs: tuple):
+def _on_tokens(name: str, path: str, signature: tuple, query: tq.TokenQuery | None, anchor: str, kwargs: tuple):
     module, func = name.rsplit(".", 1)
     fn = getattr(importlib.import_module(module), func)
     tokens = tokens_of(run_at(path, signature))
@@ -128,12 +127,11 @@ def _on_tokens(name: str, path: str, signature: tuple, query: tq.TokenQuery | No
     return fn(tokens, **dict(kwargs))
 
 
-def on_tokens(fn, ctx: "Context", *, filtered: bool = True, **kwargs):
+def on_tokens(fn, ctx: Context, *, filtered: bool = True, **kwargs):
     """`fn(tokens, **kwargs)` for an analysis query `fn`, on the run's token rows (those passing
     the sidebar filters unless `filtered` is False), cached per run version, filters and kwargs."""
     query = ctx.query if filtered and ctx.query != tq.TokenQuery() else None
-    return _on_tokens(f"{fn.__module__}.{fn.__qualname__}", *ctx.key, query, ctx.anchor,
-                      tuple(sorted(kwargs.items())))
+    return _on_tokens(f"{fn.__module__}.{fn.__qualname__}", *ctx.key, query, ctx.anchor, tuple(sorted(kwargs.items())))
 
 
 @st.cache_data(ttl=RUN_TTL, max_entries=32, show_spinner=False)
@@ -221,23 +219,47 @@ def _filters(ctx: Context) -> tq.TokenQuery:
     else:
         sb.caption(f"Step {lo} (the only step so far)")
         steps = (lo, hi)
-    rule = sb.selectbox("Rule", [None, *ctx.rules], format_func=lambda r: "any" if r is None else r,
-                        key="tl_rule", help="Keep tokens by this rule's decision")
+    rule = sb.selectbox(
+        "Rule",
+        [None, *ctx.rules],
+        format_func=lambda r: "any" if r is None else r,
+        key="tl_rule",
+        help="Keep tokens by this rule's decision",
+    )
     if rule is not None:
-        blocked = sb.radio("Decision", [True, False], horizontal=True, key="tl_blocked",
-                           format_func=lambda b: "blocked" if b else "not blocked")
+        blocked = sb.radio(
+            "Decision",
+            [True, False],
+            horizontal=True,
+            key="tl_blocked",
+            format_func=lambda b: "blocked" if b else "not blocked",
+        )
     buckets = {(r["p_lo"], r["p_hi"]): r["label"] for r in bucket_table().iter_rows(named=True)}
-    bucket = sb.selectbox(f"{ctx.anchor_name} probability", [None, *buckets], key="tl_bucket",
-                          format_func=lambda b: "any" if b is None else buckets[b],
-                          help="Probability the anchor policy gave the sampled token (log-spaced buckets)")
-    sign = sb.selectbox("Advantage", [None, *tq.ADVANTAGE_SIGNS], key="tl_sign",
-                        format_func=lambda s: "any sign" if s is None else s)
-    text = sb.text_input("Token text contains", key="tl_text", max_chars=200,
-                         help="Literal, case-insensitive search in the decoded token text")
+    bucket = sb.selectbox(
+        f"{ctx.anchor_name} probability",
+        [None, *buckets],
+        key="tl_bucket",
+        format_func=lambda b: "any" if b is None else buckets[b],
+        help="Probability the anchor policy gave the sampled token (log-spaced buckets)",
+    )
+    sign = sb.selectbox(
+        "Advantage", [None, *tq.ADVANTAGE_SIGNS], key="tl_sign", format_func=lambda s: "any sign" if s is None else s
+    )
+    text = sb.text_input(
+        "Token text contains",
+        key="tl_text",
+        max_chars=200,
+        help="Literal, case-insensitive search in the decoded token text",
+    )
     decisions = ((rule, blocked),) if rule is not None else ()
     # the whole run is no step filter: queries then share their cache with unfiltered ones
-    return tq.TokenQuery(steps=None if steps == (lo, hi) else steps, decisions=decisions, anchor_prob=bucket,
-                         advantage_sign=sign, text=text or None)
+    return tq.TokenQuery(
+        steps=None if steps == (lo, hi) else steps,
+        decisions=decisions,
+        anchor_prob=bucket,
+        advantage_sign=sign,
+        text=text or None,
+    )
 
 
 def _keep_valid(key: str, valid) -> None:
@@ -255,8 +277,10 @@ def header(title: str, ctx: Context) -> None:
     if status == "running":
         st.info("This run is still being written: use **Reload runs** in the sidebar to see new steps.")
     if ctx.anchor == "old_logp":
-        st.info("μ (the rollout policy) was not recorded in this run: the anchor is π_old, "
-                "so ratios, divergences and buckets compare π with π_old.")
+        st.info(
+            "μ (the rollout policy) was not recorded in this run: the anchor is π_old, "
+            "so ratios, divergences and buckets compare π with π_old."
+        )
 
 
 def need_tokens(ctx: Context | None) -> Context:
@@ -271,6 +295,7 @@ def need_tokens(ctx: Context | None) -> Context:
 
 def download_buttons(rows: pl.LazyFrame, name: str, key: str) -> None:
     """CSV and Parquet download buttons for `rows` (at most MAX_DOWNLOAD_ROWS), built on click."""
+
     def frame() -> pl.DataFrame:
         return rows.head(MAX_DOWNLOAD_ROWS).collect()
 
@@ -282,11 +307,24 @@ def download_buttons(rows: pl.LazyFrame, name: str, key: str) -> None:
         frame().write_parquet(buf)
         return buf.getvalue()
 
-    st.download_button("Download CSV", csv, file_name=f"{name}.csv", mime="text/csv",
-                       key=f"{key}_csv", on_click="ignore", icon=":material/download:")
-    st.download_button("Download Parquet", parquet, file_name=f"{name}.parquet",
-                       mime="application/vnd.apache.parquet", key=f"{key}_parquet",
-                       on_click="ignore", icon=":material/download:")
+    st.download_button(
+        "Download CSV",
+        csv,
+        file_name=f"{name}.csv",
+        mime="text/csv",
+        key=f"{key}_csv",
+        on_click="ignore",
+        icon=":material/download:",
+    )
+    st.download_button(
+        "Download Parquet",
+        parquet,
+        file_name=f"{name}.parquet",
+        mime="application/vnd.apache.parquet",
+        key=f"{key}_parquet",
+        on_click="ignore",
+        icon=":material/download:",
+    )
     st.caption(f"Downloads hold the filtered rows (at most {MAX_DOWNLOAD_ROWS:,}).")
 
 
@@ -318,8 +356,13 @@ def alert_list(ctx: Context, alerts: pl.DataFrame, *, limit: int = 20, key: str 
             left.markdown(f"{icon} **{md(alert['severity'])}** · {md(alert['kind'])} · {md(alert['message'])}")
             if right.button("Inspect tokens", key=f"{key}_{i}", icon=":material/search:"):
                 samples = alert["samples"] or []
-                inspect_tokens(reason=f"alert: {alert['message']}", query=tq.alert_query(alert),
-                               alert=alert, step=alert["step"], sample=samples[0] if samples else None)
+                inspect_tokens(
+                    reason=f"alert: {alert['message']}",
+                    query=tq.alert_query(alert),
+                    alert=alert,
+                    step=alert["step"],
+                    sample=samples[0] if samples else None,
+                )
     if shown.height > limit:
         st.caption(f"{shown.height - limit} more alerts: see Collapse signals.")
 

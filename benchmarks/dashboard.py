@@ -26,10 +26,23 @@ from trustlens import dashboard
 from trustlens.synthetic import expected_token_rows, write_synthetic_run
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
-PAGES = {"": "Overview", "token_inspector": "Token inspector", "ppo_vs_dppo": "PPO vs DPPO",
-         "mismatch": "Mismatch", "collapse": "Collapse signals", "compare": "Compare runs"}
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+PAGES = {
+    "": "Overview",
+    "token_inspector": "Token inspector",
+    "ppo_vs_dppo": "PPO vs DPPO",
+    "mismatch": "Mismatch",
+    "collapse": "Collapse signals",
+    "compare": "Compare runs",
+}
 SEARCH = "answer"  # a token-text search typed into the sidebar of the token inspector
 Timing = tuple[float, float]  # (browser wall seconds, server CPU seconds)
 
@@ -56,8 +69,7 @@ def _cpu_seconds(pid: int) -> float:
 
 def _settle(page, title: str) -> None:
     page.get_by_role("heading", name=title).first.wait_for(timeout=600_000)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')",
-                           timeout=600_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=600_000)
 
 
 def _rerun(page, action) -> None:
@@ -107,17 +119,22 @@ def measure(run: Path) -> tuple[dict[str, tuple[Timing, Timing]], float]:
             # the background, which the user's first look at the overview gives time to finish
             first = {"": _timed(lambda: page.goto(url), page, PAGES[""], proc.pid)}
             warm_up = _wait_idle(proc.pid)
-            first |= {path: _timed(lambda: page.goto(f"{url}/{path}"), page, title, proc.pid)
-                      for path, title in PAGES.items() if path}
-            again = {path: _timed(lambda: page.goto(f"{url}/{path}"), page, title, proc.pid)
-                     for path, title in PAGES.items()}
+            first |= {
+                path: _timed(lambda: page.goto(f"{url}/{path}"), page, title, proc.pid)
+                for path, title in PAGES.items()
+                if path
+            }
+            again = {
+                path: _timed(lambda: page.goto(f"{url}/{path}"), page, title, proc.pid) for path, title in PAGES.items()
+            }
             times = {PAGES[path]: (first[path], again[path]) for path in PAGES}
             times["background warm-up after the first page"] = (warm_up, nan)
             page.goto(f"{url}/token_inspector")
             _settle(page, "Token inspector")
             box = page.get_by_role("textbox", name="Token text contains")
-            search = _timed(lambda: _rerun(page, lambda: (box.fill(SEARCH), box.press("Enter"))), page,
-                            "Token inspector", proc.pid)
+            search = _timed(
+                lambda: _rerun(page, lambda: (box.fill(SEARCH), box.press("Enter"))), page, "Token inspector", proc.pid
+            )
             times[f"token inspector, new search {SEARCH!r}"] = (search, nan)
             browser.close()
         rss = _peak_rss_mb(proc.pid)
@@ -129,9 +146,19 @@ def measure(run: Path) -> tuple[dict[str, tuple[Timing, Timing]], float]:
 
 def _make(path: Path, steps: int, samples: int, seq_len: int) -> Path:
     if not (path / "run.json").exists():
-        print(f"writing a synthetic run of ~{expected_token_rows(steps, samples, seq_len):,} tokens to {path}", flush=True)
-        write_synthetic_run(path, steps=steps, samples_per_step=samples, seq_len=seq_len, updates=2,
-                            collapse_at=int(steps * 0.75), seed=0, progress=True)
+        print(
+            f"writing a synthetic run of ~{expected_token_rows(steps, samples, seq_len):,} tokens to {path}", flush=True
+        )
+        write_synthetic_run(
+            path,
+            steps=steps,
+            samples_per_step=samples,
+            seq_len=seq_len,
+            updates=2,
+            collapse_at=int(steps * 0.75),
+            seed=0,
+            progress=True,
+        )
     return path
 
 
@@ -147,14 +174,18 @@ def main() -> None:
     base, base_rss = measure(small)
     big, big_rss = measure(large)
     for k, what in enumerate(("browser wall seconds (machine load inflates these)", "server CPU seconds")):
-        print(f"\n{what}\n{'page':<40} {'small first':>11} {'small again':>11} {'large first':>11} "
-              f"{'large again':>11} {'again ratio':>11}")
+        print(
+            f"\n{what}\n{'page':<40} {'small first':>11} {'small again':>11} {'large first':>11} "
+            f"{'large again':>11} {'again ratio':>11}"
+        )
         for name in big:
             (sf, sa), (lf, la) = ((v[k] for v in base[name]), (v[k] for v in big[name]))
             ratio = la / sa if sa == sa and sa > 0 else lf / sf
             print(f"{name:<40} {sf:>10.2f}s {sa:>10.2f}s {lf:>10.2f}s {la:>10.2f}s {ratio:>10.2f}x")
-    print(f"\npeak RSS of the Streamlit process: small run {base_rss:,.0f} MB, large run {big_rss:,.0f} MB "
-          f"(ratio {big_rss / base_rss:.2f}x)")
+    print(
+        f"\npeak RSS of the Streamlit process: small run {base_rss:,.0f} MB, large run {big_rss:,.0f} MB "
+        f"(ratio {big_rss / base_rss:.2f}x)"
+    )
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

@@ -130,16 +130,13 @@ def table(variants, times, mem, baseline: str) -> str:
     lines = ["{:<20}{:>11}{:>16}{:>14}{:>13}".format(*head)]
     for v in variants:
         lines.append(
-            f"{v:<20}{times[v]:>11.1f}{mem[v]:>16.1f}{times[v] / times[baseline]:>14.3f}"
-            f"{mem[v] / mem[baseline]:>13.4f}"
+            f"{v:<20}{times[v]:>11.1f}{mem[v]:>16.1f}{times[v] / times[baseline]:>14.3f}{mem[v] / mem[baseline]:>13.4f}"
         )
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=1024, help="positions (rows)")
     parser.add_argument("--vocab", type=int, default=151_936, help="vocabulary size V")
     parser.add_argument("--k", type=int, default=20, help="top-K size")
@@ -154,15 +151,24 @@ def main() -> None:
         print(json.dumps(measure_memory(args.memory_of, *shape)))
         return
 
-    print(
-        f"N = {args.n}, V = {args.vocab}, K = {args.k}, logits {args.dtype}, 1 thread, "
-        f"torch {torch.__version__}"
-    )
+    print(f"N = {args.n}, V = {args.vocab}, K = {args.k}, logits {args.dtype}, 1 thread, torch {torch.__version__}")
     for variants, goals in ((TOPK_VARIANTS, True), (EXACT_VARIANTS, False)):
         mem = {}
         for v in variants:
-            cmd = [sys.executable, __file__, "--memory-of", v, "--n", str(args.n), "--vocab",
-                   str(args.vocab), "--k", str(args.k), "--dtype", args.dtype]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--memory-of",
+                v,
+                "--n",
+                str(args.n),
+                "--vocab",
+                str(args.vocab),
+                "--k",
+                str(args.k),
+                "--dtype",
+                args.dtype,
+            ]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=FRESH_PAGES)
             out = out.stdout
             mem[v] = json.loads(out)
@@ -181,8 +187,10 @@ def main() -> None:
                 times[ours] <= 1.15 * times[compiled],
                 mem[ours] <= mem[eager] / 4,
             )
-            print("goals (≤ 0.6× eager time, ≤ 1.15× compiled time, ≤ 1/4 eager memory): "
-                  + ", ".join("met" if m else "MISSED" for m in met))
+            print(
+                "goals (≤ 0.6× eager time, ≤ 1.15× compiled time, ≤ 1/4 eager memory): "
+                + ", ".join("met" if m else "MISSED" for m in met)
+            )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,16 @@ import torch
 from trustlens import TokenRecorder, load_run
 from trustlens.writer import write_options
 
-RULES = ["ppo", "ppo_clip_higher", "minirl", "dppo_binary_tv", "dppo_binary_kl",
-         "dppo_binary_tv_recompute", "dppo_binary_kl_recompute", "grpo_tis"]
+RULES = [
+    "ppo",
+    "ppo_clip_higher",
+    "minirl",
+    "dppo_binary_tv",
+    "dppo_binary_kl",
+    "dppo_binary_tv_recompute",
+    "dppo_binary_kl_recompute",
+    "grpo_tis",
+]
 
 
 class Tokenizer:
@@ -55,15 +63,17 @@ def make_batches(n: int, batch: int, seq: int, seed: int) -> list[dict[str, torc
     for _ in range(n):
         mu = -torch.distributions.Exponential(2.0).sample((batch, seq)).clamp(min=1e-6)
         lengths = torch.randint(seq // 2, seq + 1, (batch,), generator=g)
-        out.append({
-            "token_ids": torch.randint(0, 32_000, (batch, seq), generator=g),
-            "response_mask": torch.arange(seq)[None, :] < lengths[:, None],
-            "mu_logp": mu,
-            "old_logp": (mu + 0.05 * torch.randn(batch, seq, generator=g)).clamp(max=0),
-            "pi_logp": (mu + 0.1 * torch.randn(batch, seq, generator=g)).clamp(max=0),
-            "entropy": torch.rand(batch, seq, generator=g) * 3,
-            "advantages": torch.randn(batch, generator=g),
-        })
+        out.append(
+            {
+                "token_ids": torch.randint(0, 32_000, (batch, seq), generator=g),
+                "response_mask": torch.arange(seq)[None, :] < lengths[:, None],
+                "mu_logp": mu,
+                "old_logp": (mu + 0.05 * torch.randn(batch, seq, generator=g)).clamp(max=0),
+                "pi_logp": (mu + 0.1 * torch.randn(batch, seq, generator=g)).clamp(max=0),
+                "entropy": torch.rand(batch, seq, generator=g) * 3,
+                "advantages": torch.randn(batch, generator=g),
+            }
+        )
     return out
 
 
@@ -135,22 +145,32 @@ def main() -> None:
 
     rows = args.rows
     work, work_cpu = paced["inside"] - paced["waiting"], paced["inside_cpu"]
-    print(f"recorder benchmark: {rows:,} token rows, {len(RULES)} rules, batches of "
-          f"{args.batch}×{args.seq} ({unpaced['steps']} record calls), 1 torch thread")
+    print(
+        f"recorder benchmark: {rows:,} token rows, {len(RULES)} rules, batches of "
+        f"{args.batch}×{args.seq} ({unpaced['steps']} record calls), 1 torch thread"
+    )
     print("(wall-clock ratios suffer from other load on the machine; CPU-time ratios much less)")
-    print(f"unpaced: record back to back, then close(): wall {unpaced['total']:.3f} s, "
-          f"CPU {unpaced['total_cpu']:.3f} s, {rows / unpaced['total']:,.0f} rows/s; inside record "
-          f"{unpaced['inside']:.3f} s, of which waiting on the full queue {unpaced['waiting']:.3f} s")
-    print(f"paced: {pace * 1e3:.1f} ms of training step between calls: inside record wall "
-          f"{paced['inside']:.3f} s (waiting on the queue {paced['waiting']:.3f} s), "
-          f"calling thread's CPU {work_cpu:.3f} s")
+    print(
+        f"unpaced: record back to back, then close(): wall {unpaced['total']:.3f} s, "
+        f"CPU {unpaced['total_cpu']:.3f} s, {rows / unpaced['total']:,.0f} rows/s; inside record "
+        f"{unpaced['inside']:.3f} s, of which waiting on the full queue {unpaced['waiting']:.3f} s"
+    )
+    print(
+        f"paced: {pace * 1e3:.1f} ms of training step between calls: inside record wall "
+        f"{paced['inside']:.3f} s (waiting on the queue {paced['waiting']:.3f} s), "
+        f"calling thread's CPU {work_cpu:.3f} s"
+    )
     for name, (wall, cpu) in floors.items():
         print(f"floor = one pq.write_table, {name}: wall {wall:.3f} s, CPU {cpu:.3f} s")
-        print(f"  unpaced total / floor (goal ≤ 1.5×):   wall {unpaced['total'] / wall:5.2f}×   "
-              f"CPU {unpaced['total_cpu'] / cpu:5.2f}×")
-        print(f"  paced, inside record / floor (≤ 10%):  wall {paced['inside'] / wall:6.1%}  "
-              f"CPU {work_cpu / cpu:6.1%}  (own work {work / wall:.1%} wall, "
-              f"queue {paced['waiting'] / wall:.1%} wall)")
+        print(
+            f"  unpaced total / floor (goal ≤ 1.5×):   wall {unpaced['total'] / wall:5.2f}×   "
+            f"CPU {unpaced['total_cpu'] / cpu:5.2f}×"
+        )
+        print(
+            f"  paced, inside record / floor (≤ 10%):  wall {paced['inside'] / wall:6.1%}  "
+            f"CPU {work_cpu / cpu:6.1%}  (own work {work / wall:.1%} wall, "
+            f"queue {paced['waiting'] / wall:.1%} wall)"
+        )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples-per-step", type=int, default=512)
     parser.add_argument("--seq-len", type=int, default=256, help="longest response; lengths are 50–100%% of it")
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--collapse-at", type=float, default=0.75,
-                        help="collapse from this fraction of the steps on (negative: none)")
+    parser.add_argument(
+        "--collapse-at", type=float, default=0.75, help="collapse from this fraction of the steps on (negative: none)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -43,9 +44,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists():
         shutil.rmtree(args.out)
     start = time.perf_counter()
-    write_synthetic_run(args.out, steps=steps, samples_per_step=args.samples_per_step, seq_len=args.seq_len,
-                        rules=DEFAULT_RULES, world_size=args.world_size, collapse_at=collapse_at, seed=args.seed,
-                        progress=True)
+    write_synthetic_run(
+        args.out,
+        steps=steps,
+        samples_per_step=args.samples_per_step,
+        seq_len=args.seq_len,
+        rules=DEFAULT_RULES,
+        world_size=args.world_size,
+        collapse_at=collapse_at,
+        seed=args.seed,
+        progress=True,
+    )
     seconds = time.perf_counter() - start
     rows = load_run(args.out).tokens.select("step").collect().height
     size = sum(f.stat().st_size for f in args.out.rglob("*.parquet"))

@@ -35,8 +35,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             for record in (False, True):
-                cfg = config_from_preset(args.preset, steps=args.steps, eval_size=0, record=record,
-                                         checkpoint=args.checkpoint)
+                cfg = config_from_preset(
+                    args.preset, steps=args.steps, eval_size=0, record=record, checkpoint=args.checkpoint
+                )
                 result = train(cfg, Path(tmp) / f"run{i}", progress=False)
                 times[record] += result.step_times[1:]  # the first step warms up allocators and caches
     null, rec = statistics.median(times[False]), statistics.median(times[True])

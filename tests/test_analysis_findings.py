@@ -30,12 +30,21 @@ ROWS = [
 
 def table(rows=ROWS) -> pl.LazyFrame:
     step, token, mu, pi, adv, ppo, tv = zip(*rows)
-    return pl.LazyFrame({
-        "step": list(step), "update": [0] * len(rows), "sample": list(range(len(rows))), "pos": [0] * len(rows),
-        "token": list(token), "mu_logp": [L(p) for p in mu], "pi_logp": [L(p) for p in pi],
-        "binary_tv": [abs(p - m) for m, p in zip(mu, pi)], "advantage": list(adv),
-        "blocked_ppo": list(ppo), "blocked_dppo_binary_tv": list(tv),
-    })
+    return pl.LazyFrame(
+        {
+            "step": list(step),
+            "update": [0] * len(rows),
+            "sample": list(range(len(rows))),
+            "pos": [0] * len(rows),
+            "token": list(token),
+            "mu_logp": [L(p) for p in mu],
+            "pi_logp": [L(p) for p in pi],
+            "binary_tv": [abs(p - m) for m, p in zip(mu, pi)],
+            "advantage": list(adv),
+            "blocked_ppo": list(ppo),
+            "blocked_dppo_binary_tv": list(tv),
+        }
+    )
 
 
 def test_motivating_examples():

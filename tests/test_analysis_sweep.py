@@ -24,15 +24,17 @@ SCALES = (0.5, 1.0, 2.0)
 
 def table(rows=ROWS, **extra) -> pl.LazyFrame:
     mu, pi, adv = zip(*rows)
-    return pl.LazyFrame({
-        "step": [0] * len(rows),
-        "mu_logp": [L(p) for p in mu],
-        "pi_logp": [L(p) for p in pi],
-        "advantage": list(adv),
-        "blocked_ppo": [False] * len(rows),
-        "blocked_dppo_binary_tv": [False] * len(rows),
-        **extra,
-    })
+    return pl.LazyFrame(
+        {
+            "step": [0] * len(rows),
+            "mu_logp": [L(p) for p in mu],
+            "pi_logp": [L(p) for p in pi],
+            "advantage": list(adv),
+            "blocked_ppo": [False] * len(rows),
+            "blocked_dppo_binary_tv": [False] * len(rows),
+            **extra,
+        }
+    )
 
 
 def blocked(df: pl.DataFrame, rule: str, column: str = "blocked") -> list:
@@ -86,8 +88,9 @@ def test_batches_give_the_same_counts():
 
 def test_scale_one_reproduces_the_recorded_decisions(tmp_path):
     rules = ["ppo", "minirl", "dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv", "pg_is"]
-    run = load_run(write_synthetic_run(tmp_path / "run", steps=3, samples_per_step=16, seq_len=24,
-                                       rules=rules, updates=2, seed=3))
+    run = load_run(
+        write_synthetic_run(tmp_path / "run", steps=3, samples_per_step=16, seq_len=24, rules=rules, updates=2, seed=3)
+    )
     df = threshold_sweep(run.tokens, scales=(1.0,), base=run.rules)
     assert df["rule"].to_list() == [r for r in rules if r != "pg_is"]  # pg_is never blocks
     recorded = run.tokens.select(pl.col(f"blocked_{r}").sum() for r in df["rule"]).collect().row(0)

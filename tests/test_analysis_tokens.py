@@ -34,7 +34,9 @@ def _tokens(mu: bool = True) -> pl.LazyFrame:
     cols = ["step", "update", "sample", "pos", "token", "mu", "advantage", "blocked_ppo", "blocked_dppo_binary_tv"]
     df = pl.DataFrame(rows, schema=cols, orient="row")
     df = df.with_columns(
-        pl.col("step").cast(pl.Int32), pl.col("update").cast(pl.Int16), pl.col("pos").cast(pl.Int32),
+        pl.col("step").cast(pl.Int32),
+        pl.col("update").cast(pl.Int16),
+        pl.col("pos").cast(pl.Int32),
         pl.lit(7, pl.Int32).alias("token_id"),
         (pl.col("mu").log().cast(pl.Float32) if mu else pl.lit(None, pl.Float32)).alias("mu_logp"),
         (pl.col("mu").log() - 0.01).cast(pl.Float32).alias("old_logp"),
@@ -59,8 +61,18 @@ def test_rules_and_anchor():
 def test_each_filter_alone():
     t = _tokens()
     assert _ids(filter_tokens(t, TokenQuery(steps=(1, 1)))) == [(2, 0, 0), (2, 0, 1), (2, 1, 0)]
-    assert _ids(filter_tokens(t, TokenQuery(decisions=(("ppo", True),)))) == [(0, 0, 1), (0, 0, 2), (1, 0, 1), (2, 1, 0)]
-    assert _ids(filter_tokens(t, TokenQuery(decisions=(("ppo", False),)))) == [(0, 0, 0), (1, 0, 0), (2, 0, 0), (2, 0, 1)]
+    assert _ids(filter_tokens(t, TokenQuery(decisions=(("ppo", True),)))) == [
+        (0, 0, 1),
+        (0, 0, 2),
+        (1, 0, 1),
+        (2, 1, 0),
+    ]
+    assert _ids(filter_tokens(t, TokenQuery(decisions=(("ppo", False),)))) == [
+        (0, 0, 0),
+        (1, 0, 0),
+        (2, 0, 0),
+        (2, 0, 1),
+    ]
     # a null decision (rule not evaluable) matches neither blocked nor passed
     assert (1, 0, 0) not in _ids(filter_tokens(t, TokenQuery(decisions=(("dppo_binary_tv", False),))))
     # μ in [0.01, 0.4): 0.05, 0.2, 0.3
@@ -97,7 +109,10 @@ def test_anchor_bucket_uses_pi_old_without_mu():
     "query, message",
     [
         (TokenQuery(steps=(3, 1)), r"query.steps: first step 3 is after last step 1"),
-        (TokenQuery(decisions=(("ppo", True), ("cispo", False))), r"rule 'cispo' was not evaluated in this run \(evaluated: ppo, dppo_binary_tv\)"),
+        (
+            TokenQuery(decisions=(("ppo", True), ("cispo", False))),
+            r"rule 'cispo' was not evaluated in this run \(evaluated: ppo, dppo_binary_tv\)",
+        ),
         (TokenQuery(anchor_prob=(0.5, 0.5)), r"query.anchor_prob must be 0 ≤ lo < hi"),
         (TokenQuery(advantage_sign="up"), r"query.advantage_sign must be one of"),
     ],
@@ -134,9 +149,15 @@ def test_sample_text_and_step_range():
 
 
 def test_alert_query_and_tokens():
-    alert = {"step": 0, "samples": [1, 0],
-             "tokens": [{"sample": 1, "update": 0, "pos": 1}, {"sample": 0, "update": 0, "pos": 2},
-                        {"sample": 9, "update": 0, "pos": 0}]}
+    alert = {
+        "step": 0,
+        "samples": [1, 0],
+        "tokens": [
+            {"sample": 1, "update": 0, "pos": 1},
+            {"sample": 0, "update": 0, "pos": 2},
+            {"sample": 9, "update": 0, "pos": 0},
+        ],
+    }
     q = alert_query(alert)
     assert q == TokenQuery(steps=(0, 0), samples=(1, 0))
     assert len(_ids(filter_tokens(_tokens(), q))) == 5
@@ -144,4 +165,3 @@ def test_alert_query_and_tokens():
     rows = alert_tokens(_tokens(), alert)
     assert rows.select("sample", "pos").rows() == [(1, 1), (0, 2)]  # alert order; unknown token dropped
     assert rows["token"].to_list() == [" dog", "<b>"]
-

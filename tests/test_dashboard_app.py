@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from streamlit.testing.v1 import AppTest
-
 from test_render import _parse
+
 from trustlens import cli, dashboard
 from trustlens.schema import MANIFEST, SCHEMA_VERSION
 from trustlens.synthetic import HOSTILE_VOCAB, VOCAB, write_part, write_synthetic_run
@@ -29,8 +29,12 @@ PAGES = {
 }
 RULES = ("ppo", "ppo_clip_higher", "dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv")
 # Prompt text a hostile user could send: it must reach the page as text, never as markup.
-HOSTILE_PROMPTS = ("<script>alert(1)</script>", "<img src=x onerror=alert(2)>",
-                   "[click me](javascript:alert(3))", "**bold** $x$ :red[red]")
+HOSTILE_PROMPTS = (
+    "<script>alert(1)</script>",
+    "<img src=x onerror=alert(2)>",
+    "[click me](javascript:alert(3))",
+    "**bold** $x$ :red[red]",
+)
 SIZES = dict(steps=8, samples_per_step=16, seq_len=24)
 INSPECT_KEY = "tl_inspect"  # the session-state key of the token inspector's click-through target
 
@@ -53,10 +57,10 @@ def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("runs")
     write_synthetic_run(root / "a_collapse", **SIZES, rules=RULES, collapse_at=5, seed=1)
     write_synthetic_run(root / "b_healthy", **SIZES, rules=RULES, updates=2, world_size=2, seed=2)
-    write_synthetic_run(root / "c_no_mu", **SIZES, rules=("ppo", "dppo_binary_tv_recompute"),
-                        with_mu=False, seed=3)
-    write_synthetic_run(root / "d_hostile", **SIZES, rules=RULES, seed=4,
-                        vocab=HOSTILE_VOCAB + VOCAB[: 64 - len(HOSTILE_VOCAB)])
+    write_synthetic_run(root / "c_no_mu", **SIZES, rules=("ppo", "dppo_binary_tv_recompute"), with_mu=False, seed=3)
+    write_synthetic_run(
+        root / "d_hostile", **SIZES, rules=RULES, seed=4, vocab=HOSTILE_VOCAB + VOCAB[: 64 - len(HOSTILE_VOCAB)]
+    )
     _hostile_prompts(root / "d_hostile")
     return root
 
@@ -78,8 +82,11 @@ def _open(at: AppTest, page: str) -> AppTest:
 
 def _page_text(at: AppTest) -> str:
     """All text the page shows, flattened (markdown, captions, text, alerts, html bodies)."""
-    parts = [e.value for kind in ("markdown", "caption", "text", "info", "warning", "error", "title", "subheader")
-             for e in getattr(at, kind)]
+    parts = [
+        e.value
+        for kind in ("markdown", "caption", "text", "info", "warning", "error", "title", "subheader")
+        for e in getattr(at, kind)
+    ]
     parts += [h.proto.body for h in at.get("html")]
     return "\n".join(str(p) for p in parts)
 
@@ -214,8 +221,9 @@ def test_empty_runs_folder(monkeypatch, awkward):
 
 def _manifest(path: Path, status: str) -> None:
     path.mkdir(parents=True)
-    (path / MANIFEST).write_text(json.dumps({"schema_version": SCHEMA_VERSION, "status": status,
-                                             "rules": {"ppo": {"low": 0.2, "high": 0.2}}}))
+    (path / MANIFEST).write_text(
+        json.dumps({"schema_version": SCHEMA_VERSION, "status": status, "rules": {"ppo": {"low": 0.2, "high": 0.2}}})
+    )
 
 
 def _every_page_says(at: AppTest, note: str) -> None:
@@ -232,8 +240,7 @@ def test_empty_run(monkeypatch, awkward):
 
 
 def test_run_still_being_written(monkeypatch, awkward):
-    write_synthetic_run(awkward / "live", steps=2, samples_per_step=8, seq_len=16, status="running",
-                        rows_per_part=40)
+    write_synthetic_run(awkward / "live", steps=2, samples_per_step=8, seq_len=16, status="running", rows_per_part=40)
     _every_page_says(_app(monkeypatch, awkward).run(), "still being written")
 
 
@@ -290,8 +297,22 @@ def test_launch_rejects_bad_arguments(tmp_path, capsys):
 
 def test_wheel_carries_the_app_and_the_shipped_data(tmp_path):
     root = APP.parent
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    str(root), "-w", str(tmp_path)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            str(root),
+            "-w",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("trustlens-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     expected = {f"share/trustlens/app/{p.relative_to(APP).as_posix()}" for p in APP.rglob("*.py")}

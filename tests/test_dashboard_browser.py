@@ -17,24 +17,45 @@ from trustlens import dashboard
 from trustlens.synthetic import HOSTILE_VOCAB, VOCAB, write_part, write_synthetic_run
 
 CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "artifacts" / "browser"
 # url path → the page title; the default page is served at "/"
-PAGES = {"": "Overview", "token_inspector": "Token inspector", "ppo_vs_dppo": "PPO vs DPPO",
-         "mismatch": "Mismatch", "collapse": "Collapse signals", "compare": "Compare runs"}
+PAGES = {
+    "": "Overview",
+    "token_inspector": "Token inspector",
+    "ppo_vs_dppo": "PPO vs DPPO",
+    "mismatch": "Mismatch",
+    "collapse": "Collapse signals",
+    "compare": "Compare runs",
+}
 # Sets a flag if any injected markup ever runs; alert() is caught by the dialog handler.
 FLAG_PROMPT = '<img src=x onerror="window.__tl_pwned=1">'
 # The run's folder name is shown on every page (run picker, captions, legends): hostile too.
 RUN_NAME = "<img src=x onerror=window.__tl_pwned=2> run"
-PROMPTS = ("<script>alert(1)</script>", FLAG_PROMPT, "[click](javascript:alert(3))",
-           "<svg onload=alert(4)>", "**bold** $x$")
+PROMPTS = (
+    "<script>alert(1)</script>",
+    FLAG_PROMPT,
+    "[click](javascript:alert(3))",
+    "<svg onload=alert(4)>",
+    "**bold** $x$",
+)
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.is_file(), reason="Debian chromium not installed at /usr/bin/chromium "
-                       "(apt-get install chromium chromium-driver; .ci/run does)"),
+    pytest.mark.skipif(
+        not CHROMIUM.is_file(),
+        reason="Debian chromium not installed at /usr/bin/chromium "
+        "(apt-get install chromium chromium-driver; .ci/run does)",
+    ),
 ]
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
@@ -46,8 +67,15 @@ def _free_port() -> int:
 
 
 def _hostile_run(root: Path) -> Path:
-    run = write_synthetic_run(root / RUN_NAME, steps=10, samples_per_step=16, seq_len=24, seed=5,
-                              collapse_at=6, vocab=HOSTILE_VOCAB + VOCAB[: 80 - len(HOSTILE_VOCAB)])
+    run = write_synthetic_run(
+        root / RUN_NAME,
+        steps=10,
+        samples_per_step=16,
+        seq_len=24,
+        seed=5,
+        collapse_at=6,
+        vocab=HOSTILE_VOCAB + VOCAB[: 80 - len(HOSTILE_VOCAB)],
+    )
     for part in sorted((run / "samples").glob("rank=*/part-*.parquet")):
         table = pq.read_table(part)
         prompts = pa.array([PROMPTS[i % len(PROMPTS)] for i in range(table.num_rows)], pa.string())
@@ -68,8 +96,7 @@ def server(tmp_path_factory):
     log = open(tmp_path_factory.mktemp("log") / "dashboard.log", "w+")
     exe = Path(sys.executable).parent / "trustlens"
     cli = [str(exe)] if exe.is_file() else [sys.executable, "-m", "trustlens.cli"]
-    proc = subprocess.Popen([*cli, "dashboard", str(runs), "--port", str(port)], stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([*cli, "dashboard", str(runs), "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         try:
@@ -90,8 +117,7 @@ def server(tmp_path_factory):
 def _settle(page, title: str) -> None:
     """Wait until the page shows `title` and Streamlit has finished running the script."""
     page.get_by_role("heading", name=title).first.wait_for(timeout=60_000)
-    page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
     page.wait_for_timeout(500)  # let plotly draw
 
 

@@ -23,11 +23,20 @@ STEPS, PROMPTS, GROUP, UPDATES = 2, 2, 2, 2
 def torchrun(script: str, *args: str) -> None:
     """Run examples/`script` with 2 processes under torchrun; fail with its stderr."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "examples" / script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(ROOT / "examples" / script),
+        *args,
+    ]
     # its own session, so that a hung run is killed with its workers
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True
+    )
     try:
         _, stderr = proc.communicate(timeout=400)
     finally:
@@ -39,8 +48,21 @@ def torchrun(script: str, *args: str) -> None:
 
 def test_torchrun_ranks_record_one_run(tmp_path):
     out = tmp_path / "ddp"
-    torchrun("plain_loop.py", "--out", str(out), "--steps", str(STEPS), "--prompts", str(PROMPTS),
-             "--group", str(GROUP), "--updates", str(UPDATES), "--max-new", "4")
+    torchrun(
+        "plain_loop.py",
+        "--out",
+        str(out),
+        "--steps",
+        str(STEPS),
+        "--prompts",
+        str(PROMPTS),
+        "--group",
+        str(GROUP),
+        "--updates",
+        str(UPDATES),
+        "--max-new",
+        "4",
+    )
 
     run = load_run(out)
     assert run.manifest["status"] == "finished" and run.manifest["world_size"] == 2

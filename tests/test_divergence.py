@@ -514,6 +514,8 @@ def test_binary_kl_reads_rounded_pi_one_as_half_epsilon():
     assert got == pytest.approx(want, rel=1e-3)
     assert got < 1e-5
     # In float64 the floor is float64's: an exact 0 still reads as a tiny 1 − π.
-    got64 = float(binary_kl(torch.tensor([0.0], dtype=torch.float64), torch.tensor([math.log(0.5)], dtype=torch.float64)))
+    got64 = float(
+        binary_kl(torch.tensor([0.0], dtype=torch.float64), torch.tensor([math.log(0.5)], dtype=torch.float64))
+    )
     eps64 = torch.finfo(torch.float64).eps / 2
     assert got64 == pytest.approx(0.5 * math.log(0.5) + 0.5 * math.log(0.5 / eps64), rel=1e-9)

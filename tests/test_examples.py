@@ -28,8 +28,21 @@ def run_script(script: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_plain_loop_records_a_run(tmp_path):
     out = tmp_path / "plain"
-    run_script(PLAIN_LOOP, "--out", str(out), "--steps", "2", "--prompts", "2", "--group", "3",
-               "--updates", "2", "--max-new", "5")
+    run_script(
+        PLAIN_LOOP,
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--prompts",
+        "2",
+        "--group",
+        "3",
+        "--updates",
+        "2",
+        "--max-new",
+        "5",
+    )
     run = load_run(out)
     assert run.manifest["status"] == "finished"
     assert run.manifest["anchor"] == "mu" and run.manifest["missing"] == []

@@ -22,6 +22,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
+from test_dashboard_app import PAGES, _app, _open, _pick_run  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from trustlens import load_run  # noqa: E402
@@ -34,8 +35,6 @@ from trustlens.integrations.trl import (  # noqa: E402
     with_trustlens,
 )
 from trustlens.train.model import ModelConfig, build_model, build_tokenizer  # noqa: E402
-
-from test_dashboard_app import PAGES, _app, _open, _pick_run  # noqa: E402
 
 # four prompts of equal token length (no left padding: position ids agree between sampler and TRL)
 PROMPTS = ["1 + 2 =", "3 + 4 =", "5 + 6 =", "7 + 8 ="]
@@ -86,8 +85,10 @@ class Spy(TrustLensGRPOTrainer):
     def _compute_loss(self, model, inputs, *args, **kwargs):
         if self.model.training:
             self.spy.append(
-                ({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in inputs.items()},
-                 copy.deepcopy(self.model.state_dict()))
+                (
+                    {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in inputs.items()},
+                    copy.deepcopy(self.model.state_dict()),
+                )
             )
         return super()._compute_loss(model, inputs, *args, **kwargs)
 
@@ -179,8 +180,14 @@ def test_trl_run_records_trl_batches(no_mu):
             assert got["advantage"].to_list() == pytest.approx([float(batch["advantages"][i])] * n)
             assert got["group"].to_list() == [sample // N_GEN] * n
         # π is TRL's log-prob pass: equal to a float64 recomputation from the same weights
-        ref = logp_float64(state, template, batch["prompt_ids"], batch["prompt_mask"],
-                           batch["completion_ids"], batch["completion_mask"])
+        ref = logp_float64(
+            state,
+            template,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            batch["completion_ids"],
+            batch["completion_mask"],
+        )
         order = {s: i for i, s in enumerate(batch[tl_trl.SAMPLE_KEY].tolist())}
         expected = [float(ref[order[s], p]) for s, p in rows.select("sample", "pos").iter_rows()]
         assert rows["pi_logp"].to_list() == pytest.approx(expected, abs=1e-4)
@@ -255,8 +262,9 @@ def test_fp32_engine_agrees_with_trl(tmp_path):
     assert (first["mu_logp"] - first["old_logp"]).abs().max() < 1e-4
 
 
-@pytest.mark.skipif(Version(tl_trl.trl.__version__) < Version("1.16"),
-                    reason="TRL maps a None sampling log-prob to NaN from 1.16 on")
+@pytest.mark.skipif(
+    Version(tl_trl.trl.__version__) < Version("1.16"), reason="TRL maps a None sampling log-prob to NaN from 1.16 on"
+)
 def test_unscored_tokens_give_their_sequence_a_null_mu(tmp_path):
     """vLLM leaves a token it could not score as None (NaN in TRL's batch): that sequence is
     recorded with a null μ (anchored on π_old), the others keep theirs."""
@@ -269,13 +277,17 @@ def test_unscored_tokens_give_their_sequence_a_null_mu(tmp_path):
 
     # two optimizer steps: both micro-batches of the first generation
     trainer, _, run = run_trl(tmp_path, "unscored", rollout_func=rollout, args={"max_steps": 2})
-    batch = {k: torch.cat([b[k] for b, _ in trainer.spy]) for k in
-             ("sampling_per_token_logps", "completion_mask", tl_trl.SAMPLE_KEY)}
+    batch = {
+        k: torch.cat([b[k] for b, _ in trainer.spy])
+        for k in ("sampling_per_token_logps", "completion_mask", tl_trl.SAMPLE_KEY)
+    }
     tokens = run.tokens.collect()
     unscored = torch.isnan(batch["sampling_per_token_logps"]).any(dim=1)
     assert int(unscored.sum()) == 1
     bad = int(batch[tl_trl.SAMPLE_KEY][unscored])
-    assert tokens.filter(pl.col("sample") == bad)["mu_logp"].null_count() == int(batch["completion_mask"][unscored].sum())
+    assert tokens.filter(pl.col("sample") == bad)["mu_logp"].null_count() == int(
+        batch["completion_mask"][unscored].sum()
+    )
     assert tokens.filter(pl.col("sample") != bad)["mu_logp"].null_count() == 0
     assert run.manifest["anchor"] == "mixed"
 
@@ -284,13 +296,22 @@ def test_rules_and_recorder_arguments(tmp_path):
     model, tok = tiny()
     ds = datasets.Dataset.from_dict({"prompt": PROMPTS})
     with pytest.raises(ValueError, match="exactly one of trustlens_dir"):
-        TrustLensGRPOTrainer(model=model, processing_class=tok, reward_funcs=length_reward,
-                             args=grpo_args(tmp_path / "trl"), train_dataset=ds)
+        TrustLensGRPOTrainer(
+            model=model,
+            processing_class=tok,
+            reward_funcs=length_reward,
+            args=grpo_args(tmp_path / "trl"),
+            train_dataset=ds,
+        )
     # a caller-chosen rule set with TRL's thresholds on the active rule
     trainer = TrustLensGRPOTrainer(
-        model=model, processing_class=tok, reward_funcs=length_reward, train_dataset=ds,
+        model=model,
+        processing_class=tok,
+        reward_funcs=length_reward,
+        train_dataset=ds,
         args=grpo_args(tmp_path / "trl", epsilon=0.1, epsilon_high=0.3, max_steps=1),
-        trustlens_dir=tmp_path / "run", rules={"minirl": (0.1, 0.3), "ppo": (None, None)},
+        trustlens_dir=tmp_path / "run",
+        rules={"minirl": (0.1, 0.3), "ppo": (None, None)},
     )
     trainer.train()
     m = load_run(tmp_path / "run").manifest
@@ -302,7 +323,9 @@ def test_unsupported_trl_is_named(monkeypatch):
     class Broken(GRPOTrainer):
         _compute_loss = None
 
-    with pytest.raises(UnsupportedTRLVersion, match=rf"no method _compute_loss \(installed trl {tl_trl.trl.__version__}"):
+    with pytest.raises(
+        UnsupportedTRLVersion, match=rf"no method _compute_loss \(installed trl {tl_trl.trl.__version__}"
+    ):
         with_trustlens(Broken)
     monkeypatch.setattr(tl_trl.trl, "__version__", "0.19.0")
     with pytest.raises(UnsupportedTRLVersion, match="trl 0.19.0 is older"):

@@ -16,9 +16,7 @@ def _logp(*probs, dtype=torch.float64):
 def _random_batch(gen, b=8, t=12):
     """float64 inputs: ratios π/μ in [e^-0.5, e^0.5] (< C), padding, A of both signs and 0."""
     mu = torch.log_softmax(torch.randn(b, t, 6, generator=gen, dtype=torch.float64) * 2, -1)[..., 0]
-    pi = (mu + 0.5 * (2 * torch.rand(b, t, generator=gen, dtype=torch.float64) - 1)).clamp(
-        max=-1e-3
-    )
+    pi = (mu + 0.5 * (2 * torch.rand(b, t, generator=gen, dtype=torch.float64) - 1)).clamp(max=-1e-3)
     old = (mu + 0.2 * torch.randn(b, t, generator=gen, dtype=torch.float64)).clamp(max=-1e-3)
     adv = torch.randn(b, generator=gen, dtype=torch.float64)
     adv[0] = 0.0
@@ -204,16 +202,11 @@ def test_per_sequence_equals_per_token_advantages(gen):
 
 
 def test_only_pi_logp_carries_gradient(gen):
-    x = {
-        k: (v.clone().requires_grad_() if v.is_floating_point() else v)
-        for k, v in _random_batch(gen).items()
-    }
+    x = {k: (v.clone().requires_grad_() if v.is_floating_point() else v) for k, v in _random_batch(gen).items()}
     out = policy_loss("grpo_tis", **x)
     out.loss.backward()
     assert x["pi_logp"].grad is not None
-    assert all(
-        x[k].grad is None for k in ("mu_logp", "old_logp", "advantages", "topk_tv", "topk_kl")
-    )
+    assert all(x[k].grad is None for k in ("mu_logp", "old_logp", "advantages", "topk_tv", "topk_kl"))
     assert not out.weight.requires_grad
 
 

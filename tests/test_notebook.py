@@ -35,8 +35,9 @@ def test_static_figures_fall_back_when_nothing_can_draw(restore_renderer, monkey
 
 def test_sample_runs_of_a_folder(tmp_path):
     for rule in ("ppo", "pg_is"):
-        write_synthetic_run(tmp_path / rule, steps=2, samples_per_step=8, seq_len=8, rules=[rule, "dppo_binary_tv"],
-                            active_rule=rule)
+        write_synthetic_run(
+            tmp_path / rule, steps=2, samples_per_step=8, seq_len=8, rules=[rule, "dppo_binary_tv"], active_rule=rule
+        )
     runs = notebook.sample_runs(tmp_path)
     assert list(runs) == ["pg_is", "ppo"]
     assert runs["ppo"].active_rule == "ppo"

@@ -26,8 +26,12 @@ NAMES = [s.stem for s in SOURCES]
 
 
 def test_the_four_notebooks_exist():
-    assert NAMES == ["01_which_tokens_ppo_clips", "02_ppo_vs_dppo_masks", "03_mismatch_and_collapse",
-                     "04_attach_to_your_training_loop"]
+    assert NAMES == [
+        "01_which_tokens_ppo_clips",
+        "02_ppo_vs_dppo_masks",
+        "03_mismatch_and_collapse",
+        "04_attach_to_your_training_loop",
+    ]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -36,7 +40,8 @@ def test_committed_notebook_matches_its_source_and_has_outputs(name):
     committed = nbformat.read(path, as_version=4)
     source = build.parse(NOTEBOOKS / "src" / f"{name}.py")
     assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in source.cells], (
-        f"{path.name} differs from src/{name}.py: run python notebooks/build.py {name[:2]}")
+        f"{path.name} differs from src/{name}.py: run python notebooks/build.py {name[:2]}"
+    )
     code = [c for c in committed.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code), f"{path.name} was saved without running every cell"
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]

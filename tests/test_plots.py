@@ -13,8 +13,15 @@ RULES = ["ppo", "dppo_binary_tv", "dppo_binary_kl"]
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    path = write_synthetic_run(tmp_path_factory.mktemp("plots") / "run", steps=20, samples_per_step=16,
-                               seq_len=24, rules=RULES, collapse_at=14, vocab=HOSTILE_VOCAB + ("ok",) * 4)
+    path = write_synthetic_run(
+        tmp_path_factory.mktemp("plots") / "run",
+        steps=20,
+        samples_per_step=16,
+        seq_len=24,
+        rules=RULES,
+        collapse_at=14,
+        vocab=HOSTILE_VOCAB + ("ok",) * 4,
+    )
     return load_run(path)
 
 
@@ -54,8 +61,12 @@ def _strings(fig: go.Figure) -> list[str]:
 
 def test_figure1_pair(run):
     t = run.tokens
-    fig = P.figure1(A.figure1_density(t, "ratio", rules=["ppo"], n_x=40, n_y=30),
-                    A.figure1_density(t, "binary_tv", n_x=40, n_y=30), A.rule_boundaries(run.rules), rule="ppo")
+    fig = P.figure1(
+        A.figure1_density(t, "ratio", rules=["ppo"], n_x=40, n_y=30),
+        A.figure1_density(t, "binary_tv", n_x=40, n_y=30),
+        A.rule_boundaries(run.rules),
+        rule="ppo",
+    )
     heat = [tr for tr in fig.data if tr.type == "heatmap"]
     assert len(heat) == 2 and np.shape(heat[0].z) == (30, 40)
     lines = {(tr.name, tr.line.dash) for tr in fig.data if tr.type == "scatter"}
@@ -106,7 +117,7 @@ def test_mismatch_and_collapse_figures(run):
     fig = P.collapse_timeline(signals, alerts)
     markers = [tr for tr in fig.data if tr.mode == "markers"]
     assert sum(len(tr.x) for tr in markers) == alerts.height > 0
-    assert all(14 <= x for tr in markers for x in tr.x)
+    assert all(x >= 14 for tr in markers for x in tr.x)
 
 
 def test_overlay_runs_escapes_names(run):
@@ -118,8 +129,15 @@ def test_overlay_runs_escapes_names(run):
 
 def test_large_series_are_thinned():
     n = 50_000
-    df = pl.DataFrame({"step": np.arange(n), "k3_kl": np.linspace(0, 1, n), "mismatch_kl": np.zeros(n),
-                       "tv_mean": np.zeros(n), "chi2_token": np.zeros(n)})
+    df = pl.DataFrame(
+        {
+            "step": np.arange(n),
+            "k3_kl": np.linspace(0, 1, n),
+            "mismatch_kl": np.zeros(n),
+            "tv_mean": np.zeros(n),
+            "chi2_token": np.zeros(n),
+        }
+    )
     fig = P.mismatch_curves(df)
     assert all(len(tr.x) <= P.MAX_POINTS for tr in fig.data)
     thinned = P.thin(df, max_points=100)
@@ -130,7 +148,10 @@ def test_large_series_are_thinned():
 
 def test_empty_inputs_draw_a_message():
     empty = pl.DataFrame()
-    for fig in (P.blocked_tokens_bar(pl.DataFrame(schema={"rule": pl.String, "token": pl.String})),
-                P.collapse_timeline(pl.DataFrame(schema={"step": pl.Int32})),
-                P.overlay_runs({}, "entropy"), P.confusion_heatmap(empty.with_columns())):
+    for fig in (
+        P.blocked_tokens_bar(pl.DataFrame(schema={"rule": pl.String, "token": pl.String})),
+        P.collapse_timeline(pl.DataFrame(schema={"step": pl.Int32})),
+        P.overlay_runs({}, "entropy"),
+        P.confusion_heatmap(empty.with_columns()),
+    ):
         assert isinstance(fig, go.Figure) and fig.layout.annotations

@@ -1,6 +1,5 @@
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -108,7 +107,9 @@ def test_round_trip_values(tmp_path, gen):
     assert manifest["status"] == "finished" and manifest["error"] is None
     assert manifest["config"] == {"lr": 1e-6}
     assert manifest["schema_version"] == SCHEMA_VERSION and manifest["trustlens_version"] == __version__
-    assert manifest["rules"] == {"ppo": {"low": 0.2, "high": 0.2, "anchor": "mu", "description": RULES["ppo"].description}}
+    assert manifest["rules"] == {
+        "ppo": {"low": 0.2, "high": 0.2, "anchor": "mu", "description": RULES["ppo"].description}
+    }
     assert manifest["anchor"] == "mu" and manifest["world_size"] == 1
     assert set(manifest["missing"]) == {"topk_tv", "topk_kl", "entropy"}
 
@@ -227,23 +228,32 @@ def test_default_rules_missing_inputs_are_null_and_listed(tmp_path, gen):
     with TokenRecorder(tmp_path / "run") as rec:
         rec.record(0, **batch)
     df = tokens_of(tmp_path / "run")
-    undecided = {"minirl", "dppo_topk_tv", "dppo_topk_kl", "dppo_binary_tv_recompute", "dppo_binary_kl_recompute", "grpo_tis"}
+    undecided = {
+        "minirl",
+        "dppo_topk_tv",
+        "dppo_topk_kl",
+        "dppo_binary_tv_recompute",
+        "dppo_binary_kl_recompute",
+        "grpo_tis",
+    }
     for rule in RULES:
         assert df[f"blocked_{rule}"].null_count() == (df.height if rule in undecided else 0), rule
     missing = manifest_of(tmp_path / "run")["missing"]
     assert set(missing) == {"old_logp", "topk_tv", "topk_kl", "entropy"} | {f"blocked_{r}" for r in undecided}
 
 
-@pytest.mark.parametrize("rule,drop,message", [
-    ("minirl", "old_logp", r"rule 'minirl' needs old_logp"),
-    ("dppo_topk_kl", "logits", r"rule 'dppo_topk_kl' needs topk_kl"),
-])
+@pytest.mark.parametrize(
+    "rule,drop,message",
+    [
+        ("minirl", "old_logp", r"rule 'minirl' needs old_logp"),
+        ("dppo_topk_kl", "logits", r"rule 'dppo_topk_kl' needs topk_kl"),
+    ],
+)
 def test_named_rules_must_be_decidable(tmp_path, gen, rule, drop, message):
     batch = make_batch(gen)
     batch.pop(drop)
-    with TokenRecorder(tmp_path / "run", rules=["ppo", rule]) as rec:
-        with pytest.raises(ValueError, match=message):
-            rec.record(0, **batch)
+    with TokenRecorder(tmp_path / "run", rules=["ppo", rule]) as rec, pytest.raises(ValueError, match=message):
+        rec.record(0, **batch)
     assert not any((tmp_path / "run" / "tokens" / "rank=0").iterdir())
 
 
@@ -253,27 +263,56 @@ def _bad(batch, **changes):
 
 BAD_INPUTS = [
     ("shape", lambda b: _bad(b, mu_logp=b["mu_logp"][:, :-1]), r"mu_logp has shape \(3, 4\); expected \(3, 5\)"),
-    ("nan", lambda b: _bad(b, pi_logp=b["pi_logp"].index_put((torch.tensor(1), torch.tensor(2)), torch.tensor(math.nan))),
-     r"pi_logp contains NaN.*\(1, 2\)"),
-    ("inf", lambda b: _bad(b, old_logp=b["old_logp"].index_put((torch.tensor(2), torch.tensor(4)), torch.tensor(-math.inf))),
-     r"old_logp contains inf.*\(2, 4\)"),
-    ("positive logp", lambda b: _bad(b, mu_logp=b["mu_logp"].index_put((torch.tensor(0), torch.tensor(1)), torch.tensor(0.5))),
-     r"mu_logp holds positive log-probabilities.*\(0, 1\)"),
+    (
+        "nan",
+        lambda b: _bad(b, pi_logp=b["pi_logp"].index_put((torch.tensor(1), torch.tensor(2)), torch.tensor(math.nan))),
+        r"pi_logp contains NaN.*\(1, 2\)",
+    ),
+    (
+        "inf",
+        lambda b: _bad(
+            b, old_logp=b["old_logp"].index_put((torch.tensor(2), torch.tensor(4)), torch.tensor(-math.inf))
+        ),
+        r"old_logp contains inf.*\(2, 4\)",
+    ),
+    (
+        "positive logp",
+        lambda b: _bad(b, mu_logp=b["mu_logp"].index_put((torch.tensor(0), torch.tensor(1)), torch.tensor(0.5))),
+        r"mu_logp holds positive log-probabilities.*\(0, 1\)",
+    ),
     ("advantage nan", lambda b: _bad(b, advantages=torch.tensor([0.0, math.nan, 1.0])), r"advantages contains NaN"),
     ("advantage shape", lambda b: _bad(b, advantages=torch.zeros(4)), r"advantages has shape \(4,\)"),
-    ("mask values", lambda b: _bad(b, response_mask=b["response_mask"].float() * 2), r"response_mask must hold only 0 and 1"),
+    (
+        "mask values",
+        lambda b: _bad(b, response_mask=b["response_mask"].float() * 2),
+        r"response_mask must hold only 0 and 1",
+    ),
     ("mask shape", lambda b: _bad(b, response_mask=b["response_mask"][:2]), r"response_mask has shape"),
     ("float ids", lambda b: _bad(b, token_ids=b["token_ids"].float()), r"token_ids must be an integer tensor"),
-    ("id outside vocab", lambda b: _bad(b, token_ids=b["token_ids"].index_put((torch.tensor(1), torch.tensor(0)), torch.tensor(V))),
-     r"token_ids holds id 11 ≥ the vocabulary size 11"),
+    (
+        "id outside vocab",
+        lambda b: _bad(b, token_ids=b["token_ids"].index_put((torch.tensor(1), torch.tensor(0)), torch.tensor(V))),
+        r"token_ids holds id 11 ≥ the vocabulary size 11",
+    ),
     ("no anchor", lambda b: _bad(b, mu_logp=None, old_logp=None), r"needs mu_logp or old_logp"),
     ("topk half", lambda b: _bad(b, mu_topk_ids=torch.zeros(B, T, K, dtype=torch.long)), r"must be given together"),
-    ("topk duplicate", lambda b: _bad(b, mu_topk_ids=torch.zeros(B, T, K, dtype=torch.long), mu_topk_logp=torch.full((B, T, K), -2.0)),
-     r"mu_topk_ids repeats id"),
-    ("K > V", lambda b: _bad(b, mu_topk_ids=torch.arange(V + 1).expand(B, T, V + 1), mu_topk_logp=torch.full((B, T, V + 1), -3.0)),
-     r"K = 12 ids per position, more than the vocabulary"),
-    ("logits nan", lambda b: _bad(b, logits=b["logits"].index_put((torch.tensor(2), torch.tensor(3)), torch.tensor(math.nan))),
-     r"logits hold NaN or \+inf at \(b, t\) = \(2, 3\)"),
+    (
+        "topk duplicate",
+        lambda b: _bad(b, mu_topk_ids=torch.zeros(B, T, K, dtype=torch.long), mu_topk_logp=torch.full((B, T, K), -2.0)),
+        r"mu_topk_ids repeats id",
+    ),
+    (
+        "K > V",
+        lambda b: _bad(
+            b, mu_topk_ids=torch.arange(V + 1).expand(B, T, V + 1), mu_topk_logp=torch.full((B, T, V + 1), -3.0)
+        ),
+        r"K = 12 ids per position, more than the vocabulary",
+    ),
+    (
+        "logits nan",
+        lambda b: _bad(b, logits=b["logits"].index_put((torch.tensor(2), torch.tensor(3)), torch.tensor(math.nan))),
+        r"logits hold NaN or \+inf at \(b, t\) = \(2, 3\)",
+    ),
     ("entropy negative", lambda b: _bad(b, entropy=-torch.ones(B, T)), r"entropy holds negative values"),
     ("step", lambda b: _bad(b, step=-1), r"step must be an integer in \[0, "),
     ("update", lambda b: _bad(b, update=1.5), r"update must be an integer"),
@@ -317,10 +356,9 @@ def test_unknown_rule_and_active_rule(tmp_path):
 
 def test_with_block_error_marks_run_failed(tmp_path, gen):
     batch = make_batch(gen)
-    with pytest.raises(ZeroDivisionError):
-        with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
-            rec.record(0, **batch)
-            1 / 0
+    with pytest.raises(ZeroDivisionError), TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
+        rec.record(0, **batch)
+        1 / 0
     manifest = manifest_of(tmp_path / "run")
     assert manifest["status"] == "failed"
     assert manifest["error"] == "ZeroDivisionError: division by zero"
@@ -369,8 +407,13 @@ def test_metrics_and_samples(tmp_path, gen):
     with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
         rec.record(3, **batch)
         rec.log_metrics(3, {"reward/mean": 0.5, "loss": torch.tensor(1.25), "n": 7})
-        rec.log_samples(3, prompts=["1+1=", "2+2=", "<b>x</b>"], responses=["2", "4", "🙂"],
-                        rewards=torch.tensor([1.0, 0.0, 1.0]), lengths=[3, 5, 4])
+        rec.log_samples(
+            3,
+            prompts=["1+1=", "2+2=", "<b>x</b>"],
+            responses=["2", "4", "🙂"],
+            rewards=torch.tensor([1.0, 0.0, 1.0]),
+            lengths=[3, 5, 4],
+        )
         with pytest.raises(ValueError, match=r"metric 'x' must be a number"):
             rec.log_metrics(3, {"x": "high"})
         with pytest.raises(ValueError, match="differ in length"):
@@ -555,8 +598,13 @@ RSS_CHILD = textwrap.dedent(
 
 @pytest.mark.slow
 def test_resident_memory_does_not_grow_with_rows(tmp_path):
-    out = subprocess.run([sys.executable, "-c", RSS_CHILD, str(tmp_path / "run")], check=True,
-                         capture_output=True, text=True, timeout=600).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", RSS_CHILD, str(tmp_path / "run")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
     early, late = map(float, out.split())
     # 4.9M more rows (~400 MB of columns) after the first mark: RSS must stay flat
     assert late - early < 60, (early, late)

@@ -82,7 +82,9 @@ def test_escape_markdown_makes_every_special_inert():
 def test_colored_tokens_one_span_per_token_with_colours_and_rings():
     tokens = ["a", "b", "c"]
     markup = colored_tokens_html(
-        tokens, [1.0, None, -2.0], quantity="advantage",
+        tokens,
+        [1.0, None, -2.0],
+        quantity="advantage",
         blocked={"ppo": [True, False, True], "dppo_binary_tv": [False, False, True]},
         hover={"ratio": [1.5, 0.9, None]},
     )
@@ -110,8 +112,9 @@ def test_colored_tokens_newline_breaks_line():
 
 @pytest.mark.parametrize("text", HOSTILE)
 def test_hostile_text_is_only_ever_text(text):
-    markup = colored_tokens_html([text, "ok"], [0.5, 0.1], quantity=text,
-                                 blocked={text: [True, False]}, hover={text: [text, 1.0]})
+    markup = colored_tokens_html(
+        [text, "ok"], [0.5, 0.1], quantity=text, blocked={text: [True, False]}, hover={text: [text, 1.0]}
+    )
     parsed = _parse(markup + legend_html([text], quantity=text))
     assert set(parsed.tags) <= {"div", "span", "br"}
     assert {name for name, _ in parsed.attrs} <= {"style", "title"}

@@ -38,7 +38,9 @@ def float64_logp(model: torch.nn.Module, batch, temperature: float) -> torch.Ten
 
 
 def generate(engine, prompts=PROMPTS, repeat=4, seed=0, **kw):
-    return engine.generate([p for p in prompts for _ in range(repeat)], generator=torch.Generator().manual_seed(seed), **kw)
+    return engine.generate(
+        [p for p in prompts for _ in range(repeat)], generator=torch.Generator().manual_seed(seed), **kw
+    )
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -57,7 +59,9 @@ def test_fp32_mu_equals_float64_recomputation(temperature):
 
 def test_topk_holds_the_most_likely_ids_and_the_sampled_one():
     model = small_model()
-    batch = generate(RolloutEngine(model, RolloutConfig(max_new_tokens=10, precision="fp32", topk=20), eos_id=EOS, pad_id=PAD))
+    batch = generate(
+        RolloutEngine(model, RolloutConfig(max_new_tokens=10, precision="fp32", topk=20), eos_id=EOS, pad_id=PAD)
+    )
     m = batch.response_mask
     assert batch.mu_topk_ids.shape == (*m.shape, 20)
     assert (batch.mu_topk_ids == batch.response_ids[..., None]).any(-1)[m].all()
@@ -116,7 +120,9 @@ def test_bf16_engine_keeps_float32_buffers():
 def test_logit_noise_changes_mu_and_is_seeded():
     model = small_model()
     clean = RolloutEngine(model, RolloutConfig(max_new_tokens=8, precision="fp32"), eos_id=EOS, pad_id=PAD)
-    noisy = RolloutEngine(model, RolloutConfig(max_new_tokens=8, precision="fp32", logit_noise=1.0), eos_id=EOS, pad_id=PAD)
+    noisy = RolloutEngine(
+        model, RolloutConfig(max_new_tokens=8, precision="fp32", logit_noise=1.0), eos_id=EOS, pad_id=PAD
+    )
     a, b = generate(noisy, seed=5), generate(noisy, seed=5)
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.mu_logp, b.mu_logp)
     # the noisy μ is not the clean model's distribution at the same tokens
@@ -127,7 +133,9 @@ def test_logit_noise_changes_mu_and_is_seeded():
 
 def test_greedy_takes_the_argmax():
     model = small_model()
-    batch = generate(RolloutEngine(model, RolloutConfig(max_new_tokens=8, precision="fp32"), eos_id=EOS, pad_id=PAD), greedy=True)
+    batch = generate(
+        RolloutEngine(model, RolloutConfig(max_new_tokens=8, precision="fp32"), eos_id=EOS, pad_id=PAD), greedy=True
+    )
     ref = float64_logp(model, batch, 1.0)
     m = batch.response_mask
     assert torch.equal(ref.argmax(-1)[m], batch.response_ids[m])

@@ -181,9 +181,7 @@ def test_hand_checked_binary_kl_values():
     assert kl[0] == pytest.approx(0.0872, abs=1e-4)
     assert kl[1] == pytest.approx(0.0204, abs=1e-4)
     assert kl[2] == pytest.approx(6.7e-5, rel=1e-2)
-    assert kl[3] == pytest.approx(
-        0.99 * math.log(0.99 / 0.8) + 0.01 * math.log(0.01 / 0.2), rel=1e-12
-    )
+    assert kl[3] == pytest.approx(0.99 * math.log(0.99 / 0.8) + 0.01 * math.log(0.01 / 0.2), rel=1e-12)
     assert kl[3] == pytest.approx(0.1810, abs=1e-4)
 
 
@@ -286,12 +284,8 @@ def test_low_precision_inputs():
 
 
 def test_unknown_rule_lists_known_rules():
-    x = dict(
-        pi_logp=torch.tensor([-1.0]), mu_logp=torch.tensor([-1.0]), advantages=torch.tensor([1.0])
-    )
-    with pytest.raises(
-        KeyError, match=r"unknown rule 'dppo'; known rules: ppo, ppo_clip_higher.*grpo_tis"
-    ):
+    x = dict(pi_logp=torch.tensor([-1.0]), mu_logp=torch.tensor([-1.0]), advantages=torch.tensor([1.0]))
+    with pytest.raises(KeyError, match=r"unknown rule 'dppo'; known rules: ppo, ppo_clip_higher.*grpo_tis"):
         evaluate("dppo", **x)
     with pytest.raises(KeyError, match="unknown rule 'nope'"):
         evaluate_all(["ppo", "nope"], **x)
@@ -309,9 +303,7 @@ def test_unknown_rule_lists_known_rules():
     ],
 )
 def test_missing_input_names_rule_and_argument(rule, arg):
-    x = dict(
-        pi_logp=torch.tensor([-1.0]), mu_logp=torch.tensor([-1.0]), advantages=torch.tensor([1.0])
-    )
+    x = dict(pi_logp=torch.tensor([-1.0]), mu_logp=torch.tensor([-1.0]), advantages=torch.tensor([1.0]))
     with pytest.raises(ValueError, match=rf"rule '{rule}' needs {arg}"):
         evaluate(rule, **x)
     with pytest.raises(ValueError, match=rf"rule '{rule}' needs {arg}"):
@@ -382,9 +374,7 @@ def test_bad_thresholds():
 
 def test_bad_rule_lists():
     x = _bad()
-    with pytest.raises(
-        ValueError, match=r"rules must be a list of rule names, got the string 'ppo'"
-    ):
+    with pytest.raises(ValueError, match=r"rules must be a list of rule names, got the string 'ppo'"):
         evaluate_all("ppo", **x)
     with pytest.raises(ValueError, match=r"rules lists ppo more than once"):
         evaluate_all(["ppo", RULES["ppo"].with_thresholds(high=0.3)], **x)

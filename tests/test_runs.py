@@ -18,8 +18,14 @@ def record_run(path, steps=3, rows_per_file=10**6, rules=("ppo", "dppo_binary_tv
     with TokenRecorder(path, rules=list(rules), rows_per_file=rows_per_file) as rec:
         for step in range(steps):
             mu = -torch.rand(2, 4, generator=g) - 0.1
-            rec.record(step, token_ids=torch.randint(0, 9, (2, 4), generator=g), response_mask=torch.ones(2, 4),
-                       pi_logp=mu * 0.9, mu_logp=mu, advantages=torch.tensor([1.0, -1.0]))
+            rec.record(
+                step,
+                token_ids=torch.randint(0, 9, (2, 4), generator=g),
+                response_mask=torch.ones(2, 4),
+                pi_logp=mu * 0.9,
+                mu_logp=mu,
+                advantages=torch.tensor([1.0, -1.0]),
+            )
             rec.log_metrics(step, {"reward/mean": float(step)})
     return path
 

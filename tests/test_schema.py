@@ -22,10 +22,27 @@ def test_token_schema_is_the_contract():
     schema = table_schema("tokens", ["ppo", "dppo_binary_tv"])
     assert schema.names[:7] == ["step", "update", "rank", "sample", "group", "pos", "token_id"]
     assert [str(schema.field(n).type) for n in ("step", "update", "rank", "sample", "group", "pos", "token_id")] == [
-        "int32", "int16", "int16", "int64", "int64", "int32", "int32"
+        "int32",
+        "int16",
+        "int16",
+        "int64",
+        "int64",
+        "int32",
+        "int32",
     ]
     assert schema.field("token").type == pa.dictionary(pa.int32(), pa.string())
-    floats = ["mu_logp", "old_logp", "pi_logp", "ratio", "binary_tv", "binary_kl", "topk_tv", "topk_kl", "entropy", "advantage"]
+    floats = [
+        "mu_logp",
+        "old_logp",
+        "pi_logp",
+        "ratio",
+        "binary_tv",
+        "binary_kl",
+        "topk_tv",
+        "topk_kl",
+        "entropy",
+        "advantage",
+    ]
     assert schema.names[8:18] == floats and all(schema.field(n).type == pa.float32() for n in floats)
     assert schema.names[18:] == ["blocked_ppo", "blocked_dppo_binary_tv"]
     assert schema.field("blocked_ppo").type == pa.bool_()

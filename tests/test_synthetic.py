@@ -21,8 +21,17 @@ def _tokens(path) -> pl.DataFrame:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     path = tmp_path_factory.mktemp("syn") / "run"
-    return write_synthetic_run(path, steps=6, samples_per_step=16, seq_len=20, rules=RULES,
-                               world_size=2, updates=2, collapse_at=4, rows_per_part=400)
+    return write_synthetic_run(
+        path,
+        steps=6,
+        samples_per_step=16,
+        seq_len=20,
+        rules=RULES,
+        world_size=2,
+        updates=2,
+        collapse_at=4,
+        rows_per_part=400,
+    )
 
 
 def test_layout_manifest_and_metadata(run):
@@ -59,7 +68,9 @@ def test_rows_are_consistent(run):
     assert (df["topk_tv"] >= df["binary_tv"] - 1e-6).all()
     # blocked_<rule> equals the rule registry on the stored values
     expected = evaluate_all(
-        RULES, pi_logp=pi, mu_logp=mu,
+        RULES,
+        pi_logp=pi,
+        mu_logp=mu,
         advantages=torch.from_numpy(df["advantage"].to_numpy().astype(np.float64)),
         topk_tv=torch.from_numpy(df["topk_tv"].to_numpy().astype(np.float64)),
     )
@@ -74,7 +85,11 @@ def test_samples_match_tokens(run):
     assert samples.height == 6 * 16
     lengths = tokens.group_by("sample").len().sort("sample")
     assert lengths["len"].to_list() == samples.sort("sample")["length"].to_list()
-    text = tokens.sort("sample", "pos").group_by("sample", maintain_order=True).agg(pl.col("token").cast(pl.String).str.join(""))
+    text = (
+        tokens.sort("sample", "pos")
+        .group_by("sample", maintain_order=True)
+        .agg(pl.col("token").cast(pl.String).str.join(""))
+    )
     joined = dict(zip(text["sample"], text["token"]))
     assert all(joined[s] == r for s, r in zip(samples["sample"], samples["response"]))
     # advantages are group-normalised: they sum to ~0 within each group
@@ -83,12 +98,15 @@ def test_samples_match_tokens(run):
 
 
 def test_collapse_is_visible(tmp_path):
-    path = write_synthetic_run(tmp_path / "r", steps=12, samples_per_step=32, seq_len=32, rules=["ppo"],
-                               collapse_at=8, seed=1)
+    path = write_synthetic_run(
+        tmp_path / "r", steps=12, samples_per_step=32, seq_len=32, rules=["ppo"], collapse_at=8, seed=1
+    )
     df = _tokens(path)
-    per_step = df.group_by("step").agg(
-        pl.col("entropy").mean(), (pl.col("mu_logp") - pl.col("old_logp")).abs().mean().alias("gap")
-    ).sort("step")
+    per_step = (
+        df.group_by("step")
+        .agg(pl.col("entropy").mean(), (pl.col("mu_logp") - pl.col("old_logp")).abs().mean().alias("gap"))
+        .sort("step")
+    )
     before, after = per_step.filter(pl.col("step") < 8), per_step.filter(pl.col("step") >= 10)
     assert after["entropy"].max() < 0.5 * before["entropy"].min()
     assert after["gap"].min() > 3 * before["gap"].max()
@@ -98,8 +116,15 @@ def test_collapse_is_visible(tmp_path):
 
 
 def test_missing_mu_and_topk(tmp_path):
-    path = write_synthetic_run(tmp_path / "r", steps=2, samples_per_step=8, seq_len=8,
-                               rules=["ppo", "dppo_topk_tv"], with_mu=False, with_topk=False)
+    path = write_synthetic_run(
+        tmp_path / "r",
+        steps=2,
+        samples_per_step=8,
+        seq_len=8,
+        rules=["ppo", "dppo_topk_tv"],
+        with_mu=False,
+        with_topk=False,
+    )
     df = _tokens(path)
     assert df["mu_logp"].null_count() == df.height
     assert df["blocked_dppo_topk_tv"].null_count() == df.height
@@ -110,8 +135,7 @@ def test_missing_mu_and_topk(tmp_path):
 
 
 def test_hostile_vocab_round_trips(tmp_path):
-    path = write_synthetic_run(tmp_path / "r", steps=1, samples_per_step=8, seq_len=40, rules=[],
-                               vocab=HOSTILE_VOCAB)
+    path = write_synthetic_run(tmp_path / "r", steps=1, samples_per_step=8, seq_len=40, rules=[], vocab=HOSTILE_VOCAB)
     assert set(_tokens(path)["token"].cast(pl.String).unique()) <= set(HOSTILE_VOCAB)
 
 
@@ -151,8 +175,17 @@ def test_write_run_checks_columns(tmp_path):
         write_run(tmp_path / "b", tokens={"step": [0], "sample": [0], "pos": [0]})
     with pytest.raises(ValueError, match="has 2 rows"):
         write_run(tmp_path / "c", tokens={"step": [0], "sample": [0], "pos": [0, 1], "pi_logp": [-1.0]})
-    path = write_run(tmp_path / "d", tokens={"step": [1, 0], "sample": [1, 0], "pos": [0, 0], "pi_logp": [-1.0, -2.0],
-                                             "token": ["<b>", "x"], "blocked_ppo": [True, None]})
+    path = write_run(
+        tmp_path / "d",
+        tokens={
+            "step": [1, 0],
+            "sample": [1, 0],
+            "pos": [0, 0],
+            "pi_logp": [-1.0, -2.0],
+            "token": ["<b>", "x"],
+            "blocked_ppo": [True, None],
+        },
+    )
     df = _tokens(path)
     assert df["step"].to_list() == [0, 1] and df["pi_logp"].to_list() == [-2.0, -1.0]
     assert df["token"].cast(pl.String).to_list() == ["x", "<b>"]

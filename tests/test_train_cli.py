@@ -23,8 +23,21 @@ def test_help_documents_every_flag(capsys):
         main(["train", "--help"])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--rule", "--steps", "--out", "--seed", "--preset", "--checkpoint", "--lr",
-                 "--minibatches", "--group-size", "--rollout-precision", "--logit-noise", "--low", "--high"):
+    for flag in (
+        "--rule",
+        "--steps",
+        "--out",
+        "--seed",
+        "--preset",
+        "--checkpoint",
+        "--lr",
+        "--minibatches",
+        "--group-size",
+        "--rollout-precision",
+        "--logit-noise",
+        "--low",
+        "--high",
+    ):
         assert flag in text
     assert "dppo_binary_tv" in text and "offpolicy" in text
 
@@ -79,8 +92,11 @@ def test_missing_checkpoint(capsys, tmp_path):
 def test_corrupt_checkpoint(capsys, tmp_path):
     from trustlens.train.model import ModelConfig, build_model, build_tokenizer, save_checkpoint
 
-    ck = save_checkpoint(build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)),
-                         build_tokenizer(), tmp_path / "ck")
+    ck = save_checkpoint(
+        build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)),
+        build_tokenizer(),
+        tmp_path / "ck",
+    )
     (ck / "model.safetensors").write_bytes(b"\x00garbage" * 10)
     code, _, err = run_cli(capsys, "train", "--checkpoint", str(ck), "--out", str(tmp_path / "r"))
     assert code == 2
@@ -104,11 +120,16 @@ def test_compare_trains_each_rule_into_its_own_run(capsys, tmp_path):
     configs = [{k: v for k, v in r.manifest["config"].items() if k != "rule"} for r in runs.values()]
     assert configs[0] == configs[1]  # same seed and settings
     # same seed, same warm start: the first rollout batch is the same under both rules
-    first = [r.samples.filter(pl.col("step") == 0).sort("sample").collect()["response"].to_list() for r in runs.values()]
+    first = [
+        r.samples.filter(pl.col("step") == 0).sort("sample").collect()["response"].to_list() for r in runs.values()
+    ]
     assert first[0] == first[1]
     # a second run into the same place needs --overwrite
     assert run_cli(capsys, "compare", "--rules", "ppo", "--steps", "1", *QUICK, "--out", str(tmp_path))[0] == 2
-    assert run_cli(capsys, "compare", "--rules", "ppo", "--steps", "1", *QUICK, "--out", str(tmp_path), "--overwrite")[0] == 0
+    assert (
+        run_cli(capsys, "compare", "--rules", "ppo", "--steps", "1", *QUICK, "--out", str(tmp_path), "--overwrite")[0]
+        == 0
+    )
 
 
 def test_demo_without_dashboard_prints_how_to_inspect(capsys, tmp_path):
@@ -129,8 +150,22 @@ def test_demo_replaces_its_own_earlier_run(capsys, tmp_path, monkeypatch):
 def test_torchrun_two_processes_record_disjoint_shards(tmp_path):
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "trustlens.cli", "train", *QUICK, "--steps", "2", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "trustlens.cli",
+        "train",
+        *QUICK,
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     run = trustlens.load_run(out)

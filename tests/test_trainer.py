@@ -26,22 +26,31 @@ def test_group_advantages_closed_form():
     s = math.sqrt(1 / 3)  # unbiased std of (1, 0, 0, 1)
     expected = torch.tensor([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s, 0, 0, 0, 0])
     torch.testing.assert_close(adv, expected, atol=1e-5, rtol=0)
-    torch.testing.assert_close(group_advantages(rewards, 4, scale=False), torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+    torch.testing.assert_close(
+        group_advantages(rewards, 4, scale=False), torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0])
+    )
 
 
 def test_token_logp_against_float64(gen):
     logits = torch.randn(3, 5, 40, generator=gen) * 3
     ids = torch.randint(0, 40, (3, 5), generator=gen)
     ref = torch.log_softmax(logits.double(), -1)
-    torch.testing.assert_close(token_logp(logits, ids).double(), ref.gather(-1, ids[..., None]).squeeze(-1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        token_logp(logits, ids).double(), ref.gather(-1, ids[..., None]).squeeze(-1), atol=1e-5, rtol=0
+    )
 
 
 def _rollout(mu_logp, mask, topk_ids, topk_logp):
     B, T = mu_logp.shape
     return Rollout(
-        input_ids=torch.zeros(B, T + 1, dtype=torch.long), attention_mask=torch.ones(B, T + 1, dtype=torch.long),
-        prompt_len=1, response_ids=torch.zeros(B, T, dtype=torch.long), response_mask=mask, mu_logp=mu_logp,
-        mu_topk_ids=topk_ids, mu_topk_logp=topk_logp,
+        input_ids=torch.zeros(B, T + 1, dtype=torch.long),
+        attention_mask=torch.ones(B, T + 1, dtype=torch.long),
+        prompt_len=1,
+        response_ids=torch.zeros(B, T, dtype=torch.long),
+        response_mask=mask,
+        mu_logp=mu_logp,
+        mu_topk_ids=topk_ids,
+        mu_topk_logp=topk_logp,
     )
 
 
@@ -68,9 +77,15 @@ def test_trainer_and_fp32_engine_agree_at_the_same_weights(temperature):
     """π_old (trainer, logits / τ) equals μ (fp32 engine at τ): no false mismatch (DESIGN §1)."""
     tok = build_tokenizer()
     model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), seed=0)
-    engine = RolloutEngine(model, RolloutConfig(temperature=temperature, max_new_tokens=6, precision="fp32"),
-                           eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    batch = engine.generate([tok("1 + 2 =").input_ids, tok("10 + 20 + 30 =").input_ids] * 3, generator=torch.Generator().manual_seed(0))
+    engine = RolloutEngine(
+        model,
+        RolloutConfig(temperature=temperature, max_new_tokens=6, precision="fp32"),
+        eos_id=tok.eos_token_id,
+        pad_id=tok.pad_token_id,
+    )
+    batch = engine.generate(
+        [tok("1 + 2 =").input_ids, tok("10 + 20 + 30 =").input_ids] * 3, generator=torch.Generator().manual_seed(0)
+    )
     with torch.no_grad():
         logits = response_logits(model, batch, temperature)
     m = mismatch_metrics(batch, logits, token_logp(logits, batch.response_ids))
@@ -81,7 +96,11 @@ def test_blocked_counter_splits_by_advantage_sign():
     counter = BlockedCounter(["a", "b"])
     mask = torch.tensor([[True, True, False], [True, True, True]])
     adv = torch.tensor([[1.0], [-1.0]])
-    counter.add({"a": torch.tensor([[True, False, True], [True, True, True]]), "b": torch.zeros(2, 3, dtype=torch.bool)}, adv, mask)
+    counter.add(
+        {"a": torch.tensor([[True, False, True], [True, True, True]]), "b": torch.zeros(2, 3, dtype=torch.bool)},
+        adv,
+        mask,
+    )
     out = counter.metrics()
     assert out == {"blocked/a/pos": 0.5, "blocked/a/neg": 1.0, "blocked/b/pos": 0.0, "blocked/b/neg": 0.0}
     assert math.isnan(BlockedCounter(["a"]).metrics()["blocked/a/pos"])
@@ -140,9 +159,21 @@ def test_few_step_run_records_mu_old_and_pi(tmp_path):
     assert 0 < gap.max() < 1.0
     metrics = run.metrics.collect()
     names = set(metrics["name"])
-    assert {"reward/mean", "eval/accuracy", "eval/accuracy_sampled", "entropy/mean", "grad_norm", "response_length/mean", "mismatch/kl",
-            "mismatch/tv_mean", "mismatch/tv_max", "mismatch/log_ppl_diff", "time/step", "blocked/ppo/pos",
-            "blocked/dppo_binary_tv/neg"} <= names
+    assert {
+        "reward/mean",
+        "eval/accuracy",
+        "eval/accuracy_sampled",
+        "entropy/mean",
+        "grad_norm",
+        "response_length/mean",
+        "mismatch/kl",
+        "mismatch/tv_mean",
+        "mismatch/tv_max",
+        "mismatch/log_ppl_diff",
+        "time/step",
+        "blocked/ppo/pos",
+        "blocked/dppo_binary_tv/neg",
+    } <= names
     acc = metrics.filter(pl.col("name") == "eval/accuracy").sort("step")
     assert acc["step"].to_list() == [0, cfg.steps]
     assert acc["value"].to_list() == [result.eval_accuracy[0], result.eval_accuracy[cfg.steps]]
@@ -150,4 +181,6 @@ def test_few_step_run_records_mu_old_and_pi(tmp_path):
     # the active rule's share in the metrics matches its recorded column
     pos = tokens.filter(pl.col("advantage") > 0)
     per_step = metrics.filter(pl.col("name") == "blocked/ppo/pos").sort("step")["value"]
-    assert per_step.mean() == pytest.approx(pos.group_by("step").agg(pl.col("blocked_ppo").mean()).sort("step")["blocked_ppo"].mean(), abs=1e-6)
+    assert per_step.mean() == pytest.approx(
+        pos.group_by("step").agg(pl.col("blocked_ppo").mean()).sort("step")["blocked_ppo"].mean(), abs=1e-6
+    )

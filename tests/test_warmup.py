@@ -90,8 +90,22 @@ def test_warmup_stops_at_first_check_reaching_target():
 
 def test_cli_warmup(tmp_path, capsys):
     out = tmp_path / "ck"
-    args = ["warmup", "--out", str(out), "--max-steps", "2", "--batch-size", "4", "--eval-every", "2",
-            "--eval-size", "4", "--final-eval-size", "4", "--quiet"]
+    args = [
+        "warmup",
+        "--out",
+        str(out),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--eval-every",
+        "2",
+        "--eval-size",
+        "4",
+        "--final-eval-size",
+        "4",
+        "--quiet",
+    ]
     assert main(args) == 0
     assert "wrote" in capsys.readouterr().out
     _, _, meta = load_checkpoint(out)
@@ -110,8 +124,19 @@ def test_cli_help_documents_every_flag():
     out = subprocess.run(
         [sys.executable, "-m", "trustlens.cli", "warmup", "--help"], capture_output=True, text=True, check=True
     ).stdout
-    for flag in ("--out", "--seed", "--max-steps", "--batch-size", "--lr", "--target-accuracy",
-                 "--eval-every", "--eval-size", "--final-eval-size", "--threads", "--quiet"):
+    for flag in (
+        "--out",
+        "--seed",
+        "--max-steps",
+        "--batch-size",
+        "--lr",
+        "--target-accuracy",
+        "--eval-every",
+        "--eval-size",
+        "--final-eval-size",
+        "--threads",
+        "--quiet",
+    ):
         assert flag in out
 
 

@@ -55,14 +55,11 @@ def _raise_at(name: str, what: str, bad: torch.Tensor, shape: torch.Size, first_
         lead = torch.unravel_index(torch.tensor(row), shape[:-1]) if len(shape) > 1 else ()
         idx = (*(int(i) for i in lead), idx[-1])
     raise ValueError(
-        f"{name} contains {what} ({int(bad.sum())} non-finite values, first at index {idx} of "
-        f"shape {tuple(shape)})"
+        f"{name} contains {what} ({int(bad.sum())} non-finite values, first at index {idx} of shape {tuple(shape)})"
     )
 
 
-def check_logit_rows(
-    name: str, rows: torch.Tensor, shape: torch.Size, first_row: int
-) -> None:
+def check_logit_rows(name: str, rows: torch.Tensor, shape: torch.Size, first_row: int) -> None:
     """Require a block `rows` (R, V) of logits — rows first_row… of a tensor of `shape` seen as
     (N, V) — to hold no NaN or +inf and no row of only −inf, raising like `check_tensor` with
     the index in `shape`. A −inf logit elsewhere is a token of probability 0 (a masked token) and
@@ -79,9 +76,7 @@ def check_logit_rows(
         _raise_at(name, "a row of only -inf", (hi == -math.inf).expand_as(rows), shape, first_row)
 
 
-def check_token_ids(
-    name: str, ids: object, vocab_size: int, *, distinct: bool = False
-) -> torch.Tensor:
+def check_token_ids(name: str, ids: object, vocab_size: int, *, distinct: bool = False) -> torch.Tensor:
     """Require integer token ids in [0, vocab_size); with distinct=True, no id repeated along the
     last dim (one top-K set). Returns them as int64."""
     if not isinstance(ids, torch.Tensor):
@@ -92,10 +87,7 @@ def check_token_ids(
     out = (ids < 0) | (ids >= vocab_size)
     if bool(out.any()):
         idx = _first_index(out)
-        raise ValueError(
-            f"{name} holds id {int(ids[idx])} at index {idx}, outside the vocabulary "
-            f"[0, {vocab_size})"
-        )
+        raise ValueError(f"{name} holds id {int(ids[idx])} at index {idx}, outside the vocabulary [0, {vocab_size})")
     if distinct and ids.dim() > 0 and ids.shape[-1] > 1:
         ordered = ids.sort(dim=-1).values
         dup = ordered[..., 1:] == ordered[..., :-1]
@@ -149,10 +141,7 @@ def check_nonnegative(name: str, t: object) -> torch.Tensor:
     neg = t < -LOGP_TOLERANCE
     if bool(neg.any()):
         idx = _first_index(neg)
-        raise ValueError(
-            f"{name} holds negative values (e.g. {float(t[idx]):.6g} at index {idx}); "
-            "a divergence is ≥ 0"
-        )
+        raise ValueError(f"{name} holds negative values (e.g. {float(t[idx]):.6g} at index {idx}); a divergence is ≥ 0")
     return t.clamp(min=0.0)
 
 
@@ -166,7 +155,5 @@ def check_mask(name: str, t: object, like: torch.Tensor) -> torch.Tensor:
         bad = (t != 0) & (t != 1)
         if bool(bad.any()):
             idx = _first_index(bad)
-            raise ValueError(
-                f"{name} must hold only 0 and 1, got {float(t[idx]):.6g} at index {idx}"
-            )
+            raise ValueError(f"{name} must hold only 0 and 1, got {float(t[idx]):.6g} at index {idx}")
     return t.bool()

@@ -21,7 +21,10 @@ from trustlens import __version__
 # command -> (module that implements it, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "dashboard": ("trustlens.dashboard", "open the Streamlit dashboard on recorded runs"),
-    "train": ("trustlens.train.commands", "RL fine-tune the built-in model under one trust-region rule, recording every token"),
+    "train": (
+        "trustlens.train.commands",
+        "RL fine-tune the built-in model under one trust-region rule, recording every token",
+    ),
     "compare": ("trustlens.train.commands", "train the same settings under several rules, one run each"),
     "demo": ("trustlens.train.commands", "the main job: the default training run, then the dashboard on it"),
     "make-sample": ("trustlens.train.commands", "regenerate the shipped sample run (data/sample_run)"),

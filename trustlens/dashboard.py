@@ -47,21 +47,39 @@ def default_runs() -> Path:
 def streamlit_command(port: int, host: str, open_browser: bool) -> list[str]:
     """The `streamlit run` command line of the app (the runs folder goes in the environment)."""
     return [
-        sys.executable, "-m", "streamlit", "run", str(app_dir() / ENTRY),
-        "--server.address", host,
-        "--server.port", str(port),
-        "--server.headless", "false" if open_browser else "true",
-        "--server.fileWatcherType", "none",
-        "--server.runOnSave", "false",
-        "--browser.gatherUsageStats", "false",
-        "--client.toolbarMode", "viewer",
-        "--browser.serverAddress", host,
-        "--global.developmentMode", "false",
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app_dir() / ENTRY),
+        "--server.address",
+        host,
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "false" if open_browser else "true",
+        "--server.fileWatcherType",
+        "none",
+        "--server.runOnSave",
+        "false",
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "viewer",
+        "--browser.serverAddress",
+        host,
+        "--global.developmentMode",
+        "false",
     ]
 
 
-def start(path: str | Path | None = None, port: int = 8501, host: str = "127.0.0.1",
-          open_browser: bool = False, **popen: object) -> subprocess.Popen:
+def start(
+    path: str | Path | None = None,
+    port: int = 8501,
+    host: str = "127.0.0.1",
+    open_browser: bool = False,
+    **popen: object,
+) -> subprocess.Popen:
     """Start the dashboard on `path` (a folder of runs or one run; default the shipped sample run)
     in a background process and return it; `popen` goes to subprocess.Popen (e.g. stdout).
 
@@ -70,8 +88,9 @@ def start(path: str | Path | None = None, port: int = 8501, host: str = "127.0.0
     if path is None:
         path = default_runs()
         if not path.is_dir():
-            raise FileNotFoundError(f"the shipped sample run is missing ({path}); pass a RUNS_DIR, "
-                                    "or record a run with `trustlens demo`")
+            raise FileNotFoundError(
+                f"the shipped sample run is missing ({path}); pass a RUNS_DIR, or record a run with `trustlens demo`"
+            )
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"runs folder {str(path)!r} does not exist or is not a folder")
@@ -99,13 +118,15 @@ def wait_until_ready(proc: subprocess.Popen, url: str, timeout: float = 120.0) -
         time.sleep(0.25)
 
 
-def launch(path: str | Path | None = None, port: int = 8501, host: str = "127.0.0.1",
-           open_browser: bool = False) -> int:
+def launch(
+    path: str | Path | None = None, port: int = 8501, host: str = "127.0.0.1", open_browser: bool = False
+) -> int:
     """Run the dashboard (see `start`) until it is stopped; return its exit code."""
     proc = start(path, port, host, open_browser)
     shown = default_runs() if path is None else path
-    print(f"trustlens dashboard: serving {shown} at http://{host}:{port} (Ctrl-C stops it)",
-          file=sys.stderr, flush=True)
+    print(
+        f"trustlens dashboard: serving {shown} at http://{host}:{port} (Ctrl-C stops it)", file=sys.stderr, flush=True
+    )
     # `kill` of this process (SIGTERM) stops the server too, instead of orphaning it
     forward = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate()) if forward else None
@@ -126,10 +147,14 @@ def _run(args: argparse.Namespace) -> int:
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
     """Flags of `trustlens dashboard`."""
-    parser.add_argument("runs_dir", nargs="?", default=None, metavar="RUNS_DIR",
-                        help="a folder of recorded runs, or one run (default: the shipped sample run)")
+    parser.add_argument(
+        "runs_dir",
+        nargs="?",
+        default=None,
+        metavar="RUNS_DIR",
+        help="a folder of recorded runs, or one run (default: the shipped sample run)",
+    )
     parser.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--open", action="store_true", help="open a browser tab")
     parser.set_defaults(func=_run)

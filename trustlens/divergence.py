@@ -92,9 +92,7 @@ def binary_kl(pi_logp: torch.Tensor, mu_logp: torch.Tensor) -> torch.Tensor:
     return (mu * (mu_logp - pi_logp) + rest).clamp(min=0.0)
 
 
-def _bucket_divergence(
-    log_mu: torch.Tensor, log_pi: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _bucket_divergence(log_mu: torch.Tensor, log_pi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(TV, KL(μ ‖ π)) over the last dim of bucket log-probabilities (N, B), in float64.
 
     A bucket with μ = 0 adds nothing to the KL; one with μ > 0 and π = 0 makes it +inf.
@@ -123,9 +121,7 @@ def _check_logits(name: str, logits: object) -> torch.Tensor:
     return logits
 
 
-def _check_lead(
-    name: str, t: torch.Tensor, logits_name: str, logits: torch.Tensor, extra: int
-) -> None:
+def _check_lead(name: str, t: torch.Tensor, logits_name: str, logits: torch.Tensor, extra: int) -> None:
     """Require t to have logits' leading dims followed by `extra` (0 or 1) dims of its own."""
     lead = tuple(logits.shape[:-1])
     if t.dim() != len(lead) + extra or tuple(t.shape[: len(lead)]) != lead:
@@ -172,9 +168,7 @@ def _rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return t[torch.unravel_index(rows, t.shape[:-1])]
 
 
-def _check_row_maxima(
-    name: str, logits: torch.Tensor, maxima: torch.Tensor, rows: torch.Tensor | None = None
-) -> None:
+def _check_row_maxima(name: str, logits: torch.Tensor, maxima: torch.Tensor, rows: torch.Tensor | None = None) -> None:
     """Raise for the first row of logits (..., V) whose maximum is not finite (NaN, +inf or a row
     of only −inf), with the index of the offending element. maxima: (N,), or one per flat row
     index in `rows`."""
@@ -281,10 +275,7 @@ def topk_divergence(
     if K == 0:
         raise ValueError("mu_topk_ids holds no ids (K = 0); a top-K set needs K ≥ 1")
     if K > V:
-        raise ValueError(
-            f"mu_topk_ids has K = {K} ids per position, more than the vocabulary of pi_logits "
-            f"(V = {V})"
-        )
+        raise ValueError(f"mu_topk_ids has K = {K} ids per position, more than the vocabulary of pi_logits (V = {V})")
     ids = check_token_ids("mu_topk_ids", mu_topk_ids, V, distinct=True).reshape(-1, K)
     dtype = _result_dtype(pi_logits, mu_topk_logp)
 

@@ -89,14 +89,8 @@ def policy_loss(
     """
     rule = get_rule(rule).with_thresholds(low, high)
     if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(
-            f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}; got {loss_agg_mode!r}"
-        )
-    if (
-        not isinstance(clip_ratio_c, numbers.Real)
-        or not math.isfinite(clip_ratio_c)
-        or clip_ratio_c <= 1
-    ):
+        raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}; got {loss_agg_mode!r}")
+    if not isinstance(clip_ratio_c, numbers.Real) or not math.isfinite(clip_ratio_c) or clip_ratio_c <= 1:
         raise ValueError(f"clip_ratio_c must be a finite number > 1, got {clip_ratio_c!r}")
     if isinstance(pi_logp, torch.Tensor) and pi_logp.dim() != 2:
         raise ValueError(f"pi_logp must have shape (B, T), got {tuple(pi_logp.shape)}")

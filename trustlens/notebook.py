@@ -116,9 +116,17 @@ def sample_runs(folder: str | os.PathLike | None = None) -> dict[str, Run]:
     print(f"no shipped sample run at {found}: using synthetic runs of {', '.join(FALLBACK_RULES)} in {root}")
     rules = list(RULES)
     for i, rule in enumerate(FALLBACK_RULES):
-        write_synthetic_run(root / rule, steps=24, samples_per_step=32, seq_len=48, rules=rules, seed=i,
-                            updates=2, active_rule=rule,
-                            collapse_at=FALLBACK_COLLAPSE_AT if rule == "pg_is" else None)
+        write_synthetic_run(
+            root / rule,
+            steps=24,
+            samples_per_step=32,
+            seq_len=48,
+            rules=rules,
+            seed=i,
+            updates=2,
+            active_rule=rule,
+            collapse_at=FALLBACK_COLLAPSE_AT if rule == "pg_is" else None,
+        )
     return {run.name: run for run in load_runs(root)}
 
 

@@ -56,8 +56,7 @@ def token_labels(tokens: Sequence[str | None]) -> list[str]:
 def _empty(title: str, reason: str | None) -> go.Figure:
     fig = go.Figure()
     fig.update_layout(title=title, xaxis_visible=False, yaxis_visible=False)
-    fig.add_annotation(text=safe_text(reason or "no data"), showarrow=False, x=0.5, y=0.5,
-                       xref="paper", yref="paper")
+    fig.add_annotation(text=safe_text(reason or "no data"), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     return fig
 
 
@@ -100,13 +99,20 @@ def _density_trace(density: pl.DataFrame, *, log_y: bool, rule: str | None, show
         frac[ys, xs] = density[col].to_numpy() / counts
     x_edges = _edges(density, "x_bin", "x_lo", "x_hi", n_x, log=True)
     y_edges = _edges(density, "y_bin", "y_lo", "y_hi", n_y, log=log_y)
-    custom = np.dstack([10 ** z, frac])
+    custom = np.dstack([10**z, frac])
     blocked_line = f"<br>blocked by {safe_text(rule)}: %{{customdata[1]:.1%}}" if col else ""
     return go.Heatmap(
-        x=x_edges, y=y_edges, z=z, customdata=custom, colorscale="Viridis", showscale=showscale,
+        x=x_edges,
+        y=y_edges,
+        z=z,
+        customdata=custom,
+        colorscale="Viridis",
+        showscale=showscale,
         colorbar={"title": "log10 tokens", "x": 1.02, "len": 0.8},
-        hovertemplate="log10 μ %{x:.2f}, " + ("log10 π/μ" if log_y else "|π − μ|")
-        + " %{y:.3g}<br>tokens: %{customdata[0]:.0f}" + blocked_line
+        hovertemplate="log10 μ %{x:.2f}, "
+        + ("log10 π/μ" if log_y else "|π − μ|")
+        + " %{y:.3g}<br>tokens: %{customdata[0]:.0f}"
+        + blocked_line
         + "<extra></extra>",
     )
 
@@ -121,8 +127,14 @@ def _edges(density: pl.DataFrame, bin_col: str, lo_col: str, hi_col: str, n: int
     return lo - b * width + width * np.arange(n + 1)
 
 
-def figure1(ratio_density: pl.DataFrame, tv_density: pl.DataFrame, boundaries: pl.DataFrame | None = None,
-            *, rule: str | None = None, title: str = "Ratio and TV against μ (DPPO paper, Figure 1)") -> go.Figure:
+def figure1(
+    ratio_density: pl.DataFrame,
+    tv_density: pl.DataFrame,
+    boundaries: pl.DataFrame | None = None,
+    *,
+    rule: str | None = None,
+    title: str = "Ratio and TV against μ (DPPO paper, Figure 1)",
+) -> go.Figure:
     """The paper's Figure-1 pair: token density of π/μ (left, log scale) and of |π − μ| (right)
     against μ (log scale), with each rule's boundary (`analysis.rule_boundaries`): solid where a
     token with A > 0 starts to be blocked, dashed for A ≤ 0.
@@ -130,8 +142,9 @@ def figure1(ratio_density: pl.DataFrame, tv_density: pl.DataFrame, boundaries: p
     `ratio_density` / `tv_density` come from `analysis.figure1_density(tokens, "ratio")` and
     `(tokens, "binary_tv")`; with `rule` the hover shows the fraction of each cell it blocks.
     """
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                        subplot_titles=("ratio π/μ vs μ", "binary TV |π − μ| vs μ"))
+    fig = make_subplots(
+        rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=("ratio π/μ vs μ", "binary TV |π − μ| vs μ")
+    )
     for col, (density, log_y) in enumerate(((ratio_density, True), (tv_density, False)), start=1):
         if density.is_empty():
             continue
@@ -147,18 +160,25 @@ def figure1(ratio_density: pl.DataFrame, tv_density: pl.DataFrame, boundaries: p
             for col, y in ((1, np.log10(part["ratio"].to_numpy())), (2, part["tv"].to_numpy())):
                 lo, hi = y_ranges[col] or (-np.inf, np.inf)
                 keep = (y >= lo) & (y <= hi)
-                fig.add_trace(go.Scatter(
-                    x=np.log10(part["mu"].to_numpy())[keep], y=y[keep], mode="lines",
-                    line={"color": colours[name], "dash": _SIDE_DASH[side], "width": 2},
-                    name=safe_text(name), legendgroup=safe_text(name),
-                    showlegend=bool(col == 1 and side == "upper"),
-                    hovertemplate=f"{safe_text(name)} ({side})<br>log10 μ %{{x:.2f}}, %{{y:.3g}}<extra></extra>",
-                ), row=1, col=col)
+                fig.add_trace(
+                    go.Scatter(
+                        x=np.log10(part["mu"].to_numpy())[keep],
+                        y=y[keep],
+                        mode="lines",
+                        line={"color": colours[name], "dash": _SIDE_DASH[side], "width": 2},
+                        name=safe_text(name),
+                        legendgroup=safe_text(name),
+                        showlegend=bool(col == 1 and side == "upper"),
+                        hovertemplate=f"{safe_text(name)} ({side})<br>log10 μ %{{x:.2f}}, %{{y:.3g}}<extra></extra>",
+                    ),
+                    row=1,
+                    col=col,
+                )
     x_ticks = _decade_ticks(*(_axis_range(ratio_density, "x_lo", "x_hi", log=True) or (-6, 0)))
     fig.update_xaxes(title_text="μ(a_t)", **x_ticks)
     r = _axis_range(ratio_density, "y_lo", "y_hi", log=True) or (-1, 1)
     ticks = np.round(np.linspace(r[0], r[1], 5), 2)
-    fig.update_yaxes(title_text="π/μ", tickvals=ticks, ticktext=[f"{10 ** t:.3g}" for t in ticks], row=1, col=1)
+    fig.update_yaxes(title_text="π/μ", tickvals=ticks, ticktext=[f"{10**t:.3g}" for t in ticks], row=1, col=1)
     fig.update_yaxes(title_text="|π − μ|", row=1, col=2)
     fig.update_layout(title=title, legend={"orientation": "h", "y": -0.2})
     return fig
@@ -181,22 +201,37 @@ def blocked_tokens_bar(by_token: pl.DataFrame, *, top: int = 20, title: str = "M
         return _empty(title, "no token is blocked")
     rules = list(dict.fromkeys(by_token["rule"].to_list()))
     colours = rule_colours(rules)
-    order = (by_token.group_by("token").agg(pl.col("blocked").max()).sort("blocked", descending=True)
-             .head(top)["token"].to_list())
+    order = (
+        by_token.group_by("token")
+        .agg(pl.col("blocked").max())
+        .sort("blocked", descending=True)
+        .head(top)["token"]
+        .to_list()
+    )
     labels = dict(zip(order, token_labels(order)))
     fig = go.Figure()
     for rule in rules:
         part = by_token.filter((pl.col("rule") == rule) & pl.col("token").is_in(order))
-        fig.add_trace(go.Bar(
-            y=[labels[t] for t in part["token"]], x=part["blocked"].to_list(), orientation="h",
-            name=safe_text(rule), marker_color=colours[rule],
-            customdata=np.column_stack([part["count"].to_numpy(), part["blocked_frac"].to_numpy()]),
-            hovertemplate="%{y}<br>blocked %{x} of %{customdata[0]:.0f} (%{customdata[1]:.1%})<extra>"
-            + safe_text(rule) + "</extra>",
-        ))
-    fig.update_layout(title=title, barmode="group", xaxis_title="blocked tokens",
-                      yaxis={"categoryorder": "array", "categoryarray": [labels[t] for t in reversed(order)]},
-                      height=max(300, 22 * len(order) * max(1, len(rules)) // 2 + 120))
+        fig.add_trace(
+            go.Bar(
+                y=[labels[t] for t in part["token"]],
+                x=part["blocked"].to_list(),
+                orientation="h",
+                name=safe_text(rule),
+                marker_color=colours[rule],
+                customdata=np.column_stack([part["count"].to_numpy(), part["blocked_frac"].to_numpy()]),
+                hovertemplate="%{y}<br>blocked %{x} of %{customdata[0]:.0f} (%{customdata[1]:.1%})<extra>"
+                + safe_text(rule)
+                + "</extra>",
+            )
+        )
+    fig.update_layout(
+        title=title,
+        barmode="group",
+        xaxis_title="blocked tokens",
+        yaxis={"categoryorder": "array", "categoryarray": [labels[t] for t in reversed(order)]},
+        height=max(300, 22 * len(order) * max(1, len(rules)) // 2 + 120),
+    )
     return fig
 
 
@@ -210,19 +245,27 @@ def blocked_by_bucket_bar(by_bucket: pl.DataFrame, *, title: str = "Blocked frac
     fig = go.Figure()
     for rule in rules:
         part = by_bucket.filter(pl.col("rule") == rule).sort("bucket")
-        fig.add_trace(go.Bar(
-            x=part["label"].to_list(), y=part["blocked_frac"].to_list(), name=safe_text(rule),
-            marker_color=colours[rule], customdata=np.column_stack([part["blocked"], part["count"]]),
-            hovertemplate="μ in %{x}: %{y:.2%} (%{customdata[0]} of %{customdata[1]})<extra>"
-            + safe_text(rule) + "</extra>",
-        ))
-    fig.update_layout(title=title, barmode="group", xaxis_title="μ(a_t)", yaxis_title="blocked fraction",
-                      yaxis_tickformat=".0%")
+        fig.add_trace(
+            go.Bar(
+                x=part["label"].to_list(),
+                y=part["blocked_frac"].to_list(),
+                name=safe_text(rule),
+                marker_color=colours[rule],
+                customdata=np.column_stack([part["blocked"], part["count"]]),
+                hovertemplate="μ in %{x}: %{y:.2%} (%{customdata[0]} of %{customdata[1]})<extra>"
+                + safe_text(rule)
+                + "</extra>",
+            )
+        )
+    fig.update_layout(
+        title=title, barmode="group", xaxis_title="μ(a_t)", yaxis_title="blocked fraction", yaxis_tickformat=".0%"
+    )
     return fig
 
 
-def blocked_per_step_lines(per_step: pl.DataFrame, *, max_points: int = MAX_POINTS,
-                           title: str = "Blocked fraction per step") -> go.Figure:
+def blocked_per_step_lines(
+    per_step: pl.DataFrame, *, max_points: int = MAX_POINTS, title: str = "Blocked fraction per step"
+) -> go.Figure:
     """One line per rule: the fraction of each step's tokens it blocks (`analysis.blocked_per_step`)."""
     if per_step.is_empty():
         return _empty(title, "no tokens")
@@ -231,8 +274,15 @@ def blocked_per_step_lines(per_step: pl.DataFrame, *, max_points: int = MAX_POIN
     fig = go.Figure()
     for rule in rules:
         part = thin(per_step.filter(pl.col("rule") == rule).select("step", "blocked_frac"), max_points=max_points)
-        fig.add_trace(go.Scatter(x=part["step"].to_list(), y=part["blocked_frac"].to_list(), mode="lines",
-                                 name=safe_text(rule), line_color=colours[rule]))
+        fig.add_trace(
+            go.Scatter(
+                x=part["step"].to_list(),
+                y=part["blocked_frac"].to_list(),
+                mode="lines",
+                name=safe_text(rule),
+                line_color=colours[rule],
+            )
+        )
     fig.update_layout(title=title, xaxis_title="step", yaxis_title="blocked fraction", yaxis_tickformat=".1%")
     return fig
 
@@ -251,13 +301,19 @@ def confusion_heatmap(matrix: pl.DataFrame, *, title: str = "Blocked by row rule
         z[i, j] = np.nan if row["only_a_frac"] is None else row["only_a_frac"]
         k[i, j] = row["only_a"]
     labels = [safe_text(r) for r in rules]
-    fig = go.Figure(go.Heatmap(
-        z=z, x=labels, y=labels, colorscale="Reds", customdata=k, texttemplate="%{z:.2%}",
-        hovertemplate="blocked by %{y}, not by %{x}: %{z:.2%} (%{customdata:.0f} tokens)<extra></extra>",
-        colorbar={"title": "fraction", "tickformat": ".1%"},
-    ))
-    fig.update_layout(title=title, xaxis_title="not blocked by", yaxis_title="blocked by",
-                      yaxis_autorange="reversed")
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=labels,
+            y=labels,
+            colorscale="Reds",
+            customdata=k,
+            texttemplate="%{z:.2%}",
+            hovertemplate="blocked by %{y}, not by %{x}: %{z:.2%} (%{customdata:.0f} tokens)<extra></extra>",
+            colorbar={"title": "fraction", "tickformat": ".1%"},
+        )
+    )
+    fig.update_layout(title=title, xaxis_title="not blocked by", yaxis_title="blocked by", yaxis_autorange="reversed")
     return fig
 
 
@@ -271,8 +327,15 @@ def confusion_lines(confusion: pl.DataFrame, rule_a: str, rule_b: str, *, max_po
     colours = rule_colours([rule_a, rule_b])
     fig = go.Figure()
     for col, rule in (("only_a_frac", rule_a), ("only_b_frac", rule_b)):
-        fig.add_trace(go.Scatter(x=df["step"].to_list(), y=df[col].to_list(), mode="lines",
-                                 name=f"only {safe_text(rule)}", line_color=colours[rule]))
+        fig.add_trace(
+            go.Scatter(
+                x=df["step"].to_list(),
+                y=df[col].to_list(),
+                mode="lines",
+                name=f"only {safe_text(rule)}",
+                line_color=colours[rule],
+            )
+        )
     fig.update_layout(title=title, xaxis_title="step", yaxis_title="fraction of tokens", yaxis_tickformat=".1%")
     return fig
 
@@ -282,9 +345,14 @@ def confusion_lines(confusion: pl.DataFrame, rule_a: str, rule_b: str, *, max_po
 MISMATCH_CURVES = ("mismatch_kl", "k3_kl", "tv_mean", "chi2_token")
 
 
-def mismatch_curves(per_step: pl.DataFrame, metrics: Sequence[str] = MISMATCH_CURVES, *,
-                    reason: str | None = None, max_points: int = MAX_POINTS,
-                    title: str = "Training-inference mismatch (μ vs π_old)") -> go.Figure:
+def mismatch_curves(
+    per_step: pl.DataFrame,
+    metrics: Sequence[str] = MISMATCH_CURVES,
+    *,
+    reason: str | None = None,
+    max_points: int = MAX_POINTS,
+    title: str = "Training-inference mismatch (μ vs π_old)",
+) -> go.Figure:
     """One panel per mismatch quantity over steps (`analysis.mismatch_per_step`); an empty frame
     draws `reason` (`analysis.mismatch_unavailable`) instead."""
     if per_step.is_empty():
@@ -293,25 +361,32 @@ def mismatch_curves(per_step: pl.DataFrame, metrics: Sequence[str] = MISMATCH_CU
     if missing:
         raise ValueError(f"metrics: {missing} are not columns of the mismatch table ({per_step.columns})")
     df = thin(per_step.select("step", *metrics), max_points=max_points)
-    fig = make_subplots(rows=len(metrics), cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        subplot_titles=list(metrics))
+    fig = make_subplots(
+        rows=len(metrics), cols=1, shared_xaxes=True, vertical_spacing=0.04, subplot_titles=list(metrics)
+    )
     for i, m in enumerate(metrics, start=1):
-        fig.add_trace(go.Scatter(x=df["step"].to_list(), y=df[m].to_list(), mode="lines", name=m,
-                                 showlegend=False), row=i, col=1)
+        fig.add_trace(
+            go.Scatter(x=df["step"].to_list(), y=df[m].to_list(), mode="lines", name=m, showlegend=False), row=i, col=1
+        )
     fig.update_xaxes(title_text="step", row=len(metrics), col=1)
     fig.update_layout(title=title, height=180 * len(metrics) + 100)
     return fig
 
 
-def mismatch_by_bucket_bar(by_bucket: pl.DataFrame, metric: str = "k3_kl", *, reason: str | None = None,
-                           title: str = "Mismatch by μ bucket") -> go.Figure:
+def mismatch_by_bucket_bar(
+    by_bucket: pl.DataFrame, metric: str = "k3_kl", *, reason: str | None = None, title: str = "Mismatch by μ bucket"
+) -> go.Figure:
     """Bars of one mismatch quantity per μ-probability bucket (`analysis.mismatch_by_bucket`)."""
     if by_bucket.is_empty():
         return _empty(title, reason or "no tokens with both μ and π_old")
-    fig = go.Figure(go.Bar(
-        x=by_bucket["label"].to_list(), y=by_bucket[metric].to_list(), customdata=by_bucket["tokens"].to_list(),
-        hovertemplate="μ in %{x}: %{y:.4g} over %{customdata} tokens<extra></extra>",
-    ))
+    fig = go.Figure(
+        go.Bar(
+            x=by_bucket["label"].to_list(),
+            y=by_bucket[metric].to_list(),
+            customdata=by_bucket["tokens"].to_list(),
+            hovertemplate="μ in %{x}: %{y:.4g} over %{customdata} tokens<extra></extra>",
+        )
+    )
     fig.update_layout(title=title, xaxis_title="μ(a_t)", yaxis_title=metric)
     return fig
 
@@ -319,9 +394,14 @@ def mismatch_by_bucket_bar(by_bucket: pl.DataFrame, metric: str = "k3_kl", *, re
 TIMELINE_SIGNALS = ("entropy", "k3_kl", "reward", "grad_norm")
 
 
-def collapse_timeline(signals: pl.DataFrame, alerts: pl.DataFrame | None = None, *,
-                      panels: Sequence[str] = TIMELINE_SIGNALS, max_points: int = MAX_POINTS,
-                      title: str = "Collapse signals") -> go.Figure:
+def collapse_timeline(
+    signals: pl.DataFrame,
+    alerts: pl.DataFrame | None = None,
+    *,
+    panels: Sequence[str] = TIMELINE_SIGNALS,
+    max_points: int = MAX_POINTS,
+    title: str = "Collapse signals",
+) -> go.Figure:
     """Stacked panels of the per-step signals (`analysis.step_signals`) — the given `panels`
     that the run has, then every blocked_<rule> fraction in one panel — with each alert
     (`analysis.detect_collapse`) marked on the panel of its signal, coloured by severity; the
@@ -332,38 +412,72 @@ def collapse_timeline(signals: pl.DataFrame, alerts: pl.DataFrame | None = None,
     shown = [p for p in panels if p in signals.columns and signals[p].drop_nulls().len() > 0]
     rows = shown + (["blocked"] if blocked else [])
     df = thin(signals, max_points=max_points)
-    fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.03,
-                        subplot_titles=[r if r != "blocked" else "blocked fraction" for r in rows])
+    fig = make_subplots(
+        rows=len(rows),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.03,
+        subplot_titles=[r if r != "blocked" else "blocked fraction" for r in rows],
+    )
     row_of = {p: i for i, p in enumerate(shown, start=1)}
     for p in shown:
-        fig.add_trace(go.Scatter(x=df["step"].to_list(), y=df[p].to_list(), mode="lines", name=p,
-                                 showlegend=False, line_color="#444"), row=row_of[p], col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=df["step"].to_list(), y=df[p].to_list(), mode="lines", name=p, showlegend=False, line_color="#444"
+            ),
+            row=row_of[p],
+            col=1,
+        )
     if blocked:
         colours = rule_colours([c.removeprefix("blocked_") for c in blocked])
         for c in blocked:
             rule = c.removeprefix("blocked_")
             row_of[c] = len(rows)
-            fig.add_trace(go.Scatter(x=df["step"].to_list(), y=df[c].to_list(), mode="lines",
-                                     name=safe_text(rule), line_color=colours[rule]), row=len(rows), col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=df["step"].to_list(),
+                    y=df[c].to_list(),
+                    mode="lines",
+                    name=safe_text(rule),
+                    line_color=colours[rule],
+                ),
+                row=len(rows),
+                col=1,
+            )
     if alerts is not None and not alerts.is_empty():
         values = {p: dict(zip(signals["step"].to_list(), signals[p].to_list())) for p in row_of}
         for sev, part in alerts.group_by("severity"):
             pts = [(row_of.get(a["signal"]), a) for a in part.iter_rows(named=True)]
             for row in sorted({r for r, _ in pts if r is not None}):
                 mine = [a for r, a in pts if r == row]
-                fig.add_trace(go.Scatter(
-                    x=[a["step"] for a in mine], y=[values[a["signal"]].get(a["step"]) for a in mine],
-                    mode="markers", marker={"symbol": "x", "size": 11, "color": SEVERITY_COLOURS.get(sev[0], "#000")},
-                    name=f"{sev[0]} alert", legendgroup=sev[0], showlegend=row == min(r for r, _ in pts if r),
-                    text=[safe_text(a["message"]) for a in mine], hovertemplate="%{text}<extra></extra>",
-                ), row=row, col=1)
+                fig.add_trace(
+                    go.Scatter(
+                        x=[a["step"] for a in mine],
+                        y=[values[a["signal"]].get(a["step"]) for a in mine],
+                        mode="markers",
+                        marker={"symbol": "x", "size": 11, "color": SEVERITY_COLOURS.get(sev[0], "#000")},
+                        name=f"{sev[0]} alert",
+                        legendgroup=sev[0],
+                        showlegend=row == min(r for r, _ in pts if r),
+                        text=[safe_text(a["message"]) for a in mine],
+                        hovertemplate="%{text}<extra></extra>",
+                    ),
+                    row=row,
+                    col=1,
+                )
     fig.update_xaxes(title_text="step", row=len(rows), col=1)
     fig.update_layout(title=title, height=160 * len(rows) + 120)
     return fig
 
 
-def overlay_runs(frames: Mapping[str, pl.DataFrame], y: str | Sequence[str], *, x: str = "step",
-                 max_points: int = MAX_POINTS, title: str = "Runs compared") -> go.Figure:
+def overlay_runs(
+    frames: Mapping[str, pl.DataFrame],
+    y: str | Sequence[str],
+    *,
+    x: str = "step",
+    max_points: int = MAX_POINTS,
+    title: str = "Runs compared",
+) -> go.Figure:
     """Several runs overlaid: for each column in `y`, one panel with a line per run.
 
     `frames` maps a run's name to a per-step frame holding `x` and the `y` columns (e.g.
@@ -380,9 +494,19 @@ def overlay_runs(frames: Mapping[str, pl.DataFrame], y: str | Sequence[str], *, 
             if col not in df.columns or x not in df.columns:
                 continue
             part = thin(df.select(x, col), x=x, max_points=max_points)
-            fig.add_trace(go.Scatter(x=part[x].to_list(), y=part[col].to_list(), mode="lines",
-                                     name=safe_text(name), legendgroup=safe_text(name), showlegend=i == 1,
-                                     line_color=colours[name]), row=i, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=part[x].to_list(),
+                    y=part[col].to_list(),
+                    mode="lines",
+                    name=safe_text(name),
+                    legendgroup=safe_text(name),
+                    showlegend=i == 1,
+                    line_color=colours[name],
+                ),
+                row=i,
+                col=1,
+            )
     fig.update_xaxes(title_text=x, row=len(ys), col=1)
     fig.update_layout(title=title, height=200 * len(ys) + 120)
     return fig

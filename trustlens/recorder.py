@@ -47,7 +47,13 @@ import pyarrow as pa
 import torch
 
 from trustlens import __version__
-from trustlens._checks import _first_index, broadcast_advantages, check_logp, check_mask, check_nonnegative, check_tensor
+from trustlens._checks import (
+    _first_index,
+    check_logp,
+    check_mask,
+    check_nonnegative,
+    check_tensor,
+)
 from trustlens.divergence import topk_divergence
 from trustlens.rules import RULES, RuleSpec, TokenInputs, resolve_rules
 from trustlens.schema import SCHEMA_VERSION, blocked_column, part_path, table_schema
@@ -275,10 +281,23 @@ class TokenRecorder:
                 inputs.require(rule)
         evaluable = [r for r in self.rules if all(inputs.given[a] is not None for a in r.needs)]
         ids_of_rows = (samples, groups, b, t, ids)
-        job = functools.partial(_derive, step, update, ids_of_rows, inputs, mu_logp is not None, ent, self.rules, evaluable)
-        recorded = {k for k, v in (("mu_logp", mu_logp), ("old_logp", old_logp), ("topk_tv", topk_tv),
-                                   ("topk_kl", topk_kl), ("entropy", ent)) if v is not None}
-        self._note_anchor("mu" if mu_logp is not None else "old", recorded | {blocked_column(r.name) for r in evaluable})
+        job = functools.partial(
+            _derive, step, update, ids_of_rows, inputs, mu_logp is not None, ent, self.rules, evaluable
+        )
+        recorded = {
+            k
+            for k, v in (
+                ("mu_logp", mu_logp),
+                ("old_logp", old_logp),
+                ("topk_tv", topk_tv),
+                ("topk_kl", topk_kl),
+                ("entropy", ent),
+            )
+            if v is not None
+        }
+        self._note_anchor(
+            "mu" if mu_logp is not None else "old", recorded | {blocked_column(r.name) for r in evaluable}
+        )
         # on the CPU the derived columns are computed by the writer thread (same device, off the
         # training step's path); elsewhere here, so that only compact rows leave the device
         self._writer.put_tokens(job if device.type == "cpu" else job())
@@ -328,8 +347,15 @@ class TokenRecorder:
         A NaN (or None) reward or advantage is stored as null: the sample has none."""
         self._check_open()
         step = _int_arg("step", step, 0, 2**31)
-        given = {"prompt": prompts, "response": responses, "reward": rewards, "advantage": advantages,
-                 "length": lengths, "sample": sample_ids, "group": group_ids}
+        given = {
+            "prompt": prompts,
+            "response": responses,
+            "reward": rewards,
+            "advantage": advantages,
+            "length": lengths,
+            "sample": sample_ids,
+            "group": group_ids,
+        }
         sizes = {name: len(v) for name, v in given.items() if v is not None}
         if not sizes:
             raise ValueError("log_samples needs at least one of prompts, responses, rewards, advantages, lengths")
@@ -409,7 +435,9 @@ class TokenRecorder:
         self._next_sample = {k: v for k, v in self._next_sample.items() if k[1] == key[1]}
         self._next_sample[key] = self._next_sample.get(key, 0) + n
 
-    def _ids(self, name: str, ids: object, batch: int, device: torch.device, key: tuple[Any, ...] | None) -> torch.Tensor:
+    def _ids(
+        self, name: str, ids: object, batch: int, device: torch.device, key: tuple[Any, ...] | None
+    ) -> torch.Tensor:
         """Per-sample ids (B,) as an int64 tensor on `device`; numbered by default when `key`."""
         if ids is None:
             start = self._first_id(key, batch)
@@ -483,8 +511,16 @@ class TokenRecorder:
 
 
 @torch.no_grad()
-def _derive(step: int, update: int, ids_of_rows: tuple[torch.Tensor, ...], inputs: TokenInputs,
-            mu_given: bool, entropy: torch.Tensor | None, rules: list, evaluable: list) -> TokenBatch:
+def _derive(
+    step: int,
+    update: int,
+    ids_of_rows: tuple[torch.Tensor, ...],
+    inputs: TokenInputs,
+    mu_given: bool,
+    entropy: torch.Tensor | None,
+    rules: list,
+    evaluable: list,
+) -> TokenBatch:
     """The rows of one `record` call from its checked inputs (N,): their ids, ratio π/anchor,
     binary TV and KL, and the decision of every evaluable rule (the others stay null), as CPU
     arrays. `ids_of_rows` = (sample ids (B,), group ids (B,), b (N,), t (N,), token ids (N,))."""
@@ -516,8 +552,13 @@ def check_tensor_shape(name: str, t: object, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {shape} like token_ids")
 
 
-def _check_arguments(token_ids: object, per_token: dict[str, torch.Tensor | None], topk_ids: object,
-                     topk_logp: object, temperature: object) -> tuple[int, int]:
+def _check_arguments(
+    token_ids: object,
+    per_token: dict[str, torch.Tensor | None],
+    topk_ids: object,
+    topk_logp: object,
+    temperature: object,
+) -> tuple[int, int]:
     """The checks of `record`'s arguments that need no pass over the data; returns (B, T)."""
     if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 2:
         got = tuple(token_ids.shape) if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__

@@ -135,8 +135,11 @@ def colored_tokens_html(
     n = len(tokens)
     blocked = dict(blocked or {})
     hover = dict(hover or {})
-    for name, seq in (("values", values), *((f"blocked[{k!r}]", v) for k, v in blocked.items()),
-                      *((f"hover[{k!r}]", v) for k, v in hover.items())):
+    for name, seq in (
+        ("values", values),
+        *((f"blocked[{k!r}]", v) for k, v in blocked.items()),
+        *((f"hover[{k!r}]", v) for k, v in hover.items()),
+    ):
         if len(seq) != n:
             raise ValueError(f"{name} has {len(seq)} entries but tokens has {n}")
     centre = quantity_centre(quantity) if centre is None else float(centre)

@@ -91,14 +91,10 @@ class Rule:
             if value is None:
                 continue
             if getattr(self, side) is None:
-                raise ValueError(
-                    f"rule {self.name!r} has no {side} threshold; got {side}={value!r}"
-                )
+                raise ValueError(f"rule {self.name!r} has no {side} threshold; got {side}={value!r}")
             real = isinstance(value, numbers.Real) and not isinstance(value, bool)
             if not real or not math.isfinite(value) or value < 0:
-                raise ValueError(
-                    f"rule {self.name!r}: {side} must be a finite number ≥ 0, got {value!r}"
-                )
+                raise ValueError(f"rule {self.name!r}: {side} must be a finite number ≥ 0, got {value!r}")
         return replace(
             self,
             low=self.low if low is None else float(low),
@@ -116,9 +112,7 @@ def _dppo(name: str, measure: Measure, anchor: Anchor, bound: float, description
 
 _ALL = (
     _ppo_like("ppo", "mu", 0.2, "PPO/GRPO ratio clip: block when π/μ leaves [1 − low, 1 + high]"),
-    _ppo_like(
-        "ppo_clip_higher", "mu", 0.28, "DAPO clip-higher: PPO's ratio clip with a wider upper bound"
-    ),
+    _ppo_like("ppo_clip_higher", "mu", 0.28, "DAPO clip-higher: PPO's ratio clip with a wider upper bound"),
     _ppo_like("minirl", "old", 0.2, "MiniRL: PPO's ratio clip, anchored on the recomputed π_old"),
     _dppo("dppo_binary_tv", "binary_tv", "mu", 0.15, "DPPO: block when |π − μ| of a_t > bound"),
     _dppo("dppo_binary_kl", "binary_kl", "mu", 0.05, "DPPO: block when the binary KL(μ‖π) > bound"),
@@ -198,9 +192,7 @@ def resolve_rules(rules: RuleSpec) -> list[Rule]:
     Names must be unique: they key the result of `evaluate_all`.
     """
     if isinstance(rules, str):
-        raise ValueError(
-            f"rules must be a list of rule names, got the string {rules!r}; use [{rules!r}]"
-        )
+        raise ValueError(f"rules must be a list of rule names, got the string {rules!r}; use [{rules!r}]")
     if isinstance(rules, Mapping):
         resolved = [get_rule(name).with_thresholds(*_pair(name, t)) for name, t in rules.items()]
     else:
@@ -249,9 +241,7 @@ class TokenInputs:
         """ValueError naming the rule and the argument when an input `rule` needs is missing."""
         for arg in rule.needs:
             if self.given[arg] is None:
-                raise ValueError(
-                    f"rule {rule.name!r} needs {arg} ({_INPUT_DOCS[arg]}), which was not given"
-                )
+                raise ValueError(f"rule {rule.name!r} needs {arg} ({_INPUT_DOCS[arg]}), which was not given")
 
     def anchor_logp(self, anchor: Anchor) -> torch.Tensor:
         return self.mu_logp if anchor == "mu" else self.old_logp

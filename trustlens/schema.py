@@ -93,8 +93,7 @@ def rule_of_column(name: str) -> str | None:
 def token_columns(rules: list[str] | tuple[str, ...]) -> tuple[Column, ...]:
     """All token columns for a run that evaluates `rules`, in file order."""
     extra = tuple(
-        Column(blocked_column(r), pa.bool_(), True, f"True where rule {r!r} blocks the update")
-        for r in rules
+        Column(blocked_column(r), pa.bool_(), True, f"True where rule {r!r} blocks the update") for r in rules
     )
     return TOKEN_COLUMNS + extra
 

@@ -45,18 +45,132 @@ DEFAULT_RULES: tuple[str, ...] = (
 
 # A small vocabulary, most common first: id i is the i-th most frequent token.
 VOCAB: tuple[str, ...] = tuple(
-    [" the", ",", " of", " and", " to", ".", " a", " is", " in", " =", " +", "\n", " that", " we",
-     " 2", " 1", " so", " it", " x", " for", " be", " 3", " 4", " answer", " The", " this", " 5",
-     " with", " as", " are", " by", " on", " (", ")", " -", " 10", " 0", " not", " number", " sum",
-     " Let", " total", " each", " then", " can", " *", " 6", " 7", " 8", " 9", " times", " step",
-     " first", " second", " find", " value", " If", " equal", " /", " ^", "\\", " $", "$", " frac",
-     " sqrt", " Therefore", " Thus", " boxed", "{", "}", " minus", " divide", " product", " prime",
-     " even", " odd", " remainder", " apples", " cost", " hours", " Hmm", " wait", " Wait",
-     " actually", " check", " again", " correct", " wrong", " maybe", " perhaps", " verify",
-     " assume", " suppose", " consider", " however", " But", " alternatively", " 11", " 12", " 13",
-     " 17", " 19", " 23", " 42", " 100", " 1000", " pi", " theta", " modulo", " integer",
-     " fraction", " decimal", " percent", " ratio", " probability", " expected", " variance",
-     " matrix", " vector", " derivative", " integral", " limit", " series", " converge"]
+    [
+        " the",
+        ",",
+        " of",
+        " and",
+        " to",
+        ".",
+        " a",
+        " is",
+        " in",
+        " =",
+        " +",
+        "\n",
+        " that",
+        " we",
+        " 2",
+        " 1",
+        " so",
+        " it",
+        " x",
+        " for",
+        " be",
+        " 3",
+        " 4",
+        " answer",
+        " The",
+        " this",
+        " 5",
+        " with",
+        " as",
+        " are",
+        " by",
+        " on",
+        " (",
+        ")",
+        " -",
+        " 10",
+        " 0",
+        " not",
+        " number",
+        " sum",
+        " Let",
+        " total",
+        " each",
+        " then",
+        " can",
+        " *",
+        " 6",
+        " 7",
+        " 8",
+        " 9",
+        " times",
+        " step",
+        " first",
+        " second",
+        " find",
+        " value",
+        " If",
+        " equal",
+        " /",
+        " ^",
+        "\\",
+        " $",
+        "$",
+        " frac",
+        " sqrt",
+        " Therefore",
+        " Thus",
+        " boxed",
+        "{",
+        "}",
+        " minus",
+        " divide",
+        " product",
+        " prime",
+        " even",
+        " odd",
+        " remainder",
+        " apples",
+        " cost",
+        " hours",
+        " Hmm",
+        " wait",
+        " Wait",
+        " actually",
+        " check",
+        " again",
+        " correct",
+        " wrong",
+        " maybe",
+        " perhaps",
+        " verify",
+        " assume",
+        " suppose",
+        " consider",
+        " however",
+        " But",
+        " alternatively",
+        " 11",
+        " 12",
+        " 13",
+        " 17",
+        " 19",
+        " 23",
+        " 42",
+        " 100",
+        " 1000",
+        " pi",
+        " theta",
+        " modulo",
+        " integer",
+        " fraction",
+        " decimal",
+        " percent",
+        " ratio",
+        " probability",
+        " expected",
+        " variance",
+        " matrix",
+        " vector",
+        " derivative",
+        " integral",
+        " limit",
+        " series",
+        " converge",
+    ]
     + [f" tok{i}" for i in range(256 - 124)]
 )
 # Token text a hostile model or user could produce: must render as text, never as markup.
@@ -93,8 +207,7 @@ def _check_shape(shape: _Shape) -> None:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if shape.samples_per_step % shape.group_size:
         raise ValueError(
-            f"samples_per_step ({shape.samples_per_step}) must be a multiple of group_size "
-            f"({shape.group_size})"
+            f"samples_per_step ({shape.samples_per_step}) must be a multiple of group_size ({shape.group_size})"
         )
     if shape.samples_per_step < shape.world_size:
         raise ValueError(
@@ -132,8 +245,14 @@ def write_part(table: pa.Table, directory: Path, index: int) -> Path:
     final = Path(directory) / part_path("", "", 0, index).name
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp")
-    pq.write_table(table, tmp, row_group_size=65_536, compression="zstd", compression_level=1,
-                   use_dictionary=[c for c in _DICTIONARY_COLUMNS if c in table.column_names])
+    pq.write_table(
+        table,
+        tmp,
+        row_group_size=65_536,
+        compression="zstd",
+        compression_level=1,
+        use_dictionary=[c for c in _DICTIONARY_COLUMNS if c in table.column_names],
+    )
     os.replace(tmp, final)
     return final
 
@@ -173,19 +292,35 @@ def _rule_entries(rules: Sequence[str]) -> dict[str, dict]:
             rule = get_rule(name)
         except KeyError as err:
             raise ValueError(f"rules: {err.args[0]}") from None
-        out[name] = {"low": rule.low, "high": rule.high, "anchor": rule.anchor,
-                     "description": rule.description}
+        out[name] = {"low": rule.low, "high": rule.high, "anchor": rule.anchor, "description": rule.description}
     return out
 
 
-def _manifest(*, rules: Sequence[str], active_rule: str | None, status: str, config: dict, world_size: int,
-              anchor: str, missing: list[str]) -> dict:
+def _manifest(
+    *,
+    rules: Sequence[str],
+    active_rule: str | None,
+    status: str,
+    config: dict,
+    world_size: int,
+    anchor: str,
+    missing: list[str],
+) -> dict:
     """A run.json of the contract (trustlens.schema.MANIFEST_FIELDS)."""
     now = utc_now()
     return {
-        "schema_version": SCHEMA_VERSION, "trustlens_version": __version__, "status": status, "error": None,
-        "created": now, "updated": now, "config": config, "rules": _rule_entries(rules),
-        "active_rule": active_rule, "world_size": world_size, "anchor": anchor, "missing": missing,
+        "schema_version": SCHEMA_VERSION,
+        "trustlens_version": __version__,
+        "status": status,
+        "error": None,
+        "created": now,
+        "updated": now,
+        "config": config,
+        "rules": _rule_entries(rules),
+        "active_rule": active_rule,
+        "world_size": world_size,
+        "anchor": anchor,
+        "missing": missing,
     }
 
 
@@ -234,7 +369,9 @@ def write_run(
     for name, value in _TOKEN_DEFAULTS.items():
         token_data.setdefault(name, [value] * n)
     root.mkdir(parents=True, exist_ok=True)
-    write_part(_table(token_data, table_schema("tokens", rules), n, "tokens"), part_path(root, "tokens", 0, 0).parent, 0)
+    write_part(
+        _table(token_data, table_schema("tokens", rules), n, "tokens"), part_path(root, "tokens", 0, 0).parent, 0
+    )
     for kind, data in (("samples", samples), ("metrics", metrics)):
         if data is None:
             continue
@@ -244,11 +381,18 @@ def write_run(
         write_part(_table(data, table_schema(kind), rows, kind), part_path(root, kind, 0, 0).parent, 0)
     mu = token_data.get("mu_logp")
     has_mu = mu is not None and any(v is not None for v in mu)
-    write_json_atomic(root / MANIFEST, _manifest(
-        rules=rules, active_rule=rules[0] if rules else None, status=status,
-        config={"source": "hand-built", **(config or {})}, world_size=1, anchor="mu" if has_mu else "old",
-        missing=[c.name for c in token_columns(rules) if c.nullable and c.name not in token_data],
-    ))
+    write_json_atomic(
+        root / MANIFEST,
+        _manifest(
+            rules=rules,
+            active_rule=rules[0] if rules else None,
+            status=status,
+            config={"source": "hand-built", **(config or {})},
+            world_size=1,
+            anchor="mu" if has_mu else "old",
+            missing=[c.name for c in token_columns(rules) if c.nullable and c.name not in token_data],
+        ),
+    )
     return root
 
 
@@ -338,10 +482,22 @@ def write_synthetic_run(
         "with_topk": with_topk,
     }
     manifest = _manifest(
-        rules=rules, active_rule=active_rule or (rules[0] if rules else None), status="running",
-        config=config, world_size=world_size, anchor="mu" if with_mu else "old",
-        missing=[name for name, present in (("mu_logp", with_mu), ("old_logp", with_old),
-                 ("topk_tv", with_topk), ("topk_kl", with_topk)) if not present],
+        rules=rules,
+        active_rule=active_rule or (rules[0] if rules else None),
+        status="running",
+        config=config,
+        world_size=world_size,
+        anchor="mu" if with_mu else "old",
+        missing=[
+            name
+            for name, present in (
+                ("mu_logp", with_mu),
+                ("old_logp", with_old),
+                ("topk_tv", with_topk),
+                ("topk_kl", with_topk),
+            )
+            if not present
+        ],
     )
     write_json_atomic(root / MANIFEST, manifest)
     writers = {
@@ -349,8 +505,7 @@ def write_synthetic_run(
         for kind in ("tokens", "samples", "metrics")
         for rank in range(world_size)
     }
-    gen = _Generator(shape, np.random.default_rng(seed), list(vocab), rules, collapse_at,
-                     with_mu, with_old, with_topk)
+    gen = _Generator(shape, np.random.default_rng(seed), list(vocab), rules, collapse_at, with_mu, with_old, with_topk)
     step_iter = range(steps)
     if progress:
         from tqdm import tqdm
@@ -374,8 +529,17 @@ def write_synthetic_run(
 class _Generator:
     """Draws one step of tokens, samples and metrics at a time (see the module docstring)."""
 
-    def __init__(self, shape: _Shape, rng: np.random.Generator, vocab: list[str], rules: list[str],
-                 collapse_at: int | None, with_mu: bool, with_old: bool, with_topk: bool):
+    def __init__(
+        self,
+        shape: _Shape,
+        rng: np.random.Generator,
+        vocab: list[str],
+        rules: list[str],
+        collapse_at: int | None,
+        with_mu: bool,
+        with_old: bool,
+        with_topk: bool,
+    ):
         self.shape, self.rng, self.rules, self.collapse_at = shape, rng, rules, collapse_at
         self.with_mu, self.with_old, self.with_topk = with_mu, with_old, with_topk
         self.vocab = np.asarray(vocab, dtype=object)
@@ -395,7 +559,7 @@ class _Generator:
         success = (0.2 + 0.5 * step / max(1, s.steps - 1)) * (1.0 - 0.8 * c)
         rewards = (rng.random(n) < success).astype(np.float32)
         by_group = rewards.reshape(-1, s.group_size)
-        adv_seq = ((by_group - by_group.mean(1, keepdims=True)) / (by_group.std(1, keepdims=True) + 1e-6))
+        adv_seq = (by_group - by_group.mean(1, keepdims=True)) / (by_group.std(1, keepdims=True) + 1e-6)
         adv_seq = adv_seq.reshape(-1).astype(np.float32)
 
         # Token rows, sample-major then position.
@@ -427,8 +591,15 @@ class _Generator:
         topk_kl = kl + rest * spread**2
 
         entropy = (0.3 * (1 - 0.85 * c) + 0.5 * nll * (1 - 0.5 * c)) * rng.lognormal(0, 0.2, total)
-        blocked = _blocked(self.rules, pi_logp, anchor, adv, old_logp if self.with_old else None,
-                           topk_tv if self.with_topk else None, topk_kl if self.with_topk else None)
+        blocked = _blocked(
+            self.rules,
+            pi_logp,
+            anchor,
+            adv,
+            old_logp if self.with_old else None,
+            topk_tv if self.with_topk else None,
+            topk_kl if self.with_topk else None,
+        )
 
         def col(x: np.ndarray, present: bool = True) -> pa.Array:
             return pa.array(x.astype(np.float32)) if present else pa.nulls(total, pa.float32())
@@ -472,9 +643,17 @@ class _Generator:
         metrics = self._metrics(step, c, ranks, owner, rewards, entropy, lengths, blocked)
         return {"tokens": pa.table(tokens), "samples": pa.table(samples), "metrics": metrics}
 
-    def _metrics(self, step: int, c: float, ranks: np.ndarray, owner: np.ndarray, rewards: np.ndarray,
-                 entropy: np.ndarray, lengths: np.ndarray,
-                 blocked: dict[str, np.ndarray | None]) -> pa.Table:
+    def _metrics(
+        self,
+        step: int,
+        c: float,
+        ranks: np.ndarray,
+        owner: np.ndarray,
+        rewards: np.ndarray,
+        entropy: np.ndarray,
+        lengths: np.ndarray,
+        blocked: dict[str, np.ndarray | None],
+    ) -> pa.Table:
         """Per-rank scalars, as a trainer logs them: reward, entropy, grad norm, blocked fractions."""
         names: list[str] = []
         values: list[float] = []
@@ -494,12 +673,14 @@ class _Generator:
             values += list(row.values())
             rank_col += [r] * len(row)
         k = len(names)
-        return pa.table({
-            "step": pa.array(np.full(k, step, np.int32)),
-            "rank": pa.array(np.asarray(rank_col, np.int16)),
-            "name": pa.array(names),
-            "value": pa.array(np.asarray(values, np.float64)),
-        })
+        return pa.table(
+            {
+                "step": pa.array(np.full(k, step, np.int32)),
+                "rank": pa.array(np.asarray(rank_col, np.int16)),
+                "name": pa.array(names),
+                "value": pa.array(np.asarray(values, np.float64)),
+            }
+        )
 
 
 def _binary_divergences(pi_logp: np.ndarray, mu_logp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -512,14 +693,20 @@ def _binary_divergences(pi_logp: np.ndarray, mu_logp: np.ndarray) -> tuple[np.nd
     return binary_tv(pi, mu).numpy(), binary_kl(pi, mu).numpy()
 
 
-def _blocked(rules: list[str], pi_logp: np.ndarray, anchor: np.ndarray, adv: np.ndarray,
-             old_logp: np.ndarray | None, topk_tv: np.ndarray | None,
-             topk_kl: np.ndarray | None) -> dict[str, np.ndarray | None]:
+def _blocked(
+    rules: list[str],
+    pi_logp: np.ndarray,
+    anchor: np.ndarray,
+    adv: np.ndarray,
+    old_logp: np.ndarray | None,
+    topk_tv: np.ndarray | None,
+    topk_kl: np.ndarray | None,
+) -> dict[str, np.ndarray | None]:
     """Every rule's decision per token, from trustlens.rules.evaluate_all; None for a rule whose
     inputs were not recorded (its column stays null, as the recorder leaves it)."""
     import torch
 
-    from trustlens.rules import get_rule, evaluate_all
+    from trustlens.rules import evaluate_all, get_rule
 
     def t(x: np.ndarray | None):
         return None if x is None else torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64))

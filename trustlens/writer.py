@@ -20,10 +20,11 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,8 +38,19 @@ COMPRESSION = "zstd"
 # Columns with few distinct values per file get Parquet dictionary encoding; the float
 # quantities are nearly all distinct, and trying a dictionary on them costs about half of the
 # write time for a larger file.
-DICTIONARY_COLUMNS = ("step", "update", "rank", "sample", "group", "pos", "token_id", "token",
-                      "advantage", "name", "prompt")
+DICTIONARY_COLUMNS = (
+    "step",
+    "update",
+    "rank",
+    "sample",
+    "group",
+    "pos",
+    "token_id",
+    "token",
+    "advantage",
+    "name",
+    "prompt",
+)
 
 
 def write_options(schema: pa.Schema) -> dict[str, Any]:
@@ -300,7 +312,9 @@ class BackgroundWriter:
     def _run(self) -> None:
         try:
             while True:
-                timeout = None if self._oldest is None else max(0.0, self._oldest + self.flush_seconds - time.monotonic())
+                timeout = (
+                    None if self._oldest is None else max(0.0, self._oldest + self.flush_seconds - time.monotonic())
+                )
                 try:
                     kind, payload = self._queue.get(timeout=timeout)
                 except queue.Empty:

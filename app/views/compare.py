@@ -3,8 +3,8 @@
 from pathlib import Path
 
 import streamlit as st
-
 import trustlens_ui as ui
+
 from trustlens import plots
 
 

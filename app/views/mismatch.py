@@ -1,9 +1,9 @@
 """Mismatch: how far the trainer's π_old is from the rollout engine's μ."""
 
-import streamlit as st
-
 import page_data
+import streamlit as st
 import trustlens_ui as ui
+
 from trustlens import plots
 from trustlens.analysis import MISMATCH_COLUMNS
 
@@ -23,8 +23,12 @@ for col, name in zip(cols, shown):
     col.metric(name, "n/a" if value is None else f"{value:.3g}", help=f"step {last['step']}: {MISMATCH_COLUMNS[name]}")
 
 ui.chart(plots.mismatch_curves(per_step), "mm_curves", ctx=ctx)
-metric = st.selectbox("By μ bucket", ("k3_kl", "mismatch_kl", "chi2_token", "tv_mean", "tv_max", "pearson"),
-                      key="mm_metric", help="Mismatch within each μ-probability bucket")
+metric = st.selectbox(
+    "By μ bucket",
+    ("k3_kl", "mismatch_kl", "chi2_token", "tv_mean", "tv_max", "pearson"),
+    key="mm_metric",
+    help="Mismatch within each μ-probability bucket",
+)
 ui.chart(plots.mismatch_by_bucket_bar(by_bucket, metric), "mm_bucket")
 with st.expander("Per-step mismatch table"):
     st.dataframe(per_step, hide_index=True)

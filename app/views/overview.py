@@ -1,9 +1,9 @@
 """Overview: the chosen run's key figures, curves and collapse alerts."""
 
-import streamlit as st
-
 import page_data
+import streamlit as st
 import trustlens_ui as ui
+
 from trustlens import plots
 
 ctx = ui.need_tokens(ui.context())
@@ -26,13 +26,15 @@ cols[1].metric("Token rows", f"{int(summary['tokens'].sum()):,}")
 cols[2].metric("Samples", f"{int(summary['samples'].sum()):,}")
 if active is not None:
     frac = last.get(f"blocked_{active}")
-    cols[3].metric(f"Blocked by {ui.md(active)}", "n/a" if frac is None else f"{frac:.2%}",
-                   help="fraction of the last step's (filtered) tokens the active rule blocks")
+    cols[3].metric(
+        f"Blocked by {ui.md(active)}",
+        "n/a" if frac is None else f"{frac:.2%}",
+        help="fraction of the last step's (filtered) tokens the active rule blocks",
+    )
 else:
     cols[3].metric("Blocked", "n/a", help="no rule was evaluated")
 cols[4].metric("Reward", "n/a" if reward is None else f"{reward:.3g}", help="mean reward of the last step")
-cols[5].metric("Alerts", f"{alerts.height}", delta=f"{critical} critical" if critical else None,
-               delta_color="inverse")
+cols[5].metric("Alerts", f"{alerts.height}", delta=f"{critical} critical" if critical else None, delta_color="inverse")
 
 left, right = st.columns(2)
 with left:

@@ -2,10 +2,10 @@
 
 from dataclasses import replace
 
-import streamlit as st
-
 import page_data
+import streamlit as st
 import trustlens_ui as ui
+
 from trustlens import plots
 
 ctx = ui.need_tokens(ui.context())
@@ -41,12 +41,22 @@ for col, (blocked_a, label) in zip((b1, b2), ((True, f"only {rule_a}"), (False, 
         ui.inspect_tokens(reason=f"tokens blocked by {label}", query=replace(ctx.query, decisions=decisions))
 
 ui.chart(plots.confusion_lines(data["per_step"], rule_a, rule_b), "pv_lines", ctx=ctx)
-ui.chart(plots.figure1(data["ratio_density"], data["tv_density"], data["boundaries"], rule=rule_a,
-                       title=f"Ratio and TV against {ctx.anchor_name} (DPPO paper, Figure 1)"), "pv_figure1")
+ui.chart(
+    plots.figure1(
+        data["ratio_density"],
+        data["tv_density"],
+        data["boundaries"],
+        rule=rule_a,
+        title=f"Ratio and TV against {ctx.anchor_name} (DPPO paper, Figure 1)",
+    ),
+    "pv_figure1",
+)
 left, right = st.columns(2)
 with left:
-    ui.chart(plots.blocked_by_bucket_bar(data["by_bucket"], title=f"Blocked fraction by {ctx.anchor_name} bucket"),
-             "pv_bucket")
+    ui.chart(
+        plots.blocked_by_bucket_bar(data["by_bucket"], title=f"Blocked fraction by {ctx.anchor_name} bucket"),
+        "pv_bucket",
+    )
 with right:
     ui.chart(plots.confusion_heatmap(data["matrix"]), "pv_matrix")
 ui.chart(plots.blocked_tokens_bar(data["by_token"]), "pv_tokens")

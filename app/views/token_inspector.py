@@ -1,17 +1,27 @@
 """Token inspector: one response as coloured tokens, the rows behind a filter, alert or chart."""
 
+import page_data
 import polars as pl
 import streamlit as st
-
-import page_data
 import trustlens_ui as ui
+
 from trustlens.analysis import tokens as tq
 from trustlens.render import colored_tokens_html, legend_html
 from trustlens.schema import blocked_column, column_doc
 
 # Quantities a response can be coloured by, when the run holds them.
-COLOUR_BY = ("ratio", "binary_tv", "binary_kl", "topk_tv", "topk_kl", "entropy", "advantage",
-             "pi_logp", "mu_logp", "old_logp")
+COLOUR_BY = (
+    "ratio",
+    "binary_tv",
+    "binary_kl",
+    "topk_tv",
+    "topk_kl",
+    "entropy",
+    "advantage",
+    "pi_logp",
+    "mu_logp",
+    "old_logp",
+)
 
 
 @st.cache_data(ttl=ui.RUN_TTL, max_entries=64, show_spinner=False)
@@ -22,8 +32,10 @@ def sample_updates(path: str, signature: tuple, sample: int, step: int) -> list[
 @st.cache_data(ttl=ui.RUN_TTL, max_entries=64, show_spinner=False)
 def one_sample(path: str, signature: tuple, sample: int, step: int, update: int | None):
     run = ui.run_at(path, signature)
-    return (tq.sample_tokens(ui.tokens_of(run), sample, step=step, update=update),
-            tq.sample_text(run.samples, sample, step=step))
+    return (
+        tq.sample_tokens(ui.tokens_of(run), sample, step=step, update=update),
+        tq.sample_text(run.samples, sample, step=step),
+    )
 
 
 @st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)
@@ -66,21 +78,32 @@ if summary.is_empty() and picked is None:
     st.stop()
 
 st.subheader("Samples with matching tokens")
-st.caption("Most matching tokens first (blocked_<rule>: how many of them the rule blocks). "
-           "Pick one below to read it token by token.")
+st.caption(
+    "Most matching tokens first (blocked_<rule>: how many of them the rule blocks). "
+    "Pick one below to read it token by token."
+)
 st.dataframe(summary, hide_index=True, height=220)
 
 choices = list(dict.fromkeys(zip(summary["step"].to_list(), summary["sample"].to_list())))
 if picked is not None and picked not in choices:
     choices.insert(0, picked)
-step, sample = st.selectbox("Sample", choices, index=choices.index(picked) if picked else 0,
-                            key="tl_sample", format_func=lambda c: f"step {c[0]} · sample {c[1]}")
+step, sample = st.selectbox(
+    "Sample",
+    choices,
+    index=choices.index(picked) if picked else 0,
+    key="tl_sample",
+    format_func=lambda c: f"step {c[0]} · sample {c[1]}",
+)
 
 names = ctx.tokens.collect_schema().names()
 c1, c2 = st.columns(2)
-quantity = c1.selectbox("Colour by", [c for c in COLOUR_BY if c in names], key="tl_colour_by",
-                        help="Blue above the centre (1 for the ratio, 0 otherwise), red below; "
-                             "saturation relative to this response's largest deviation")
+quantity = c1.selectbox(
+    "Colour by",
+    [c for c in COLOUR_BY if c in names],
+    key="tl_colour_by",
+    help="Blue above the centre (1 for the ratio, 0 otherwise), red below; "
+    "saturation relative to this response's largest deviation",
+)
 updates = sample_updates(*ctx.key, sample, step)
 update = c2.selectbox("Update", updates, key="tl_update") if len(updates) > 1 else None
 tokens, text = one_sample(*ctx.key, sample, step, update)
@@ -89,21 +112,27 @@ if tokens.is_empty():
     st.stop()
 
 if text is not None:
-    st.markdown(f"**Prompt** · reward {ui.number(text.get('reward'))} · "
-                f"sequence advantage {ui.number(text.get('advantage'))}")
+    st.markdown(
+        f"**Prompt** · reward {ui.number(text.get('reward'))} · sequence advantage {ui.number(text.get('advantage'))}"
+    )
     st.text(text.get("prompt") or "")
 st.markdown(f"**Response** · {tokens.height} tokens, coloured by {ui.md(quantity)}: {ui.md(column_doc(quantity))}")
 rules = [r for r in ctx.rules if blocked_column(r) in tokens.columns]
 st.html(legend_html(rules, quantity=quantity))
-st.html(colored_tokens_html(
-    tokens["token"].to_list(), tokens[quantity].to_list(), quantity=quantity,
-    blocked={r: tokens[blocked_column(r)].to_list() for r in rules},
-    hover={c: tokens[c].to_list() for c in COLOUR_BY if c in tokens.columns and c != quantity},
-))
+st.html(
+    colored_tokens_html(
+        tokens["token"].to_list(),
+        tokens[quantity].to_list(),
+        quantity=quantity,
+        blocked={r: tokens[blocked_column(r)].to_list() for r in rules},
+        hover={c: tokens[c].to_list() for c in COLOUR_BY if c in tokens.columns and c != quantity},
+    )
+)
 st.caption("Hover a token for every recorded value; rings mark the rules that block it.")
 with st.expander("This sample's tokens as a table"):
     st.dataframe(tokens, hide_index=True)
 if target.get("query") is not None:
     st.subheader("Download the rows behind this view")
-    ui.download_buttons(tq.filter_tokens(ctx.tokens, query, anchor=ctx.anchor),
-                        f"{ctx.path.name}-inspected", key="tl_target_rows")
+    ui.download_buttons(
+        tq.filter_tokens(ctx.tokens, query, anchor=ctx.anchor), f"{ctx.path.name}-inspected", key="tl_target_rows"
+    )

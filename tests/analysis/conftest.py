@@ -26,11 +26,17 @@ CLIP_ROWS = [
 def clip_run(tmp_path):
     cols = list(zip(*CLIP_ROWS))
     tokens = {
-        "step": cols[0], "sample": cols[1], "pos": cols[2], "token": cols[3],
-        "mu_logp": [L(p) for p in cols[4]], "pi_logp": [L(p) for p in cols[5]],
+        "step": cols[0],
+        "sample": cols[1],
+        "pos": cols[2],
+        "token": cols[3],
+        "mu_logp": [L(p) for p in cols[4]],
+        "pi_logp": [L(p) for p in cols[5]],
         "ratio": [pi / mu for mu, pi in zip(cols[4], cols[5])],
         "binary_tv": [abs(pi - mu) for mu, pi in zip(cols[4], cols[5])],
-        "advantage": cols[6], "blocked_ppo": cols[7], "blocked_dppo_binary_tv": cols[8],
+        "advantage": cols[6],
+        "blocked_ppo": cols[7],
+        "blocked_dppo_binary_tv": cols[8],
     }
     return load_run(write_run(tmp_path / "clip", tokens=tokens))
 
@@ -50,6 +56,13 @@ MISMATCH_ROWS = [
 def mismatch_run(tmp_path):
     cols = list(zip(*MISMATCH_ROWS))
     logs = [[None if p is None else L(p) for p in c] for c in cols[4:]]
-    tokens = {"step": cols[0], "update": cols[1], "sample": cols[2], "pos": cols[3],
-              "mu_logp": logs[0], "old_logp": logs[1], "pi_logp": logs[2]}
+    tokens = {
+        "step": cols[0],
+        "update": cols[1],
+        "sample": cols[2],
+        "pos": cols[3],
+        "mu_logp": logs[0],
+        "old_logp": logs[1],
+        "pi_logp": logs[2],
+    }
     return load_run(write_run(tmp_path / "mismatch", tokens=tokens))

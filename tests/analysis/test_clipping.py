@@ -1,8 +1,8 @@
-import math
 
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
 from trustlens.analysis import (
     blocked_by_advantage_sign,
@@ -15,7 +15,6 @@ from trustlens.analysis import (
     rule_confusion,
 )
 from trustlens.divergence import binary_kl
-import torch
 
 TV = "dppo_binary_tv"
 
@@ -27,7 +26,10 @@ def _rows(df: pl.DataFrame, *cols: str) -> list[tuple]:
 def test_blocked_per_step(clip_run):
     df = blocked_per_step(clip_run.tokens)
     assert _rows(df, "step", "rule", "count", "blocked") == [
-        (0, "ppo", 4, 2), (0, TV, 4, 1), (1, "ppo", 4, 2), (1, TV, 3, 1),
+        (0, "ppo", 4, 2),
+        (0, TV, 4, 1),
+        (1, "ppo", 4, 2),
+        (1, TV, 3, 1),
     ]
     assert df["blocked_frac"].to_list() == pytest.approx([0.5, 0.25, 0.5, 1 / 3])
 
@@ -35,7 +37,9 @@ def test_blocked_per_step(clip_run):
 def test_blocked_by_token_orders_by_count_then_fraction(clip_run):
     df = blocked_by_token(clip_run.tokens)
     assert _rows(df, "rule", "token", "count", "blocked") == [
-        ("ppo", "b", 2, 2), ("ppo", "a", 3, 2), (TV, "a", 3, 2),
+        ("ppo", "b", 2, 2),
+        ("ppo", "a", 3, 2),
+        (TV, "a", 3, 2),
     ]
     assert _rows(blocked_by_token(clip_run.tokens, "ppo", top=1), "token") == [("b",)]
     assert blocked_by_token(clip_run.tokens, "ppo", min_count=3)["token"].to_list() == ["a"]
@@ -54,8 +58,12 @@ def test_blocked_by_bucket(clip_run):
 def test_blocked_by_advantage_sign(clip_run):
     df = blocked_by_advantage_sign(clip_run.tokens)
     assert _rows(df, "sign", "rule", "count", "blocked") == [
-        ("positive", "ppo", 2, 2), ("negative", "ppo", 4, 2), ("zero", "ppo", 2, 0),
-        ("positive", TV, 2, 1), ("negative", TV, 4, 1), ("zero", TV, 1, 0),
+        ("positive", "ppo", 2, 2),
+        ("negative", "ppo", 4, 2),
+        ("zero", "ppo", 2, 0),
+        ("positive", TV, 2, 1),
+        ("negative", TV, 4, 1),
+        ("zero", TV, 1, 0),
     ]
 
 
@@ -70,7 +78,10 @@ def test_rule_confusion(clip_run):
 def test_confusion_matrix(clip_run):
     df = confusion_matrix(clip_run.tokens)
     assert _rows(df, "rule_a", "rule_b", "count", "only_a") == [
-        ("ppo", "ppo", 8, 0), ("ppo", TV, 7, 2), (TV, "ppo", 7, 0), (TV, TV, 7, 0),
+        ("ppo", "ppo", 8, 0),
+        ("ppo", TV, 7, 2),
+        (TV, "ppo", 7, 0),
+        (TV, TV, 7, 0),
     ]
     assert df["only_a_frac"][1] == pytest.approx(2 / 7)
 
@@ -85,7 +96,7 @@ def test_figure1_density(clip_run):
     # x bins are decades of μ from 1e-6; y bin 0 is ratio < 1, 1 is ratio ≥ 1
     cells = {(r["x_bin"], r["y_bin"]): (r["count"], r["blocked_ppo"]) for r in df.iter_rows(named=True)}
     assert cells == {(0, 1): (1, 0), (3, 0): (1, 1), (4, 1): (2, 1), (5, 0): (1, 1), (5, 1): (3, 1)}
-    row = df.filter((pl.col("x_bin") == 3)).row(0, named=True)
+    row = df.filter(pl.col("x_bin") == 3).row(0, named=True)
     assert (row["x_lo"], row["x_hi"], row["y_lo"], row["y_hi"]) == pytest.approx((1e-3, 1e-2, 0.1, 1.0))
     tv = figure1_density(clip_run.tokens, "binary_tv", n_x=6, n_y=4, y_range=(0.0, 0.2))
     assert tv["count"].sum() == 8
@@ -95,8 +106,10 @@ def test_figure1_density(clip_run):
 
 
 def test_rule_boundaries_closed_forms():
-    df = rule_boundaries({"ppo": {"low": 0.2, "high": 0.3}, TV: {}, "dppo_binary_kl": {},
-                          "dppo_topk_tv": {}, "minirl": {}, "cispo": {}}, n=50)
+    df = rule_boundaries(
+        {"ppo": {"low": 0.2, "high": 0.3}, TV: {}, "dppo_binary_kl": {}, "dppo_topk_tv": {}, "minirl": {}, "cispo": {}},
+        n=50,
+    )
     assert set(df["rule"].unique()) == {"ppo", TV, "dppo_binary_kl"}
     ppo = df.filter(pl.col("rule") == "ppo")
     assert ppo.filter(pl.col("side") == "upper")["ratio"].to_numpy() == pytest.approx(1.3)

@@ -19,9 +19,14 @@ def _entropy(step: int, sample: int, pos: int) -> float:
 def run(tmp_path):
     rows = [(s, 2 * s + k, p) for s in range(STEPS) for k in range(2) for p in range(2)]
     tokens = {
-        "step": [r[0] for r in rows], "sample": [r[1] for r in rows], "pos": [r[2] for r in rows],
-        "mu_logp": [-0.5] * len(rows), "old_logp": [-0.5] * len(rows), "pi_logp": [-0.5] * len(rows),
-        "ratio": [1.0] * len(rows), "binary_tv": [0.0] * len(rows),
+        "step": [r[0] for r in rows],
+        "sample": [r[1] for r in rows],
+        "pos": [r[2] for r in rows],
+        "mu_logp": [-0.5] * len(rows),
+        "old_logp": [-0.5] * len(rows),
+        "pi_logp": [-0.5] * len(rows),
+        "ratio": [1.0] * len(rows),
+        "binary_tv": [0.0] * len(rows),
         "entropy": [_entropy(s, k, p) for s, k, p in rows],
         "advantage": [float(k + p) for _, k, p in rows],
         "blocked_ppo": [False] * len(rows),
@@ -56,8 +61,11 @@ def test_alerts_by_hand(run):
     alerts = detect_collapse(run)
     assert alerts.schema == pl.Schema(ALERT_SCHEMA)
     got = [(a["kind"], a["step"], a["end_step"], a["severity"]) for a in alerts.iter_rows(named=True)]
-    assert got == [("grad_norm_spike", 5, 5, "critical"), ("entropy_collapse", 8, 11, "critical"),
-                   ("reward_drop", 10, 11, "critical")]
+    assert got == [
+        ("grad_norm_spike", 5, 5, "critical"),
+        ("entropy_collapse", 8, 11, "critical"),
+        ("reward_drop", 10, 11, "critical"),
+    ]
     spike, entropy, reward = alerts.iter_rows(named=True)
     assert spike["value"] == pytest.approx(10.0) and spike["baseline"] == pytest.approx(1.0)
     assert spike["message"] == "step 5: gradient norm spiked to 10 from a baseline of 1 (10× baseline)"
@@ -78,29 +86,37 @@ def test_thresholds_matter(run):
 
 
 def test_synthetic_collapse_detected(tmp_path):
-    run = load_run(write_synthetic_run(tmp_path / "r", steps=24, samples_per_step=32, seq_len=24,
-                                       rules=["ppo", "dppo_binary_tv"], collapse_at=16))
+    run = load_run(
+        write_synthetic_run(
+            tmp_path / "r", steps=24, samples_per_step=32, seq_len=24, rules=["ppo", "dppo_binary_tv"], collapse_at=16
+        )
+    )
     alerts = detect_collapse(run)
-    first = {k: alerts.filter(pl.col("kind") == k)["step"].min() for k in
-             ("entropy_collapse", "mismatch_growth", "grad_norm_spike")}
+    first = {
+        k: alerts.filter(pl.col("kind") == k)["step"].min()
+        for k in ("entropy_collapse", "mismatch_growth", "grad_norm_spike")
+    }
     assert all(v is not None and 16 <= v <= 18 for v in first.values()), first
     assert alerts.filter(pl.col("step") < 16).is_empty()
 
 
 def test_healthy_run_is_quiet(tmp_path):
-    run = load_run(write_synthetic_run(tmp_path / "r", steps=24, samples_per_step=32, seq_len=24,
-                                       rules=["ppo"], seed=3))
+    run = load_run(
+        write_synthetic_run(tmp_path / "r", steps=24, samples_per_step=32, seq_len=24, rules=["ppo"], seed=3)
+    )
     assert detect_collapse(run).is_empty()
 
 
 def test_without_mu_or_extras(tmp_path):
-    run = load_run(write_synthetic_run(tmp_path / "r", steps=6, samples_per_step=8, seq_len=8, rules=["ppo"],
-                                       with_mu=False))
+    run = load_run(
+        write_synthetic_run(tmp_path / "r", steps=6, samples_per_step=8, seq_len=8, rules=["ppo"], with_mu=False)
+    )
     sig = step_signals(run)
     assert sig["k3_kl"].null_count() == sig.height
     assert detect_collapse(run, signals=sig).schema == pl.Schema(ALERT_SCHEMA)
-    bare = load_run(write_run(tmp_path / "bare", tokens={"step": [0, 1], "sample": [0, 1], "pos": [0, 0],
-                                                          "pi_logp": [-1.0, -1.0]}))
+    bare = load_run(
+        write_run(tmp_path / "bare", tokens={"step": [0, 1], "sample": [0, 1], "pos": [0, 0], "pi_logp": [-1.0, -1.0]})
+    )
     sig = step_signals(bare)
     assert sig["reward"].null_count() == 2 and sig["grad_norm"].null_count() == 2
     assert detect_collapse(bare).is_empty()

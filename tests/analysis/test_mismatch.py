@@ -42,8 +42,9 @@ def test_by_bucket_by_hand(mismatch_run):
 
 
 def test_without_mu_says_why(tmp_path):
-    run = load_run(write_synthetic_run(tmp_path / "r", steps=2, samples_per_step=8, seq_len=4, rules=["ppo"],
-                                       with_mu=False))
+    run = load_run(
+        write_synthetic_run(tmp_path / "r", steps=2, samples_per_step=8, seq_len=4, rules=["ppo"], with_mu=False)
+    )
     reason = mismatch_unavailable(run.tokens)
     assert "without the rollout engine's log-probabilities" in reason
     df = mismatch_per_step(run.tokens)
@@ -54,15 +55,20 @@ def test_without_mu_says_why(tmp_path):
 def test_empty_and_unpaired(tmp_path, mismatch_run):
     assert mismatch_unavailable(mismatch_run.tokens.filter(pl.lit(False))) == "the run has no token rows yet"
     assert mismatch_per_step(mismatch_run.tokens.filter(pl.lit(False))).is_empty()
-    run = load_run(write_run(tmp_path / "r", tokens={
-        "step": [0], "update": [1], "sample": [0], "pos": [0], "mu_logp": [-1.0], "pi_logp": [-1.0]}))
+    run = load_run(
+        write_run(
+            tmp_path / "r",
+            tokens={"step": [0], "update": [1], "sample": [0], "pos": [0], "mu_logp": [-1.0], "pi_logp": [-1.0]},
+        )
+    )
     assert "no row has both" in mismatch_unavailable(run.tokens)
     assert mismatch_unavailable(mismatch_run.tokens) is None
 
 
 def test_synthetic_collapse_grows_mismatch(tmp_path):
-    run = load_run(write_synthetic_run(tmp_path / "r", steps=10, samples_per_step=16, seq_len=16, rules=[],
-                                       collapse_at=6))
+    run = load_run(
+        write_synthetic_run(tmp_path / "r", steps=10, samples_per_step=16, seq_len=16, rules=[], collapse_at=6)
+    )
     df = mismatch_per_step(run.tokens)
     assert df.filter(pl.col("step") >= 8)["k3_kl"].min() > 10 * df.filter(pl.col("step") < 6)["k3_kl"].median()
     assert (df["k3_kl"] >= 0).all()

@@ -9,8 +9,9 @@ from trustlens.synthetic import write_synthetic_run
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    path = write_synthetic_run(tmp_path_factory.mktemp("smoke") / "run", steps=16, samples_per_step=16,
-                               seq_len=16, collapse_at=10)
+    path = write_synthetic_run(
+        tmp_path_factory.mktemp("smoke") / "run", steps=16, samples_per_step=16, seq_len=16, collapse_at=10
+    )
     return load_run(path)
 
 

@@ -5,8 +5,19 @@ from trustlens.analysis import step_summary
 
 def test_step_summary_by_hand(clip_run):
     df = step_summary(clip_run.tokens)
-    assert df.columns == ["step", "tokens", "samples", "mean_advantage", "entropy", "ratio_mean", "ratio_max",
-                          "binary_tv_mean", "binary_tv_max", "blocked_ppo", "blocked_dppo_binary_tv"]
+    assert df.columns == [
+        "step",
+        "tokens",
+        "samples",
+        "mean_advantage",
+        "entropy",
+        "ratio_mean",
+        "ratio_max",
+        "binary_tv_mean",
+        "binary_tv_max",
+        "blocked_ppo",
+        "blocked_dppo_binary_tv",
+    ]
     s0, s1 = df.iter_rows(named=True)
     assert (s0["step"], s0["tokens"], s0["samples"]) == (0, 4, 2)
     assert s0["mean_advantage"] == 0.0 and s0["entropy"] is None

@@ -99,8 +99,15 @@ def long_by_rule(wide: pl.DataFrame, keys: list[str], rules: list[str]) -> pl.Da
         for r in rules
     ]
     if not parts:
-        return pl.DataFrame(schema={**{k: wide.schema[k] for k in keys}, "rule": pl.String,
-                                    "count": pl.Int64, "blocked": pl.Int64, "blocked_frac": pl.Float64})
+        return pl.DataFrame(
+            schema={
+                **{k: wide.schema[k] for k in keys},
+                "rule": pl.String,
+                "count": pl.Int64,
+                "blocked": pl.Int64,
+                "blocked_frac": pl.Float64,
+            }
+        )
     long = pl.concat(parts)
     return long.with_columns(
         pl.when(pl.col("count") > 0).then(pl.col("blocked") / pl.col("count")).alias("blocked_frac")

@@ -44,8 +44,7 @@ def blocked_per_step(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
     return long_by_rule(wide, ["step"], rules).sort("step", maintain_order=True)
 
 
-def blocked_by_token(tokens: pl.LazyFrame, rules: Rules = None, *, top: int = 20,
-                     min_count: int = 1) -> pl.DataFrame:
+def blocked_by_token(tokens: pl.LazyFrame, rules: Rules = None, *, top: int = 20, min_count: int = 1) -> pl.DataFrame:
     """The most-blocked token texts of each rule: rule, token, count, blocked, blocked_frac.
 
     For each rule, the `top` token texts with the most blocked rows (ties: higher fraction, then
@@ -63,16 +62,18 @@ def blocked_by_token(tokens: pl.LazyFrame, rules: Rules = None, *, top: int = 20
     order = pl.col("rule").replace_strict({r: i for i, r in enumerate(rules)}, return_dtype=pl.Int32)
     return (
         long.filter((pl.col("blocked") > 0) & (pl.col("count") >= min_count))
-        .sort([order, pl.col("blocked"), pl.col("blocked_frac"), pl.col("token")],
-              descending=[False, True, True, False])
+        .sort(
+            [order, pl.col("blocked"), pl.col("blocked_frac"), pl.col("token")], descending=[False, True, True, False]
+        )
         .group_by("rule", maintain_order=True)
         .head(top)
         .select("rule", "token", "count", "blocked", "blocked_frac")
     )
 
 
-def blocked_by_bucket(tokens: pl.LazyFrame, rules: Rules = None, *, min_p: float = MIN_P,
-                      per_decade: int = PER_DECADE) -> pl.DataFrame:
+def blocked_by_bucket(
+    tokens: pl.LazyFrame, rules: Rules = None, *, min_p: float = MIN_P, per_decade: int = PER_DECADE
+) -> pl.DataFrame:
     """Per anchor-probability bucket and rule: bucket, p_lo, p_hi, label, rule, count, blocked,
     blocked_frac; every bucket is listed (count 0 where no token falls). Rows with a null anchor
     are left out."""
@@ -94,9 +95,7 @@ def blocked_by_advantage_sign(tokens: pl.LazyFrame, rules: Rules = None) -> pl.D
     rules = checked_rules(tokens, rules)
     adv = pl.col("advantage")
     sign = pl.when(adv > 0).then(pl.lit("positive")).when(adv < 0).then(pl.lit("negative")).otherwise(pl.lit("zero"))
-    wide = collect(
-        tokens.filter(adv.is_not_null()).group_by(sign.alias("sign")).agg(blocked_aggs(rules))
-    )
+    wide = collect(tokens.filter(adv.is_not_null()).group_by(sign.alias("sign")).agg(blocked_aggs(rules)))
     signs = pl.DataFrame({"sign": list(ADVANTAGE_SIGNS)})
     wide = signs.join(wide, on="sign", how="left", maintain_order="left")
     wide = wide.with_columns(pl.col(f"n_{r}").fill_null(0) for r in rules)
@@ -139,18 +138,18 @@ def confusion_matrix(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
         for rb in rules:
             a, b = pl.col(blocked_column(ra)), pl.col(blocked_column(rb))
             both_known = a.is_not_null() & b.is_not_null()
-            aggs += [both_known.sum().cast(pl.Int64).alias(f"n|{ra}|{rb}"),
-                     (a & ~b).fill_null(False).sum().cast(pl.Int64).alias(f"k|{ra}|{rb}")]
+            aggs += [
+                both_known.sum().cast(pl.Int64).alias(f"n|{ra}|{rb}"),
+                (a & ~b).fill_null(False).sum().cast(pl.Int64).alias(f"k|{ra}|{rb}"),
+            ]
     row = collect(tokens.select(aggs)).row(0, named=True) if aggs else {}
     records = [
         {"rule_a": ra, "rule_b": rb, "count": row[f"n|{ra}|{rb}"], "only_a": row[f"k|{ra}|{rb}"]}
-        for ra in rules for rb in rules
+        for ra in rules
+        for rb in rules
     ]
-    df = pl.DataFrame(records, schema={"rule_a": pl.String, "rule_b": pl.String, "count": pl.Int64,
-                                       "only_a": pl.Int64})
-    return df.with_columns(
-        pl.when(pl.col("count") > 0).then(pl.col("only_a") / pl.col("count")).alias("only_a_frac")
-    )
+    df = pl.DataFrame(records, schema={"rule_a": pl.String, "rule_b": pl.String, "count": pl.Int64, "only_a": pl.Int64})
+    return df.with_columns(pl.when(pl.col("count") > 0).then(pl.col("only_a") / pl.col("count")).alias("only_a_frac"))
 
 
 # ---------------------------------------------------------------- Figure 1 of the DPPO paper
@@ -160,8 +159,16 @@ RATIO_LOG10_RANGE = (-1.0, 1.0)
 TV_RANGE = (0.0, 0.5)
 
 
-def figure1_density(tokens: pl.LazyFrame, y: str = "ratio", *, rules: Rules = (), n_x: int = 60,
-                    n_y: int = 60, min_p: float = MIN_P, y_range: tuple[float, float] | None = None) -> pl.DataFrame:
+def figure1_density(
+    tokens: pl.LazyFrame,
+    y: str = "ratio",
+    *,
+    rules: Rules = (),
+    n_x: int = 60,
+    n_y: int = 60,
+    min_p: float = MIN_P,
+    y_range: tuple[float, float] | None = None,
+) -> pl.DataFrame:
     """A 2-D histogram of a per-token quantity against the anchor probability (the paper's
     Figure 1, binned so that a run of any size gives at most n_x · n_y cells).
 
@@ -193,21 +200,27 @@ def figure1_density(tokens: pl.LazyFrame, y: str = "ratio", *, rules: Rules = ()
         tokens.filter(pl.col(anchor).is_not_null() & pl.col(y).is_not_null() & pl.col(y).is_finite())
         .filter(pl.col(y) > 0 if log_y else pl.lit(True))
         .group_by(x_bin.alias("x_bin"), y_bin.alias("y_bin"))
-        .agg(pl.len().cast(pl.Int64).alias("count"),
-             *(pl.col(blocked_column(r)).cast(pl.Int64).sum().alias(blocked_column(r)) for r in rules))
+        .agg(
+            pl.len().cast(pl.Int64).alias("count"),
+            *(pl.col(blocked_column(r)).cast(pl.Int64).sum().alias(blocked_column(r)) for r in rules),
+        )
         .sort("x_bin", "y_bin")
     )
     df = collect(lf)
     dx, dy = -x_lo / n_x, (hi - lo) / n_y
-    return df.with_columns(
-        (10 ** (x_lo + pl.col("x_bin") * dx)).alias("x_lo"),
-        (10 ** (x_lo + (pl.col("x_bin") + 1) * dx)).alias("x_hi"),
-        (lo + pl.col("y_bin") * dy).alias("y_lo"),
-        (lo + (pl.col("y_bin") + 1) * dy).alias("y_hi"),
-    ).with_columns(
-        (10 ** pl.col("y_lo")).alias("y_lo") if log_y else pl.col("y_lo"),
-        (10 ** pl.col("y_hi")).alias("y_hi") if log_y else pl.col("y_hi"),
-    ).select("x_bin", "y_bin", "x_lo", "x_hi", "y_lo", "y_hi", "count", *(blocked_column(r) for r in rules))
+    return (
+        df.with_columns(
+            (10 ** (x_lo + pl.col("x_bin") * dx)).alias("x_lo"),
+            (10 ** (x_lo + (pl.col("x_bin") + 1) * dx)).alias("x_hi"),
+            (lo + pl.col("y_bin") * dy).alias("y_lo"),
+            (lo + (pl.col("y_bin") + 1) * dy).alias("y_hi"),
+        )
+        .with_columns(
+            (10 ** pl.col("y_lo")).alias("y_lo") if log_y else pl.col("y_lo"),
+            (10 ** pl.col("y_hi")).alias("y_hi") if log_y else pl.col("y_hi"),
+        )
+        .select("x_bin", "y_bin", "x_lo", "x_hi", "y_lo", "y_hi", "count", *(blocked_column(r) for r in rules))
+    )
 
 
 def _solve_binary_kl(mu: np.ndarray, delta: float, above: bool) -> np.ndarray:
@@ -232,8 +245,9 @@ def _solve_binary_kl(mu: np.ndarray, delta: float, above: bool) -> np.ndarray:
     return np.where(np.abs(kl(pi) - delta) <= 1e-6 * delta, pi, np.nan)
 
 
-def rule_boundaries(rules: Mapping[str, Mapping[str, float | None]] | Sequence[str], *,
-                    min_p: float = MIN_P, n: int = 200) -> pl.DataFrame:
+def rule_boundaries(
+    rules: Mapping[str, Mapping[str, float | None]] | Sequence[str], *, min_p: float = MIN_P, n: int = 200
+) -> pl.DataFrame:
     """Where each rule starts to block, drawn in the Figure-1 planes (ratio vs μ and TV vs μ).
 
     `rules`: names (default thresholds from trustlens.rules.RULES) or the manifest's
@@ -269,13 +283,29 @@ def rule_boundaries(rules: Mapping[str, Mapping[str, float | None]] | Sequence[s
             else:
                 pi = _solve_binary_kl(mu, bound, side == "upper")
             keep = (pi > 0) & (pi < 1)
-            frames.append(pl.DataFrame({
-                "rule": name, "side": side, "mu": mu[keep], "pi": pi[keep],
-                "ratio": pi[keep] / mu[keep], "tv": np.abs(pi[keep] - mu[keep]),
-            }))
+            frames.append(
+                pl.DataFrame(
+                    {
+                        "rule": name,
+                        "side": side,
+                        "mu": mu[keep],
+                        "pi": pi[keep],
+                        "ratio": pi[keep] / mu[keep],
+                        "tv": np.abs(pi[keep] - mu[keep]),
+                    }
+                )
+            )
     if not frames:
-        return pl.DataFrame(schema={"rule": pl.String, "side": pl.String, "mu": pl.Float64,
-                                    "pi": pl.Float64, "ratio": pl.Float64, "tv": pl.Float64})
+        return pl.DataFrame(
+            schema={
+                "rule": pl.String,
+                "side": pl.String,
+                "mu": pl.Float64,
+                "pi": pl.Float64,
+                "ratio": pl.Float64,
+                "tv": pl.Float64,
+            }
+        )
     return pl.concat(frames)
 
 

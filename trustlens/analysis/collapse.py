@@ -41,8 +41,14 @@ from trustlens.analysis.buckets import checked_rules, collect
 from trustlens.analysis.mismatch import mismatch_per_step
 from trustlens.schema import blocked_column
 
-ALERT_KINDS = ("entropy_collapse", "entropy_surge", "mismatch_growth", "grad_norm_spike",
-               "reward_drop", "blocked_drift")
+ALERT_KINDS = (
+    "entropy_collapse",
+    "entropy_surge",
+    "mismatch_growth",
+    "grad_norm_spike",
+    "reward_drop",
+    "blocked_drift",
+)
 
 ALERT_SCHEMA: dict[str, pl.DataType] = {
     "step": pl.Int32,  # first step of the episode
@@ -109,14 +115,16 @@ def step_signals(run) -> pl.DataFrame:
     for other in (mm, reward, grad):
         out = out.join(other.with_columns(pl.col("step").cast(pl.Int32)), on="step", how="full", coalesce=True)
     cols = ["entropy", "k3_kl", "tv_mean", "reward", "grad_norm", *(blocked_column(r) for r in rules)]
-    return out.with_columns(pl.col("step").cast(pl.Int32)).select(
-        "step", *(pl.col(c).cast(pl.Float64) for c in cols)
-    ).sort("step")
+    return (
+        out.with_columns(pl.col("step").cast(pl.Int32))
+        .select("step", *(pl.col(c).cast(pl.Float64) for c in cols))
+        .sort("step")
+    )
 
 
 def _baseline(x: np.ndarray, i: int, cfg: CollapseConfig) -> tuple[float, float] | None:
     """(median, robust scale) of the finite values in the `window` steps before index i."""
-    hist = x[max(0, i - cfg.window): i]
+    hist = x[max(0, i - cfg.window) : i]
     hist = hist[np.isfinite(hist)]
     if len(hist) < cfg.min_history:
         return None
@@ -162,24 +170,37 @@ def _flags(signals: pl.DataFrame, cfg: CollapseConfig) -> list[_Flag]:
             z = (x[i] - m) / s
             for kind, test in kinds:
                 if test(x[i], m, z):
-                    flags.append(_Flag(kind, name, int(steps[i]), float(x[i]), m, float(z),
-                                       abs(z) >= cfg.z_critical))
+                    flags.append(_Flag(kind, name, int(steps[i]), float(x[i]), m, float(z), abs(z) >= cfg.z_critical))
 
-    scan("entropy", [
-        ("entropy_collapse", lambda v, m, z: v < m * (1 - cfg.entropy_drop) and z < -cfg.z_warning),
-        ("entropy_surge", lambda v, m, z: v > m * (1 + cfg.entropy_surge) and z > cfg.z_warning),
-    ])
+    scan(
+        "entropy",
+        [
+            ("entropy_collapse", lambda v, m, z: v < m * (1 - cfg.entropy_drop) and z < -cfg.z_warning),
+            ("entropy_surge", lambda v, m, z: v > m * (1 + cfg.entropy_surge) and z > cfg.z_warning),
+        ],
+    )
     scan("grad_norm", [("grad_norm_spike", lambda v, m, z: v > cfg.grad_spike * m and z > cfg.z_warning)])
     scan("reward", [("reward_drop", lambda v, m, z: v < m - cfg.reward_drop * abs(m) and z < -cfg.z_warning)])
     for col in signals.columns:
         if col.startswith("blocked_"):
-            scan(col, [("blocked_drift", lambda v, m, z: abs(v - m) > cfg.blocked_drift and abs(z) > cfg.z_warning
-                        and (v >= cfg.blocked_factor * m or v * cfg.blocked_factor <= m))])
+            scan(
+                col,
+                [
+                    (
+                        "blocked_drift",
+                        lambda v, m, z: (
+                            abs(v - m) > cfg.blocked_drift
+                            and abs(z) > cfg.z_warning
+                            and (v >= cfg.blocked_factor * m or v * cfg.blocked_factor <= m)
+                        ),
+                    )
+                ],
+            )
 
     x = series("k3_kl")
     if x is not None:
         for i in range(cfg.trend - 1, len(x)):
-            recent = x[i - cfg.trend + 1: i + 1]
+            recent = x[i - cfg.trend + 1 : i + 1]
             base = _baseline(x, i - cfg.trend + 1, cfg)
             if base is None or not np.isfinite(recent).all():
                 continue
@@ -187,8 +208,17 @@ def _flags(signals: pl.DataFrame, cfg: CollapseConfig) -> list[_Flag]:
             level = float(np.median(recent))
             slope = np.polyfit(np.arange(cfg.trend), recent, 1)[0] if cfg.trend > 1 else level - m
             if level > max(cfg.mismatch_growth * m, cfg.mismatch_floor) and slope > 0:
-                flags.append(_Flag("mismatch_growth", "k3_kl", int(steps[i]), level, m, (level - m) / s,
-                                   level > max(2 * cfg.mismatch_growth * m, 2 * cfg.mismatch_floor)))
+                flags.append(
+                    _Flag(
+                        "mismatch_growth",
+                        "k3_kl",
+                        int(steps[i]),
+                        level,
+                        m,
+                        (level - m) / s,
+                        level > max(2 * cfg.mismatch_growth * m, 2 * cfg.mismatch_floor),
+                    )
+                )
     return flags
 
 
@@ -252,17 +282,23 @@ def _drivers(run, ep: dict, cfg: CollapseConfig) -> tuple[list[int], list[dict]]
         score = pl.col("binary_tv").cast(pl.Float64)
         samples = None
     scored = tokens.select("sample", "update", "pos", score.alias("score")).filter(pl.col("score").is_not_null())
-    top = collect(scored.sort(["score", "sample", "update", "pos"], descending=[True, False, False, False])
-                  .head(cfg.top_tokens))
+    top = collect(
+        scored.sort(["score", "sample", "update", "pos"], descending=[True, False, False, False]).head(cfg.top_tokens)
+    )
     if samples is None:
-        per_sample = collect(scored.group_by("sample").agg(pl.col("score").mean())
-                             .sort(["score", "sample"], descending=[True, False]).head(cfg.top_samples))
+        per_sample = collect(
+            scored.group_by("sample")
+            .agg(pl.col("score").mean())
+            .sort(["score", "sample"], descending=[True, False])
+            .head(cfg.top_samples)
+        )
         samples = per_sample["sample"].to_list()
     return samples, top.select("sample", "update", "pos").to_dicts()
 
 
-def detect_collapse(run, config: CollapseConfig = CollapseConfig(), *,
-                    signals: pl.DataFrame | None = None) -> pl.DataFrame:
+def detect_collapse(
+    run, config: CollapseConfig = CollapseConfig(), *, signals: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """Alerts of every detector over the run, sorted by step (columns: ALERT_SCHEMA).
 
     `run` has .tokens, .samples and .metrics LazyFrames; pass `signals` (from `step_signals`) to
@@ -278,12 +314,21 @@ def detect_collapse(run, config: CollapseConfig = CollapseConfig(), *,
     for ep in episodes:
         samples, tokens = _drivers(run, ep, config)
         z_crit = ep["critical"]
-        rows.append({
-            "step": ep["step"], "end_step": ep["end_step"], "kind": ep["kind"], "signal": ep["signal"],
-            "severity": "critical" if z_crit else "warning", "value": ep["value"],
-            "baseline": ep["baseline"], "z": ep["z"], "message": _message(ep),
-            "samples": samples, "tokens": tokens,
-        })
+        rows.append(
+            {
+                "step": ep["step"],
+                "end_step": ep["end_step"],
+                "kind": ep["kind"],
+                "signal": ep["signal"],
+                "severity": "critical" if z_crit else "warning",
+                "value": ep["value"],
+                "baseline": ep["baseline"],
+                "z": ep["z"],
+                "message": _message(ep),
+                "samples": samples,
+                "tokens": tokens,
+            }
+        )
     if not rows:
         return pl.DataFrame(schema=ALERT_SCHEMA)
     return pl.DataFrame(rows, schema=ALERT_SCHEMA).sort("step", "kind")

@@ -28,8 +28,14 @@ EXAMPLE_CASES = ("rare token pushed up", "near-certain token pushed down")
 NEAR_CERTAIN = 0.5
 
 
-def motivating_examples(tokens: pl.LazyFrame, ratio_rule: str = "ppo", divergence_rule: str = "dppo_binary_tv",
-                        *, n: int = 3, near_certain: float = NEAR_CERTAIN) -> pl.DataFrame:
+def motivating_examples(
+    tokens: pl.LazyFrame,
+    ratio_rule: str = "ppo",
+    divergence_rule: str = "dppo_binary_tv",
+    *,
+    n: int = 3,
+    near_certain: float = NEAR_CERTAIN,
+) -> pl.DataFrame:
     """The paper's two motivating cases found among real tokens, `n` rows of each:
 
     "rare token pushed up": A > 0 and π > μ, blocked by `ratio_rule` but not by
@@ -52,27 +58,37 @@ def motivating_examples(tokens: pl.LazyFrame, ratio_rule: str = "ppo", divergenc
     ratio_col, div_col = blocked_column(ratio_rule), blocked_column(divergence_rule)
     mu, pi = pl.col(anchor).cast(pl.Float64).exp(), pl.col("pi_logp").cast(pl.Float64).exp()
     adv = pl.col("advantage")
-    cols = [pl.col("step", "update", "sample", "pos"), pl.col("token").cast(pl.String),
-            mu.alias("mu"), pi.alias("pi"),
-            (pl.col("pi_logp").cast(pl.Float64) - pl.col(anchor).cast(pl.Float64)).exp().alias("ratio"),
-            (pi - mu).abs().alias("binary_tv"), adv.cast(pl.Float64), pl.col(ratio_col, div_col)]
+    cols = [
+        pl.col("step", "update", "sample", "pos"),
+        pl.col("token").cast(pl.String),
+        mu.alias("mu"),
+        pi.alias("pi"),
+        (pl.col("pi_logp").cast(pl.Float64) - pl.col(anchor).cast(pl.Float64)).exp().alias("ratio"),
+        (pi - mu).abs().alias("binary_tv"),
+        adv.cast(pl.Float64),
+        pl.col(ratio_col, div_col),
+    ]
     up = (
         tokens.filter((adv > 0) & (pl.col("pi_logp") > pl.col(anchor)) & pl.col(ratio_col) & ~pl.col(div_col))
-        .select(cols).sort("ratio", descending=True).head(n)
+        .select(cols)
+        .sort("ratio", descending=True)
+        .head(n)
         .with_columns(pl.lit(EXAMPLE_CASES[0]).alias("case"))
     )
     down = (
-        tokens.filter((adv < 0) & (pl.col("pi_logp") < pl.col(anchor)) & ~pl.col(ratio_col)
-                      & (mu >= near_certain))
-        .select(cols).sort([div_col, "binary_tv"], descending=[True, True]).head(n)
+        tokens.filter((adv < 0) & (pl.col("pi_logp") < pl.col(anchor)) & ~pl.col(ratio_col) & (mu >= near_certain))
+        .select(cols)
+        .sort([div_col, "binary_tv"], descending=[True, True])
+        .head(n)
         .with_columns(pl.lit(EXAMPLE_CASES[1]).alias("case"))
     )
     out = collect(pl.concat([up, down]))
     return out.select("case", *(c for c in out.columns if c != "case"))
 
 
-def blocked_anchor_quantiles(tokens: pl.LazyFrame, rules: str | Sequence[str] | None = None,
-                             quantiles: Sequence[float] = (0.1, 0.5, 0.9)) -> pl.DataFrame:
+def blocked_anchor_quantiles(
+    tokens: pl.LazyFrame, rules: str | Sequence[str] | None = None, quantiles: Sequence[float] = (0.1, 0.5, 0.9)
+) -> pl.DataFrame:
     """Where in μ each rule's blocked tokens sit: a first row "all tokens", then one per rule.
 
     Columns: rule, tokens (rows counted), then p<q> for each quantile q (e.g. p50, the median
@@ -89,12 +105,17 @@ def blocked_anchor_quantiles(tokens: pl.LazyFrame, rules: str | Sequence[str] | 
 
     def aggs(where: pl.Expr, name: str) -> list[pl.Expr]:
         x = logp.filter(where)
-        return [x.count().cast(pl.Int64).alias(f"{name}|tokens"),
-                *(x.quantile(q, interpolation="nearest").exp().alias(f"{name}|p{round(q * 100):g}") for q in qs)]
+        return [
+            x.count().cast(pl.Int64).alias(f"{name}|tokens"),
+            *(x.quantile(q, interpolation="nearest").exp().alias(f"{name}|p{round(q * 100):g}") for q in qs),
+        ]
 
     groups = {"all tokens": pl.lit(True), **{r: pl.col(blocked_column(r)).fill_null(False) for r in rules}}
-    row = collect(tokens.filter(pl.col(anchor).is_not_null())
-                  .select([a for name, where in groups.items() for a in aggs(where, name)])).row(0, named=True)
+    row = collect(
+        tokens.filter(pl.col(anchor).is_not_null()).select(
+            [a for name, where in groups.items() for a in aggs(where, name)]
+        )
+    ).row(0, named=True)
     names = ["tokens", *(f"p{round(q * 100):g}" for q in qs)]
     return pl.DataFrame(
         [{"rule": g, **{c: row[f"{g}|{c}"] for c in names}} for g in groups],
@@ -109,15 +130,18 @@ def blocked_token_anchor(tokens: pl.LazyFrame, rule: str = "ppo", *, top: int = 
     untrusted: render it escaped."""
     top_tokens = blocked_by_token(tokens, rule, top=top, min_count=min_count).drop("rule")
     if top_tokens.is_empty():
-        return top_tokens.with_columns(pl.lit(None, pl.Float64).alias("mu_median"),
-                                       pl.lit(None, pl.Float64).alias("mu_median_blocked"))
+        return top_tokens.with_columns(
+            pl.lit(None, pl.Float64).alias("mu_median"), pl.lit(None, pl.Float64).alias("mu_median_blocked")
+        )
     anchor = anchor_column(tokens)
     logp = pl.col(anchor).cast(pl.Float64)
     medians = collect(
         tokens.filter(pl.col("token").cast(pl.String).is_in(top_tokens["token"].to_list()))
         .group_by(pl.col("token").cast(pl.String))
-        .agg(logp.median().exp().alias("mu_median"),
-             logp.filter(pl.col(blocked_column(rule)).fill_null(False)).median().exp().alias("mu_median_blocked"))
+        .agg(
+            logp.median().exp().alias("mu_median"),
+            logp.filter(pl.col(blocked_column(rule)).fill_null(False)).median().exp().alias("mu_median_blocked"),
+        )
     )
     return top_tokens.join(medians, on="token", how="left", maintain_order="left")
 
@@ -138,17 +162,26 @@ def over_updates_per_step(tokens: pl.LazyFrame, rule: str = "dppo_binary_tv") ->
     parts = []
     for side, where in (("pos", adv > 0), ("neg", adv < 0)):
         sel = where & over.is_not_null()
-        parts += [sel.sum().cast(pl.Int64).alias(f"count_{side}"),
-                  (sel & over).sum().cast(pl.Int64).alias(f"over_{side}"),
-                  pl.col("binary_tv").filter(sel).mean().cast(pl.Float64).alias(f"tv_mean_{side}")]
+        parts += [
+            sel.sum().cast(pl.Int64).alias(f"count_{side}"),
+            (sel & over).sum().cast(pl.Int64).alias(f"over_{side}"),
+            pl.col("binary_tv").filter(sel).mean().cast(pl.Float64).alias(f"tv_mean_{side}"),
+        ]
     df = collect(tokens.group_by("step").agg(parts).sort("step"))
     return df.select(
         pl.col("step").cast(pl.Int32),
-        *(e for side in ("pos", "neg") for e in (
-            pl.col(f"count_{side}"), pl.col(f"over_{side}"),
-            pl.when(pl.col(f"count_{side}") > 0).then(pl.col(f"over_{side}") / pl.col(f"count_{side}"))
-            .alias(f"over_frac_{side}"),
-            pl.col(f"tv_mean_{side}"))),
+        *(
+            e
+            for side in ("pos", "neg")
+            for e in (
+                pl.col(f"count_{side}"),
+                pl.col(f"over_{side}"),
+                pl.when(pl.col(f"count_{side}") > 0)
+                .then(pl.col(f"over_{side}") / pl.col(f"count_{side}"))
+                .alias(f"over_frac_{side}"),
+                pl.col(f"tv_mean_{side}"),
+            )
+        ),
     )
 
 

@@ -57,11 +57,21 @@ def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
     log_rho = pl.col("old") - pl.col("mu")
     lr = log_rho.clip(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     return (
-        tokens.select("step", "update", "sample", pl.col("mu_logp").cast(pl.Float64).alias("mu"),
-                      _trainer_logp().cast(pl.Float64).alias("old"))
+        tokens.select(
+            "step",
+            "update",
+            "sample",
+            pl.col("mu_logp").cast(pl.Float64).alias("mu"),
+            _trainer_logp().cast(pl.Float64).alias("old"),
+        )
         .filter(pl.col("mu").is_not_null() & pl.col("old").is_not_null())
-        .with_columns(log_rho.alias("log_rho"), lr.exp().alias("rho"), lr.alias("lr"),
-                      pl.col("mu").exp().alias("x"), pl.col("old").exp().alias("y"))
+        .with_columns(
+            log_rho.alias("log_rho"),
+            lr.exp().alias("rho"),
+            lr.alias("lr"),
+            pl.col("mu").exp().alias("x"),
+            pl.col("old").exp().alias("y"),
+        )
     )
 
 
@@ -124,11 +134,14 @@ def mismatch_unavailable(tokens: pl.LazyFrame) -> str | None:
     if row["rows"] == 0:
         return "the run has no token rows yet"
     if row["mu"] == 0:
-        return ("μ (mu_logp) is null in every row: the run was recorded without the rollout "
-                "engine's log-probabilities, so the training-inference mismatch cannot be measured")
+        return (
+            "μ (mu_logp) is null in every row: the run was recorded without the rollout "
+            "engine's log-probabilities, so the training-inference mismatch cannot be measured"
+        )
     if row["both"] == 0:
-        return ("no row has both μ and π_old: old_logp was not recorded and no row of a step's "
-                "first update holds pi_logp")
+        return (
+            "no row has both μ and π_old: old_logp was not recorded and no row of a step's first update holds pi_logp"
+        )
     return None
 
 
@@ -136,26 +149,41 @@ def mismatch_per_step(tokens: pl.LazyFrame) -> pl.DataFrame:
     """Per step: step, tokens, mismatch_kl, k3_kl, log_ppl_diff, log_ppl_abs_diff, chi2_token,
     chi2_seq, tv_mean, tv_max, pearson (see the module docstring); sorted by step, only steps with
     both μ and π_old. Empty (same columns) when `mismatch_unavailable` gives a reason."""
-    out_cols = ("mismatch_kl", "k3_kl", "log_ppl_diff", "log_ppl_abs_diff", "chi2_token", "chi2_seq",
-                "tv_mean", "tv_max", "pearson")
+    out_cols = (
+        "mismatch_kl",
+        "k3_kl",
+        "log_ppl_diff",
+        "log_ppl_abs_diff",
+        "chi2_token",
+        "chi2_seq",
+        "tv_mean",
+        "tv_max",
+        "pearson",
+    )
     schema = _schema({"step": pl.Int32}, out_cols)
     if "mu_logp" not in tokens.collect_schema().names():
         return pl.DataFrame(schema=schema)
     lpd = pl.col("s_k1") / pl.col("n")  # per sequence: mean(log μ − log π_old)
     log_rho_seq = (-pl.col("s_k1")).clip(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     df = collect(
-        _pairs(tokens).group_by("step", "update", "sample").agg(_sums())
+        _pairs(tokens)
+        .group_by("step", "update", "sample")
+        .agg(_sums())
         .group_by("step")
-        .agg(*_token_stats(), lpd.mean().alias("log_ppl_diff"), lpd.abs().mean().alias("log_ppl_abs_diff"),
-             ((2 * log_rho_seq).exp() - 1).mean().alias("chi2_seq"))
+        .agg(
+            *_token_stats(),
+            lpd.mean().alias("log_ppl_diff"),
+            lpd.abs().mean().alias("log_ppl_abs_diff"),
+            ((2 * log_rho_seq).exp() - 1).mean().alias("chi2_seq"),
+        )
         .sort("step")
     )
-    return df.select(pl.col("step").cast(pl.Int32), pl.col("tokens").cast(pl.Int64),
-                     *(pl.col(c).cast(pl.Float64) for c in out_cols))
+    return df.select(
+        pl.col("step").cast(pl.Int32), pl.col("tokens").cast(pl.Int64), *(pl.col(c).cast(pl.Float64) for c in out_cols)
+    )
 
 
-def mismatch_by_bucket(tokens: pl.LazyFrame, *, min_p: float = MIN_P,
-                       per_decade: int = PER_DECADE) -> pl.DataFrame:
+def mismatch_by_bucket(tokens: pl.LazyFrame, *, min_p: float = MIN_P, per_decade: int = PER_DECADE) -> pl.DataFrame:
     """Per μ-probability bucket: bucket, p_lo, p_hi, label, tokens, mismatch_kl, k3_kl,
     chi2_token, tv_mean, tv_max, pearson; every bucket listed (tokens 0 and nulls where empty).
     Empty when `mismatch_unavailable` gives a reason."""
@@ -163,14 +191,20 @@ def mismatch_by_bucket(tokens: pl.LazyFrame, *, min_p: float = MIN_P,
     schema = {**buckets.schema, **_schema({}, _TOKEN_LEVEL)}
     if "mu_logp" not in tokens.collect_schema().names():
         return pl.DataFrame(schema=schema)
-    df = collect(_pairs(tokens).group_by(bucket_expr("mu", min_p, per_decade).alias("bucket")).agg(_sums())
-                 .group_by("bucket").agg(_token_stats()))
+    df = collect(
+        _pairs(tokens)
+        .group_by(bucket_expr("mu", min_p, per_decade).alias("bucket"))
+        .agg(_sums())
+        .group_by("bucket")
+        .agg(_token_stats())
+    )
     if df.is_empty():
         return pl.DataFrame(schema=schema)
     out = buckets.join(df, on="bucket", how="left", maintain_order="left")
     out = out.with_columns(pl.col("tokens").fill_null(0))
-    return out.select(*buckets.columns, pl.col("tokens").cast(pl.Int64),
-                      *(pl.col(c).cast(pl.Float64) for c in _TOKEN_LEVEL)).sort("bucket")
+    return out.select(
+        *buckets.columns, pl.col("tokens").cast(pl.Int64), *(pl.col(c).cast(pl.Float64) for c in _TOKEN_LEVEL)
+    ).sort("bucket")
 
 
 __all__ = [

@@ -70,10 +70,17 @@ def _tensor(batch: pl.DataFrame, column: str, rows: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(batch[column].cast(pl.Float64).to_numpy()[rows])
 
 
-def threshold_sweep(tokens: pl.LazyFrame, rules: str | Sequence[str] | None = None,
-                    scales: Sequence[float] = DEFAULT_SCALES, *, base: Mapping[str, Mapping] | None = None,
-                    by_bucket: bool = False, min_p: float = MIN_P, per_decade: int = PER_DECADE,
-                    batch_rows: int = BATCH_ROWS) -> pl.DataFrame:
+def threshold_sweep(
+    tokens: pl.LazyFrame,
+    rules: str | Sequence[str] | None = None,
+    scales: Sequence[float] = DEFAULT_SCALES,
+    *,
+    base: Mapping[str, Mapping] | None = None,
+    by_bucket: bool = False,
+    min_p: float = MIN_P,
+    per_decade: int = PER_DECADE,
+    batch_rows: int = BATCH_ROWS,
+) -> pl.DataFrame:
     """What each rule blocks with its thresholds scaled by each of `scales` (module docstring).
 
     rules: rules to sweep (default: every blocking rule evaluated in the run); a rule need not
@@ -109,7 +116,10 @@ def threshold_sweep(tokens: pl.LazyFrame, rules: str | Sequence[str] | None = No
     counts = {r: np.zeros((n_buckets, 2), np.int64) for r in rules}
     blocked = {r: np.zeros((len(scales), n_buckets, 2), np.int64) for r in rules}
     query = tokens.select(
-        pl.col("pi_logp"), pl.col(anchor).alias("_anchor"), pl.col("advantage"), *map(pl.col, inputs),
+        pl.col("pi_logp"),
+        pl.col(anchor).alias("_anchor"),
+        pl.col("advantage"),
+        *map(pl.col, inputs),
         bucket_expr(anchor, min_p, per_decade).alias("_bucket"),
     )
     for batch in query.collect_batches(chunk_size=batch_rows):
@@ -125,9 +135,12 @@ def threshold_sweep(tokens: pl.LazyFrame, rules: str | Sequence[str] | None = No
                 continue
             cell = batch["_bucket"].to_numpy()[rows].astype(np.int64) * 2 + (batch["advantage"].to_numpy()[rows] > 0)
             size = n_buckets * 2
-            given = {"pi_logp": _tensor(batch, "pi_logp", rows), "mu_logp": _tensor(batch, "_anchor", rows),
-                     "advantages": _tensor(batch, "advantage", rows),
-                     **{c: _tensor(batch, c, rows) for c in group_needs}}
+            given = {
+                "pi_logp": _tensor(batch, "pi_logp", rows),
+                "mu_logp": _tensor(batch, "_anchor", rows),
+                "advantages": _tensor(batch, "advantage", rows),
+                **{c: _tensor(batch, c, rows) for c in group_needs},
+            }
             total = np.bincount(cell, minlength=size).reshape(n_buckets, 2)
             for r in group:
                 counts[r] += total
@@ -149,21 +162,39 @@ def _table(rules, scales, thresholds, counts, blocked, by_bucket, min_p, per_dec
             if not by_bucket:
                 n, k = n.sum(0, keepdims=True), k.sum(0, keepdims=True)
             for b in range(n.shape[0]):
-                records.append({"rule": r, "scale": s, "low": s * low, "high": s * high, "bucket": b,
-                                "count": int(n[b].sum()), "blocked": int(k[b].sum()),
-                                "count_pos": int(n[b, 1]), "blocked_pos": int(k[b, 1]),
-                                "count_neg": int(n[b, 0]), "blocked_neg": int(k[b, 0])})
-    schema = {"rule": pl.String, "scale": pl.Float64, "low": pl.Float64, "high": pl.Float64,
-              "bucket": pl.Int32, **{c: pl.Int64 for c in ("count", "blocked", "count_pos", "blocked_pos",
-                                                          "count_neg", "blocked_neg")}}
+                records.append(
+                    {
+                        "rule": r,
+                        "scale": s,
+                        "low": s * low,
+                        "high": s * high,
+                        "bucket": b,
+                        "count": int(n[b].sum()),
+                        "blocked": int(k[b].sum()),
+                        "count_pos": int(n[b, 1]),
+                        "blocked_pos": int(k[b, 1]),
+                        "count_neg": int(n[b, 0]),
+                        "blocked_neg": int(k[b, 0]),
+                    }
+                )
+    schema = {
+        "rule": pl.String,
+        "scale": pl.Float64,
+        "low": pl.Float64,
+        "high": pl.Float64,
+        "bucket": pl.Int32,
+        **{c: pl.Int64 for c in ("count", "blocked", "count_pos", "blocked_pos", "count_neg", "blocked_neg")},
+    }
     df = pl.DataFrame(records, schema=schema)
 
     def frac(k: str, n: str) -> pl.Expr:
         return pl.when(pl.col(n) > 0).then(pl.col(k) / pl.col(n))
 
-    df = df.with_columns(frac("blocked", "count").alias("blocked_frac"),
-                         frac("blocked_pos", "count_pos").alias("blocked_frac_pos"),
-                         frac("blocked_neg", "count_neg").alias("blocked_frac_neg"))
+    df = df.with_columns(
+        frac("blocked", "count").alias("blocked_frac"),
+        frac("blocked_pos", "count_pos").alias("blocked_frac_pos"),
+        frac("blocked_neg", "count_neg").alias("blocked_frac_neg"),
+    )
     keys = ["rule", "scale", "low", "high"]
     if by_bucket:
         df = df.join(buckets, on="bucket", how="left", maintain_order="left")

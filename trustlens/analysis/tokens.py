@@ -22,9 +22,24 @@ AdvantageSign = Literal["positive", "negative", "zero"]
 ADVANTAGE_SIGNS: tuple[str, ...] = ("positive", "negative", "zero")
 
 # Columns of one sample's tokens, in display order (blocked_<rule> columns follow).
-SAMPLE_TOKEN_COLUMNS = ("step", "update", "sample", "pos", "token_id", "token", "mu_logp", "old_logp",
-                        "pi_logp", "ratio", "binary_tv", "binary_kl", "topk_tv", "topk_kl", "entropy",
-                        "advantage")
+SAMPLE_TOKEN_COLUMNS = (
+    "step",
+    "update",
+    "sample",
+    "pos",
+    "token_id",
+    "token",
+    "mu_logp",
+    "old_logp",
+    "pi_logp",
+    "ratio",
+    "binary_tv",
+    "binary_kl",
+    "topk_tv",
+    "topk_kl",
+    "entropy",
+    "advantage",
+)
 
 
 @dataclass(frozen=True)
@@ -65,8 +80,10 @@ def _check_query(query: TokenQuery, rules: Sequence[str]) -> None:
             raise ValueError(f"query.steps: first step {lo} is after last step {hi}")
     for rule, _ in query.decisions:
         if rule not in rules:
-            raise ValueError(f"query.decisions: rule {rule!r} was not evaluated in this run "
-                             f"(evaluated: {', '.join(rules) or 'none'})")
+            raise ValueError(
+                f"query.decisions: rule {rule!r} was not evaluated in this run "
+                f"(evaluated: {', '.join(rules) or 'none'})"
+            )
     if query.anchor_prob is not None:
         lo, hi = query.anchor_prob
         if not 0.0 <= lo < hi:
@@ -94,8 +111,7 @@ def query_expr(query: TokenQuery, *, rules: Sequence[str], anchor: str = "mu_log
         adv = pl.col("advantage")
         conds.append({"positive": adv > 0, "negative": adv < 0, "zero": adv == 0}[query.advantage_sign])
     if query.text:
-        conds.append(pl.col("token").cast(pl.String).str.to_lowercase()
-                     .str.contains(query.text.lower(), literal=True))
+        conds.append(pl.col("token").cast(pl.String).str.to_lowercase().str.contains(query.text.lower(), literal=True))
     return pl.all_horizontal(conds).fill_null(False) if conds else pl.lit(True)
 
 
@@ -121,8 +137,9 @@ def sample_summary(rows: pl.LazyFrame, *, limit: int = 500) -> pl.DataFrame:
     )
 
 
-def sample_tokens(tokens: pl.LazyFrame, sample: int, *, step: int | None = None,
-                  update: int | None = None) -> pl.DataFrame:
+def sample_tokens(
+    tokens: pl.LazyFrame, sample: int, *, step: int | None = None, update: int | None = None
+) -> pl.DataFrame:
     """One sample's tokens in position order (one update: the given one, else the first recorded).
 
     Giving `step` lets the scan skip every other step's row groups.
@@ -176,10 +193,15 @@ def alert_tokens(tokens: pl.LazyFrame, alert: dict) -> pl.DataFrame:
     in the alert's order (most extreme first)."""
     listed = alert.get("tokens") or []
     keys = pl.DataFrame(
-        {"sample": [t["sample"] for t in listed], "update": [t["update"] for t in listed],
-         "pos": [t["pos"] for t in listed], "rank_in_alert": list(range(len(listed)))},
+        {
+            "sample": [t["sample"] for t in listed],
+            "update": [t["update"] for t in listed],
+            "pos": [t["pos"] for t in listed],
+            "rank_in_alert": list(range(len(listed))),
+        },
         schema={"sample": pl.Int64, "update": pl.Int16, "pos": pl.Int32, "rank_in_alert": pl.Int64},
     )
     rows = tokens.filter(pl.col("step") == int(alert["step"])).join(
-        keys.lazy(), on=["sample", "update", "pos"], how="inner")
+        keys.lazy(), on=["sample", "update", "pos"], how="inner"
+    )
     return rows.sort("rank_in_alert").drop("rank_in_alert").collect()

@@ -53,7 +53,6 @@ _CONFIG_FLAGS: tuple[tuple[str, type, str], ...] = (
 )
 
 
-
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
     """Add the flags of command `name` (train, compare, demo or make-sample)."""
     parser.epilog = "presets: " + "; ".join(
@@ -65,24 +64,50 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<rule>)")
         parser.set_defaults(func=_train)
     elif name == "compare":
-        parser.add_argument("--rules", type=_rule_list, default="ppo,dppo_binary_tv,pg_is", help="comma-separated rules, each trained into its own run [ppo,dppo_binary_tv,pg_is]")
-        parser.add_argument("--seeds", type=_int_list, default="0", help="comma-separated seeds; several give OUT/<rule>-seed<S> runs [0]")
-        parser.add_argument("--out", type=Path, default=Path("runs"), help="parent directory: one run per rule, OUT/<rule> [runs]")
+        parser.add_argument(
+            "--rules",
+            type=_rule_list,
+            default="ppo,dppo_binary_tv,pg_is",
+            help="comma-separated rules, each trained into its own run [ppo,dppo_binary_tv,pg_is]",
+        )
+        parser.add_argument(
+            "--seeds",
+            type=_int_list,
+            default="0",
+            help="comma-separated seeds; several give OUT/<rule>-seed<S> runs [0]",
+        )
+        parser.add_argument(
+            "--out", type=Path, default=Path("runs"), help="parent directory: one run per rule, OUT/<rule> [runs]"
+        )
         parser.set_defaults(func=_compare)
     elif name == "demo":
         parser.add_argument("--rule", default="dppo_binary_tv", help=RULE_HELP)
-        parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/demo, replacing an earlier demo run)")
+        parser.add_argument(
+            "--out", type=Path, default=None, help="run directory (default: runs/demo, replacing an earlier demo run)"
+        )
         parser.add_argument("--port", type=int, default=8501, help="port of the dashboard [8501]")
         parser.add_argument("--no-dashboard", action="store_true", help="only train; print how to inspect the run")
         parser.set_defaults(func=_demo)
     elif name == "make-sample":
-        parser.add_argument("--rules", type=_rule_list, default="ppo,dppo_binary_tv,pg_is", help="rules of the sample, one run each [ppo,dppo_binary_tv,pg_is]")
-        parser.add_argument("--out", type=Path, default=None, help="where to write it (default: the shipped data/sample_run)")
+        parser.add_argument(
+            "--rules",
+            type=_rule_list,
+            default="ppo,dppo_binary_tv,pg_is",
+            help="rules of the sample, one run each [ppo,dppo_binary_tv,pg_is]",
+        )
+        parser.add_argument(
+            "--out", type=Path, default=None, help="where to write it (default: the shipped data/sample_run)"
+        )
         parser.set_defaults(func=_make_sample, preset="sample")
     else:
         raise ValueError(f"trustlens.train.commands has no command {name!r}")
     if name != "make-sample":
-        parser.add_argument("--preset", choices=list(PRESETS), default="default", help="named settings that the flags below override (listed at the end) [default]")
+        parser.add_argument(
+            "--preset",
+            choices=list(PRESETS),
+            default="default",
+            help="named settings that the flags below override (listed at the end) [default]",
+        )
     parser.add_argument("--overwrite", action="store_true", help="replace existing run directories instead of refusing")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     # compare and make-sample train several rules: per-rule thresholds make no sense there
@@ -98,10 +123,16 @@ def _add_config_flags(parser: argparse.ArgumentParser, skip: set[str]) -> None:
             continue
         flag = "--" + name.replace("_", "-")
         default = defaults[name].default
-        shown = "the shipped data/warmstart" if name == "checkpoint" else "the rule's own" if default is None else default
+        shown = (
+            "the shipped data/warmstart" if name == "checkpoint" else "the rule's own" if default is None else default
+        )
         group.add_argument(flag, dest=name, type=kind, default=None, help=f"{text} [{shown}]")
     group.add_argument(
-        "--no-scale-advantages", dest="scale_advantages", action="store_const", const=False, default=None,
+        "--no-scale-advantages",
+        dest="scale_advantages",
+        action="store_const",
+        const=False,
+        default=None,
         help="advantages r − mean(r) without dividing by the group std (Dr. GRPO)",
     )
 
@@ -197,7 +228,9 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def compare(rules: list[str], seeds: list[int], out: Path, base, *, overwrite: bool = False, quiet: bool = False) -> dict[str, Path]:
+def compare(
+    rules: list[str], seeds: list[int], out: Path, base, *, overwrite: bool = False, quiet: bool = False
+) -> dict[str, Path]:
     """Train `base` under each rule and seed, same settings otherwise: {run name: run directory}."""
     # every config and directory is checked before the first run starts
     configs = {

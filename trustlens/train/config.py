@@ -47,8 +47,17 @@ class TrainConfig:
         from trustlens.rules import get_rule
 
         get_rule(self.rule).with_thresholds(self.low, self.high)
-        for name in ("steps", "prompts_per_step", "minibatches", "epochs", "eval_every", "threads",
-                     "sample_every", "max_new_tokens", "topk"):
+        for name in (
+            "steps",
+            "prompts_per_step",
+            "minibatches",
+            "epochs",
+            "eval_every",
+            "threads",
+            "sample_every",
+            "max_new_tokens",
+            "topk",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         if self.group_size < 2:

@@ -47,9 +47,7 @@ def build_tokenizer(max_number: int = MAX_NUMBER) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
-    )
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     return _wrap(tok)
 
@@ -178,7 +176,6 @@ def load_checkpoint(
         raise ValueError(f"checkpoint {path} is unreadable ({type(err).__name__}: {err}); {hint}") from err
     if len(tokenizer) != config.vocab_size:
         raise ValueError(
-            f"checkpoint {path}: tokenizer has {len(tokenizer)} tokens but the model "
-            f"{config.vocab_size}; {hint}"
+            f"checkpoint {path}: tokenizer has {len(tokenizer)} tokens but the model {config.vocab_size}; {hint}"
         )
     return model.float().eval(), tokenizer, meta

@@ -58,8 +58,7 @@ class Problem:
         """Build the prompt, scratchpad and answer of `numbers` combined left to right by `ops`."""
         if len(numbers) < 2 or len(ops) != len(numbers) - 1:
             raise ValueError(
-                f"Problem.from_numbers: need >= 2 numbers and one op between each pair, "
-                f"got numbers={numbers} ops={ops}"
+                f"Problem.from_numbers: need >= 2 numbers and one op between each pair, got numbers={numbers} ops={ops}"
             )
         unknown = [op for op in ops if op not in _OPS]
         if unknown:
@@ -101,9 +100,7 @@ def _as_generator(rng: torch.Generator | random.Random | int) -> torch.Generator
         return torch.Generator().manual_seed(rng.getrandbits(63))
     if isinstance(rng, int) and not isinstance(rng, bool):
         return torch.Generator().manual_seed(rng)
-    raise TypeError(
-        f"rng: expected a torch.Generator, random.Random or int seed, got {type(rng).__name__}"
-    )
+    raise TypeError(f"rng: expected a torch.Generator, random.Random or int seed, got {type(rng).__name__}")
 
 
 @dataclass(frozen=True)

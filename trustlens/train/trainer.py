@@ -185,7 +185,9 @@ def decode_responses(tokenizer, batch: Rollout) -> list[str]:
 
 
 @torch.no_grad()
-def evaluate_accuracy(engine: RolloutEngine, tokenizer, task: ArithmeticTask, problems: list[Problem], world: World) -> dict[str, float]:
+def evaluate_accuracy(
+    engine: RolloutEngine, tokenizer, task: ArithmeticTask, problems: list[Problem], world: World
+) -> dict[str, float]:
     """Share of held-out problems answered right, over all ranks' shares of `problems`:
 
     eval/accuracy          greedy decoding (the policy's mode)
@@ -238,7 +240,9 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
     world = init_world()
     torch.set_num_threads(cfg.threads)
     if cfg.prompts_per_step % world.size:
-        raise ValueError(f"prompts_per_step ({cfg.prompts_per_step}) must be divisible by the world size ({world.size})")
+        raise ValueError(
+            f"prompts_per_step ({cfg.prompts_per_step}) must be divisible by the world size ({world.size})"
+        )
     run_dir = Path(run_dir) if run_dir is not None and cfg.record else None
     rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + world.rank)
 
@@ -307,12 +311,20 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                     with torch.no_grad():
                         topk_tv, topk_kl = topk_divergence(logits.detach(), mb.mu_topk_ids, mb.mu_topk_logp)
                         token_inputs = dict(
-                            mu_logp=mb.mu_logp, advantages=advantages[rows], old_logp=old_logp[rows],
-                            topk_tv=topk_tv, topk_kl=topk_kl,
+                            mu_logp=mb.mu_logp,
+                            advantages=advantages[rows],
+                            old_logp=old_logp[rows],
+                            topk_tv=topk_tv,
+                            topk_kl=topk_kl,
                         )
                     out = policy_loss(
-                        cfg.rule, pi_logp=pi_logp, response_mask=mb.response_mask, low=cfg.low,
-                        high=cfg.high, clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode,
+                        cfg.rule,
+                        pi_logp=pi_logp,
+                        response_mask=mb.response_mask,
+                        low=cfg.low,
+                        high=cfg.high,
+                        clip_ratio_c=cfg.clip_ratio_c,
+                        loss_agg_mode=cfg.loss_agg_mode,
                         **token_inputs,
                     )
                     optimizer.zero_grad(set_to_none=True)
@@ -348,15 +360,17 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
             step_time = time.perf_counter() - t_step
             lengths = batch.lengths().float()
             metrics.update(counter.metrics())
-            metrics.update({
-                "reward/mean": float(rewards.mean()),
-                "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-                "response_length/mean": float(lengths.mean()),
-                "grad_norm": sum(grad_norms) / len(grad_norms),
-                "blocked/active": sum(active_blocked) / len(active_blocked),
-                "time/step": step_time,
-                "time/rollout": t_rollout,
-            })
+            metrics.update(
+                {
+                    "reward/mean": float(rewards.mean()),
+                    "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+                    "response_length/mean": float(lengths.mean()),
+                    "grad_norm": sum(grad_norms) / len(grad_norms),
+                    "blocked/active": sum(active_blocked) / len(active_blocked),
+                    "time/step": step_time,
+                    "time/rollout": t_rollout,
+                }
+            )
             if step % cfg.sample_every == 0:
                 recorder.log_samples(
                     step,
@@ -412,4 +426,3 @@ def _progress_bar(total: int, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
-

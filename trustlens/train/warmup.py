@@ -182,15 +182,40 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         "Deterministic for a seed and --threads."
     )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: the shipped data/warmstart)")
-    parser.add_argument("--seed", type=int, default=d.seed, help=f"seed of model init, data and sampled eval (default {d.seed})")
-    parser.add_argument("--max-steps", type=int, default=d.max_steps, help=f"cap on optimiser steps (default {d.max_steps})")
-    parser.add_argument("--batch-size", type=int, default=d.batch_size, help=f"problems per step (default {d.batch_size})")
+    parser.add_argument(
+        "--seed", type=int, default=d.seed, help=f"seed of model init, data and sampled eval (default {d.seed})"
+    )
+    parser.add_argument(
+        "--max-steps", type=int, default=d.max_steps, help=f"cap on optimiser steps (default {d.max_steps})"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=d.batch_size, help=f"problems per step (default {d.batch_size})"
+    )
     parser.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate (default {d.lr})")
-    parser.add_argument("--target-accuracy", type=float, default=d.target_accuracy, help=f"stop once greedy held-out accuracy reaches this (default {d.target_accuracy})")
-    parser.add_argument("--eval-every", type=int, default=d.eval_every, help=f"steps between accuracy checks (default {d.eval_every})")
-    parser.add_argument("--eval-size", type=int, default=d.eval_size, help=f"held-out problems per check (default {d.eval_size})")
-    parser.add_argument("--final-eval-size", type=int, default=d.final_eval_size, help=f"held-out problems for the accuracies in meta.json (default {d.final_eval_size})")
-    parser.add_argument("--threads", type=int, default=d.threads, help=f"torch CPU threads; fix it to reproduce a checkpoint (default {d.threads})")
+    parser.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=d.target_accuracy,
+        help=f"stop once greedy held-out accuracy reaches this (default {d.target_accuracy})",
+    )
+    parser.add_argument(
+        "--eval-every", type=int, default=d.eval_every, help=f"steps between accuracy checks (default {d.eval_every})"
+    )
+    parser.add_argument(
+        "--eval-size", type=int, default=d.eval_size, help=f"held-out problems per check (default {d.eval_size})"
+    )
+    parser.add_argument(
+        "--final-eval-size",
+        type=int,
+        default=d.final_eval_size,
+        help=f"held-out problems for the accuracies in meta.json (default {d.final_eval_size})",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=d.threads,
+        help=f"torch CPU threads; fix it to reproduce a checkpoint (default {d.threads})",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=_run)
 
