@@ -22,8 +22,8 @@ from trustlens.analysis.buckets import bucket_table
 from trustlens.analysis.collapse import detect_collapse, step_signals
 from trustlens.dashboard import RUNS_ENV
 from trustlens.render import escape_markdown
-from trustlens.runs import NoRowsError, Run, load_run, load_runs
-from trustlens.schema import MANIFEST, PART_GLOB
+from trustlens.run import NoRowsError, Run, load_run, load_runs
+from trustlens.run import MANIFEST, PART_GLOB
 
 # Session-state keys shared by the pages.
 CONTEXT_KEY = "tl_context"  # the Context of the current script run

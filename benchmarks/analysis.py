@@ -24,7 +24,7 @@ import pandas as pd
 import polars as pl
 
 from trustlens import analysis
-from trustlens.runs import load_run
+from trustlens.run import load_run
 
 DEFAULT_RUN = Path(__file__).resolve().parent / "out" / "synthetic-10m"
 

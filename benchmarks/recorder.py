@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 import torch
 
 from trustlens import TokenRecorder, load_run
-from trustlens.writer import write_options
+from trustlens.run.writer import write_options
 
 RULES = [
     "ppo",

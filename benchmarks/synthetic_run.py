@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from trustlens.runs import load_run
+from trustlens.run import load_run
 from trustlens.synthetic import DEFAULT_RULES, expected_token_rows, write_synthetic_run
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "synthetic-10m"

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from trustlens.analysis.sweep import threshold_sweep
-from trustlens.runs import load_run
+from trustlens.run import load_run
 from trustlens.synthetic import write_synthetic_run
 
 L = math.log

@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 from test_render import _parse
 
 from trustlens import cli, dashboard
-from trustlens.schema import MANIFEST, SCHEMA_VERSION
+from trustlens.run import MANIFEST, SCHEMA_VERSION
 from trustlens.synthetic import HOSTILE_VOCAB, VOCAB, write_part, write_synthetic_run
 
 APP = Path(__file__).resolve().parent.parent / "app"

@@ -5,7 +5,7 @@ import pytest
 
 from trustlens import analysis as A
 from trustlens import plots as P
-from trustlens.runs import load_run
+from trustlens.run import load_run
 from trustlens.synthetic import HOSTILE_VOCAB, write_synthetic_run
 
 RULES = ["ppo", "dppo_binary_tv", "dppo_binary_kl"]

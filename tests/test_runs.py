@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from trustlens import TokenRecorder, load_run, load_runs
-from trustlens.runs import CorruptPartWarning, NoRowsError, NotARunError, Run
-from trustlens.schema import SCHEMA_VERSION, table_schema
+from trustlens.run import CorruptPartWarning, NoRowsError, NotARunError, Run
+from trustlens.run import SCHEMA_VERSION, table_schema
 
 
 def record_run(path, steps=3, rows_per_file=10**6, rules=("ppo", "dppo_binary_tv")):

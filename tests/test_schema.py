@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 
 from trustlens import TokenRecorder, __version__
-from trustlens.schema import (
+from trustlens.run import (
     MANIFEST_FIELDS,
     META_SCHEMA_VERSION,
     META_TRUSTLENS_VERSION,

@@ -8,7 +8,7 @@ import torch
 
 from trustlens.divergence import binary_kl, binary_tv
 from trustlens.rules import evaluate_all
-from trustlens.schema import META_SCHEMA_VERSION, SCHEMA_VERSION, token_columns
+from trustlens.run import META_SCHEMA_VERSION, SCHEMA_VERSION, token_columns
 from trustlens.synthetic import HOSTILE_VOCAB, expected_token_rows, write_synthetic_run
 
 RULES = ["ppo", "dppo_binary_tv", "dppo_topk_tv"]

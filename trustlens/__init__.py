@@ -15,11 +15,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "TokenRecorder": "trustlens.recorder",
     "NullRecorder": "trustlens.recorder",
-    "load_run": "trustlens.runs",
-    "load_runs": "trustlens.runs",
-    "Run": "trustlens.runs",
-    "NotARunError": "trustlens.runs",
-    "NoRowsError": "trustlens.runs",
+    "load_run": "trustlens.run",
+    "load_runs": "trustlens.run",
+    "Run": "trustlens.run",
+    "NotARunError": "trustlens.run",
+    "NoRowsError": "trustlens.run",
     "RULES": "trustlens.rules",
     "Rule": "trustlens.rules",
     "evaluate": "trustlens.rules",
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from trustlens.loss import PolicyLoss, policy_loss
     from trustlens.recorder import NullRecorder, TokenRecorder
     from trustlens.rules import RULES, Rule, evaluate, evaluate_all
-    from trustlens.runs import NoRowsError, NotARunError, Run, load_run, load_runs
+    from trustlens.run import NoRowsError, NotARunError, Run, load_run, load_runs
 
 
 def __getattr__(name: str):

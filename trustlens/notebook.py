@@ -17,7 +17,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from trustlens.runs import Run, load_runs
+from trustlens.run import Run, load_runs
 
 # Environment variable that picks the figure outputs: "static" (JSON + SVG, the default) or
 # "interactive" (JSON only, e.g. to execute notebooks faster in tests).

@@ -11,7 +11,7 @@
 ratio π/anchor, the binary TV and KL, the top-K TV and KL (when π's logits and μ's top-K are
 given), the entropy of π (from the logits when not given) and the decision of every evaluated
 rule (`blocked_<rule>`, trustlens.rules). It then copies the compact per-row arrays to the CPU and
-hands them to a background writer (trustlens.writer): the training step does not wait on disk
+hands them to a background writer (trustlens.run.writer): the training step does not wait on disk
 unless the writer's bounded queue is full.
 
 Where the work happens: the caller's thread checks every input (so bad input raises from
@@ -56,8 +56,8 @@ from trustlens._checks import (
 )
 from trustlens.divergence import topk_divergence
 from trustlens.rules import RULES, RuleSpec, TokenInputs, resolve_rules
-from trustlens.schema import SCHEMA_VERSION, blocked_column, part_path, table_schema
-from trustlens.writer import BackgroundWriter, TokenBatch, WriterStats, utc_now
+from trustlens.run import SCHEMA_VERSION, blocked_column, part_path, table_schema
+from trustlens.run.writer import BackgroundWriter, TokenBatch, WriterStats, utc_now
 
 # token columns a caller may leave null; the manifest's "missing" lists those never recorded
 OPTIONAL_COLUMNS = ("mu_logp", "old_logp", "topk_tv", "topk_kl", "entropy")

@@ -32,8 +32,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trustlens import __version__
-from trustlens.schema import MANIFEST, SCHEMA_VERSION, blocked_column, part_path, table_schema, token_columns
-from trustlens.writer import utc_now, write_json_atomic
+from trustlens.run import MANIFEST, SCHEMA_VERSION, blocked_column, part_path, table_schema, token_columns
+from trustlens.run.writer import utc_now, write_json_atomic
 
 DEFAULT_RULES: tuple[str, ...] = (
     "ppo",

@@ -7,7 +7,7 @@ import trustlens_ui as ui
 
 from trustlens.analysis import tokens as tq
 from trustlens.render import colored_tokens_html, legend_html
-from trustlens.schema import blocked_column, column_doc
+from trustlens.run import blocked_column, column_doc
 
 # Quantities a response can be coloured by, when the run holds them.
 COLOUR_BY = (

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from trustlens.runs import load_run
+from trustlens.run import load_run
 from trustlens.synthetic import write_run
 
 L = math.log

@@ -3,7 +3,7 @@ import pytest
 
 from trustlens.analysis import CollapseConfig, detect_collapse, step_signals
 from trustlens.analysis.collapse import ALERT_SCHEMA
-from trustlens.runs import load_run
+from trustlens.run import load_run
 from trustlens.synthetic import write_run, write_synthetic_run
 
 STEPS = 12

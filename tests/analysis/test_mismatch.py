@@ -5,7 +5,7 @@ import polars as pl
 import pytest
 
 from trustlens.analysis import MISMATCH_COLUMNS, mismatch_by_bucket, mismatch_per_step, mismatch_unavailable
-from trustlens.runs import load_run
+from trustlens.run import load_run
 from trustlens.synthetic import write_run, write_synthetic_run
 
 L = math.log

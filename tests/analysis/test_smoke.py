@@ -3,7 +3,7 @@
 import pytest
 
 from trustlens import analysis
-from trustlens.runs import load_run
+from trustlens.run import load_run
 from trustlens.synthetic import write_synthetic_run
 
 

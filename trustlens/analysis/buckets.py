@@ -15,7 +15,7 @@ import math
 import polars as pl
 
 from trustlens.analysis.tokens import anchor_column, rules_of
-from trustlens.schema import blocked_column
+from trustlens.run import blocked_column
 
 LN10 = math.log(10.0)
 

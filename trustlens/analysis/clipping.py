@@ -32,7 +32,7 @@ from trustlens.analysis.buckets import (
     long_by_rule,
 )
 from trustlens.analysis.tokens import ADVANTAGE_SIGNS
-from trustlens.schema import blocked_column
+from trustlens.run import blocked_column
 
 Rules = str | Sequence[str] | None
 

@@ -39,7 +39,7 @@ import polars as pl
 
 from trustlens.analysis.buckets import checked_rules, collect
 from trustlens.analysis.mismatch import mismatch_per_step
-from trustlens.schema import blocked_column
+from trustlens.run import blocked_column
 
 ALERT_KINDS = (
     "entropy_collapse",
@@ -99,7 +99,7 @@ def _metric_per_step(metrics: pl.LazyFrame, name: str) -> pl.LazyFrame:
 def step_signals(run) -> pl.DataFrame:
     """One row per step (see the module docstring): step, entropy, k3_kl, tv_mean, reward,
     grad_norm, blocked_<rule>…; null where a run lacks the source. `run` has .tokens, .samples
-    and .metrics LazyFrames (a `trustlens.runs.Run`)."""
+    and .metrics LazyFrames (a `trustlens.run.Run`)."""
     tokens = run.tokens
     rules = checked_rules(tokens, None)
     per_step = collect(

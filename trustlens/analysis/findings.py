@@ -21,7 +21,7 @@ import polars as pl
 
 from trustlens.analysis.buckets import anchor_column, checked_rules, collect
 from trustlens.analysis.clipping import blocked_by_token
-from trustlens.schema import blocked_column
+from trustlens.run import blocked_column
 
 EXAMPLE_CASES = ("rare token pushed up", "near-certain token pushed down")
 # A token counts as near-certain from this anchor probability on.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import polars as pl
 
 from trustlens.analysis.buckets import checked_rules, collect
-from trustlens.schema import blocked_column
+from trustlens.run import blocked_column
 
 
 def step_summary_query(tokens: pl.LazyFrame) -> pl.LazyFrame:

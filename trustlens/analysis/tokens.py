@@ -16,7 +16,7 @@ from typing import Literal
 
 import polars as pl
 
-from trustlens.schema import blocked_column, rule_of_column
+from trustlens.run import blocked_column, rule_of_column
 
 AdvantageSign = Literal["positive", "negative", "zero"]
 ADVANTAGE_SIGNS: tuple[str, ...] = ("positive", "negative", "zero")

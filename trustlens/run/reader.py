@@ -26,7 +26,7 @@ from typing import Any
 import polars as pl
 import pyarrow.parquet as pq
 
-from trustlens.schema import (
+from trustlens.run.schema import (
     MANIFEST,
     META_SCHEMA_VERSION,
     PART_GLOB,
@@ -53,7 +53,7 @@ class Run:
     """A recorded run, as loaded by `load_run`."""
 
     path: Path  # the run directory
-    manifest: dict[str, Any] = field(repr=False)  # run.json (trustlens.schema.MANIFEST_FIELDS)
+    manifest: dict[str, Any] = field(repr=False)  # run.json (trustlens.run.MANIFEST_FIELDS)
     files: dict[str, tuple[Path, ...]] = field(repr=False)  # table -> readable part files
 
     @property

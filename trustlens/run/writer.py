@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trustlens.schema import MANIFEST, part_path, table_schema
+from trustlens.run.schema import MANIFEST, part_path, table_schema
 
 # Parquet compression of part files: zstd writes as fast as snappy here and ~10% smaller.
 COMPRESSION = "zstd"
