@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from trustlens._checks import broadcast_advantages, check_logp, check_same_shape
+from trustlens._checks import broadcast_advantages, check_logp, check_nonnegative, check_same_shape
 from trustlens.divergence import binary_kl, binary_tv
 
 
@@ -17,7 +17,19 @@ def test_nan_and_inf_named():
     with pytest.raises(ValueError, match=r"mu_logp contains NaN.*\(1,\)"):
         binary_tv(torch.tensor([-1.0, -1.0]), torch.tensor([-1.0, math.nan]))
     with pytest.raises(ValueError, match="pi_logp contains inf"):
-        binary_kl(torch.tensor([-math.inf]), torch.tensor([-1.0]))
+        binary_kl(torch.tensor([math.inf]), torch.tensor([-1.0]))
+    with pytest.raises(ValueError, match=r"d contains -inf.*\(1,\)"):
+        check_nonnegative("d", torch.tensor([0.1, -math.inf]), allow_inf=True)
+    with pytest.raises(ValueError, match=r"d contains inf.*\(1,\)"):
+        check_nonnegative("d", torch.tensor([0.1, math.inf]))
+
+
+def test_infinite_values_where_they_are_values():
+    # log-probabilities may be −inf (probability 0); a KL may be +inf
+    x = torch.tensor([-1.0, -math.inf])
+    assert torch.equal(check_logp("pi_logp", x), x)
+    kl = torch.tensor([0.1, math.inf])
+    assert torch.equal(check_nonnegative("topk_kl", kl, allow_inf=True), kl)
 
 
 def test_shape_mismatch_lists_shapes():

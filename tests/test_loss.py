@@ -164,7 +164,7 @@ def test_no_valid_token_gives_zero_loss():
 def test_blocked_mask_and_fractions_hand_checked():
     # dppo_binary_tv (0.15): per token (A, μ → π, valid) and its decision
     #   (+1, .5 → .7, valid) blocked   (+1, .5 → .6, valid) kept   (+1, .5 → .7, padding) ignored
-    #   (−1, .5 → .3, valid) blocked   (−1, .5 → .7, valid) kept   ( 0, .5 → .3, valid) blocked
+    #   (−1, .5 → .3, valid) blocked   (−1, .5 → .7, valid) kept   ( 0, .5 → .3, valid) kept (A = 0)
     x = dict(
         pi_logp=_logp(0.7, 0.6, 0.7, 0.3, 0.7, 0.3),
         mu_logp=_logp(*[0.5] * 6),
@@ -172,8 +172,9 @@ def test_blocked_mask_and_fractions_hand_checked():
         response_mask=torch.tensor([[1, 1, 0, 1, 1, 1]]),
     )
     out = policy_loss("dppo_binary_tv", **x)
-    assert out.blocked.tolist() == [[True, False, False, True, False, True]]
-    assert out.blocked_frac.item() == pytest.approx(3 / 5)
+    assert out.blocked.tolist() == [[True, False, False, True, False, False]]
+    assert out.blocked_frac.item() == pytest.approx(2 / 4)  # over the valid tokens with A ≠ 0
+    assert out.zero_frac.item() == pytest.approx(1 / 5)
     assert out.blocked_frac_pos.item() == pytest.approx(1 / 2)
     assert out.blocked_frac_neg.item() == pytest.approx(1 / 2)
     x["advantages"] = torch.tensor([1.0], dtype=torch.float64)

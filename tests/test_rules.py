@@ -10,7 +10,7 @@ from trustlens.rules import RULES, Rule, evaluate, evaluate_all, resolve_rules
 
 # (rule, A, μ, π, π_old, topk_tv, topk_kl, blocked), probabilities of the sampled token.
 # "in": inside the region; "away": outside and the update the advantage asks for moves π further
-# out; "back": outside but the update brings π back. A = 0 takes the A ≤ 0 branch.
+# out; "back": outside but the update brings π back. A = 0 (no gradient) is never blocked.
 CASES = [
     # ppo, low = high = 0.2, r = π/μ
     ("ppo", 1.0, 0.5, 0.55, None, None, None, False),  # in: r = 1.1
@@ -19,7 +19,7 @@ CASES = [
     ("ppo", -1.0, 0.5, 0.45, None, None, None, False),  # in: r = 0.9
     ("ppo", -1.0, 0.5, 0.35, None, None, None, True),  # away: r = 0.7 < 0.8
     ("ppo", -1.0, 0.5, 0.70, None, None, None, False),  # back: r = 1.4, A < 0 lowers π
-    ("ppo", 0.0, 0.5, 0.35, None, None, None, True),  # A = 0 → low branch: r = 0.7
+    ("ppo", 0.0, 0.5, 0.35, None, None, None, False),  # A = 0: never blocked, though r = 0.7
     ("ppo", 0.0, 0.5, 0.70, None, None, None, False),  # A = 0 never meets the high branch
     ("ppo", 1.0, 1e-5, 1e-4, None, None, None, True),  # paper: r = 10 on a rare token
     ("ppo", -1.0, 0.99, 0.8, None, None, None, False),  # paper: r = 0.808 > 0.8
@@ -30,7 +30,7 @@ CASES = [
     ("ppo_clip_higher", -1.0, 0.5, 0.45, None, None, None, False),  # in: r = 0.9
     ("ppo_clip_higher", -1.0, 0.5, 0.35, None, None, None, True),  # away: r = 0.7
     ("ppo_clip_higher", -1.0, 0.5, 0.70, None, None, None, False),  # back
-    ("ppo_clip_higher", 0.0, 0.5, 0.35, None, None, None, True),  # A = 0, r = 0.7
+    ("ppo_clip_higher", 0.0, 0.5, 0.35, None, None, None, False),  # A = 0: never blocked, r = 0.7
     # minirl: r = π/π_old; μ chosen so that the decision vs μ would be the opposite
     ("minirl", 1.0, 0.60, 0.55, 0.5, None, None, False),  # in: r_old = 1.1 (π/μ irrelevant)
     ("minirl", 1.0, 0.60, 0.65, 0.5, None, None, True),  # away: r_old = 1.3 (π/μ = 1.08)
@@ -38,7 +38,7 @@ CASES = [
     ("minirl", -1.0, 0.30, 0.45, 0.5, None, None, False),  # in: r_old = 0.9
     ("minirl", -1.0, 0.40, 0.35, 0.5, None, None, True),  # away: r_old = 0.7 (π/μ = 0.875)
     ("minirl", -1.0, 0.30, 0.70, 0.5, None, None, False),  # back
-    ("minirl", 0.0, 0.40, 0.35, 0.5, None, None, True),  # A = 0, r_old = 0.7
+    ("minirl", 0.0, 0.40, 0.35, 0.5, None, None, False),  # A = 0: never blocked, r_old = 0.7
     # dppo_binary_tv, bound 0.15 on π − μ
     ("dppo_binary_tv", 1.0, 0.5, 0.60, None, None, None, False),  # in: +0.10
     ("dppo_binary_tv", 1.0, 0.5, 0.70, None, None, None, True),  # away: +0.20
@@ -46,7 +46,7 @@ CASES = [
     ("dppo_binary_tv", -1.0, 0.5, 0.40, None, None, None, False),  # in: −0.10
     ("dppo_binary_tv", -1.0, 0.5, 0.30, None, None, None, True),  # away: −0.20
     ("dppo_binary_tv", -1.0, 0.5, 0.70, None, None, None, False),  # back: +0.20
-    ("dppo_binary_tv", 0.0, 0.5, 0.30, None, None, None, True),  # A = 0, −0.20
+    ("dppo_binary_tv", 0.0, 0.5, 0.30, None, None, None, False),  # A = 0: never blocked, −0.20
     ("dppo_binary_tv", 0.0, 0.5, 0.70, None, None, None, False),  # A = 0, +0.20
     ("dppo_binary_tv", 1.0, 1e-5, 1e-4, None, None, None, False),  # paper: moved 9e-5 of mass
     ("dppo_binary_tv", -1.0, 0.99, 0.8, None, None, None, True),  # paper: moved 0.19
@@ -58,7 +58,7 @@ CASES = [
     ("dppo_binary_kl", -1.0, 0.5, 0.40, None, None, None, False),  # in
     ("dppo_binary_kl", -1.0, 0.5, 0.30, None, None, None, True),  # away
     ("dppo_binary_kl", -1.0, 0.5, 0.70, None, None, None, False),  # back
-    ("dppo_binary_kl", 0.0, 0.5, 0.30, None, None, None, True),  # A = 0
+    ("dppo_binary_kl", 0.0, 0.5, 0.30, None, None, None, False),  # A = 0: never blocked
     ("dppo_binary_kl", 1.0, 1e-5, 1e-4, None, None, None, False),  # KL = 6.7e-5
     ("dppo_binary_kl", -1.0, 0.99, 0.8, None, None, None, True),  # KL = 0.1810
     # dppo_topk_tv, bound 0.15 on the given top-K TV; direction from π vs μ of a_t
@@ -68,7 +68,7 @@ CASES = [
     ("dppo_topk_tv", -1.0, 0.5, 0.48, None, 0.10, None, False),  # in
     ("dppo_topk_tv", -1.0, 0.5, 0.48, None, 0.20, None, True),  # away
     ("dppo_topk_tv", -1.0, 0.5, 0.52, None, 0.20, None, False),  # back
-    ("dppo_topk_tv", 0.0, 0.5, 0.48, None, 0.20, None, True),  # A = 0
+    ("dppo_topk_tv", 0.0, 0.5, 0.48, None, 0.20, None, False),  # A = 0: never blocked
     ("dppo_topk_tv", 1.0, 0.5, 0.70, None, 0.10, None, False),  # binary TV 0.2 is not its measure
     # dppo_topk_kl, bound 0.05
     ("dppo_topk_kl", 1.0, 0.5, 0.52, None, None, 0.01, False),  # in
@@ -77,7 +77,7 @@ CASES = [
     ("dppo_topk_kl", -1.0, 0.5, 0.48, None, None, 0.01, False),  # in
     ("dppo_topk_kl", -1.0, 0.5, 0.48, None, None, 0.08, True),  # away
     ("dppo_topk_kl", -1.0, 0.5, 0.52, None, None, 0.08, False),  # back
-    ("dppo_topk_kl", 0.0, 0.5, 0.48, None, None, 0.08, True),  # A = 0
+    ("dppo_topk_kl", 0.0, 0.5, 0.48, None, None, 0.08, False),  # A = 0: never blocked
     # recompute variants: anchor π_old; μ set so the decision vs μ would be the opposite
     ("dppo_binary_tv_recompute", 1.0, 0.65, 0.70, 0.5, None, None, True),  # away: +0.2 vs π_old
     ("dppo_binary_tv_recompute", 1.0, 0.30, 0.55, 0.5, None, None, False),  # in: +0.05 vs π_old
@@ -85,21 +85,21 @@ CASES = [
     ("dppo_binary_tv_recompute", -1.0, 0.35, 0.30, 0.5, None, None, True),  # away: −0.2
     ("dppo_binary_tv_recompute", -1.0, 0.70, 0.45, 0.5, None, None, False),  # in: −0.05
     ("dppo_binary_tv_recompute", -1.0, 0.30, 0.70, 0.5, None, None, False),  # back
-    ("dppo_binary_tv_recompute", 0.0, 0.35, 0.30, 0.5, None, None, True),  # A = 0
+    ("dppo_binary_tv_recompute", 0.0, 0.35, 0.30, 0.5, None, None, False),  # A = 0: never blocked
     ("dppo_binary_kl_recompute", 1.0, 0.65, 0.70, 0.5, None, None, True),  # away: KL 0.087
     ("dppo_binary_kl_recompute", 1.0, 0.30, 0.60, 0.5, None, None, False),  # in: KL 0.020
     ("dppo_binary_kl_recompute", 1.0, 0.70, 0.30, 0.5, None, None, False),  # back
     ("dppo_binary_kl_recompute", -1.0, 0.35, 0.30, 0.5, None, None, True),  # away
     ("dppo_binary_kl_recompute", -1.0, 0.70, 0.40, 0.5, None, None, False),  # in
     ("dppo_binary_kl_recompute", -1.0, 0.30, 0.70, 0.5, None, None, False),  # back
-    ("dppo_binary_kl_recompute", 0.0, 0.35, 0.30, 0.5, None, None, True),  # A = 0
+    ("dppo_binary_kl_recompute", 0.0, 0.35, 0.30, 0.5, None, None, False),  # A = 0: never blocked
     # grpo_tis blocks as PPO vs π_old
     ("grpo_tis", 1.0, 0.60, 0.65, 0.5, None, None, True),  # away: r_old = 1.3
     ("grpo_tis", 1.0, 0.20, 0.55, 0.5, None, None, False),  # in: r_old = 1.1
     ("grpo_tis", 1.0, 0.20, 0.30, 0.5, None, None, False),  # back
     ("grpo_tis", -1.0, 0.40, 0.35, 0.5, None, None, True),  # away: r_old = 0.7
     ("grpo_tis", -1.0, 0.40, 0.70, 0.5, None, None, False),  # back
-    ("grpo_tis", 0.0, 0.40, 0.35, 0.5, None, None, True),  # A = 0
+    ("grpo_tis", 0.0, 0.40, 0.35, 0.5, None, None, False),  # A = 0: never blocked
     # cispo and pg_is never block, however far π has moved
     *[
         (r, a, 0.5, p, None, None, None, False)
@@ -156,12 +156,10 @@ def test_paper_examples():
 
 def test_shared_quantities_computed_once(gen, monkeypatch):
     calls = []
-    for name, fn in list(rules_module._MEASURES.items()):
-        monkeypatch.setitem(
-            rules_module._MEASURES,
-            name,
-            lambda pi, a, fn=fn, name=name: calls.append(name) or fn(pi, a),
-        )
+    distance = rules_module._distance
+    monkeypatch.setattr(
+        rules_module, "_distance", lambda measure, *args: calls.append(measure) or distance(measure, *args)
+    )
     tight_kl = Rule("tight_kl", 0.01, 0.01, "mu", "binary_kl", "binary KL with a 0.01 bound")
     out = evaluate_all(
         ["ppo", "ppo_clip_higher", "dppo_binary_kl", tight_kl, "minirl", "grpo_tis", "cispo"],
@@ -259,12 +257,13 @@ def test_per_token_advantages_switch_branch_within_a_sequence():
 
 def test_ppo_and_dppo_tv_match_their_closed_forms(gen):
     x = _random_inputs(gen)
-    pos = x["advantages"][:, None] > 0
+    a = x["advantages"][:, None].expand_as(x["pi_logp"])
+    assert bool((a == 0).any()) and bool((a > 0).any()) and bool((a < 0).any())
     r = torch.exp(x["pi_logp"] - x["mu_logp"])
-    expected = torch.where(pos, r > 1.2, r < 0.8)
+    expected = ((a > 0) & (r > 1.2)) | ((a < 0) & (r < 0.8))
     assert torch.equal(evaluate("ppo", **x), expected)
     diff = torch.exp(x["pi_logp"]) - torch.exp(x["mu_logp"])
-    assert torch.equal(evaluate("dppo_binary_tv", **x), torch.where(pos, diff > 0.15, diff < -0.15))
+    assert torch.equal(evaluate("dppo_binary_tv", **x), ((a > 0) & (diff > 0.15)) | ((a < 0) & (diff < -0.15)))
 
 
 def test_threshold_overrides():
@@ -339,7 +338,7 @@ def _bad(**changes):
             r"mu_logp contains NaN.*\(0, 1\)",
         ),
         (
-            dict(pi_logp=torch.tensor([[-1.0, -1.0, -math.inf]] * 2)),
+            dict(pi_logp=torch.tensor([[-1.0, -1.0, math.inf]] * 2)),
             r"pi_logp contains inf.*\(0, 2\)",
         ),
         (
@@ -348,7 +347,8 @@ def _bad(**changes):
         ),
         (dict(pi_logp=torch.full((2, 3), 0.5)), r"pi_logp holds positive.*\(0, 0\)"),
         (dict(topk_tv=torch.tensor([[0.1, -0.2, 0.1]] * 2)), r"topk_tv holds negative.*\(0, 1\)"),
-        (dict(topk_kl=torch.tensor([[0.1, 0.1, math.inf]] * 2)), r"topk_kl contains inf"),
+        (dict(topk_kl=torch.tensor([[0.1, 0.1, -math.inf]] * 2)), r"topk_kl contains -inf.*\(0, 2\)"),
+        (dict(topk_tv=torch.tensor([[0.1, 0.1, math.inf]] * 2)), r"topk_tv contains inf.*\(0, 2\)"),
         (dict(advantages=torch.tensor([1, -1])), r"advantages must be a floating-point tensor"),
         (dict(pi_logp=[-1.0, -1.0]), r"pi_logp must be a torch.Tensor"),
     ],

@@ -11,9 +11,7 @@ import math
 
 import torch
 
-# Log-probabilities above this are rejected; those in (0, LOGP_TOLERANCE] are rounding noise of
-# a log-softmax in low precision and are clamped to 0.
-LOGP_TOLERANCE = 1e-4
+from trustlens._logspace import LOGP_TOLERANCE
 
 
 def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
@@ -27,8 +25,9 @@ def upcast(t: torch.Tensor) -> torch.Tensor:
     return t.double() if t.dtype == torch.float64 else t.float()
 
 
-def check_tensor(name: str, t: object, *, finite: bool = True) -> torch.Tensor:
-    """Require a floating-point tensor with no NaN or inf; return it unchanged.
+def check_tensor(name: str, t: object, *, finite: bool = True, allow: float | None = None) -> torch.Tensor:
+    """Require a floating-point tensor with no NaN and no ±inf except the value `allow` (−inf for
+    log-probabilities: probability 0; +inf for KL divergences); return it unchanged.
 
     finite=False skips the NaN/inf scan (a full pass and a bool copy of `t`): for callers that
     check large inputs by blocks with `check_logit_rows` instead.
@@ -41,8 +40,11 @@ def check_tensor(name: str, t: object, *, finite: bool = True) -> torch.Tensor:
     # spares the element-wise scan on the common, clean input.
     if finite and not bool(torch.isfinite(t.sum(dtype=t.dtype if t.dtype == torch.float64 else torch.float32))):
         bad = ~torch.isfinite(t)
+        if allow is not None:
+            bad &= t != allow
         if bool(bad.any()):
-            _raise_at(name, "NaN" if bool(torch.isnan(t).any()) else "inf", bad, t.shape, 0)
+            what = "NaN" if bool(torch.isnan(t).any()) else ("-inf" if allow == math.inf else "inf")
+            _raise_at(name, what, bad, t.shape, 0)
     return t
 
 
@@ -101,8 +103,9 @@ def check_token_ids(name: str, ids: object, vocab_size: int, *, distinct: bool =
 
 
 def check_logp(name: str, t: object) -> torch.Tensor:
-    """Require finite log-probabilities (≤ 0); return them upcast and clamped to ≤ 0."""
-    t = check_tensor(name, t)
+    """Require log-probabilities (≤ 0; −inf is probability 0, NaN and +inf raise); return them
+    upcast and clamped to ≤ 0."""
+    t = check_tensor(name, t, allow=-math.inf)
     t = upcast(t)
     top = float(t.detach().max()) if t.numel() else 0.0
     if top > LOGP_TOLERANCE:
@@ -135,9 +138,11 @@ def broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.
     )
 
 
-def check_nonnegative(name: str, t: object) -> torch.Tensor:
-    """Require a finite divergence (≥ 0 up to LOGP_TOLERANCE); return it upcast and clamped at 0."""
-    t = upcast(check_tensor(name, t))
+def check_nonnegative(name: str, t: object, *, allow_inf: bool = False) -> torch.Tensor:
+    """Require values ≥ 0 (up to LOGP_TOLERANCE), finite, or +inf too with allow_inf=True (a KL
+    divergence where π gives probability 0 to a token μ gave mass to); NaN and −inf raise.
+    Returns them upcast and clamped at 0."""
+    t = upcast(check_tensor(name, t, allow=math.inf if allow_inf else None))
     neg = t < -LOGP_TOLERANCE
     if bool(neg.any()):
         idx = _first_index(neg)

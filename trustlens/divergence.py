@@ -29,6 +29,7 @@ from collections.abc import Iterator
 
 import torch
 
+from trustlens import _logspace
 from trustlens._checks import (
     LOGP_TOLERANCE,
     check_logit_rows,
@@ -53,19 +54,17 @@ _UNDERFLOW = 1e-25
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
     """log(1 − exp(x)) for x ≤ 0, exact at both ends (Mächler 2012): −inf at x = 0."""
-    return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+    return _logspace.log1mexp(x, torch)
 
 
 def _abs_diff_exp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|exp(a) − exp(b)| as exp(max)·(1 − exp(min − max)): exact relative precision when a ≈ b,
-    no overflow for any a, b ≤ 0, and 0 when both are −inf."""
-    hi, lo = torch.maximum(a, b), torch.minimum(a, b)
-    out = torch.exp(hi) * -torch.expm1(lo - hi)
-    return torch.where(hi == -math.inf, torch.zeros_like(out), out)
+    """|exp(a) − exp(b)|, exact when a ≈ b, 0 when both are −inf (see _logspace.abs_diff_exp)."""
+    return _logspace.abs_diff_exp(a, b, torch)
 
 
 def binary_tv(pi_logp: torch.Tensor, mu_logp: torch.Tensor) -> torch.Tensor:
-    """|π(a_t) − μ(a_t)| from log-probabilities of the sampled tokens; any shape, float32+."""
+    """|π(a_t) − μ(a_t)| from log-probabilities of the sampled tokens; any shape, float32+.
+    A log-probability of −inf (probability 0) is valid."""
     pi_logp, mu_logp = check_logp("pi_logp", pi_logp), check_logp("mu_logp", mu_logp)
     check_same_shape(pi_logp=pi_logp, mu_logp=mu_logp)
     return _abs_diff_exp(pi_logp, mu_logp)
@@ -75,21 +74,19 @@ def binary_kl(pi_logp: torch.Tensor, mu_logp: torch.Tensor) -> torch.Tensor:
     """KL(μ_bin ‖ π_bin) in nats over the buckets {a_t, rest}; any shape, float32+.
 
     μ log(μ/π) + (1−μ)(log(1−μ) − log(1−π)), with log(1−p) from `log1mexp`; a bucket with
-    μ = 1 exactly contributes 0 (0 log 0 = 0) and the result is clamped at 0 against rounding.
-    A softmax over finite logits never gives π = 1: pi_logp = 0 exactly is a log_softmax that
-    rounded (float32 does so once π > 1 − 6e-8). Such a π is read as 1 − π = ε/2 of the input's
-    dtype (6e-8 for float32), the middle of what the rounding hides, instead of 1 − π = 0, which
-    would make the KL +inf and block every confident token.
+    μ = 0 exactly contributes 0 (0 log 0 = 0) and the result is clamped at 0 against rounding.
+    π(a_t) = 0 (pi_logp = −inf) with μ(a_t) > 0 gives +inf: a valid value, beyond every threshold.
+
+    Log-prob 0, deliberately: a softmax over finite logits never gives π = 1, so pi_logp = 0
+    exactly is a log_softmax that rounded (float32 does so once π > 1 − 6e-8). Such a π is read
+    as 1 − π = ε/2 of the input's dtype (6e-8 for float32), the middle of what the rounding
+    hides, instead of 1 − π = 0, which would make the KL +inf and block every confident token
+    whose μ(a_t) < 1. The rules use the same reading (trustlens.rules).
     """
     in_dtype = pi_logp.dtype if isinstance(pi_logp, torch.Tensor) else torch.float32
     pi_logp, mu_logp = check_logp("pi_logp", pi_logp), check_logp("mu_logp", mu_logp)
     check_same_shape(pi_logp=pi_logp, mu_logp=mu_logp)
-    mu = torch.exp(mu_logp)
-    rest_mu = -torch.expm1(mu_logp)  # 1 − μ, exact near μ = 1
-    pi_logp = torch.where(pi_logp == 0, -torch.finfo(in_dtype).eps / 2, pi_logp)  # log(1 − ε/2)
-    rest = rest_mu * (log1mexp(mu_logp) - log1mexp(pi_logp))
-    rest = torch.where(rest_mu > 0, rest, torch.zeros_like(rest))
-    return (mu * (mu_logp - pi_logp) + rest).clamp(min=0.0)
+    return _logspace.binary_kl(pi_logp, mu_logp, torch.finfo(in_dtype).eps, torch)
 
 
 def _bucket_divergence(log_mu: torch.Tensor, log_pi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,7 +142,7 @@ def _row_blocks(*tensors: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
     if views is not None:
         yield views
         return
-    for parts in zip(*(t.unbind(0) for t in tensors)):
+    for parts in zip(*(t.unbind(0) for t in tensors), strict=True):
         yield from _row_blocks(*parts)
 
 
@@ -250,24 +247,33 @@ def topk_divergence(
     mu_topk_logp: torch.Tensor,
     *,
     temperature: float = 1.0,
+    sampled_ids: torch.Tensor | None = None,
+    sampled_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(topk_tv, topk_kl) per position, shaped like pi_logits' leading dims.
 
     pi_logits: (..., V) π's logits, any float dtype; divided by `temperature` (the rollout's
     sampling temperature) before the softmax, without a copy.
-    mu_topk_ids: (..., K) integer ids of μ's top-K set S (distinct, sampled token included).
+    mu_topk_ids: (..., K) integer ids of μ's top-K set S (distinct).
     mu_topk_logp: (..., K) log μ on S, as the rollout engine recorded them.
+    sampled_ids: (...) the sampled token a_t of each position. S must hold it (DESIGN §1), so
+        that the buckets {a_t, rest} coarsen S ∪ {rest} and topk_tv ≥ binary_tv,
+        topk_kl ≥ binary_kl. Where S lacks it, it is forced in: it replaces the id of S with the
+        smallest log μ (the K-th of a set in descending order), with log μ(a_t) from
+        `sampled_logp` (...); without sampled_logp that is a ValueError naming the position.
+        None: S is taken as given (e.g. from `topk_from_logits`, which forces a_t in itself).
     KL(μ ‖ π) over the K + 1 buckets S ∪ {rest}; log μ_rest = log1mexp(logsumexp(log μ_S)),
-    in float64.
+    in float64. A bucket with μ > 0 to which π gives probability 0 (a −inf logit) makes the KL
+    +inf, a valid value.
     π's log-probs come from one exp-and-sum pass over the vocabulary, chunk by chunk, plus a
-    gather (see `_logp_on_ids`): extra memory O(N·K) plus one chunk, no compile step. Float32
-    results (float64 when an input is).
+    gather (see `_logp_on_ids`): extra memory O(N·K) plus one chunk. Float32 results (float64
+    when an input is).
     """
     temperature = _check_temperature(temperature)
     pi_logits = _check_logits("pi_logits", pi_logits)
     if not isinstance(mu_topk_ids, torch.Tensor):
         raise ValueError(f"mu_topk_ids must be a torch.Tensor, got {type(mu_topk_ids).__name__}")
-    logp_dtype = getattr(mu_topk_logp, "dtype", None)
+    logp_dtype = getattr(mu_topk_logp, "dtype", torch.float32)
     mu_topk_logp = check_logp("mu_topk_logp", mu_topk_logp)
     check_same_shape(mu_topk_ids=mu_topk_ids, mu_topk_logp=mu_topk_logp)
     _check_lead("mu_topk_ids", mu_topk_ids, "pi_logits", pi_logits, extra=1)
@@ -282,19 +288,18 @@ def topk_divergence(
     # μ's side is small (N, K): float64, so that a small μ_rest = 1 − Σ_S μ keeps the digits
     # its float32 log-probs carry.
     log_mu = mu_topk_logp.double().reshape(-1, K)
+    if sampled_ids is not None:
+        ids, log_mu = _force_sampled(pi_logits, ids, log_mu, sampled_ids, sampled_logp)
     mass = torch.logsumexp(log_mu, -1)  # (N,) log Σ_S μ
     tolerance = max(LOGP_TOLERANCE, 4 * torch.finfo(logp_dtype).eps)  # rounding of the input
     if bool((mass > tolerance).any()):
         row = int(torch.nonzero(mass > tolerance)[0, 0])
-        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(row), pi_logits.shape[:-1]))
         raise ValueError(
-            f"mu_topk_logp at index {idx} gives a top-K mass of "
+            f"mu_topk_logp at index {_lead_index(pi_logits, row)} gives a top-K mass of "
             f"{math.exp(float(mass[row])):.6g} > 1; pass log-probabilities of one distribution"
         )
-    if K == V:  # S is the whole vocabulary: the rest bucket is empty for both
-        log_mu_rest = torch.full_like(mass, -math.inf)
-    else:
-        log_mu_rest = log1mexp(mass.clamp(max=0.0))
+    # when S is the whole vocabulary (K == V) the rest bucket is empty for both
+    log_mu_rest = torch.full_like(mass, -math.inf) if K == V else log1mexp(mass.clamp(max=0.0))
 
     log_pi, log_pi_rest = _logp_on_ids("pi_logits", pi_logits, ids, temperature, dtype)
     tv, kl = _bucket_divergence(
@@ -302,6 +307,42 @@ def topk_divergence(
     )
     lead = pi_logits.shape[:-1]
     return tv.to(dtype).reshape(lead), kl.to(dtype).reshape(lead)
+
+
+def _lead_index(logits: torch.Tensor, row: int) -> tuple[int, ...]:
+    """The index in logits' leading dims of flat row `row`."""
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(row), logits.shape[:-1]))
+
+
+def _force_sampled(
+    pi_logits: torch.Tensor,
+    ids: torch.Tensor,  # (N, K) int64
+    log_mu: torch.Tensor,  # (N, K) float64
+    sampled_ids: object,  # (...) lead shape of pi_logits
+    sampled_logp: object,  # (...) or None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, log_mu) with the sampled token in every set: where a row lacks it, it replaces the
+    entry of smallest log μ, with its log μ from sampled_logp (see `topk_divergence`)."""
+    sampled = check_token_ids("sampled_ids", sampled_ids, pi_logits.shape[-1])
+    _check_lead("sampled_ids", sampled, "pi_logits", pi_logits, extra=0)
+    sampled = sampled.reshape(-1, 1).to(ids.device)
+    missing = torch.nonzero(~(ids == sampled).any(-1))[:, 0]  # (M,) rows without a_t
+    if not missing.numel():
+        return ids, log_mu
+    if sampled_logp is None:
+        row = int(missing[0])
+        raise ValueError(
+            f"mu_topk_ids at index {_lead_index(pi_logits, row)} lacks the sampled token "
+            f"{int(sampled[row, 0])} ({missing.numel()} positions do); pass sampled_logp (log μ(a_t)) "
+            "to force it into the set, or top-K sets that hold the sampled token"
+        )
+    logp = check_logp("sampled_logp", sampled_logp)
+    _check_lead("sampled_logp", logp, "pi_logits", pi_logits, extra=0)
+    last = log_mu[missing].argmin(-1)  # (M,) the least probable entry of each such set
+    ids, log_mu = ids.clone(), log_mu.clone()
+    ids[missing, last] = sampled[missing, 0]
+    log_mu[missing, last] = logp.double().reshape(-1).to(log_mu.device)[missing]
+    return ids, log_mu
 
 
 def exact_divergence(

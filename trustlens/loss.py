@@ -41,20 +41,30 @@ class PolicyLoss:
     loss: torch.Tensor  # scalar; backpropagates to pi_logp only
     blocked: torch.Tensor  # (B, T) bool: the rule blocked this valid token (False on padding)
     weight: torch.Tensor  # (B, T) the detached weight w of each token
-    blocked_frac: torch.Tensor  # blocked share of the valid tokens
+    blocked_frac: torch.Tensor  # blocked share of the valid tokens with A ≠ 0 (A = 0 is never blocked)
     blocked_frac_pos: torch.Tensor  # blocked share of the valid tokens with A > 0
     blocked_frac_neg: torch.Tensor  # blocked share of the valid tokens with A < 0
+    zero_frac: torch.Tensor  # share of the valid tokens with A = 0 (no gradient, never blocked)
 
 
 def _weight(rule: Rule, x: TokenInputs, clip_ratio_c: float) -> torch.Tensor:
     """The rule's weight w per token, from log-ratios clamped before exp (no overflow)."""
+    mu = x.mu_logp
     if rule.weight == "cispo":
-        return torch.exp((x.pi_logp - x.mu_logp).clamp(max=math.log1p(rule.high)))
+        assert rule.high is not None  # Rule requires it for the cispo weight
+        return _capped_exp(x.pi_logp - mu, math.log1p(rule.high))
     log_c = math.log(clip_ratio_c)
     if rule.weight == "tis":
-        ppo = (x.pi_logp - x.old_logp).clamp(max=log_c)
-        return torch.exp(ppo + (x.old_logp - x.mu_logp).clamp(max=math.log(rule.tis_cap)))
-    return torch.exp((x.pi_logp - x.mu_logp).clamp(max=log_c))
+        old = x.anchor_logp("old")
+        assert rule.tis_cap is not None  # Rule requires it for the tis weight
+        return _capped_exp(x.pi_logp - old, log_c) * _capped_exp(old - mu, math.log(rule.tis_cap))
+    return _capped_exp(x.pi_logp - mu, log_c)
+
+
+def _capped_exp(log_ratio: torch.Tensor, log_cap: float) -> torch.Tensor:
+    """min(exp(log_ratio), exp(log_cap)), clamped before exp (no overflow); a NaN log-ratio (both
+    log-probs −inf: a token neither policy can produce) gives weight 0."""
+    return torch.exp(log_ratio.clamp(max=log_cap)).nan_to_num(nan=0.0)
 
 
 def _fraction(blocked: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
@@ -106,17 +116,17 @@ def policy_loss(
     mask = check_mask("response_mask", response_mask, pi)
     blocked = x.blocked(rule) & mask
     weight = _weight(rule, x, clip_ratio_c)
-    kept = (mask & ~blocked).to(pi.dtype)
-    total = (-(x.advantages * weight * kept) * pi).sum()
-    if loss_agg_mode == "token-mean":
-        loss = total / mask.sum().clamp(min=1)
-    else:
-        loss = total / mask.numel()
+    coef = -(x.advantages * weight * (mask & ~blocked).to(pi.dtype))  # (B, T), detached
+    # a token with coefficient 0 adds 0, also where log π = −inf (π gives it probability 0)
+    total = torch.where(coef != 0, coef * pi, torch.zeros_like(pi)).sum()
+    loss = total / mask.sum().clamp(min=1) if loss_agg_mode == "token-mean" else total / mask.numel()
+    zero = mask & (x.advantages == 0)
     return PolicyLoss(
         loss=loss,
         blocked=blocked,
         weight=weight,
-        blocked_frac=_fraction(blocked, mask),
+        blocked_frac=_fraction(blocked, mask & ~zero),
         blocked_frac_pos=_fraction(blocked, mask & (x.advantages > 0)),
         blocked_frac_neg=_fraction(blocked, mask & (x.advantages < 0)),
+        zero_frac=_fraction(zero, mask),
     )

@@ -6,12 +6,12 @@ whether the update of that token is **blocked** (gets no gradient). Every blocki
 same shape, with a distance d(π, anchor) and two thresholds:
 
     blocked = (A > 0  and  π(a_t) > anchor(a_t)  and  d > high)
-           or (A ≤ 0  and  π(a_t) < anchor(a_t)  and  d > low)
+           or (A < 0  and  π(a_t) < anchor(a_t)  and  d > low)
 
 so a token is only blocked when the update the advantage asks for (raise π(a_t) when A > 0,
-lower it when A ≤ 0) would push π further out of the trust region; a token that has left the
-region on the other side is still updated, since the update brings it back. A = 0 falls in the
-A ≤ 0 branch. The distances (`Rule.measure`):
+lower it when A < 0) would push π further out of the trust region; a token that has left the
+region on the other side is still updated, since the update brings it back. A token with A = 0
+carries no gradient and is never blocked. The distances (`Rule.measure`):
 
     ratio       |π/anchor − 1|        (so PPO's "ratio > 1 + high" / "ratio < 1 − low")
     binary_tv   |π − anchor|          (so DPPO-TV's "π − μ > high" / "π − μ < −low")
@@ -19,8 +19,13 @@ A ≤ 0 branch. The distances (`Rule.measure`):
     topk_tv     TV over μ's top-K ids plus the rest bucket (precomputed, anchor μ)
     topk_kl     KL(μ ‖ π) over μ's top-K ids plus the rest bucket (precomputed, anchor μ), nats
 
-Rules are named by the registry `RULES`. `evaluate` decides one rule; `evaluate_all` decides many
-in one pass, computing each shared quantity (ratio, binary TV/KL per anchor) once. Rules can be
+A KL of +inf (π gives probability 0 to a token μ gave mass to) is beyond every threshold; the
+direction condition still applies. Log-probabilities of −inf are valid input.
+
+Rules are named by the registry `RULES`. Each rule is defined once and decided by one function,
+`decide`, on torch tensors (`evaluate`, `evaluate_all`: what the recorder and the trainer call)
+and on the columns of a recorded run (`evaluate_columns`: numpy, no torch needed, what the
+analyses and the dashboard call). This module imports no torch at import time. Rules can be
 evaluated counterfactually: the inputs only describe the tokens, not the rule they were trained
 under.
 """
@@ -29,19 +34,18 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-import torch
+import numpy as np
 
-from trustlens._checks import (
-    broadcast_advantages,
-    check_logp,
-    check_nonnegative,
-    check_same_shape,
-)
-from trustlens.divergence import binary_kl, binary_tv
+from trustlens import _logspace
+from trustlens._logspace import LOGP_TOLERANCE
+
+if TYPE_CHECKING:
+    import polars as pl
+    import torch
 
 Anchor = Literal["mu", "old"]
 Measure = Literal["ratio", "binary_tv", "binary_kl", "topk_tv", "topk_kl"]
@@ -55,18 +59,56 @@ _INPUT_DOCS = {
 }
 
 
+def _check_threshold(rule: str, what: str, value: object, *, above: float = 0.0, strict: bool = False) -> float:
+    """`value` as a float, or ValueError naming the rule and the threshold: it must be a finite
+    real number ≥ `above` (> with strict=True)."""
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not real or not math.isfinite(value) or value < above or (strict and value == above):  # type: ignore[operator, arg-type]
+        bound = f"{'>' if strict else '≥'} {above:g}"
+        raise ValueError(f"rule {rule!r}: {what} must be a finite number {bound}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class Rule:
-    """One trust-region rule: its thresholds, its anchor, and the loss weight it trains with."""
+    """One trust-region rule: its thresholds, its anchor, and the loss weight it trains with.
+
+    Validated when built: thresholds finite and ≥ 0 (a blocking rule needs both), a known anchor,
+    measure and weight, a finite tis_cap > 0 for the "tis" weight. Errors name the rule.
+    """
 
     name: str  # registry key; also the suffix of the `blocked_<name>` column of a recorded run
-    low: float | None  # threshold on the distance when A ≤ 0; None: no such threshold
+    low: float | None  # threshold on the distance when A < 0; None: no such threshold
     high: float | None  # threshold when A > 0; for cispo the IS-weight cap is 1 + high
     anchor: Anchor  # centre of the trust region: "mu" (rollout policy) or "old" (π_old)
     measure: Measure | None  # the distance compared with low/high; None: the rule never blocks
     description: str  # one line, for docs, the dashboard and the CLI
     weight: WeightKind = "ratio"  # the loss weight w, see trustlens.loss.policy_loss
     tis_cap: float | None = None  # grpo_tis only: C_tis, the truncation of the weight π_old/μ
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a rule's name must be a non-empty string, got {self.name!r}")
+        for field, value, allowed in (
+            ("anchor", self.anchor, get_args(Anchor)),
+            ("measure", self.measure, (*get_args(Measure), None)),
+            ("weight", self.weight, get_args(WeightKind)),
+        ):
+            if value not in allowed:
+                raise ValueError(f"rule {self.name!r}: {field} must be one of {allowed}, got {value!r}")
+        if self.measure in ("topk_tv", "topk_kl") and self.anchor != "mu":
+            raise ValueError(f"rule {self.name!r}: the top-K measures are anchored on μ, got anchor {self.anchor!r}")
+        for side in ("low", "high"):
+            value = getattr(self, side)
+            if value is not None:
+                object.__setattr__(self, side, _check_threshold(self.name, side, value))
+            elif self.measure is not None or (side == "high" and self.weight == "cispo"):
+                raise ValueError(f"rule {self.name!r}: {side} is required (the rule uses it), got None")
+        if self.weight == "tis":
+            cap = _check_threshold(self.name, "tis_cap", self.tis_cap, strict=True)
+            object.__setattr__(self, "tis_cap", cap)
+        elif self.tis_cap is not None:
+            raise ValueError(f"rule {self.name!r}: tis_cap applies only to weight 'tis', got {self.tis_cap!r}")
 
     @property
     def blocks(self) -> bool:
@@ -88,17 +130,47 @@ class Rule:
         not have (e.g. `low` for cispo, either for pg_is).
         """
         for side, value in (("low", low), ("high", high)):
-            if value is None:
-                continue
-            if getattr(self, side) is None:
+            if value is not None and getattr(self, side) is None:
                 raise ValueError(f"rule {self.name!r} has no {side} threshold; got {side}={value!r}")
-            real = isinstance(value, numbers.Real) and not isinstance(value, bool)
-            if not real or not math.isfinite(value) or value < 0:
-                raise ValueError(f"rule {self.name!r}: {side} must be a finite number ≥ 0, got {value!r}")
-        return replace(
-            self,
-            low=self.low if low is None else float(low),
-            high=self.high if high is None else float(high),
+        return replace(self, low=self.low if low is None else low, high=self.high if high is None else high)
+
+    def manifest_entry(self) -> dict[str, Any]:
+        """The rule as a run's manifest records it (JSON types); `Rule.from_manifest` reads it back."""
+        return {
+            "low": self.low,
+            "high": self.high,
+            "anchor": self.anchor,
+            "measure": self.measure,
+            "weight": self.weight,
+            "tis_cap": self.tis_cap,
+            "description": self.description,
+        }
+
+    @classmethod
+    def from_manifest(cls, name: str, entry: Mapping[str, Any]) -> Rule:
+        """The rule `name` as a manifest entry records it ({low, high, anchor, measure, ...}), so
+        that a custom rule a run evaluated can be evaluated again without its code. An entry
+        without "measure" (written before it was recorded) takes the registry rule of that name
+        with the entry's thresholds; ValueError when there is none."""
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"rules[{name!r}] must be a mapping like {{'low': …, 'high': …}}, got {entry!r}")
+        if "measure" not in entry:
+            if name not in RULES:
+                raise ValueError(
+                    f"rule {name!r} is not a built-in rule and its record names no measure; "
+                    "it cannot be evaluated again"
+                )
+            return RULES[name].with_thresholds(entry.get("low"), entry.get("high"))
+        base = RULES.get(name)
+        return cls(
+            name=name,
+            low=entry.get("low"),
+            high=entry.get("high"),
+            anchor=entry.get("anchor", "mu"),
+            measure=entry["measure"],
+            description=entry.get("description") or (base.description if base else ""),
+            weight=entry.get("weight") or "ratio",
+            tis_cap=entry.get("tis_cap"),
         )
 
 
@@ -161,13 +233,6 @@ _ALL = (
 
 RULES: dict[str, Rule] = {rule.name: rule for rule in _ALL}
 
-# how each computed measure is obtained from (π, anchor) log-probabilities
-_MEASURES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "ratio": lambda pi, anchor: torch.expm1(pi - anchor).abs(),
-    "binary_tv": binary_tv,
-    "binary_kl": binary_kl,
-}
-
 
 def get_rule(rule: str | Rule) -> Rule:
     """A rule by name (or the rule itself); KeyError listing the known rules for an unknown name."""
@@ -179,22 +244,27 @@ def get_rule(rule: str | Rule) -> Rule:
         raise KeyError(f"unknown rule {rule!r}; known rules: {', '.join(RULES)}") from None
 
 
-RuleSpec = Iterable[str | Rule] | Mapping[str, tuple[float | None, float | None]]
+RuleSpec = Iterable[str | Rule] | Mapping[str, tuple[float | None, float | None]] | Mapping[str, Mapping[str, Any]]
 
 
 def resolve_rules(rules: RuleSpec) -> list[Rule]:
-    """Rules as given to `evaluate_all`, with their thresholds resolved.
+    """Rules as given to `evaluate_all` / `evaluate_columns`, with their thresholds resolved.
 
     `rules` is either
       - a list of names (default thresholds) or `Rule` objects (e.g.
-        `RULES["ppo"].with_thresholds(high=0.28)`), or
-      - a mapping name -> (low, high), None keeping that default: {"ppo": (0.1, 0.3)}.
+        `RULES["ppo"].with_thresholds(high=0.28)`),
+      - a mapping name -> (low, high), None keeping that default: {"ppo": (0.1, 0.3)}, or
+      - a run's manifest rules, name -> {low, high, anchor, measure, ...} (`Run.rules`), which
+        also brings back custom rules (`Rule.from_manifest`).
     Names must be unique: they key the result of `evaluate_all`.
     """
     if isinstance(rules, str):
         raise ValueError(f"rules must be a list of rule names, got the string {rules!r}; use [{rules!r}]")
     if isinstance(rules, Mapping):
-        resolved = [get_rule(name).with_thresholds(*_pair(name, t)) for name, t in rules.items()]
+        resolved = [
+            Rule.from_manifest(name, t) if isinstance(t, Mapping) else get_rule(name).with_thresholds(*_pair(name, t))
+            for name, t in rules.items()
+        ]
     else:
         resolved = [get_rule(rule) for rule in rules]
     names = [rule.name for rule in resolved]
@@ -210,10 +280,34 @@ def _pair(name: str, thresholds: object) -> tuple[float | None, float | None]:
     return thresholds[0], thresholds[1]
 
 
+def decide(rule: Rule, d: Any, pi_logp: Any, anchor_logp: Any, advantages: Any) -> Any:
+    """The one definition of blocking (module docstring), on torch tensors or numpy arrays alike.
+
+    d: the rule's distance per token; pi_logp, anchor_logp: log π(a_t), log anchor(a_t);
+    advantages: A per token. A NaN distance (π and anchor both 0) blocks nothing, +inf is beyond
+    every threshold. Returns a bool array of their shape, True = blocked; all False for a rule
+    that never blocks.
+    """
+    if not rule.blocks:
+        return (pi_logp > 0) & (pi_logp < 0)  # all False, as a bool array of pi_logp's kind and device
+    push_up = (advantages > 0) & (pi_logp > anchor_logp) & (d > rule.high)
+    push_down = (advantages < 0) & (pi_logp < anchor_logp) & (d > rule.low)
+    return push_up | push_down
+
+
+def _distance(measure: str, pi_logp: Any, anchor_logp: Any, eps: float, xp: Any) -> Any:
+    """d(π, anchor) of a computed measure (ratio, binary TV/KL) per token, in namespace xp."""
+    if measure == "ratio":
+        return _logspace.ratio_distance(pi_logp, anchor_logp, xp)
+    if measure == "binary_tv":
+        return _logspace.abs_diff_exp(pi_logp, anchor_logp, xp)
+    return _logspace.binary_kl(pi_logp, anchor_logp, eps, xp)
+
+
 class TokenInputs:
-    """The per-token inputs of the rules, checked once: upcast to float32+, detached, advantages
-    broadcast to the token shape. Caches the quantities several rules share (the distance of π
-    from each anchor, the direction π moved), so that evaluating many rules costs each once."""
+    """The per-token inputs of the rules on torch tensors, checked once: upcast to float32+,
+    detached, advantages broadcast to the token shape. Caches the quantities several rules share
+    (the distance of π from each anchor), so that evaluating many rules costs each once."""
 
     def __init__(
         self,
@@ -223,15 +317,21 @@ class TokenInputs:
         advantages: torch.Tensor,  # (B,) per sequence or the token shape
         old_logp: torch.Tensor | None = None,  # token shape: log π_old(a_t)
         topk_tv: torch.Tensor | None = None,  # token shape
-        topk_kl: torch.Tensor | None = None,  # token shape
+        topk_kl: torch.Tensor | None = None,  # token shape; +inf allowed
     ) -> None:
+        import torch
+
+        from trustlens._checks import broadcast_advantages, check_logp, check_nonnegative, check_same_shape
+
         self.pi_logp = check_logp("pi_logp", pi_logp).detach()
+        # binary_kl reads log π = 0 as 1 − π = eps/2 of the (upcast) dtype: see _logspace.binary_kl
+        self.eps = _eps(self.pi_logp.dtype == torch.float64)
         self.mu_logp = check_logp("mu_logp", mu_logp).detach()
         self.old_logp = None if old_logp is None else check_logp("old_logp", old_logp).detach()
         self.given = {
             "old_logp": self.old_logp,
             "topk_tv": None if topk_tv is None else check_nonnegative("topk_tv", topk_tv).detach(),
-            "topk_kl": None if topk_kl is None else check_nonnegative("topk_kl", topk_kl).detach(),
+            "topk_kl": None if topk_kl is None else check_nonnegative("topk_kl", topk_kl, allow_inf=True).detach(),
         }
         check_same_shape(pi_logp=self.pi_logp, mu_logp=self.mu_logp, **self.given)
         self.advantages = broadcast_advantages(advantages, self.pi_logp).detach()
@@ -244,32 +344,34 @@ class TokenInputs:
                 raise ValueError(f"rule {rule.name!r} needs {arg} ({_INPUT_DOCS[arg]}), which was not given")
 
     def anchor_logp(self, anchor: Anchor) -> torch.Tensor:
-        return self.mu_logp if anchor == "mu" else self.old_logp
-
-    def _shared(self, key: tuple[str, str], compute: Callable[[], torch.Tensor]) -> torch.Tensor:
-        if key not in self._cache:
-            self._cache[key] = compute()
-        return self._cache[key]
+        out = self.mu_logp if anchor == "mu" else self.old_logp
+        assert out is not None  # `require` checked it
+        return out
 
     def distance(self, rule: Rule) -> torch.Tensor:
         """d(π, anchor) of `rule` per token."""
         if rule.measure in ("topk_tv", "topk_kl"):
-            return self.given[rule.measure]
-        anchor = self.anchor_logp(rule.anchor)
-        compute = _MEASURES[rule.measure]
-        return self._shared((rule.measure, rule.anchor), lambda: compute(self.pi_logp, anchor))
+            given = self.given[rule.measure]
+            assert given is not None  # `require` checked it
+            return given
+        key = (str(rule.measure), rule.anchor)
+        if key not in self._cache:
+            import torch
+
+            self._cache[key] = _distance(key[0], self.pi_logp, self.anchor_logp(rule.anchor), self.eps, torch)
+        return self._cache[key]
 
     def blocked(self, rule: Rule) -> torch.Tensor:
         """The bool mask of tokens `rule` blocks (True = no gradient), token shape."""
         self.require(rule)
         if not rule.blocks:
-            return torch.zeros(self.pi_logp.shape, dtype=torch.bool, device=self.pi_logp.device)
-        anchor = self.anchor_logp(rule.anchor)
-        up = self._shared(("up", rule.anchor), lambda: self.pi_logp > anchor)
-        down = self._shared(("down", rule.anchor), lambda: self.pi_logp < anchor)
-        positive = self._shared(("positive", ""), lambda: self.advantages > 0)
-        d = self.distance(rule)
-        return torch.where(positive, up & (d > rule.high), down & (d > rule.low))
+            return decide(rule, None, self.pi_logp, None, None)
+        return decide(rule, self.distance(rule), self.pi_logp, self.anchor_logp(rule.anchor), self.advantages)
+
+
+def _eps(float64: bool) -> float:
+    """Machine epsilon of float64 or float32, the widths the rules compute in."""
+    return float(np.finfo(np.float64 if float64 else np.float32).eps)
 
 
 def evaluate(
@@ -287,9 +389,10 @@ def evaluate(
     """Which tokens `rule` blocks: a bool tensor of pi_logp's shape, True = blocked.
 
     `rule` is a name from `RULES` or a `Rule`; `low` / `high` override its thresholds (None keeps
-    the rule's default). `advantages` is per sequence (B,) or per token like pi_logp. Raises
-    KeyError for an unknown rule, ValueError for an input the rule needs that is missing, for
-    mismatched shapes, non-finite values or positive log-probabilities.
+    the rule's default). `advantages` is per sequence (B,) or per token like pi_logp; tokens with
+    A = 0 are never blocked. Log-probabilities may be −inf and topk_kl +inf. Raises KeyError for
+    an unknown rule, ValueError for an input the rule needs that is missing, for mismatched
+    shapes, NaN, positive log-probabilities or negative divergences.
     """
     rule = get_rule(rule).with_thresholds(low, high)
     blocked = evaluate_all(
@@ -316,9 +419,10 @@ def evaluate_all(
 ) -> dict[str, torch.Tensor]:
     """`evaluate` for many rules in one pass: {rule name: blocked mask}, in the order given.
 
-    `rules` is a list of names / `Rule`s or a mapping name -> (low, high) (see `resolve_rules`).
-    The inputs are checked once and each shared quantity is computed once. Every rule's needed
-    inputs are checked before any is evaluated.
+    `rules` is a list of names / `Rule`s or a mapping (see `resolve_rules`). The inputs are
+    checked once and each shared quantity is computed once. Every rule's needed inputs are
+    checked before any is evaluated. Needs torch (`pip install "trustlens[torch]"`); on the
+    columns of a recorded run use `evaluate_columns`.
     """
     resolved = resolve_rules(rules)
     inputs = TokenInputs(
@@ -332,3 +436,97 @@ def evaluate_all(
     for rule in resolved:
         inputs.require(rule)
     return {rule.name: inputs.blocked(rule) for rule in resolved}
+
+
+# ---- columns of a recorded run (numpy; no torch) ----
+
+# The run's column each input of a rule is read from; the μ anchor's column is a parameter.
+_COLUMN_OF = {"old_logp": "old_logp", "topk_tv": "topk_tv", "topk_kl": "topk_kl"}
+_LOGP_COLUMNS = ("pi_logp", "mu_logp", "old_logp")
+
+
+def rule_columns(rule: str | Rule, *, mu: str = "mu_logp") -> tuple[str, ...]:
+    """The run columns `evaluate_columns` reads to decide `rule`, μ read from column `mu`."""
+    rule = get_rule(rule)
+    anchor = [mu] if rule.anchor == "mu" else []
+    return ("pi_logp", *anchor, "advantage", *(_COLUMN_OF[n] for n in rule.needs))
+
+
+def evaluate_columns(
+    rules: RuleSpec,
+    columns: pl.DataFrame | Mapping[str, Any],
+    *,
+    mu: str = "mu_logp",
+) -> pl.DataFrame:
+    """Every rule's decision on the columns of a recorded run, without torch.
+
+    rules: as `evaluate_all` takes them, including `Run.rules` (the manifest's, custom rules too).
+    columns: a polars DataFrame (or a mapping of column name to numpy array / polars Series)
+        holding the token columns the rules read (`rule_columns`): pi_logp, advantage, the μ
+        column `mu` (default "mu_logp"; pass "old_logp" for a run recorded without μ, whose
+        μ-anchored rules were anchored on π_old), and where rules need them old_logp, topk_tv,
+        topk_kl.
+    Returns a DataFrame with one Boolean column per rule, named by the rule, in the order given,
+    one row per input row: True = blocked, null where an input the rule reads is null. The
+    decision is `decide`, the function the recorder uses, computed in float64 (binary_kl reads a
+    log-prob of 0 with the epsilon of the column's own dtype, as the recorder did). ValueError for
+    a missing column (naming it and the rule), NaN, positive log-probabilities or negative
+    divergences.
+    """
+    import polars as pl
+
+    resolved = resolve_rules(rules)
+    frame = columns if isinstance(columns, pl.DataFrame) else pl.DataFrame(dict(columns))
+    read: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # column -> (float64 values, not null)
+
+    def column(name: str, rule: Rule) -> tuple[np.ndarray, np.ndarray]:
+        if name not in read:
+            if name not in frame.columns:
+                raise ValueError(f"rule {rule.name!r} reads the column {name!r}, which columns lacks")
+            series = frame[name]
+            valid = series.is_not_null().to_numpy()
+            values = series.cast(pl.Float64).fill_null(0.0).to_numpy()
+            _check_column(name, values, valid)
+            read[name] = (values, valid)
+        return read[name]
+
+    distances: dict[tuple[str, str], np.ndarray] = {}
+    out = {}
+    with np.errstate(all="ignore"):  # log(0) = −inf and inf − inf = NaN are handled in the math
+        for rule in resolved:
+            names = rule_columns(rule, mu=mu)
+            got = {n: column(n, rule) for n in names}
+            valid = np.logical_and.reduce([v for _, v in got.values()])
+            pi = got["pi_logp"][0]
+            anchor_name = mu if rule.anchor == "mu" else "old_logp"
+            if not rule.blocks:
+                blocked = decide(rule, None, pi, None, None)
+            elif rule.measure in ("topk_tv", "topk_kl"):
+                blocked = decide(rule, got[rule.measure][0], pi, got[mu][0], got["advantage"][0])
+            else:
+                anchor = column(anchor_name, rule)[0]
+                key = (str(rule.measure), anchor_name)
+                if key not in distances:
+                    eps = _eps(frame["pi_logp"].dtype == pl.Float64)  # the recorder's width
+                    distances[key] = _distance(key[0], pi, anchor, eps, np)
+                blocked = decide(rule, distances[key], pi, anchor, got["advantage"][0])
+            out[rule.name] = pl.Series(rule.name, blocked, dtype=pl.Boolean).set(pl.Series(~valid), None)
+    return pl.DataFrame(out, height=frame.height) if out else pl.DataFrame(height=frame.height)
+
+
+def _check_column(name: str, values: np.ndarray, valid: np.ndarray) -> None:
+    """ValueError naming the column and the first offending row: NaN anywhere; for
+    log-probabilities, +inf or values above LOGP_TOLERANCE; for divergences, −inf or values below
+    −LOGP_TOLERANCE (+inf is a valid KL); for advantages, ±inf."""
+    if name in _LOGP_COLUMNS:
+        bad, what = ~(values <= LOGP_TOLERANCE), "a value that is not a log-probability (NaN or > 0)"
+    elif name == "advantage":
+        bad, what = ~np.isfinite(values), "NaN or inf"
+    else:
+        bad, what = ~(values >= -LOGP_TOLERANCE), "NaN or a negative divergence"
+        if name == "topk_tv":
+            bad |= values == math.inf
+    bad &= valid
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"column {name!r} holds {what} at row {row}: {values[row]!r}")
