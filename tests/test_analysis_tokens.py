@@ -77,9 +77,9 @@ def test_each_filter_alone():
     assert (1, 0, 0) not in _ids(filter_tokens(t, TokenQuery(decisions=(("dppo_binary_tv", False),))))
     # μ in [0.01, 0.4): 0.05, 0.2, 0.3
     assert _ids(filter_tokens(t, TokenQuery(anchor_prob=(0.01, 0.4)))) == [(0, 0, 1), (1, 0, 1), (2, 0, 1)]
-    assert _ids(filter_tokens(t, TokenQuery(advantage_sign="negative"))) == [(1, 0, 0), (1, 0, 1)]
+    assert _ids(filter_tokens(t, TokenQuery(advantage_sign="neg"))) == [(1, 0, 0), (1, 0, 1)]
     assert _ids(filter_tokens(t, TokenQuery(advantage_sign="zero"))) == [(2, 0, 0), (2, 1, 0)]
-    assert len(_ids(filter_tokens(t, TokenQuery(advantage_sign="positive")))) == 3
+    assert len(_ids(filter_tokens(t, TokenQuery(advantage_sign="pos")))) == 3
     # case-insensitive literal search; "<b>" is not a regex
     assert _ids(filter_tokens(t, TokenQuery(text="the"))) == [(0, 0, 0), (1, 0, 0), (2, 0, 0), (2, 1, 0)]
     assert _ids(filter_tokens(t, TokenQuery(text="<b>"))) == [(0, 0, 2)]
@@ -94,7 +94,7 @@ def test_two_rules_disagreeing():
 
 
 def test_filters_combine_with_and():
-    q = TokenQuery(steps=(0, 0), decisions=(("ppo", True),), advantage_sign="positive", anchor_prob=(0.0, 0.01))
+    q = TokenQuery(steps=(0, 0), decisions=(("ppo", True),), advantage_sign="pos", anchor_prob=(0.0, 0.01))
     assert _ids(filter_tokens(_tokens(), q)) == [(0, 0, 2)]
 
 

@@ -106,7 +106,8 @@ def test_token_text_is_escaped(run):
 
 def test_mismatch_and_collapse_figures(run):
     mm = P.mismatch_curves(A.mismatch_per_step(run.tokens))
-    assert [tr.name for tr in mm.data] == list(P.MISMATCH_CURVES)
+    assert [tr.name for tr in mm.data[::2]] == list(P.MISMATCH_CURVES)  # per-step values, then the trend
+    assert "change over the run" in mm.layout.annotations[0].text
     empty = P.mismatch_curves(A.mismatch_per_step(run.tokens).clear(), reason="μ <not> recorded")
     assert not empty.data and empty.layout.annotations[0].text == "μ &lt;not&gt; recorded"
     with pytest.raises(ValueError, match="metrics"):
@@ -134,7 +135,7 @@ def test_large_series_are_thinned():
             "step": np.arange(n),
             "k3_kl": np.linspace(0, 1, n),
             "mismatch_kl": np.zeros(n),
-            "tv_mean": np.zeros(n),
+            "prob_diff_mean": np.zeros(n),
             "chi2_token": np.zeros(n),
         }
     )
@@ -155,3 +156,31 @@ def test_empty_inputs_draw_a_message():
         P.confusion_heatmap(empty.with_columns()),
     ):
         assert isinstance(fig, go.Figure) and fig.layout.annotations
+
+
+def test_mismatch_trend_and_change():
+    n = 50
+    df = pl.DataFrame({"step": np.arange(n), "k3_kl": np.linspace(0.0, 1.0, n), "flat": np.full(n, 2.0)})
+    trend = A.mismatch_trend(df, ["k3_kl", "flat"])
+    assert trend.window == 5
+    change = dict(trend.summary.select("metric", "change").iter_rows())
+    # centred mean of a line: the ends average the 3 points within reach, 1/49 in from each end
+    assert change["k3_kl"] == pytest.approx(1.0 - 2 / 49) and change["flat"] == pytest.approx(0.0)
+    assert A.mismatch_trend(df.head(1), ["k3_kl"]).summary["change"][0] is None
+
+
+def test_every_title_from_a_run_is_escaped(run):
+    evil = "<a href='https://x.example'>rule</a>"
+    s = A.step_summary(run.tokens).rename({"blocked_ppo": f"blocked_{evil}"})
+    figs = [
+        P.overlay_runs({evil: s}, ["entropy", f"blocked_{evil}"], title=evil),
+        P.confusion_lines(pl.DataFrame(), evil, "ppo"),
+        P.blocked_per_step_lines(pl.DataFrame(), title=evil),
+        P.mismatch_curves(A.mismatch_per_step(run.tokens), title=evil),
+        P.mismatch_by_bucket_bar(A.mismatch_by_bucket(run.tokens), title=evil),
+        P.collapse_timeline(s.select("step", "entropy", f"blocked_{evil}"), title=evil),
+        P.confusion_heatmap(pl.DataFrame(), title=evil),
+    ]
+    for fig in figs:
+        text = " ".join(_strings(fig))
+        assert "<a" not in text and "&lt;a href" in text, fig.layout.title.text

@@ -9,12 +9,14 @@ from trustlens.render import (
     NEGATIVE_RGB,
     POSITIVE_RGB,
     colored_tokens_html,
+    csv_cell,
     diverging_colour,
     escape_markdown,
     legend_html,
     quantity_centre,
     rule_colours,
     visible_text,
+    visible_token,
 )
 
 HOSTILE = [
@@ -67,7 +69,7 @@ def test_quantity_centre():
 
 
 def test_visible_text_shows_invisible_characters():
-    assert visible_text("a\nb\tc d") == "a↵b→c d"
+    assert visible_text("a\nb\tc d") == "a↵b⇥c d"
     assert visible_text("\u202eabc\u200b") == "\\u202eabc\\u200b"
     assert visible_text(None) == "∅"
 
@@ -137,3 +139,27 @@ def test_legend_lists_each_rule():
     markup = legend_html(["ppo", "cispo"], quantity="ratio")
     assert "blocked by ppo" in markup and "blocked by cispo" in markup
     assert "ratio &lt; 1" in markup
+
+
+def test_visible_token_shows_every_whitespace():
+    assert visible_token(" the") == "␣the"
+    assert visible_token("\t\n") == "⇥↵"
+    assert visible_token("a b ") == "a␣b␣"
+    assert visible_token(None) is None
+
+
+def test_csv_cell_neutralises_formulas():
+    for bad in ("=1+1", "+1", "-1", "@SUM(A1)", "\tx", "\rx"):
+        assert csv_cell(bad) == "'" + bad
+    assert csv_cell("plain") == "plain" and csv_cell(None) is None
+
+
+def test_rule_colours_fixed_and_distinct():
+    from trustlens.rules import RULES
+
+    every = rule_colours(list(RULES))
+    assert len(set(every.values())) == len(RULES) >= 12  # one colour per built-in rule
+    # the same rule has the same colour whatever else is shown, and in any order
+    assert rule_colours(["dppo_binary_tv"]) == {"dppo_binary_tv": every["dppo_binary_tv"]}
+    assert rule_colours(["grpo_tis", "ppo"])["ppo"] == every["ppo"]
+    assert rule_colours(["ppo", "my_rule"])["my_rule"] == rule_colours(["my_rule"])["my_rule"]

@@ -6,9 +6,12 @@ the run's size: densities are pre-binned (at most n_x · n_y cells), bar charts 
 and curves with more than `max_points` steps are averaged over equal step bins.
 
 Text from a run — token text, run names, rule names read from a manifest — is untrusted, and
-plotly renders a subset of HTML (and LaTeX between `$…$`) in labels and hover text, so every
-such string goes through `safe_text` (HTML-escaped, `$` as an entity, control characters shown
-as visible escapes) before it reaches a figure.
+plotly renders a subset of HTML (and LaTeX between `$…$`) in titles, labels and hover text, so
+every string a figure shows goes through `safe_text` (HTML-escaped, `$` as an entity, control
+characters shown as visible escapes): trace names, axis and subplot titles, and the `title`
+argument of every function here (a caller may build it from a run or rule name).
+
+Rules have one fixed colour each (`trustlens.render.rule_colour`), the same in every figure.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from trustlens.render import rule_colours, visible_text
+from trustlens.analysis.mismatch import mismatch_trend
+from trustlens.render import rule_colours, series_colours, visible_text
 
 # Curves longer than this are averaged over equal step bins.
 MAX_POINTS = 2000
@@ -55,7 +59,7 @@ def token_labels(tokens: Sequence[str | None]) -> list[str]:
 
 def _empty(title: str, reason: str | None) -> go.Figure:
     fig = go.Figure()
-    fig.update_layout(title=title, xaxis_visible=False, yaxis_visible=False)
+    fig.update_layout(title=safe_text(title), xaxis_visible=False, yaxis_visible=False)
     fig.add_annotation(text=safe_text(reason or "no data"), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     return fig
 
@@ -96,11 +100,13 @@ def _density_trace(density: pl.DataFrame, *, log_y: bool, rule: str | None, show
     z[ys, xs] = np.log10(counts)
     col = f"blocked_{rule}" if rule else None
     if col and col in density.columns:
-        frac[ys, xs] = density[col].to_numpy() / counts
+        base = density["count_nonzero"].to_numpy().astype(float) if "count_nonzero" in density.columns else counts
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac[ys, xs] = np.where(base > 0, density[col].to_numpy() / base, np.nan)
     x_edges = _edges(density, "x_bin", "x_lo", "x_hi", n_x, log=True)
     y_edges = _edges(density, "y_bin", "y_lo", "y_hi", n_y, log=log_y)
     custom = np.dstack([10**z, frac])
-    blocked_line = f"<br>blocked by {safe_text(rule)}: %{{customdata[1]:.1%}}" if col else ""
+    blocked_line = f"<br>blocked by {safe_text(rule)}: %{{customdata[1]:.1%}} of A ≠ 0 tokens" if col else ""
     return go.Heatmap(
         x=x_edges,
         y=y_edges,
@@ -180,7 +186,7 @@ def figure1(
     ticks = np.round(np.linspace(r[0], r[1], 5), 2)
     fig.update_yaxes(title_text="π/μ", tickvals=ticks, ticktext=[f"{10**t:.3g}" for t in ticks], row=1, col=1)
     fig.update_yaxes(title_text="|π − μ|", row=1, col=2)
-    fig.update_layout(title=title, legend={"orientation": "h", "y": -0.2})
+    fig.update_layout(title=safe_text(title), legend={"orientation": "h", "y": -0.2})
     return fig
 
 
@@ -208,7 +214,7 @@ def blocked_tokens_bar(by_token: pl.DataFrame, *, top: int = 20, title: str = "M
         .head(top)["token"]
         .to_list()
     )
-    labels = dict(zip(order, token_labels(order)))
+    labels = dict(zip(order, token_labels(order), strict=True))
     fig = go.Figure()
     for rule in rules:
         part = by_token.filter((pl.col("rule") == rule) & pl.col("token").is_in(order))
@@ -226,7 +232,7 @@ def blocked_tokens_bar(by_token: pl.DataFrame, *, top: int = 20, title: str = "M
             )
         )
     fig.update_layout(
-        title=title,
+        title=safe_text(title),
         barmode="group",
         xaxis_title="blocked tokens",
         yaxis={"categoryorder": "array", "categoryarray": [labels[t] for t in reversed(order)]},
@@ -258,7 +264,11 @@ def blocked_by_bucket_bar(by_bucket: pl.DataFrame, *, title: str = "Blocked frac
             )
         )
     fig.update_layout(
-        title=title, barmode="group", xaxis_title="μ(a_t)", yaxis_title="blocked fraction", yaxis_tickformat=".0%"
+        title=safe_text(title),
+        barmode="group",
+        xaxis_title="μ(a_t)",
+        yaxis_title="blocked fraction of A ≠ 0 tokens",
+        yaxis_tickformat=".0%",
     )
     return fig
 
@@ -266,7 +276,7 @@ def blocked_by_bucket_bar(by_bucket: pl.DataFrame, *, title: str = "Blocked frac
 def blocked_per_step_lines(
     per_step: pl.DataFrame, *, max_points: int = MAX_POINTS, title: str = "Blocked fraction per step"
 ) -> go.Figure:
-    """One line per rule: the fraction of each step's tokens it blocks (`analysis.blocked_per_step`)."""
+    """One line per rule: the fraction of each step's A ≠ 0 tokens it blocks (`analysis.blocked_per_step`)."""
     if per_step.is_empty():
         return _empty(title, "no tokens")
     rules = list(dict.fromkeys(per_step["rule"].to_list()))
@@ -283,7 +293,12 @@ def blocked_per_step_lines(
                 line_color=colours[rule],
             )
         )
-    fig.update_layout(title=title, xaxis_title="step", yaxis_title="blocked fraction", yaxis_tickformat=".1%")
+    fig.update_layout(
+        title=safe_text(title),
+        xaxis_title="step",
+        yaxis_title="blocked fraction of A ≠ 0 tokens",
+        yaxis_tickformat=".1%",
+    )
     return fig
 
 
@@ -308,19 +323,29 @@ def confusion_heatmap(matrix: pl.DataFrame, *, title: str = "Blocked by row rule
             y=labels,
             colorscale="Reds",
             customdata=k,
-            texttemplate="%{z:.2%}",
-            hovertemplate="blocked by %{y}, not by %{x}: %{z:.2%} (%{customdata:.0f} tokens)<extra></extra>",
+            texttemplate="%{z:.1%}",
+            textfont={"size": 11 if len(rules) <= 6 else 9},
+            hovertemplate="blocked by %{y}, not by %{x}: %{z:.2%} of A ≠ 0 tokens (%{customdata:.0f})<extra></extra>",
             colorbar={"title": "fraction", "tickformat": ".1%"},
+            xgap=1,
+            ygap=1,
         )
     )
-    fig.update_layout(title=title, xaxis_title="not blocked by", yaxis_title="blocked by", yaxis_autorange="reversed")
+    # square-ish cells that leave room for the rule names at any number of rules
+    fig.update_layout(
+        title=safe_text(title),
+        xaxis={"title": "not blocked by", "tickangle": -40, "automargin": True},
+        yaxis={"title": "blocked by", "autorange": "reversed", "automargin": True},
+        height=max(420, 34 * len(rules) + 260),
+        margin={"l": 10, "r": 10},
+    )
     return fig
 
 
 def confusion_lines(confusion: pl.DataFrame, rule_a: str, rule_b: str, *, max_points: int = MAX_POINTS) -> go.Figure:
     """Per step, the fraction of tokens only `rule_a` blocks and only `rule_b` blocks
     (`analysis.rule_confusion(..., per_step=True)`)."""
-    title = f"{safe_text(rule_a)} vs {safe_text(rule_b)} on the same tokens"
+    title = f"{rule_a} vs {rule_b} on the same tokens"
     if confusion.is_empty():
         return _empty(title, "no tokens where both rules were evaluated")
     df = thin(confusion.select("step", "only_a_frac", "only_b_frac"), max_points=max_points)
@@ -336,13 +361,16 @@ def confusion_lines(confusion: pl.DataFrame, rule_a: str, rule_b: str, *, max_po
                 line_color=colours[rule],
             )
         )
-    fig.update_layout(title=title, xaxis_title="step", yaxis_title="fraction of tokens", yaxis_tickformat=".1%")
+    fig.update_layout(
+        title=safe_text(title), xaxis_title="step", yaxis_title="fraction of A ≠ 0 tokens", yaxis_tickformat=".1%"
+    )
     return fig
 
 
 # ---------------------------------------------------------------- mismatch and collapse
 
-MISMATCH_CURVES = ("mismatch_kl", "k3_kl", "tv_mean", "chi2_token")
+# k3_kl first: a non-negative KL estimate (mismatch_kl, the K1 estimate, can be negative).
+MISMATCH_CURVES = ("k3_kl", "mismatch_kl", "prob_diff_mean", "chi2_token")
 
 
 def mismatch_curves(
@@ -353,23 +381,50 @@ def mismatch_curves(
     max_points: int = MAX_POINTS,
     title: str = "Training-inference mismatch (μ vs π_old)",
 ) -> go.Figure:
-    """One panel per mismatch quantity over steps (`analysis.mismatch_per_step`); an empty frame
-    draws `reason` (`analysis.mismatch_unavailable`) instead."""
+    """One panel per mismatch quantity over steps (`analysis.mismatch_per_step`): the per-step
+    values (thin, light) and their trend (`analysis.mismatch_trend`: a centred rolling mean,
+    bold), with the trend's change over the run in the panel title. An empty frame draws
+    `reason` (`analysis.mismatch_unavailable`) instead."""
     if per_step.is_empty():
         return _empty(title, reason or "no steps with both μ and π_old")
     missing = [m for m in metrics if m not in per_step.columns]
     if missing:
         raise ValueError(f"metrics: {missing} are not columns of the mismatch table ({per_step.columns})")
+    trend = mismatch_trend(per_step, metrics)
+    change = {r["metric"]: r["change"] for r in trend.summary.iter_rows(named=True)}
     df = thin(per_step.select("step", *metrics), max_points=max_points)
-    fig = make_subplots(
-        rows=len(metrics), cols=1, shared_xaxes=True, vertical_spacing=0.04, subplot_titles=list(metrics)
-    )
+    smooth = thin(trend.smoothed, max_points=max_points)
+    titles = [safe_text(m if change[m] is None else f"{m} (change over the run {change[m]:+.3g})") for m in metrics]
+    fig = make_subplots(rows=len(metrics), cols=1, shared_xaxes=True, vertical_spacing=0.06, subplot_titles=titles)
     for i, m in enumerate(metrics, start=1):
         fig.add_trace(
-            go.Scatter(x=df["step"].to_list(), y=df[m].to_list(), mode="lines", name=m, showlegend=False), row=i, col=1
+            go.Scatter(
+                x=df["step"].to_list(),
+                y=df[m].to_list(),
+                mode="lines",
+                name=safe_text(m),
+                line={"color": "#9ecae1", "width": 1},
+                showlegend=i == 1,
+                legendgroup="raw",
+            ),
+            row=i,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=smooth["step"].to_list(),
+                y=smooth[m].to_list(),
+                mode="lines",
+                name=safe_text(f"trend (rolling mean of {trend.window} steps)"),
+                line={"color": "#08519c", "width": 2.5},
+                showlegend=i == 1,
+                legendgroup="trend",
+            ),
+            row=i,
+            col=1,
         )
     fig.update_xaxes(title_text="step", row=len(metrics), col=1)
-    fig.update_layout(title=title, height=180 * len(metrics) + 100)
+    fig.update_layout(title=safe_text(title), height=190 * len(metrics) + 120, legend={"orientation": "h", "y": -0.08})
     return fig
 
 
@@ -387,7 +442,7 @@ def mismatch_by_bucket_bar(
             hovertemplate="μ in %{x}: %{y:.4g} over %{customdata} tokens<extra></extra>",
         )
     )
-    fig.update_layout(title=title, xaxis_title="μ(a_t)", yaxis_title=metric)
+    fig.update_layout(title=safe_text(title), xaxis_title="μ(a_t)", yaxis_title=safe_text(metric))
     return fig
 
 
@@ -417,13 +472,18 @@ def collapse_timeline(
         cols=1,
         shared_xaxes=True,
         vertical_spacing=0.03,
-        subplot_titles=[r if r != "blocked" else "blocked fraction" for r in rows],
+        subplot_titles=[safe_text(r) if r != "blocked" else "blocked fraction of A ≠ 0 tokens" for r in rows],
     )
     row_of = {p: i for i, p in enumerate(shown, start=1)}
     for p in shown:
         fig.add_trace(
             go.Scatter(
-                x=df["step"].to_list(), y=df[p].to_list(), mode="lines", name=p, showlegend=False, line_color="#444"
+                x=df["step"].to_list(),
+                y=df[p].to_list(),
+                mode="lines",
+                name=safe_text(p),
+                showlegend=False,
+                line_color="#444",
             ),
             row=row_of[p],
             col=1,
@@ -445,7 +505,7 @@ def collapse_timeline(
                 col=1,
             )
     if alerts is not None and not alerts.is_empty():
-        values = {p: dict(zip(signals["step"].to_list(), signals[p].to_list())) for p in row_of}
+        values = {p: dict(zip(signals["step"].to_list(), signals[p].to_list(), strict=True)) for p in row_of}
         for sev, part in alerts.group_by("severity"):
             pts = [(row_of.get(a["signal"]), a) for a in part.iter_rows(named=True)]
             for row in sorted({r for r, _ in pts if r is not None}):
@@ -466,7 +526,7 @@ def collapse_timeline(
                     col=1,
                 )
     fig.update_xaxes(title_text="step", row=len(rows), col=1)
-    fig.update_layout(title=title, height=160 * len(rows) + 120)
+    fig.update_layout(title=safe_text(title), height=160 * len(rows) + 120)
     return fig
 
 
@@ -487,8 +547,10 @@ def overlay_runs(
     ys = [y] if isinstance(y, str) else list(y)
     if not frames:
         return _empty(title, "no runs")
-    fig = make_subplots(rows=len(ys), cols=1, shared_xaxes=True, vertical_spacing=0.05, subplot_titles=ys)
-    colours = rule_colours(list(frames))
+    fig = make_subplots(
+        rows=len(ys), cols=1, shared_xaxes=True, vertical_spacing=0.05, subplot_titles=[safe_text(c) for c in ys]
+    )
+    colours = series_colours(list(frames))
     for i, col in enumerate(ys, start=1):
         for name, df in frames.items():
             if col not in df.columns or x not in df.columns:
@@ -507,8 +569,8 @@ def overlay_runs(
                 row=i,
                 col=1,
             )
-    fig.update_xaxes(title_text=x, row=len(ys), col=1)
-    fig.update_layout(title=title, height=200 * len(ys) + 120)
+    fig.update_xaxes(title_text=safe_text(x), row=len(ys), col=1)
+    fig.update_layout(title=safe_text(title), height=200 * len(ys) + 120)
     return fig
 
 

@@ -18,22 +18,44 @@ import html
 import math
 import string
 import unicodedata
+import zlib
 from collections.abc import Mapping, Sequence
 
 # Colours of the diverging scale: value above the centre → POSITIVE, below → NEGATIVE.
 POSITIVE_RGB = (33, 102, 172)
 NEGATIVE_RGB = (178, 24, 43)
 MISSING_BACKGROUND = "#e0e0e0"
-# Outline colours of blocked tokens, one per rule in the order the rules are given (Okabe-Ito,
-# readable by colour-blind viewers).
-RULE_COLOURS = ("#E69F00", "#009E73", "#CC79A7", "#D55E00", "#0072B2", "#56B4E9", "#F0E442", "#000000")
+# One fixed colour per built-in rule, the same on every page and figure (Okabe-Ito first, then
+# other well-separated hues). A rule outside the registry (a custom rule) takes one of
+# EXTRA_COLOURS chosen by a hash of its name, so it too keeps its colour everywhere.
+RULE_COLOURS: dict[str, str] = {
+    "ppo": "#E69F00",
+    "ppo_clip_higher": "#8C564B",
+    "minirl": "#CC79A7",
+    "dppo_binary_tv": "#009E73",
+    "dppo_binary_kl": "#0072B2",
+    "dppo_topk_tv": "#56B4E9",
+    "dppo_topk_kl": "#9467BD",
+    "dppo_binary_tv_recompute": "#BCBD22",
+    "dppo_binary_kl_recompute": "#17BECF",
+    "cispo": "#D55E00",
+    "pg_is": "#7F7F7F",
+    "grpo_tis": "#000000",
+}
+EXTRA_COLOURS = ("#F0E442", "#1F3A93", "#E377C2", "#2CA02C", "#A50026", "#FF7F0E", "#6A3D9A", "#B15928")
+# Colours of things compared that are not rules (runs), in the order given.
+SERIES_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000", "#8C564B")
 OUTLINE_PX = 2
 
 # Quantities whose natural centre is not 0 (the ratio is 1 where π = μ).
 _CENTRES = {"ratio": 1.0}
 
 # Visible stand-ins for whitespace that would otherwise vanish or break the layout.
-_VISIBLE = {"\n": "↵", "\r": "␍", "\t": "→"}
+_VISIBLE = {"\n": "↵", "\r": "␍", "\t": "⇥"}
+# ... and for a token in a table cell, where a space at either end is invisible too.
+_VISIBLE_TOKEN = {**_VISIBLE, " ": "␣"}
+# A CSV cell starting with one of these is read as a formula by spreadsheets.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 _MARKDOWN_SPECIAL = frozenset(string.punctuation)
 
 
@@ -44,14 +66,34 @@ def quantity_centre(quantity: str) -> float:
 
 def visible_text(text: str | None) -> str:
     """`text` with control, format and bidirectional characters replaced by visible escapes
-    (e.g. U+202E → "\\u202e"), newlines by "↵" and tabs by "→"; None becomes "∅". Not escaped for
-    HTML: pass the result through `html.escape`."""
+    (e.g. U+202E → "\\u202e"), newlines by "↵", carriage returns by "␍" and tabs by "⇥"; None
+    becomes "∅". Not escaped for HTML: pass the result through `html.escape`."""
+    return _visible(text, _VISIBLE)
+
+
+def visible_token(text: str | None) -> str | None:
+    """A token's text for a table cell: as `visible_text`, and every space shown as "␣" (a
+    leading or trailing space — most BPE tokens have one — is otherwise invisible). None stays
+    None (a missing value)."""
+    return None if text is None else _visible(text, _VISIBLE_TOKEN)
+
+
+def csv_cell(text: str | None) -> str | None:
+    """`text` safe for a CSV cell opened in a spreadsheet: a cell starting with =, +, -, @, tab
+    or carriage return is prefixed with an apostrophe so it is shown as text, not run as a
+    formula (OWASP's CSV-injection advice). Other text is unchanged."""
+    if text is not None and text.startswith(_FORMULA_START):
+        return "'" + text
+    return text
+
+
+def _visible(text: str | None, table: Mapping[str, str]) -> str:
     if text is None:
         return "∅"
     out = []
     for ch in text:
-        if ch in _VISIBLE:
-            out.append(_VISIBLE[ch])
+        if ch in table:
+            out.append(table[ch])
         elif unicodedata.category(ch) in ("Cc", "Cf", "Co", "Cs", "Zl", "Zp"):
             out.append(f"\\u{ord(ch):04x}")
         else:
@@ -106,9 +148,22 @@ def _format_value(v: object) -> str:
     return str(v)
 
 
+def rule_colour(rule: str) -> str:
+    """The fixed colour of `rule` (RULE_COLOURS; a custom rule's by a hash of its name)."""
+    if rule in RULE_COLOURS:
+        return RULE_COLOURS[rule]
+    return EXTRA_COLOURS[zlib.crc32(rule.encode()) % len(EXTRA_COLOURS)]
+
+
 def rule_colours(rules: Sequence[str]) -> dict[str, str]:
-    """The outline colour of each rule, in the order given (the palette repeats past 8 rules)."""
-    return {rule: RULE_COLOURS[i % len(RULE_COLOURS)] for i, rule in enumerate(rules)}
+    """The fixed colour of each rule (`rule_colour`): the same rule has the same colour on every
+    page and figure, whatever other rules are shown."""
+    return {rule: rule_colour(rule) for rule in rules}
+
+
+def series_colours(names: Sequence[str]) -> dict[str, str]:
+    """Colours of compared series that are not rules (runs), in the order given."""
+    return {name: SERIES_COLOURS[i % len(SERIES_COLOURS)] for i, name in enumerate(names)}
 
 
 def colored_tokens_html(
@@ -149,7 +204,7 @@ def colored_tokens_html(
     colours = rule_colours(list(blocked))
 
     spans = []
-    for i, (tok, v) in enumerate(zip(tokens, nums)):
+    for i, (tok, v) in enumerate(zip(tokens, nums, strict=True)):
         rings = [colours[r] for r, flags in blocked.items() if flags[i]]
         shadow = ", ".join(f"0 0 0 {OUTLINE_PX * (k + 1)}px {c}" for k, c in enumerate(rings))
         style = (

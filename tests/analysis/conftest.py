@@ -24,7 +24,7 @@ CLIP_ROWS = [
 
 @pytest.fixture
 def clip_run(tmp_path):
-    cols = list(zip(*CLIP_ROWS))
+    cols = list(zip(*CLIP_ROWS, strict=True))
     tokens = {
         "step": cols[0],
         "sample": cols[1],
@@ -32,8 +32,8 @@ def clip_run(tmp_path):
         "token": cols[3],
         "mu_logp": [L(p) for p in cols[4]],
         "pi_logp": [L(p) for p in cols[5]],
-        "ratio": [pi / mu for mu, pi in zip(cols[4], cols[5])],
-        "binary_tv": [abs(pi - mu) for mu, pi in zip(cols[4], cols[5])],
+        "ratio": [pi / mu for mu, pi in zip(cols[4], cols[5], strict=True)],
+        "binary_tv": [abs(pi - mu) for mu, pi in zip(cols[4], cols[5], strict=True)],
         "advantage": cols[6],
         "blocked_ppo": cols[7],
         "blocked_dppo_binary_tv": cols[8],
@@ -54,7 +54,7 @@ MISMATCH_ROWS = [
 
 @pytest.fixture
 def mismatch_run(tmp_path):
-    cols = list(zip(*MISMATCH_ROWS))
+    cols = list(zip(*MISMATCH_ROWS, strict=True))
     logs = [[None if p is None else L(p) for p in c] for c in cols[4:]]
     tokens = {
         "step": cols[0],

@@ -25,13 +25,14 @@ def _rows(df: pl.DataFrame, *cols: str) -> list[tuple]:
 
 def test_blocked_per_step(clip_run):
     df = blocked_per_step(clip_run.tokens)
+    # block rates are over A ≠ 0 tokens: the two A = 0 rows of step 1 are not counted
     assert _rows(df, "step", "rule", "count", "blocked") == [
         (0, "ppo", 4, 2),
         (0, TV, 4, 1),
-        (1, "ppo", 4, 2),
-        (1, TV, 3, 1),
+        (1, "ppo", 2, 2),
+        (1, TV, 2, 1),
     ]
-    assert df["blocked_frac"].to_list() == pytest.approx([0.5, 0.25, 0.5, 1 / 3])
+    assert df["blocked_frac"].to_list() == pytest.approx([0.5, 0.25, 1.0, 0.5])
 
 
 def test_blocked_by_token_orders_by_count_then_fraction(clip_run):
@@ -49,41 +50,41 @@ def test_blocked_by_bucket(clip_run):
     df = blocked_by_bucket(clip_run.tokens, "ppo")
     assert df["label"].to_list()[0] == "< 1e-05" and df.height == 6
     # μ: 1e-7 → bucket 0; 0.002 → 3; 0.02, 0.05 → 4; 0.3, 0.5, 0.6, 0.9 → 5
-    assert _rows(df, "bucket", "count", "blocked") == [(0, 1, 0), (1, 0, 0), (2, 0, 0), (3, 1, 1), (4, 2, 1), (5, 4, 2)]
+    assert _rows(df, "bucket", "count", "blocked") == [(0, 1, 0), (1, 0, 0), (2, 0, 0), (3, 1, 1), (4, 1, 1), (5, 3, 2)]
     assert df["blocked_frac"].to_list()[1] is None
     two = blocked_by_bucket(clip_run.tokens, min_p=1e-4, per_decade=2)
-    assert two.filter(pl.col("rule") == "ppo")["count"].sum() == 8
+    assert two.filter(pl.col("rule") == "ppo")["count"].sum() == 6  # the 2 A = 0 rows are not counted
 
 
 def test_blocked_by_advantage_sign(clip_run):
     df = blocked_by_advantage_sign(clip_run.tokens)
     assert _rows(df, "sign", "rule", "count", "blocked") == [
-        ("positive", "ppo", 2, 2),
-        ("negative", "ppo", 4, 2),
+        ("pos", "ppo", 2, 2),
+        ("neg", "ppo", 4, 2),
         ("zero", "ppo", 2, 0),
-        ("positive", TV, 2, 1),
-        ("negative", TV, 4, 1),
+        ("pos", TV, 2, 1),
+        ("neg", TV, 4, 1),
         ("zero", TV, 1, 0),
     ]
 
 
 def test_rule_confusion(clip_run):
     df = rule_confusion(clip_run.tokens, "ppo", TV)
-    assert _rows(df, "step", "count", "both", "only_a", "only_b", "neither") == [(0, 4, 1, 1, 0, 2), (1, 3, 1, 1, 0, 1)]
-    assert df["agreement"].to_list() == pytest.approx([0.75, 2 / 3])
+    assert _rows(df, "step", "count", "both", "only_a", "only_b", "neither") == [(0, 4, 1, 1, 0, 2), (1, 2, 1, 1, 0, 0)]
+    assert df["agreement"].to_list() == pytest.approx([0.75, 0.5])  # A = 0 rows do not inflate it
     total = rule_confusion(clip_run.tokens, "ppo", TV, per_step=False)
-    assert _rows(total, "count", "both", "only_a", "only_b", "neither") == [(7, 2, 2, 0, 3)]
+    assert _rows(total, "count", "both", "only_a", "only_b", "neither") == [(6, 2, 2, 0, 2)]
 
 
 def test_confusion_matrix(clip_run):
     df = confusion_matrix(clip_run.tokens)
     assert _rows(df, "rule_a", "rule_b", "count", "only_a") == [
-        ("ppo", "ppo", 8, 0),
-        ("ppo", TV, 7, 2),
-        (TV, "ppo", 7, 0),
-        (TV, TV, 7, 0),
+        ("ppo", "ppo", 6, 0),
+        ("ppo", TV, 6, 2),
+        (TV, "ppo", 6, 0),
+        (TV, TV, 6, 0),
     ]
-    assert df["only_a_frac"][1] == pytest.approx(2 / 7)
+    assert df["only_a_frac"][1] == pytest.approx(2 / 6)
 
 
 def test_unknown_rule_is_named(clip_run):
@@ -96,6 +97,8 @@ def test_figure1_density(clip_run):
     # x bins are decades of μ from 1e-6; y bin 0 is ratio < 1, 1 is ratio ≥ 1
     cells = {(r["x_bin"], r["y_bin"]): (r["count"], r["blocked_ppo"]) for r in df.iter_rows(named=True)}
     assert cells == {(0, 1): (1, 0), (3, 0): (1, 1), (4, 1): (2, 1), (5, 0): (1, 1), (5, 1): (3, 1)}
+    nonzero = {(r["x_bin"], r["y_bin"]): r["count_nonzero"] for r in df.iter_rows(named=True)}
+    assert nonzero[(4, 1)] == 1 and nonzero[(5, 1)] == 2  # μ = 0.05 and 0.3 have A = 0
     row = df.filter(pl.col("x_bin") == 3).row(0, named=True)
     assert (row["x_lo"], row["x_hi"], row["y_lo"], row["y_hi"]) == pytest.approx((1e-3, 1e-2, 0.1, 1.0))
     tv = figure1_density(clip_run.tokens, "binary_tv", n_x=6, n_y=4, y_range=(0.0, 0.2))

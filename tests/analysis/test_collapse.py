@@ -48,7 +48,7 @@ def run(tmp_path):
 
 def test_step_signals(run):
     sig = step_signals(run)
-    assert sig.columns == ["step", "entropy", "k3_kl", "tv_mean", "reward", "grad_norm", "blocked_ppo"]
+    assert sig.columns == ["step", "entropy", "k3_kl", "prob_diff_mean", "reward", "grad_norm", "blocked_ppo"]
     assert sig["step"].to_list() == list(range(STEPS))
     assert sig["entropy"].to_list() == pytest.approx([1.0] * 8 + [0.2] * 4)
     assert sig["grad_norm"][5] == pytest.approx(10.0) and sig["grad_norm"][4] == pytest.approx(1.0)

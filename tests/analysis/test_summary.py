@@ -15,6 +15,7 @@ def test_step_summary_by_hand(clip_run):
         "ratio_max",
         "binary_tv_mean",
         "binary_tv_max",
+        "zero_adv_frac",
         "blocked_ppo",
         "blocked_dppo_binary_tv",
     ]
@@ -25,7 +26,9 @@ def test_step_summary_by_hand(clip_run):
     assert s0["ratio_max"] == pytest.approx(10, rel=1e-6)
     assert s0["binary_tv_max"] == pytest.approx(0.2, rel=1e-6)
     assert (s0["blocked_ppo"], s0["blocked_dppo_binary_tv"]) == (0.5, 0.25)
-    assert s1["blocked_dppo_binary_tv"] == pytest.approx(1 / 3)  # the null row is not counted
+    # block rates over A ≠ 0 tokens: step 1 has 2 A = 0 rows (one with a null TV decision)
+    assert (s0["zero_adv_frac"], s1["zero_adv_frac"]) == (0.0, 0.5)
+    assert (s1["blocked_ppo"], s1["blocked_dppo_binary_tv"]) == (1.0, 0.5)
     assert s1["mean_advantage"] == pytest.approx(-0.5)
 
 

@@ -4,7 +4,8 @@ Modules, each documenting its return columns:
     clipping   which tokens each rule blocks: per step, by token text, by μ-probability bucket,
                by advantage sign; two rules compared on the same tokens; Figure-1 densities and
                rule boundaries
-    mismatch   training-inference mismatch (μ vs π_old) per step and per μ bucket, verl names
+    mismatch   training-inference mismatch (μ vs π_old) per step, per μ bucket and its trend
+               (names from trustlens.metrics, which maps them to verl's)
     collapse   per-step signals and collapse alerts with the tokens and samples behind them
     summary    the per-step summary of a run (the dashboard's overview table)
     tokens     token-inspector filters and one sample's tokens
@@ -28,8 +29,10 @@ from trustlens.analysis.clipping import (
 from trustlens.analysis.collapse import CollapseConfig, detect_collapse, step_signals
 from trustlens.analysis.mismatch import (
     MISMATCH_COLUMNS,
+    MismatchTrend,
     mismatch_by_bucket,
     mismatch_per_step,
+    mismatch_trend,
     mismatch_unavailable,
 )
 from trustlens.analysis.summary import step_summary
@@ -37,6 +40,7 @@ from trustlens.analysis.summary import step_summary
 __all__ = [
     "MISMATCH_COLUMNS",
     "CollapseConfig",
+    "MismatchTrend",
     "blocked_by_advantage_sign",
     "blocked_by_bucket",
     "blocked_by_token",
@@ -47,6 +51,7 @@ __all__ = [
     "figure1_density",
     "mismatch_by_bucket",
     "mismatch_per_step",
+    "mismatch_trend",
     "mismatch_unavailable",
     "rule_boundaries",
     "rule_confusion",

@@ -41,7 +41,7 @@ def bucket_table(min_p: float = MIN_P, per_decade: int = PER_DECADE) -> pl.DataF
     hi = [10.0 ** ((k + 1) / per_decade) for k in ks]
     labels = [
         f"< {h:.0e}" if i == 0 else (f"[{l:.2g}, 1]" if i == len(ks) - 1 else f"[{l:.0e}, {h:.0e})")
-        for i, (l, h) in enumerate(zip(lo, hi))
+        for i, (l, h) in enumerate(zip(lo, hi, strict=True))
     ]
     return pl.DataFrame(
         {"bucket": list(range(len(ks))), "p_lo": lo, "p_hi": hi, "label": labels},
@@ -77,13 +77,35 @@ def checked_rules(tokens: pl.LazyFrame, rules: str | list[str] | tuple[str, ...]
     return wanted
 
 
-def blocked_aggs(rules: list[str]) -> list[pl.Expr]:
-    """Per rule: `n_<rule>` (rows where the rule was evaluated) and `k_<rule>` (rows it blocks)."""
+def nonzero_advantage() -> pl.Expr:
+    """Rows that count in a block rate: advantage ≠ 0 (a null advantage, unknown, counts too).
+    A token with A = 0 carries no gradient and no rule blocks it (DESIGN §2)."""
+    return pl.col("advantage").is_null() | (pl.col("advantage") != 0)
+
+
+def zero_advantage_frac() -> pl.Expr:
+    """The share of rows with A = 0 (of rows with a known advantage), as `zero_adv_frac`."""
+    adv = pl.col("advantage")
+    return ((adv == 0).sum() / adv.count()).cast(pl.Float64).alias("zero_adv_frac")
+
+
+def blocked_aggs(rules: list[str], *, with_zero: bool = False) -> list[pl.Expr]:
+    """Per rule: `n_<rule>` (A ≠ 0 rows where the rule was evaluated) and `k_<rule>` (rows it
+    blocks). With `with_zero`, A = 0 rows count in `n_` too (for a table split by sign)."""
     out: list[pl.Expr] = []
     for r in rules:
         col = pl.col(blocked_column(r))
+        if not with_zero:
+            col = col.filter(nonzero_advantage())
         out += [col.count().alias(f"n_{r}"), col.cast(pl.Int64).sum().alias(f"k_{r}")]
     return out
+
+
+def blocked_rate(rule: str) -> pl.Expr:
+    """The fraction of A ≠ 0 rows (where `rule` was evaluated) that `rule` blocks, as
+    blocked_<rule>; null when there is none."""
+    col = pl.col(blocked_column(rule)).filter(nonzero_advantage())
+    return col.mean().cast(pl.Float64).alias(blocked_column(rule))
 
 
 def long_by_rule(wide: pl.DataFrame, keys: list[str], rules: list[str]) -> pl.DataFrame:
@@ -120,10 +142,13 @@ __all__ = [
     "PER_DECADE",
     "anchor_column",
     "blocked_aggs",
+    "blocked_rate",
     "bucket_expr",
     "bucket_table",
     "checked_rules",
     "collect",
     "long_by_rule",
+    "nonzero_advantage",
     "rules_of",
+    "zero_advantage_frac",
 ]

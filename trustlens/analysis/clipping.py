@@ -2,8 +2,10 @@
 
 Every function takes a run's token table (`Run.tokens`, a LazyFrame) and returns a small
 DataFrame. Counts per rule only include rows where the rule was evaluated (a null
-`blocked_<rule>` — e.g. a top-K rule without top-K data — is not counted), so `blocked_frac` =
-blocked / count is the fraction of evaluated tokens the rule blocks.
+`blocked_<rule>` — e.g. a top-K rule without top-K data — is not counted) and whose advantage is
+not 0: a token with A = 0 carries no gradient and no rule blocks it (DESIGN §2), so `blocked_frac`
+= blocked / count is the fraction of evaluated A ≠ 0 tokens the rule blocks. The A = 0 share is
+reported on its own (`zero_advantage_per_step`, the summary's `zero_adv_frac`).
 
 The anchor probability on the x axis of the bucketed and Figure-1 queries is μ(a_t), or π_old(a_t)
 in a run without μ (see `trustlens.analysis.tokens.anchor_column`).
@@ -30,6 +32,7 @@ from trustlens.analysis.buckets import (
     checked_rules,
     collect,
     long_by_rule,
+    nonzero_advantage,
 )
 from trustlens.analysis.tokens import ADVANTAGE_SIGNS
 from trustlens.run import blocked_column
@@ -90,12 +93,15 @@ def blocked_by_bucket(
 
 
 def blocked_by_advantage_sign(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
-    """Per advantage sign (positive A > 0, negative A < 0, zero A = 0) and rule: sign, rule,
-    count, blocked, blocked_frac. Rows with a null advantage are left out."""
+    """Per advantage sign (pos A > 0, neg A < 0, zero A = 0) and rule: sign, rule, count, blocked,
+    blocked_frac. Rows with a null advantage are left out. The zero row counts the A = 0 tokens
+    where the rule was evaluated; none of them is blocked."""
     rules = checked_rules(tokens, rules)
     adv = pl.col("advantage")
-    sign = pl.when(adv > 0).then(pl.lit("positive")).when(adv < 0).then(pl.lit("negative")).otherwise(pl.lit("zero"))
-    wide = collect(tokens.filter(adv.is_not_null()).group_by(sign.alias("sign")).agg(blocked_aggs(rules)))
+    sign = pl.when(adv > 0).then(pl.lit("pos")).when(adv < 0).then(pl.lit("neg")).otherwise(pl.lit("zero"))
+    wide = collect(
+        tokens.filter(adv.is_not_null()).group_by(sign.alias("sign")).agg(blocked_aggs(rules, with_zero=True))
+    )
     signs = pl.DataFrame({"sign": list(ADVANTAGE_SIGNS)})
     wide = signs.join(wide, on="sign", how="left", maintain_order="left")
     wide = wide.with_columns(pl.col(f"n_{r}").fill_null(0) for r in rules)
@@ -105,11 +111,13 @@ def blocked_by_advantage_sign(tokens: pl.LazyFrame, rules: Rules = None) -> pl.D
 def rule_confusion(tokens: pl.LazyFrame, rule_a: str, rule_b: str, *, per_step: bool = True) -> pl.DataFrame:
     """How two rules' decisions on the same tokens compare, per step (or overall).
 
-    Columns: [step,] count (rows where both rules were evaluated), both, only_a (blocked by
+    Columns: [step,] count (A ≠ 0 rows where both rules were evaluated), both, only_a (blocked by
     `rule_a`, not by `rule_b`), only_b, neither, only_a_frac, only_b_frac (of count), agreement
-    ((both + neither) / count).
+    ((both + neither) / count). A = 0 tokens are left out: no rule blocks them, so counting them
+    would inflate the agreement.
     """
     checked_rules(tokens, [rule_a, rule_b])
+    tokens = tokens.filter(nonzero_advantage())
     a, b = pl.col(blocked_column(rule_a)), pl.col(blocked_column(rule_b))
     aggs = [
         pl.len().alias("count"),
@@ -130,9 +138,11 @@ def rule_confusion(tokens: pl.LazyFrame, rule_a: str, rule_b: str, *, per_step: 
 
 def confusion_matrix(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
     """For every ordered pair of rules: rule_a, rule_b, count, only_a, only_a_frac — the tokens
-    `rule_a` blocks and `rule_b` lets through (rule_a == rule_b gives 0). One pass over the table.
+    `rule_a` blocks and `rule_b` lets through (rule_a == rule_b gives 0), among the A ≠ 0 tokens
+    where both were evaluated. One pass over the table.
     """
     rules = checked_rules(tokens, rules)
+    tokens = tokens.filter(nonzero_advantage())
     aggs = []
     for ra in rules:
         for rb in rules:
@@ -175,8 +185,9 @@ def figure1_density(
     x: log10 of the anchor probability, `n_x` equal bins over [log10 min_p, 0]. y: `ratio` is
     binned as log10(ratio) over `y_range` (default ±1, ratios 0.1–10), `binary_tv` (or any other
     column) linearly over `y_range` (default [0, 0.5]). Values outside a range fall into its edge
-    bin. Columns: x_bin, y_bin, x_lo, x_hi (probabilities), y_lo, y_hi (in y's own units), count,
-    and blocked_<rule> (blocked tokens in the cell) for each of `rules`. Only non-empty cells.
+    bin. Columns: x_bin, y_bin, x_lo, x_hi (probabilities), y_lo, y_hi (in y's own units), count
+    (every token in the cell), count_nonzero (its A ≠ 0 tokens, the base of block rates) and
+    blocked_<rule> (blocked tokens in the cell) for each of `rules`. Only non-empty cells.
     """
     rules = checked_rules(tokens, rules)
     if n_x < 1 or n_y < 1:
@@ -202,6 +213,7 @@ def figure1_density(
         .group_by(x_bin.alias("x_bin"), y_bin.alias("y_bin"))
         .agg(
             pl.len().cast(pl.Int64).alias("count"),
+            nonzero_advantage().sum().cast(pl.Int64).alias("count_nonzero"),
             *(pl.col(blocked_column(r)).cast(pl.Int64).sum().alias(blocked_column(r)) for r in rules),
         )
         .sort("x_bin", "y_bin")
@@ -219,7 +231,17 @@ def figure1_density(
             (10 ** pl.col("y_lo")).alias("y_lo") if log_y else pl.col("y_lo"),
             (10 ** pl.col("y_hi")).alias("y_hi") if log_y else pl.col("y_hi"),
         )
-        .select("x_bin", "y_bin", "x_lo", "x_hi", "y_lo", "y_hi", "count", *(blocked_column(r) for r in rules))
+        .select(
+            "x_bin",
+            "y_bin",
+            "x_lo",
+            "x_hi",
+            "y_lo",
+            "y_hi",
+            "count",
+            "count_nonzero",
+            *(blocked_column(r) for r in rules),
+        )
     )
 
 
@@ -253,7 +275,7 @@ def rule_boundaries(
     `rules`: names (default thresholds from trustlens.rules.RULES) or the manifest's
     {name: {low, high, ...}}. For each rule that compares π with μ through the ratio, the binary
     TV or the binary KL, two curves over μ in [min_p, 1] (n log-spaced points):
-    side "upper" (A > 0: the token is blocked once π rises beyond it) and "lower" (A ≤ 0).
+    side "upper" (A > 0: the token is blocked once π rises beyond it) and "lower" (A < 0).
     Columns: rule, side, mu, pi, ratio (= π/μ), tv (= |π − μ|). Points where the boundary
     leaves [0, 1] are dropped. Rules anchored on π_old, top-K rules (not a function of μ alone) and
     rules that never block have no curve.
@@ -268,7 +290,10 @@ def rule_boundaries(
     frames = []
     items = rules.items() if isinstance(rules, Mapping) else ((r, {}) for r in rules)
     for name, given in items:
-        rule = get_rule(name)
+        try:
+            rule = get_rule(name)
+        except KeyError:  # a custom rule: its boundary is not known here
+            continue
         if rule.anchor != "mu" or rule.measure not in ("ratio", "binary_tv", "binary_kl"):
             continue
         low = given.get("low", rule.low) if given.get("low") is not None else rule.low

@@ -4,11 +4,11 @@ tokens and samples that drove it.
 `step_signals` builds one row per step from the three tables of a run:
 
     entropy        mean entropy of π over the step's tokens (nats)
-    k3_kl, tv_mean training-inference mismatch (trustlens.analysis.mismatch; null without μ)
+    k3_kl, prob_diff_mean training-inference mismatch (trustlens.analysis.mismatch; null without μ)
     reward         mean reward of the step's samples
     grad_norm      the `grad_norm` metric (the mean over ranks of any metric named `grad_norm` or
                    ending in `/grad_norm`)
-    blocked_<rule> fraction of the step's tokens each rule blocks
+    blocked_<rule> fraction of the step's A ≠ 0 tokens each rule blocks
 
 `detect_collapse` compares each step with a robust baseline of the `window` steps before it
 (median m, scale s = 1.4826 · median absolute deviation, floored at `rel_floor`·|m| so that a
@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import polars as pl
 
-from trustlens.analysis.buckets import checked_rules, collect
+from trustlens.analysis.buckets import blocked_rate, checked_rules, collect
 from trustlens.analysis.mismatch import mismatch_per_step
 from trustlens.run import blocked_column
 
@@ -97,7 +97,7 @@ def _metric_per_step(metrics: pl.LazyFrame, name: str) -> pl.LazyFrame:
 
 
 def step_signals(run) -> pl.DataFrame:
-    """One row per step (see the module docstring): step, entropy, k3_kl, tv_mean, reward,
+    """One row per step (see the module docstring): step, entropy, k3_kl, prob_diff_mean, reward,
     grad_norm, blocked_<rule>…; null where a run lacks the source. `run` has .tokens, .samples
     and .metrics LazyFrames (a `trustlens.run.Run`)."""
     tokens = run.tokens
@@ -105,16 +105,16 @@ def step_signals(run) -> pl.DataFrame:
     per_step = collect(
         tokens.group_by("step").agg(
             pl.col("entropy").mean().cast(pl.Float64).alias("entropy"),
-            *(pl.col(blocked_column(r)).mean().cast(pl.Float64).alias(blocked_column(r)) for r in rules),
+            *(blocked_rate(r) for r in rules),
         )
     )
-    mm = mismatch_per_step(tokens).select("step", "k3_kl", "tv_mean")
+    mm = mismatch_per_step(tokens).select("step", "k3_kl", "prob_diff_mean")
     reward = collect(run.samples.group_by("step").agg(pl.col("reward").mean().cast(pl.Float64)))
     grad = collect(_metric_per_step(run.metrics, "grad_norm"))
     out = per_step
     for other in (mm, reward, grad):
         out = out.join(other.with_columns(pl.col("step").cast(pl.Int32)), on="step", how="full", coalesce=True)
-    cols = ["entropy", "k3_kl", "tv_mean", "reward", "grad_norm", *(blocked_column(r) for r in rules)]
+    cols = ["entropy", "k3_kl", "prob_diff_mean", "reward", "grad_norm", *(blocked_column(r) for r in rules)]
     return (
         out.with_columns(pl.col("step").cast(pl.Int32))
         .select("step", *(pl.col(c).cast(pl.Float64) for c in cols))

@@ -1,8 +1,8 @@
 """Training-inference mismatch: how far the trainer's π_old is from the rollout engine's μ on the
 tokens μ sampled (polars, lazy in, small DataFrame out).
 
-With ρ = π_old(a_t)/μ(a_t) per token and log ρ clamped to ±20 (as verl does), the per-step
-quantities, named as verl's `rollout_corr/*` metrics where verl has one:
+With ρ = π_old(a_t)/μ(a_t) per token, the per-step quantities, named as in `trustlens.metrics`
+(which gives verl's name for each):
 
     mismatch_kl       mean(log μ − log π_old)               K1 estimate of KL(μ ‖ π_old), nats
     k3_kl             mean(ρ − 1 − log ρ)                   K3 estimate of KL(μ ‖ π_old), ≥ 0, nats
@@ -10,9 +10,16 @@ quantities, named as verl's `rollout_corr/*` metrics where verl has one:
                       = log PPL_trainer − log PPL_rollout, nats
     log_ppl_abs_diff  the same with |·| per sequence
     chi2_token        mean(ρ²) − 1                          token-level χ²(π_old ‖ μ)
-    chi2_seq          mean over sequences of (Π_t ρ_t)² − 1 (log of the product clamped to ±20)
-    tv_mean, tv_max   mean / max of |π_old(a_t) − μ(a_t)|   (verl: training_rollout_probs_diff_*)
-    pearson           Pearson correlation of the probabilities μ(a_t) and π_old(a_t)
+    chi2_seq          mean over sequences of (Π_t ρ_t)² − 1
+    prob_diff_mean,   mean / max of |π_old(a_t) − μ(a_t)|, probability
+    prob_diff_max
+    prob_pearson      Pearson correlation of the probabilities μ(a_t) and π_old(a_t)
+
+Clamping, as verl's `compute_offpolicy_metrics` does: only the χ² terms clamp, log ρ (chi2_token)
+and Σ_t log ρ_t (chi2_seq) to ±20 before exponentiating. mismatch_kl, k3_kl and the log-PPL
+differences use log ρ as it is, so a token π_old gives probability 0 makes them +inf (a value,
+DESIGN §2), as in verl. The one difference from verl: verl's k3_kl exponentiates log ρ in the
+training dtype (float32 overflows to inf above log ρ ≈ 88); here every term is float64.
 
 Sequences are (step, update, sample). π_old is `old_logp`; where a run did not record it, the
 policy's log-probability at the first update of the step (`pi_logp` of rows with update 0,
@@ -24,27 +31,24 @@ empty frame with its usual columns, and `mismatch_unavailable` says why.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import polars as pl
 
 from trustlens.analysis.buckets import MIN_P, PER_DECADE, bucket_expr, bucket_table, collect
+from trustlens.metrics import MISMATCH_METRICS, describe
 
-# |log ρ| is clamped to this before exponentiating (verl's SAFETY_BOUND).
+# log ρ (chi2_token) and Σ_t log ρ_t (chi2_seq) are clamped to ±this before exponentiating
+# (verl's SAFETY_BOUND); no other statistic is clamped.
 LOG_RATIO_BOUND = 20.0
 
-# The per-step columns and their meaning (tooltips, docs).
+# The per-step columns and their meaning (tooltips, docs), from the metric registry.
 MISMATCH_COLUMNS: dict[str, str] = {
     "tokens": "tokens with both μ and π_old",
-    "mismatch_kl": "mean(log μ − log π_old): K1 estimate of KL(μ‖π_old), nats",
-    "k3_kl": "mean(ρ − 1 − log ρ), ρ = π_old/μ: K3 estimate of KL(μ‖π_old), nats",
-    "log_ppl_diff": "log PPL(π_old) − log PPL(μ), averaged over sequences, nats",
-    "log_ppl_abs_diff": "|log PPL(π_old) − log PPL(μ)|, averaged over sequences, nats",
-    "chi2_token": "mean(ρ²) − 1: token-level χ² divergence",
-    "chi2_seq": "mean over sequences of (Π ρ)² − 1: sequence-level χ² divergence",
-    "tv_mean": "mean |π_old(a_t) − μ(a_t)|, probability",
-    "tv_max": "max |π_old(a_t) − μ(a_t)|, probability",
-    "pearson": "Pearson correlation of μ(a_t) and π_old(a_t)",
+    **{name: describe(name) for name in MISMATCH_METRICS},
 }
-_TOKEN_LEVEL = ("mismatch_kl", "k3_kl", "chi2_token", "tv_mean", "tv_max", "pearson")
+_TOKEN_LEVEL = ("mismatch_kl", "k3_kl", "chi2_token", "prob_diff_mean", "prob_diff_max", "prob_pearson")
 
 
 def _trainer_logp() -> pl.Expr:
@@ -67,8 +71,8 @@ def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
         .filter(pl.col("mu").is_not_null() & pl.col("old").is_not_null())
         .with_columns(
             log_rho.alias("log_rho"),
-            lr.exp().alias("rho"),
-            lr.alias("lr"),
+            log_rho.exp().alias("rho"),
+            lr.exp().alias("rho_safe"),
             pl.col("mu").exp().alias("x"),
             pl.col("old").exp().alias("y"),
         )
@@ -80,8 +84,8 @@ def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
 _SUMS = {
     "n": pl.len(),
     "s_k1": -pl.col("log_rho").sum(),
-    "s_k3": (pl.col("rho") - 1 - pl.col("lr")).sum(),
-    "s_rho2": (pl.col("rho") * pl.col("rho")).sum(),
+    "s_k3": (pl.col("rho") - 1 - pl.col("log_rho")).sum(),
+    "s_rho2": (pl.col("rho_safe") * pl.col("rho_safe")).sum(),
     "s_dp": (pl.col("y") - pl.col("x")).abs().sum(),
     "m_dp": (pl.col("y") - pl.col("x")).abs().max(),
     "s_x": pl.col("x").sum(),
@@ -109,9 +113,9 @@ def _token_stats() -> list[pl.Expr]:
         mean["s_k1"].alias("mismatch_kl"),
         mean["s_k3"].alias("k3_kl"),
         (mean["s_rho2"] - 1).alias("chi2_token"),
-        mean["s_dp"].alias("tv_mean"),
-        pl.col("m_dp").max().alias("tv_max"),
-        pearson.clip(-1.0, 1.0).alias("pearson"),
+        mean["s_dp"].alias("prob_diff_mean"),
+        pl.col("m_dp").max().alias("prob_diff_max"),
+        pearson.clip(-1.0, 1.0).alias("prob_pearson"),
     ]
 
 
@@ -146,20 +150,11 @@ def mismatch_unavailable(tokens: pl.LazyFrame) -> str | None:
 
 
 def mismatch_per_step(tokens: pl.LazyFrame) -> pl.DataFrame:
-    """Per step: step, tokens, mismatch_kl, k3_kl, log_ppl_diff, log_ppl_abs_diff, chi2_token,
-    chi2_seq, tv_mean, tv_max, pearson (see the module docstring); sorted by step, only steps with
-    both μ and π_old. Empty (same columns) when `mismatch_unavailable` gives a reason."""
-    out_cols = (
-        "mismatch_kl",
-        "k3_kl",
-        "log_ppl_diff",
-        "log_ppl_abs_diff",
-        "chi2_token",
-        "chi2_seq",
-        "tv_mean",
-        "tv_max",
-        "pearson",
-    )
+    """Per step: step, tokens and the `trustlens.metrics.MISMATCH_METRICS` (mismatch_kl, k3_kl,
+    log_ppl_diff, log_ppl_abs_diff, chi2_token, chi2_seq, prob_diff_mean, prob_diff_max,
+    prob_pearson; see the module docstring); sorted by step, only steps with both μ and π_old.
+    Empty (same columns) when `mismatch_unavailable` gives a reason."""
+    out_cols = MISMATCH_METRICS
     schema = _schema({"step": pl.Int32}, out_cols)
     if "mu_logp" not in tokens.collect_schema().names():
         return pl.DataFrame(schema=schema)
@@ -185,7 +180,7 @@ def mismatch_per_step(tokens: pl.LazyFrame) -> pl.DataFrame:
 
 def mismatch_by_bucket(tokens: pl.LazyFrame, *, min_p: float = MIN_P, per_decade: int = PER_DECADE) -> pl.DataFrame:
     """Per μ-probability bucket: bucket, p_lo, p_hi, label, tokens, mismatch_kl, k3_kl,
-    chi2_token, tv_mean, tv_max, pearson; every bucket listed (tokens 0 and nulls where empty).
+    chi2_token, prob_diff_mean, prob_diff_max, prob_pearson; every bucket listed (tokens 0 and nulls where empty).
     Empty when `mismatch_unavailable` gives a reason."""
     buckets = bucket_table(min_p, per_decade)
     schema = {**buckets.schema, **_schema({}, _TOKEN_LEVEL)}
@@ -207,10 +202,47 @@ def mismatch_by_bucket(tokens: pl.LazyFrame, *, min_p: float = MIN_P, per_decade
     ).sort("bucket")
 
 
+@dataclass(frozen=True)
+class MismatchTrend:
+    """How the mismatch moved over a run (`mismatch_trend`)."""
+
+    window: int  # steps in the centred rolling mean
+    smoothed: pl.DataFrame  # step and each metric's rolling mean, one row per step
+    summary: pl.DataFrame  # metric, first, last (of the rolling mean), change = last − first
+
+
+def mismatch_trend(per_step: pl.DataFrame, metrics: Sequence[str], *, window: int | None = None) -> MismatchTrend:
+    """The trend of each of `metrics` in a `mismatch_per_step` frame: a centred rolling mean over
+    `window` steps (default: a tenth of the steps, at least 3, odd) ignoring nulls and non-finite
+    values, and its change from the first to the last step (null with fewer than two steps)."""
+    missing = [m for m in metrics if m not in per_step.columns]
+    if missing:
+        raise ValueError(f"metrics: {missing} are not columns of the mismatch table ({per_step.columns})")
+    if window is None:
+        window = max(3, per_step.height // 10) | 1
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive int, got {window!r}")
+    finite = [pl.when(pl.col(m).is_finite()).then(pl.col(m)).alias(m) for m in metrics]
+    smoothed = (
+        per_step.sort("step")
+        .select("step", *finite)
+        .with_columns(pl.col(m).rolling_mean(window, min_samples=1, center=True) for m in metrics)
+    )
+    rows = []
+    for m in metrics:
+        values = smoothed[m].drop_nulls()
+        first, last = (values[0], values[-1]) if values.len() >= 2 else (None, None)
+        rows.append({"metric": m, "first": first, "last": last, "change": None if first is None else last - first})
+    schema = {"metric": pl.String, "first": pl.Float64, "last": pl.Float64, "change": pl.Float64}
+    return MismatchTrend(window, smoothed, pl.DataFrame(rows, schema=schema))
+
+
 __all__ = [
     "LOG_RATIO_BOUND",
     "MISMATCH_COLUMNS",
+    "MismatchTrend",
     "mismatch_by_bucket",
     "mismatch_per_step",
+    "mismatch_trend",
     "mismatch_unavailable",
 ]

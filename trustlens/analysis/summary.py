@@ -10,15 +10,16 @@ Columns:
     ratio_max       largest π/μ
     binary_tv_mean  mean |π − μ| (probability)
     binary_tv_max   largest |π − μ|
-    blocked_<rule>  fraction of the step's evaluated tokens the rule blocks, per rule
+    zero_adv_frac   share of the step's tokens with A = 0 (no gradient, never blocked)
+    blocked_<rule>  fraction of the step's A ≠ 0 tokens (where the rule was evaluated) the rule
+                    blocks, per rule
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from trustlens.analysis.buckets import checked_rules, collect
-from trustlens.run import blocked_column
+from trustlens.analysis.buckets import blocked_rate, checked_rules, collect, zero_advantage_frac
 
 
 def step_summary_query(tokens: pl.LazyFrame) -> pl.LazyFrame:
@@ -35,7 +36,8 @@ def step_summary_query(tokens: pl.LazyFrame) -> pl.LazyFrame:
             pl.col("ratio").max().cast(pl.Float64).alias("ratio_max"),
             pl.col("binary_tv").mean().cast(pl.Float64).alias("binary_tv_mean"),
             pl.col("binary_tv").max().cast(pl.Float64).alias("binary_tv_max"),
-            *(pl.col(blocked_column(r)).mean().cast(pl.Float64).alias(blocked_column(r)) for r in rules),
+            zero_advantage_frac(),
+            *(blocked_rate(r) for r in rules),
         )
         .sort("step")
     )

@@ -18,8 +18,9 @@ import polars as pl
 
 from trustlens.run import blocked_column, rule_of_column
 
-AdvantageSign = Literal["positive", "negative", "zero"]
-ADVANTAGE_SIGNS: tuple[str, ...] = ("positive", "negative", "zero")
+# Advantage signs, named as everywhere in trustlens: pos (A > 0), neg (A < 0), zero (A = 0).
+AdvantageSign = Literal["pos", "neg", "zero"]
+ADVANTAGE_SIGNS: tuple[str, ...] = ("pos", "neg", "zero")
 
 # Columns of one sample's tokens, in display order (blocked_<rule> columns follow).
 SAMPLE_TOKEN_COLUMNS = (
@@ -109,7 +110,7 @@ def query_expr(query: TokenQuery, *, rules: Sequence[str], anchor: str = "mu_log
         conds.append((prob >= lo) & (prob < hi))
     if query.advantage_sign is not None:
         adv = pl.col("advantage")
-        conds.append({"positive": adv > 0, "negative": adv < 0, "zero": adv == 0}[query.advantage_sign])
+        conds.append({"pos": adv > 0, "neg": adv < 0, "zero": adv == 0}[query.advantage_sign])
     if query.text:
         conds.append(pl.col("token").cast(pl.String).str.to_lowercase().str.contains(query.text.lower(), literal=True))
     return pl.all_horizontal(conds).fill_null(False) if conds else pl.lit(True)
