@@ -46,7 +46,7 @@ plots.overlay_runs(signals, ["reward", "entropy"], title="Reward and entropy per
 
 # %%
 mismatch = {name: A.mismatch_per_step(run.tokens) for name, run in runs.items()}
-plots.overlay_runs(mismatch, ["k3_kl", "tv_mean", "log_ppl_abs_diff"], title="Training-inference mismatch per run").show()
+plots.overlay_runs(mismatch, ["k3_kl", "prob_diff_mean", "log_ppl_abs_diff"], title="Training-inference mismatch per run").show()
 
 # %% [markdown]
 # Where in μ the mismatch lives, for the run without a trust region: rare tokens carry most of

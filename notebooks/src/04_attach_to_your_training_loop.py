@@ -173,7 +173,7 @@ A.blocked_by_token(run.tokens, ["ppo", "dppo_binary_tv"], top=6)
 # what a real inference engine adds.
 
 # %%
-A.mismatch_per_step(run.tokens).select("step", "k3_kl", "tv_mean", "tv_max").tail(5)
+A.mismatch_per_step(run.tokens).select("step", "k3_kl", "prob_diff_mean", "prob_diff_max").tail(5)
 
 # %% [markdown]
 # ## With TRL
