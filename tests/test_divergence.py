@@ -519,3 +519,55 @@ def test_binary_kl_reads_rounded_pi_one_as_half_epsilon():
     )
     eps64 = torch.finfo(torch.float64).eps / 2
     assert got64 == pytest.approx(0.5 * math.log(0.5) + 0.5 * math.log(0.5 / eps64), rel=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    v=st.integers(2, 40),
+    k=st.integers(1, 8),
+    spread=st.floats(0.1, 6.0),
+    sampled_rank=st.integers(0, 39),
+)
+def test_topk_at_least_binary_with_the_sampled_token_forced_in(seed, v, k, spread, sampled_rank):
+    # μ's top-K set may lack the sampled token (a rollout engine that records only its top-K);
+    # forced in, the buckets {a_t, rest} coarsen S ∪ {rest}, so topk ≥ binary for TV and KL
+    k = min(k, v)
+    g = torch.Generator().manual_seed(seed)
+    mu_logits = torch.randn(3, v, generator=g, dtype=torch.float64) * spread
+    pi_logits = mu_logits + torch.randn(3, v, generator=g, dtype=torch.float64) * spread
+    order = mu_logits.argsort(-1, descending=True)
+    sampled = order[:, min(sampled_rank, v - 1)]  # (3,) any rank, often outside the top-K
+    mu_logp_all, pi_logp_all = torch.log_softmax(mu_logits, -1), torch.log_softmax(pi_logits, -1)
+    ids = order[:, :k]
+    mu_logp = mu_logp_all.gather(-1, sampled[:, None])[:, 0]
+    pi_logp = pi_logp_all.gather(-1, sampled[:, None])[:, 0]
+    tv, kl = topk_divergence(pi_logits, ids, mu_logp_all.gather(-1, ids), sampled_ids=sampled, sampled_logp=mu_logp)
+    assert torch.all(tv >= binary_tv(pi_logp, mu_logp) - 1e-12)
+    assert torch.all(kl >= binary_kl(pi_logp, mu_logp) - 1e-12)
+    # the same as passing the forced set itself (what topk_from_logits records)
+    forced_ids, forced_logp = topk_from_logits(mu_logits, sampled, k)
+    tv2, kl2 = topk_divergence(pi_logits, forced_ids, forced_logp)
+    assert torch.allclose(tv, tv2, rtol=1e-9, atol=1e-12) and torch.allclose(kl, kl2, rtol=1e-9, atol=1e-12)
+
+
+def test_topk_set_without_the_sampled_token_needs_its_logp():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    ids, logp = torch.tensor([[0, 1]]), torch.log_softmax(logits, -1)[:, :2]
+    with pytest.raises(ValueError, match=r"mu_topk_ids at index \(0,\) lacks the sampled token 3.*pass sampled_logp"):
+        topk_divergence(logits, ids, logp, sampled_ids=torch.tensor([3]))
+    # a set that holds it needs nothing more, and is unchanged
+    same = topk_divergence(logits, ids, logp, sampled_ids=torch.tensor([1]))
+    assert all(torch.equal(a, b) for a, b in zip(same, topk_divergence(logits, ids, logp), strict=True))
+
+
+def test_infinite_kl_is_a_value():
+    # π gives probability 0 (a −inf logit) to a token μ gave mass to: KL = +inf, TV finite
+    pi_logits = torch.tensor([[0.0, -math.inf, 0.0]])
+    mu_logp = torch.log(torch.tensor([[0.5, 0.25]]))
+    tv, kl = topk_divergence(pi_logits, torch.tensor([[0, 1]]), mu_logp)
+    assert kl.item() == math.inf and tv.item() == pytest.approx(0.5 * (0.0 + 0.25 + 0.25), abs=1e-6)
+    # the binary forms: log π(a_t) = −inf is valid input
+    pi, mu = torch.tensor([-math.inf, -1.0, -math.inf]), torch.tensor([-0.5, -math.inf, -math.inf])
+    assert binary_kl(pi, mu).tolist() == [math.inf, pytest.approx(-math.log1p(-math.exp(-1.0))), 0.0]
+    assert binary_tv(pi, mu).tolist() == [pytest.approx(math.exp(-0.5)), pytest.approx(math.exp(-1.0)), 0.0]

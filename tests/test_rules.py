@@ -393,3 +393,148 @@ def test_custom_rule_object():
     )
     out = evaluate_all([loose, "dppo_binary_tv"], **x)
     assert out["loose_tv"].tolist() == [False] and out["dppo_binary_tv"].tolist() == [True]
+
+
+def test_zero_advantage_is_never_blocked(gen):
+    # π far from every anchor in both directions, divergences beyond every threshold
+    x = _random_inputs(gen)
+    x["pi_logp"] = torch.where(torch.rand(x["pi_logp"].shape, generator=gen) < 0.5, -1e-3, -8.0).double()
+    x["topk_tv"], x["topk_kl"] = torch.ones_like(x["pi_logp"]), torch.full_like(x["pi_logp"], math.inf)
+    x["advantages"] = torch.zeros_like(x["advantages"])
+    for name, mask in evaluate_all(list(RULES), **x).items():
+        assert not bool(mask.any()), name
+    # and the same inputs with A ≠ 0 are blocked by every blocking rule somewhere
+    x["advantages"] = torch.tensor([1.0, -1.0] * 3, dtype=torch.float64)
+    assert all(bool(m.any()) for n, m in evaluate_all(list(RULES), **x).items() if RULES[n].blocks)
+
+
+@pytest.mark.parametrize(
+    "rule, a, pi, mu, topk_kl, expected",
+    [
+        # binary KL = +inf (π(a_t) = 0 < μ): beyond every threshold when A < 0 pushes π down
+        ("dppo_binary_kl", -1.0, 0.0, 0.5, None, True),
+        ("dppo_binary_kl", 1.0, 0.0, 0.5, None, False),  # A > 0 raises π: back into the region
+        ("dppo_binary_kl", 0.0, 0.0, 0.5, None, False),  # A = 0
+        # top-K KL = +inf, direction from π vs μ of a_t
+        ("dppo_topk_kl", 1.0, 0.6, 0.5, math.inf, True),
+        ("dppo_topk_kl", 1.0, 0.4, 0.5, math.inf, False),
+        ("dppo_topk_kl", -1.0, 0.4, 0.5, math.inf, True),
+        ("dppo_topk_kl", -1.0, 0.6, 0.5, math.inf, False),
+        ("dppo_topk_kl", 0.0, 0.4, 0.5, math.inf, False),
+        # the ratio and TV rules take π(a_t) = 0 as ratio 0 and TV μ
+        ("ppo", -1.0, 0.0, 0.5, None, True),
+        ("dppo_binary_tv", -1.0, 0.0, 0.5, None, True),
+        ("dppo_binary_tv", -1.0, 0.0, 0.1, None, False),  # |0 − 0.1| ≤ 0.15
+    ],
+)
+def test_infinite_divergences_are_beyond_every_threshold(rule, a, pi, mu, topk_kl, expected):
+    x = dict(
+        pi_logp=torch.tensor([math.log(pi) if pi > 0 else -math.inf]),
+        mu_logp=torch.tensor([math.log(mu)]),
+        advantages=torch.tensor([a]),
+        topk_kl=None if topk_kl is None else torch.tensor([topk_kl]),
+    )
+    assert evaluate(rule, **x).tolist() == [expected]
+    # an infinite KL stays beyond the largest finite threshold; finite distances do not
+    assert evaluate(rule, **x, low=1e30, high=1e30).tolist() == [expected and rule.endswith("_kl")]
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(low=math.nan), r"rule 'mine': low must be a finite number ≥ 0, got nan"),
+        (dict(high=-0.1), r"rule 'mine': high must be a finite number ≥ 0, got -0.1"),
+        (dict(high=math.inf), r"rule 'mine': high must be a finite number ≥ 0, got inf"),
+        (dict(low="0.2"), r"rule 'mine': low must be a finite number ≥ 0, got '0.2'"),
+        (dict(low=None), r"rule 'mine': low is required"),
+        (dict(anchor="pi"), r"rule 'mine': anchor must be one of \('mu', 'old'\), got 'pi'"),
+        (dict(measure="l2"), r"rule 'mine': measure must be one of"),
+        (dict(measure="topk_kl", anchor="old"), r"rule 'mine': the top-K measures are anchored on μ"),
+        (dict(weight="tis"), r"rule 'mine': tis_cap must be a finite number > 0, got None"),
+        (dict(tis_cap=2.0), r"rule 'mine': tis_cap applies only to weight 'tis'"),
+        (dict(name=""), r"a rule's name must be a non-empty string"),
+    ],
+)
+def test_rules_are_validated(fields, message):
+    args = dict(name="mine", low=0.1, high=0.1, anchor="mu", measure="binary_tv", description="d")
+    with pytest.raises(ValueError, match=message):
+        Rule(**(args | fields))
+    with pytest.raises(ValueError, match=r"rule 'ppo': high must be a finite number ≥ 0, got nan"):
+        RULES["ppo"].with_thresholds(high=math.nan)
+
+
+# ---- columns of a recorded run ----
+
+
+def _columns(x, dtype=np.float64):
+    n = x["pi_logp"].numel()
+    adv = x["advantages"][:, None].expand_as(x["pi_logp"])
+    cols = {k: x[k].reshape(-1).numpy().astype(dtype) for k in ("pi_logp", "mu_logp", "old_logp", "topk_tv", "topk_kl")}
+    return cols | {"advantage": adv.reshape(-1).numpy().astype(dtype)}, n
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_evaluate_columns_equals_evaluate_all(gen, dtype):
+    x = _random_inputs(gen, b=40, t=30)
+    x["pi_logp"][1, :4] = -math.inf  # probability 0: binary KL +inf
+    x["topk_kl"][2, :4] = math.inf
+    cols, n = _columns(x, dtype)
+    import polars as pl
+
+    frame = pl.DataFrame(cols)
+    got = rules_module.evaluate_columns(list(RULES), frame)
+    assert got.columns == list(RULES) and got.height == n
+    tensors = {k: torch.from_numpy(v).reshape(x["pi_logp"].shape) for k, v in cols.items()}
+    adv = tensors.pop("advantage")
+    want = evaluate_all(list(RULES), advantages=adv, **tensors)
+    for name in RULES:
+        assert got[name].to_list() == want[name].reshape(-1).tolist(), name
+
+
+def test_evaluate_columns_nulls_anchor_and_custom_rules():
+    import polars as pl
+
+    frame = pl.DataFrame(
+        {
+            "pi_logp": [math.log(0.7), math.log(0.7), None, math.log(0.7)],
+            "old_logp": [math.log(0.5), None, math.log(0.5), math.log(0.69)],
+            "advantage": [1.0, 1.0, 1.0, 0.0],
+        }
+    )
+    # a run recorded without μ: its μ-anchored rules read π_old; a row with a null input is null
+    got = rules_module.evaluate_columns(["ppo", "dppo_binary_tv"], frame, mu="old_logp")
+    assert got.to_dict(as_series=False) == {
+        "ppo": [True, None, None, False],
+        "dppo_binary_tv": [True, None, None, False],
+    }
+    # a custom rule as a run's manifest records it comes back from the manifest alone
+    loose = Rule("loose_tv", 0.5, 0.5, "old", "binary_tv", "binary TV vs π_old with a 0.5 bound")
+    manifest = {"loose_tv": loose.manifest_entry(), "ppo": {"low": 0.2, "high": 0.5, "anchor": "mu"}}
+    assert resolve_rules(manifest) == [loose, RULES["ppo"].with_thresholds(high=0.5)]
+    got = rules_module.evaluate_columns(manifest, frame, mu="old_logp")
+    assert got["loose_tv"].to_list() == [False, None, None, False] and got["ppo"].to_list()[0] is False
+    with pytest.raises(ValueError, match=r"rule 'mine' is not a built-in rule and its record names no measure"):
+        resolve_rules({"mine": {"low": 0.1, "high": 0.1}})
+    with pytest.raises(ValueError, match=r"rule 'ppo' reads the column 'mu_logp', which columns lacks"):
+        rules_module.evaluate_columns(["ppo"], frame)
+    bad = frame.with_columns(pl.lit(0.5).alias("pi_logp"))
+    with pytest.raises(ValueError, match=r"column 'pi_logp' holds a value that is not a log-probability .* row 0"):
+        rules_module.evaluate_columns(["ppo"], bad, mu="old_logp")
+    assert rules_module.rule_columns("dppo_topk_kl") == ("pi_logp", "mu_logp", "advantage", "topk_kl")
+    assert rules_module.rule_columns("grpo_tis", mu="old_logp") == ("pi_logp", "advantage", "old_logp")
+
+
+def test_rules_import_no_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # any `import torch` now raises ImportError
+        "import polars as pl\n"
+        "from trustlens.rules import RULES, evaluate_columns\n"
+        "f = pl.DataFrame({'pi_logp': [-0.1], 'mu_logp': [-1.0], 'old_logp': [-1.0], 'advantage': [1.0],"
+        " 'topk_tv': [0.5], 'topk_kl': [float('inf')]})\n"
+        "print(evaluate_columns(list(RULES), f).row(0))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(tuple(RULES[r].blocks for r in RULES))
