@@ -49,10 +49,32 @@ if TYPE_CHECKING:
     from trustlens.run import NoRowsError, NotARunError, Run, load_run, load_runs
 
 
+# packages of the optional extras -> the extra that installs them
+_EXTRA_OF = {"torch": "torch", "transformers": "torch", "tokenizers": "torch", "safetensors": "torch", "trl": "trl"}
+
+
+def missing_extra(err: ImportError) -> str | None:
+    """For an ImportError of a package an extra provides, the message saying which to install."""
+    package = (getattr(err, "name", None) or "").partition(".")[0]
+    extra = _EXTRA_OF.get(package)
+    if extra is None:
+        return None
+    return (
+        f'this needs {package}, which is not installed; install the extra: pip install "trustlens[{extra}]" '
+        "(reading runs, the analyses and the dashboard need no torch)"
+    )
+
+
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'trustlens' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ImportError as err:
+        message = missing_extra(err)
+        if message is None:
+            raise
+        raise ImportError(f"trustlens.{name}: {message}", name=err.name) from err
     globals()[name] = value
     return value

@@ -16,7 +16,7 @@ import importlib
 import os
 import sys
 
-from trustlens import __version__
+from trustlens import __version__, missing_extra
 
 # command -> (module that implements it, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -62,10 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("trustlens: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, KeyError, OSError) as err:
+    except (ValueError, KeyError, OSError, ImportError) as err:
         if os.environ.get("TRUSTLENS_DEBUG"):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        if isinstance(err, ImportError):
+            message = missing_extra(err)
+            if message is None:
+                raise
         print(f"trustlens {args.command}: error: {message}", file=sys.stderr)
         return 2
 
