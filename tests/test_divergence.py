@@ -10,6 +10,7 @@ from torch.distributions import Categorical, kl_divergence
 
 import trustlens.divergence as divergence
 from trustlens.divergence import (
+    topk_divergence_from_logp,
     binary_kl,
     binary_tv,
     exact_divergence,
@@ -571,3 +572,24 @@ def test_infinite_kl_is_a_value():
     pi, mu = torch.tensor([-math.inf, -1.0, -math.inf]), torch.tensor([-0.5, -math.inf, -math.inf])
     assert binary_kl(pi, mu).tolist() == [math.inf, pytest.approx(-math.log1p(-math.exp(-1.0))), 0.0]
     assert binary_tv(pi, mu).tolist() == [pytest.approx(math.exp(-0.5)), pytest.approx(math.exp(-1.0)), 0.0]
+
+
+def test_topk_from_logp_equals_topk_from_logits(gen):
+    # TRL's DPPOTrainer keeps π only on μ's top-K ids: the same buckets, π_rest from Σ_S π
+    mu_logits = torch.randn(4, 7, 50, generator=gen, dtype=torch.float64) * 2
+    pi_logits = mu_logits + torch.randn(4, 7, 50, generator=gen, dtype=torch.float64)
+    sampled = torch.randint(0, 50, (4, 7), generator=gen)
+    ids, mu_logp = topk_from_logits(mu_logits, sampled, 5)
+    pi_logp = torch.log_softmax(pi_logits, -1).gather(-1, ids)
+    tv, kl = topk_divergence_from_logp(pi_logp, mu_logp)
+    tv_ref, kl_ref = topk_divergence(pi_logits, ids, mu_logp)
+    assert tv.dtype == torch.float64 and tv.shape == (4, 7)
+    assert torch.allclose(tv, tv_ref, rtol=1e-10, atol=1e-13) and torch.allclose(kl, kl_ref, rtol=1e-10, atol=1e-13)
+    # float32 in, float32 out; π = 0 on an id μ gave mass to: KL +inf
+    tv32, kl32 = topk_divergence_from_logp(pi_logp.float(), mu_logp.float())
+    assert tv32.dtype == torch.float32 and torch.allclose(tv32.double(), tv_ref, atol=1e-5)
+    pi_zero = pi_logp.clone()
+    pi_zero[0, 0, 1] = -math.inf
+    assert topk_divergence_from_logp(pi_zero, mu_logp)[1][0, 0].item() == math.inf
+    with pytest.raises(ValueError, match=r"pi_topk_logp at index \(0, 0\) gives a top-K mass of .* > 1"):
+        topk_divergence_from_logp(torch.full((1, 1, 3), -0.5), torch.full((1, 1, 3), -2.0))

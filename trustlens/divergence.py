@@ -273,7 +273,7 @@ def topk_divergence(
     pi_logits = _check_logits("pi_logits", pi_logits)
     if not isinstance(mu_topk_ids, torch.Tensor):
         raise ValueError(f"mu_topk_ids must be a torch.Tensor, got {type(mu_topk_ids).__name__}")
-    logp_dtype = getattr(mu_topk_logp, "dtype", torch.float32)
+    logp_dtype: torch.dtype = getattr(mu_topk_logp, "dtype", torch.float32)
     mu_topk_logp = check_logp("mu_topk_logp", mu_topk_logp)
     check_same_shape(mu_topk_ids=mu_topk_ids, mu_topk_logp=mu_topk_logp)
     _check_lead("mu_topk_ids", mu_topk_ids, "pi_logits", pi_logits, extra=1)
@@ -290,16 +290,7 @@ def topk_divergence(
     log_mu = mu_topk_logp.double().reshape(-1, K)
     if sampled_ids is not None:
         ids, log_mu = _force_sampled(pi_logits, ids, log_mu, sampled_ids, sampled_logp)
-    mass = torch.logsumexp(log_mu, -1)  # (N,) log Σ_S μ
-    tolerance = max(LOGP_TOLERANCE, 4 * torch.finfo(logp_dtype).eps)  # rounding of the input
-    if bool((mass > tolerance).any()):
-        row = int(torch.nonzero(mass > tolerance)[0, 0])
-        raise ValueError(
-            f"mu_topk_logp at index {_lead_index(pi_logits, row)} gives a top-K mass of "
-            f"{math.exp(float(mass[row])):.6g} > 1; pass log-probabilities of one distribution"
-        )
-    # when S is the whole vocabulary (K == V) the rest bucket is empty for both
-    log_mu_rest = torch.full_like(mass, -math.inf) if K == V else log1mexp(mass.clamp(max=0.0))
+    log_mu_rest = _log_rest("mu_topk_logp", log_mu, logp_dtype, pi_logits.shape[:-1], whole=K == V)
 
     log_pi, log_pi_rest = _logp_on_ids("pi_logits", pi_logits, ids, temperature, dtype)
     tv, kl = _bucket_divergence(
@@ -312,6 +303,46 @@ def topk_divergence(
 def _lead_index(logits: torch.Tensor, row: int) -> tuple[int, ...]:
     """The index in logits' leading dims of flat row `row`."""
     return tuple(int(i) for i in torch.unravel_index(torch.tensor(row), logits.shape[:-1]))
+
+
+def _log_rest(name: str, log_topk: torch.Tensor, dtype: torch.dtype, lead: torch.Size, *, whole: bool) -> torch.Tensor:
+    """log(1 − Σ_S p) per row of float64 log-probabilities on S (N, K), given in `dtype`;
+    −inf when S is the whole vocabulary (`whole`). ValueError naming `name` and the index in
+    `lead` when a set's mass exceeds 1 by more than the input's rounding."""
+    mass = torch.logsumexp(log_topk, -1)  # (N,) log Σ_S p
+    tolerance = max(LOGP_TOLERANCE, 4 * torch.finfo(dtype).eps)  # rounding of the input
+    if bool((mass > tolerance).any()):
+        row = int(torch.nonzero(mass > tolerance)[0, 0])
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(row), lead))
+        raise ValueError(
+            f"{name} at index {idx} gives a top-K mass of {math.exp(float(mass[row])):.6g} > 1; "
+            "pass log-probabilities of one distribution"
+        )
+    return torch.full_like(mass, -math.inf) if whole else log1mexp(mass.clamp(max=0.0))
+
+
+def topk_divergence_from_logp(
+    pi_topk_logp: torch.Tensor, mu_topk_logp: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_tv, topk_kl) per position from log π and log μ on μ's top-K set S (..., K) each,
+    for trainers that keep π only on S (TRL's DPPOTrainer): the buckets of `topk_divergence`,
+    with π_rest = 1 − Σ_S π from the given log-probs instead of a pass over π's logits. S must
+    hold the sampled token (as `topk_from_logits` and TRL's rollout record it). Float32 results
+    (float64 when an input is); +inf KL where π gives 0 to an id of S that μ gave mass to.
+    """
+    pi_dtype, mu_dtype = (getattr(t, "dtype", torch.float32) for t in (pi_topk_logp, mu_topk_logp))
+    pi_topk_logp = check_logp("pi_topk_logp", pi_topk_logp)
+    mu_topk_logp = check_logp("mu_topk_logp", mu_topk_logp)
+    check_same_shape(pi_topk_logp=pi_topk_logp, mu_topk_logp=mu_topk_logp)
+    if mu_topk_logp.dim() == 0 or mu_topk_logp.shape[-1] == 0:
+        raise ValueError(f"mu_topk_logp must have shape (..., K) with K ≥ 1, got {tuple(mu_topk_logp.shape)}")
+    lead, K = mu_topk_logp.shape[:-1], mu_topk_logp.shape[-1]
+    dtype = _result_dtype(pi_topk_logp, mu_topk_logp)
+    log_pi, log_mu = pi_topk_logp.double().reshape(-1, K), mu_topk_logp.double().reshape(-1, K)
+    rest_pi = _log_rest("pi_topk_logp", log_pi, pi_dtype, lead, whole=False)
+    rest_mu = _log_rest("mu_topk_logp", log_mu, mu_dtype, lead, whole=False)
+    tv, kl = _bucket_divergence(torch.cat([log_mu, rest_mu[:, None]], -1), torch.cat([log_pi, rest_pi[:, None]], -1))
+    return tv.to(dtype).reshape(lead), kl.to(dtype).reshape(lead)
 
 
 def _force_sampled(
