@@ -1,4 +1,4 @@
-"""Record a TRL `GRPOTrainer` run with trustlens, without forking TRL.
+"""Record a TRL `GRPOTrainer` (or `DPPOTrainer`) run with trustlens, without forking TRL.
 
     from trustlens.integrations.trl import TrustLensGRPOTrainer
 
@@ -6,7 +6,8 @@
                                    train_dataset=..., trustlens_dir="runs/grpo")
     trainer.train()            # writes runs/grpo: tokens, samples, metrics, run.json
 
-`with_trustlens(cls)` does the same for any subclass of `GRPOTrainer`. Instead of
+`with_trustlens(cls)` does the same for any subclass of `GRPOTrainer`, e.g. TRL's DPPO trainer:
+`with_trustlens(trl.experimental.dppo.DPPOTrainer)`. Instead of
 `trustlens_dir`, an open recorder may be passed as `recorder=` (its owner closes it). Without
 vLLM, `rollout_func=engine_rollout("bf16")` samples with a bf16 copy of the policy and hands TRL
 the sampling log-probabilities, so that the run records μ and a real training–inference mismatch.
@@ -31,9 +32,13 @@ reward functions as TRL logs it, advantage, length). Every value TRL logs (rewar
 clip ratios, ...; through a TrainerCallback) goes into the metrics table: main process only, one
 row per (step, name) averaged over the logging calls of that step, names prefixed ``trl/``.
 
-Every rule that needs no top-K (TRL does not keep μ's top-K) is evaluated counterfactually on
-every token. The active rule is TRL's loss: `minirl` (ratio clipping against π_old) with TRL's
-ε_low / ε_high for the clipped losses, `cispo` for CISPO, none for the others.
+Every rule that needs no top-K is evaluated counterfactually on every token. The active rule is
+TRL's loss: `minirl` (ratio clipping against π_old) with TRL's ε_low / ε_high for GRPOTrainer's
+clipped losses, `cispo` for CISPO, none for the others; for a `DPPOTrainer` (TRL ≥ 1.8,
+`trl.experimental.dppo`) `dppo_<divergence_type>` anchored on μ with thresholds (ε, ε_high), as
+TRL's divergence mask decides. A top-K DPPO run keeps π's log-probs on μ's top-K ids: the hook
+captures them and records `topk_tv` / `topk_kl` from them (`topk_divergence_from_logp`), so the
+top-K rules are evaluated too, when the recorder accepts precomputed top-K divergences.
 
 Steps: trustlens `step` = one TRL generation (a rollout batch, reused for
 `steps_per_generation × num_iterations` micro-batches); `update` = optimizer steps taken since
@@ -117,10 +122,13 @@ def check_trl(trainer_cls: type) -> None:
 Thresholds = tuple[float | None, float | None]  # (low, high); None keeps the rule's default
 
 
-def default_rules(active_rule: str | None = None, thresholds: Thresholds | None = None) -> dict[str, Thresholds]:
-    """{rule: (low, high)} for every rule TRL's tensors can decide (none needs μ's top-K),
-    default thresholds except `thresholds` for `active_rule`."""
-    rules = {name: (None, None) for name, rule in RULES.items() if set(rule.needs) <= {"old_logp"}}
+def default_rules(
+    active_rule: str | None = None, thresholds: Thresholds | None = None, *, topk: bool = False
+) -> dict[str, Thresholds]:
+    """{rule: (low, high)} for every rule TRL's tensors can decide — with topk=True (a top-K DPPO
+    run) the top-K rules too — default thresholds except `thresholds` for `active_rule`."""
+    inputs = {"old_logp", "topk_tv", "topk_kl"} if topk else {"old_logp"}
+    rules: dict[str, Thresholds] = {name: (None, None) for name, rule in RULES.items() if set(rule.needs) <= inputs}
     if active_rule is not None and thresholds is not None:
         rules[active_rule] = thresholds
     return rules
@@ -131,6 +139,9 @@ def active_rule_of(args: Any) -> tuple[str | None, Thresholds | None]:
     None) for a loss no rule reproduces (sapo, vespo, sequence-level importance sampling)."""
     low = float(args.epsilon)
     high = float(args.epsilon_high if args.epsilon_high is not None else args.epsilon)
+    divergence = getattr(args, "divergence_type", None)  # DPPOConfig: TRL's divergence mask vs μ
+    if divergence is not None:
+        return f"dppo_{divergence}", (low, high)
     if getattr(args, "importance_sampling_level", "token") != "token":
         return None, None
     if args.loss_type in _CLIPPED_LOSSES:
@@ -140,8 +151,15 @@ def active_rule_of(args: Any) -> tuple[str | None, Thresholds | None]:
     return None, None
 
 
-class TrustLensGRPOMixin:
+# The mixin is only ever combined with GRPOTrainer (or a subclass), whose attributes it uses and
+# whose methods it extends: typed as Any, so the type checker takes them as given.
+_MixinBase: Any = object
+
+
+class TrustLensGRPOMixin(_MixinBase):
     """The recording hook; use it through `with_trustlens` / `TrustLensGRPOTrainer`."""
+
+    _tl_base: type  # the TRL trainer class it is combined with (set by `with_trustlens`)
 
     def __init__(
         self,
@@ -163,6 +181,7 @@ class TrustLensGRPOMixin:
             raise _unsupported("the Liger GRPO loss bypasses _compute_loss; set use_liger_kernel=False")
         self._tl_owns_recorder = recorder is None
         if recorder is None:
+            assert trustlens_dir is not None  # exactly one of the two was given
             recorder = self._tl_open_recorder(trustlens_dir, rules)
         self.trustlens_recorder = recorder
         self._tl_step = -1  # trustlens step of the current generation (-1: none yet)
@@ -183,12 +202,20 @@ class TrustLensGRPOMixin:
 
         active, thresholds = active_rule_of(self.args)
         if rules is None:
-            rules = default_rules(active, thresholds)
+            rules = default_rules(active, thresholds, topk=self._tl_topk_recordable())
         if active not in [rule.name for rule in resolve_rules(rules)]:
             active = None  # the caller's rule set leaves TRL's rule out
         return TokenRecorder(
             run_dir, rules=rules, active_rule=active, tokenizer=self._tl_tokenizer(), config=self._tl_config()
         )
+
+    def _tl_topk_recordable(self) -> bool:
+        """Whether this run has μ's top-K (a top-K DPPO run) and the recorder takes precomputed
+        top-K divergences."""
+        from trustlens.recorder import TokenRecorder
+
+        topk_run = str(getattr(self.args, "divergence_type", "")).startswith("topk_")
+        return topk_run and _accepts_topk(TokenRecorder.record)
 
     def _tl_config(self) -> dict[str, Any]:
         """What run.json states about the TRL run: versions, the GRPO settings, where μ comes from."""
@@ -197,8 +224,13 @@ class TrustLensGRPOMixin:
         a = self.args
         mu_source = "vllm" if a.use_vllm else ("rollout_func" if getattr(self, "rollout_func", None) else None)
         generate_every = a.steps_per_generation * self.num_iterations
+        dppo = {
+            name: getattr(a, name)
+            for name in ("divergence_type", "divergence_topk", "clip_ratio_c")
+            if getattr(a, name, None) is not None
+        }
         return {
-            "source": "trl.GRPOTrainer",
+            "source": f"trl.{self._tl_base.__name__}",
             "trl_version": trl.__version__,
             "transformers_version": transformers.__version__,
             "trainer_class": self._tl_base.__name__,
@@ -214,6 +246,7 @@ class TrustLensGRPOMixin:
             "steps_per_generation": a.steps_per_generation,
             "num_iterations": self.num_iterations,
             "learning_rate": float(a.learning_rate),
+            **dppo,
             "mu_source": mu_source,
             "mu_note": (
                 f"μ from {mu_source} sampling log-probs"
@@ -260,7 +293,14 @@ class TrustLensGRPOMixin:
     def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if self._tl_capture is not None:
-            self._tl_capture.append(out)
+            self._tl_capture.append((out[0], out[1], None))
+        return out
+
+    def _get_per_token_logps_with_topk(self, *args: Any, **kwargs: Any) -> Any:
+        """DPPOTrainer's log-prob pass of a top-K run: (log π, entropies, log π on μ's top-K ids)."""
+        out = super()._get_per_token_logps_with_topk(*args, **kwargs)
+        if self._tl_capture is not None:
+            self._tl_capture.append(tuple(out[:3]))
         return out
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -274,8 +314,8 @@ class TrustLensGRPOMixin:
             self._tl_capture = None
         if len(passes) != 1:
             raise _unsupported(f"expected one log-prob pass in _compute_loss, saw {len(passes)}")
-        logps, entropies = passes[0][0], passes[0][1]
-        self._tl_record(inputs, logps, entropies)
+        logps, entropies, topk_logps = passes[0]
+        self._tl_record(inputs, logps, entropies, topk_logps)
         self._tl_micro += 1
         return loss
 
@@ -306,12 +346,22 @@ class TrustLensGRPOMixin:
         per_update = min(self.args.gradient_accumulation_steps, self.args.steps_per_generation)
         return self._tl_micro // max(per_update, 1)
 
-    def _tl_record(self, inputs: dict[str, Any], logps: torch.Tensor, entropies: torch.Tensor | None) -> None:
+    def _tl_record(
+        self,
+        inputs: dict[str, Any],
+        logps: torch.Tensor,
+        entropies: torch.Tensor | None,
+        topk_logps: torch.Tensor | None = None,  # (B, T, K) log π on μ's top-K ids (top-K DPPO)
+    ) -> None:
         mask = inputs["completion_mask"]
         if inputs.get("tool_mask") is not None:
             mask = mask * inputs["tool_mask"]
         pi = logps.detach()
         old = inputs.get("old_per_token_logps")
+        topk = {}
+        mu_topk = inputs.get("sampling_topk_logps")
+        if topk_logps is not None and mu_topk is not None and _accepts_topk(self.trustlens_recorder.record):
+            topk = _topk_at(topk_logps.detach(), mu_topk, mask.bool())
         fields = {
             "token_ids": inputs["completion_ids"],
             "response_mask": mask.bool(),
@@ -321,6 +371,7 @@ class TrustLensGRPOMixin:
             "entropy": None if entropies is None else entropies.detach(),
             "sample_ids": inputs[SAMPLE_KEY],
             "group_ids": inputs[GROUP_KEY],
+            **topk,
         }
         mu = inputs.get("sampling_per_token_logps")
         if mu is None:
@@ -376,6 +427,26 @@ class _LogCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if logs:
             self.trainer._tl_on_log(logs)
+
+
+def _accepts_topk(record: Callable) -> bool:
+    """Whether a recorder's `record` takes precomputed `topk_tv` / `topk_kl`."""
+    import inspect
+
+    params = inspect.signature(record).parameters
+    return "topk_tv" in params and "topk_kl" in params
+
+
+def _topk_at(pi_topk: torch.Tensor, mu_topk: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{"topk_tv", "topk_kl"} (B, T) from log π and log μ on μ's top-K ids (B, T, K), computed at
+    the masked positions only (TRL pads the others, and tool tokens, with log-probs 0); 0 elsewhere."""
+    from trustlens.divergence import topk_divergence_from_logp
+
+    tv = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    kl = torch.zeros_like(tv)
+    if bool(mask.any()):
+        tv[mask], kl[mask] = topk_divergence_from_logp(pi_topk[mask].float(), mu_topk.to(mask.device)[mask].float())
+    return {"topk_tv": tv, "topk_kl": kl}
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
