@@ -1,0 +1,163 @@
+"""trustlens.integrations.verl through verl's own actor code on 2 gloo ranks (CPU), checked
+against the tensors verl's policy loss used; the run then opens on every dashboard page.
+
+Runs in a venv with verl (`.ci/run` makes them: verl 0.9.1 and 0.7.1); skipped elsewhere.
+Each rank is a subprocess running tests/integrations/verl_rank.py; this process plays verl's
+driver (rank 0: samples, metrics, run.json).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import polars as pl
+import pytest
+
+verl = pytest.importorskip("verl")
+pytestmark = pytest.mark.slow
+
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from packaging.version import Version  # noqa: E402
+
+from trustlens import load_run  # noqa: E402
+from trustlens.integrations import verl as hook  # noqa: E402
+from trustlens.integrations._external import finish  # noqa: E402
+
+RANK_SCRIPT = Path(__file__).with_name("verl_rank.py")
+WORLD = 2
+# verl 0.9 trains through engine workers; 0.7's default is the legacy DataParallelPPOActor
+PATHS = ["engine"] if Version(verl.__version__) >= Version("0.8") else ["dp_actor"]
+
+
+class Tokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(f"t{i}" for i in ids)
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _train(run_dir: Path, path: str, tmp: Path) -> list[list[dict]]:
+    """Run the 2 ranks; returns each rank's spied policy-loss calls."""
+    port = _free_port()
+    outs = [tmp / f"calls{r}.json" for r in range(WORLD)]
+    env_cmd = [sys.executable, str(RANK_SCRIPT)]
+    procs = [
+        subprocess.Popen([*env_cmd, str(r), str(WORLD), port, str(run_dir), str(outs[r]), path]) for r in range(WORLD)
+    ]
+    codes = [p.wait(timeout=900) for p in procs]
+    assert codes == [0] * WORLD
+    return [json.loads(o.read_text()) for o in outs]
+
+
+def _drive(run_dir: Path, monkeypatch) -> None:
+    """The driver's part: samples of each step's batch (both ranks' halves), verl's metrics, and
+    the final status, through the same hooks RayPPOTrainer gets."""
+    import verl_rank
+    from verl.utils.tracking import Tracking
+
+    monkeypatch.setenv("TRUSTLENS_DIR", str(run_dir))
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {"actor": {"clip_ratio": 0.2, "clip_ratio_high": 0.28, "policy_loss": {}}},
+            "algorithm": {},
+        }
+    )
+    trainer = SimpleNamespace(
+        config=config, tokenizer=Tokenizer(), actor_rollout_wg=SimpleNamespace(world_size=WORLD), global_steps=0
+    )
+    model = verl_rank.tiny_model()
+    tracking = Tracking(project_name="p", experiment_name="e", default_backend=[])
+    for step in range(1, verl_rank.STEPS + 1):
+        trainer.global_steps = step
+        batch = verl.DataProto.concat([verl_rank.make_batch(model, r, step) for r in range(WORLD)])
+        batch.batch["token_level_scores"] = torch.zeros_like(batch.batch["old_log_probs"])
+        hook._log_samples(trainer, batch)
+        tracking.log({"actor/pg_loss": 0.5 * step, "note": "text is left out"}, step=step)
+    finish(hook._state, None)
+
+
+@pytest.fixture(scope="module", params=PATHS)
+def verl_run(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(request.param)
+    run_dir = tmp / "run"
+    calls = _train(run_dir, request.param, tmp)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(RANK_SCRIPT.parent))
+        _drive(run_dir, mp)
+    return run_dir, calls
+
+
+def test_rows_are_the_tensors_verl_trained_on(verl_run):
+    run_dir, calls = verl_run
+    run = load_run(run_dir)
+    tokens = run.tokens.collect()
+    assert run.manifest["status"] == "finished"
+    assert run.manifest["active_rule"] == "minirl"
+    assert run.manifest["rules"]["minirl"]["low"] == 0.2 and run.manifest["rules"]["minirl"]["high"] == 0.28
+    assert "dual clip" in run.manifest["config"]["loss"]
+    assert sorted(tokens["rank"].unique().to_list()) == [1, 2]
+    assert tokens.select("step", "update", "rank", "sample", "pos").is_duplicated().sum() == 0
+    assert tokens["mu_logp"].null_count() == 0 and tokens["entropy"].null_count() == 0
+    assert sorted(tokens.select("step", "update").unique().rows()) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    for rank, rank_calls in enumerate(calls, start=1):
+        mine = tokens.filter(pl.col("rank") == rank)
+        assert len(mine) == sum(len(c["pi"]) for c in rank_calls) > 0  # one row per token verl trained
+        for column, key in (("pi_logp", "pi"), ("old_logp", "old"), ("advantage", "adv")):
+            used = np.sort(np.concatenate([c[key] for c in rank_calls]).astype(np.float32))
+            np.testing.assert_allclose(np.sort(mine[column].to_numpy()), used, rtol=0, atol=1e-6)
+    zero = tokens.filter(pl.col("advantage") == 0)
+    assert len(zero) > 0 and not zero["blocked_minirl"].any()  # A = 0 is never blocked
+
+
+def test_samples_and_metrics_join_the_tokens(verl_run):
+    run = load_run(verl_run[0])
+    tokens, samples, metrics = run.tokens.collect(), run.samples.collect(), run.metrics.collect()
+    assert len(samples) == 2 * WORLD * 8
+    assert samples.select("step", "sample").is_duplicated().sum() == 0
+    joined = tokens.join(samples.select("step", "sample", "length"), on=["step", "sample"], how="left")
+    assert joined["length"].null_count() == 0  # every token row has its sample
+    per_sample = tokens.group_by("step", "sample").agg(pl.len())
+    lengths = per_sample.join(samples, on=["step", "sample"])
+    assert (lengths["len"] == lengths["length"]).all()
+    assert metrics.filter(pl.col("name") == "verl/actor/pg_loss")["value"].to_list() == [0.5, 1.0]
+    assert "verl/note" not in metrics["name"].to_list()
+
+
+def test_dashboard_opens_the_verl_run_on_every_page(verl_run, monkeypatch):
+    from test_dashboard_app import PAGES, _app, _open, _pick_run
+
+    at = _pick_run(_app(monkeypatch, verl_run[0].parent).run(), "run")
+    for page, title in PAGES.items():
+        at = _open(at, page)
+        assert title in [t.value for t in at.title]
+        assert not at.error, [e.value for e in at.error]
+
+
+@pytest.mark.parametrize(
+    ("actor", "algorithm", "rule"),
+    [
+        ({}, {}, "minirl"),
+        ({}, {"rollout_correction": {"rollout_is": "token"}}, "grpo_tis"),
+        ({"policy_loss": {"loss_mode": "dppo_tv"}}, {}, "dppo_binary_tv_recompute"),
+        ({"policy_loss": {"loss_mode": "dppo_kl"}}, {}, "dppo_binary_kl_recompute"),
+        ({"policy_loss": {"loss_mode": "gpg"}}, {}, None),
+        ({"policy_loss": {"loss_mode": "cispo"}}, {}, None),
+        ({"policy_loss": {"loss_mode": "gspo"}}, {}, None),
+    ],
+)
+def test_verl_losses_map_to_the_rule_that_blocks_the_same_tokens(actor, algorithm, rule):
+    name, low, high, note = hook.verl_active_rule(OmegaConf.create(actor), OmegaConf.create(algorithm))
+    assert name == rule
+    assert (low, high) == ((0.2, 0.2) if rule else (None, None))
+    assert note

@@ -1,0 +1,204 @@
+"""What the verl and OpenRLHF hooks share: the run directory from the environment, sample ids
+that the trainer's workers and its driver compute alike, the rule set an external trainer can
+feed, and one worker's recorder with its step / update bookkeeping.
+
+Ranks of a run recorded from a Ray trainer: rank 0 is the driver (samples, metrics, run.json and
+its final status); the training worker of data-parallel rank r writes its tokens as rank r + 1.
+
+Sample ids: a trainer's micro-batches carry no id of the sample they came from, and shuffle and
+split the batch between the driver and the update. A sample's id is therefore derived from its
+content: a 62-bit hash of its valid token ids (prompt and response), so the worker's tokens and
+the driver's samples row get the same id. Identical (prompt, response) pairs of one step are told
+apart by their order within one call; a sequence a worker meets again in a later micro-batch of
+the same update (a re-run micro-batch, or an identical copy, whose rows would be identical) is
+recorded once. Identical copies hold the same tokens, reward and advantage, so a join on the id
+stays right in content. The group id is the hash of the prompt.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from trustlens.recorder import TokenRecorder
+from trustlens.rules import RULES, Rule
+
+# the environment variable naming the run directory of an attached trainer
+ENV_DIR = "TRUSTLENS_DIR"
+# rules an external trainer cannot feed: it keeps no top-K of μ
+_NEEDS_TOPK = ("dppo_topk_tv", "dppo_topk_kl")
+_HASH_BITS = (1 << 62) - 1
+
+
+def run_dir_from_env() -> str | None:
+    """The run directory named by TRUSTLENS_DIR, or None (recording off) when it is unset or empty."""
+    return os.environ.get(ENV_DIR) or None
+
+
+def content_id(tokens: torch.Tensor, salt: int = 0) -> int:
+    """A 62-bit id of a 1-D integer token tensor (and `salt`): the same on every process."""
+    data = tokens.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()
+    digest = hashlib.blake2b(data + salt.to_bytes(4, "little"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & _HASH_BITS
+
+
+def sample_ids(sequences: Iterable[torch.Tensor], prompt_lengths: Iterable[int]) -> tuple[list[int], list[int]]:
+    """(sample ids, group ids) of `sequences` (each the 1-D valid token ids of prompt and response,
+    whose first `prompt_lengths` tokens are the prompt). Repeats of one sequence within the call
+    are numbered in order."""
+    seen: dict[int, int] = {}
+    samples, groups = [], []
+    for seq, n_prompt in zip(sequences, prompt_lengths, strict=True):
+        base = content_id(seq)
+        repeat = seen.get(base, 0)
+        seen[base] = repeat + 1
+        samples.append(base if repeat == 0 else content_id(seq, repeat))
+        groups.append(content_id(seq[: int(n_prompt)]))
+    return samples, groups
+
+
+def padded_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int):
+    """Per row of a left/right-padded batch (B, P + R): its valid token ids and prompt length."""
+    mask = attention_mask.bool()
+    seqs = [row[m] for row, m in zip(input_ids, mask, strict=True)]
+    prompt_lengths = (mask[:, : mask.shape[1] - response_len].sum(1)).tolist()
+    return seqs, prompt_lengths
+
+
+def sample_columns(
+    tokenizer: Any,
+    sequences: list[torch.Tensor],
+    prompt_lengths: list[int],
+    responses: torch.Tensor,  # (B, T) response token ids
+    mask: torch.Tensor,  # (B, T) bool: the response tokens trained on
+    advantages: torch.Tensor,  # (B, T) per-token advantages
+) -> dict[str, Any]:
+    """TokenRecorder.log_samples arguments of a batch (but step and rewards): prompt and response
+    text, the mean advantage over the response, its length and the content ids."""
+    samples, groups = sample_ids(sequences, prompt_lengths)
+    decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
+    return {
+        "prompts": [decode(s[:n].tolist()) for s, n in zip(sequences, prompt_lengths, strict=True)],
+        "responses": [decode(r[m].tolist()) for r, m in zip(responses, mask, strict=True)],
+        "advantages": (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1),
+        "lengths": mask.sum(-1),
+        "sample_ids": samples,
+        "group_ids": groups,
+    }
+
+
+def external_rules(active: str | None, low: float | None, high: float | None) -> list[Rule]:
+    """Every rule an external trainer can feed (all but the top-K ones), with the active rule's
+    thresholds set to the trainer's own."""
+    rules = [rule for name, rule in RULES.items() if name not in _NEEDS_TOPK]
+    if active is None:
+        return rules
+    return [r.with_thresholds(low=low, high=high) if r.name == active else r for r in rules]
+
+
+class WorkerRecording:
+    """One training worker's recorder (opened on first use) with its step, update and dedup state.
+
+    The trainer calls `begin_step` at each policy update call (one training step), `next_update`
+    after each optimizer step, and `record` per micro-batch; rows of a (step, update, sample) this
+    worker already recorded (a re-run micro-batch) are dropped.
+    """
+
+    def __init__(self, rank: int, world_size: int, rules: list[Rule], active_rule: str | None) -> None:
+        self.rank, self.world_size = rank, world_size  # trustlens rank (data-parallel rank + 1)
+        self.rules, self.active_rule = rules, active_rule
+        self.step, self.update = 0, 0
+        self._done: set[tuple[int, int, int]] = set()
+        self._recorder: TokenRecorder | None = None
+
+    def recorder(self, run_dir: str) -> TokenRecorder:
+        if self._recorder is None:
+            self._recorder = TokenRecorder(
+                run_dir,
+                rules=self.rules,
+                active_rule=self.active_rule,
+                rank=self.rank,
+                world_size=self.world_size,
+            )
+        return self._recorder
+
+    def begin_step(self, step: int | None) -> None:
+        """Start a training step: `step` from the driver when it said, else the next one."""
+        self.step = self.step + 1 if step is None else int(step)
+        self.update = 0
+        self._done = set()
+
+    def next_update(self) -> None:
+        self.update += 1
+        if self._recorder is not None:
+            self._recorder.flush()  # Ray may kill a worker without notice: keep what is recorded
+
+    def record(
+        self,
+        run_dir: str,
+        sequences: list[torch.Tensor],
+        prompt_lengths: list[int],
+        **tensors: Any,
+    ) -> int:
+        """Record one micro-batch: `tensors` are TokenRecorder.record's (B, T) arguments."""
+        samples, groups = sample_ids(sequences, prompt_lengths)
+        keep = [(self.step, self.update, s) not in self._done for s in samples]
+        mask = tensors.pop("response_mask").bool() & torch.tensor(keep, device=tensors["token_ids"].device)[:, None]
+        self._done.update((self.step, self.update, s) for s in samples)
+        return self.recorder(run_dir).record(
+            self.step, update=self.update, response_mask=mask, sample_ids=samples, group_ids=groups, **tensors
+        )
+
+    def close(self) -> None:
+        if self._recorder is not None:
+            self._recorder.close()
+
+
+def finish(state: dict[str, Any], error: BaseException | None) -> None:
+    """Close the driver's recorder `state["driver"]`: run.json says finished, or failed (or
+    interrupted) with `error`."""
+    if state["driver"] is not None:
+        state["driver"].close(error)
+        state["driver"] = None
+
+
+def closing_run(fit: Any, state: dict[str, Any]) -> Any:
+    """`fit` (a trainer's training loop method) wrapped to `finish` the run when it returns or raises."""
+
+    @functools.wraps(fit)
+    def hooked_fit(self, *args, **kwargs):
+        try:
+            out = fit(self, *args, **kwargs)
+        except BaseException as err:
+            finish(state, err)
+            raise
+        finish(state, None)
+        return out
+
+    return hooked_fit
+
+
+def numeric_metrics(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]:
+    """The finite scalar numbers of `metrics`, named `prefix + name`; others are left out."""
+    out = {}
+    for name, value in metrics.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if hasattr(value, "item") and getattr(value, "size", 2) == 1:
+            value = value.item()
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(float(value)) < float("inf"):
+            out[prefix + str(name)] = float(value)
+    return out
+
+
+def warn_untested(name: str, version: str, tested: str) -> None:
+    warnings.warn(
+        f"trustlens: {name} {version} is newer than the releases this hook is tested on ({tested}); trying it",
+        stacklevel=3,
+    )
