@@ -2,7 +2,14 @@
 
 The sidebar (run picker and filters) is drawn here, once, so that every page shares it; each
 page reads the resulting Context from session state.
+
+Nothing leaves the machine: the page icon is the local `icon.png` and pages carry no icons of
+their own (Streamlit would fetch a page's material icon as the favicon from a font host). A
+request whose Host header names neither this machine nor the configured address (a DNS
+rebinding page) is answered with an error and nothing else.
 """
+
+from pathlib import Path
 
 import page_data
 import polars as pl
@@ -10,15 +17,23 @@ import pyarrow as pa
 import streamlit as st
 import trustlens_ui as ui
 
-st.set_page_config(page_title="trustlens", page_icon=":material/troubleshoot:", layout="wide")
+st.set_page_config(page_title="trustlens", page_icon=str(Path(__file__).with_name("icon.png")), layout="wide")
+
+configured = (st.get_option("server.address"), st.get_option("browser.serverAddress"))
+if not ui.host_allowed(st.context.headers.get("Host"), configured):
+    st.error(
+        "This dashboard only answers requests addressed to this machine (localhost, 127.0.0.1) "
+        "or to the address it was started with (trustlens dashboard --host)."
+    )
+    st.stop()
 
 PAGES = [
-    st.Page("views/overview.py", title="Overview", icon=":material/dashboard:", default=True),
-    st.Page("views/token_inspector.py", title="Token inspector", icon=":material/text_fields:"),
-    st.Page("views/ppo_vs_dppo.py", title="PPO vs DPPO", icon=":material/compare_arrows:"),
-    st.Page("views/mismatch.py", title="Mismatch", icon=":material/difference:"),
-    st.Page("views/collapse.py", title="Collapse signals", icon=":material/warning:"),
-    st.Page("views/compare.py", title="Compare runs", icon=":material/stacked_line_chart:"),
+    st.Page("views/overview.py", title="Overview", default=True),
+    st.Page("views/token_inspector.py", title="Token inspector"),
+    st.Page("views/ppo_vs_dppo.py", title="PPO vs DPPO"),
+    st.Page("views/mismatch.py", title="Mismatch"),
+    st.Page("views/collapse.py", title="Collapse signals"),
+    st.Page("views/compare.py", title="Compare runs"),
 ]
 page = st.navigation(PAGES)
 st.sidebar.title("trustlens")

@@ -1,6 +1,11 @@
 """What every page of the dashboard shares: the run picker and filters in the sidebar, cached
 access to runs and queries, download buttons, and safe display of untrusted text.
 
+The view (run, step range; the page is the URL's path) lives in the address: the sidebar reads
+`?run=…&steps=lo-hi` when a session starts (a reload, a shared link) and writes the current
+choice back, so a link shows what its sender saw. Widget values are also kept in plain session
+state, which Streamlit keeps when a page switch drops widget state.
+
 No analysis happens here: queries are `trustlens.analysis` functions, figures `trustlens.plots`;
 this module only caches their results per run version and lays them out.
 """
@@ -21,9 +26,8 @@ from trustlens.analysis import tokens as tq
 from trustlens.analysis.buckets import bucket_table
 from trustlens.analysis.collapse import detect_collapse, step_signals
 from trustlens.dashboard import RUNS_ENV
-from trustlens.render import escape_markdown
-from trustlens.run import NoRowsError, Run, load_run, load_runs
-from trustlens.run import MANIFEST, PART_GLOB
+from trustlens.render import FORMULA_START, escape_markdown, visible_token
+from trustlens.run import MANIFEST, PART_GLOB, NoRowsError, Run, load_run, load_runs
 
 # Session-state keys shared by the pages.
 CONTEXT_KEY = "tl_context"  # the Context of the current script run
@@ -32,6 +36,30 @@ INSPECT_KEY = "tl_inspect"  # what the token inspector should open (see inspect_
 MAX_DOWNLOAD_ROWS = 1_000_000
 # Seconds a cached run stays valid; part files added later change the run's signature anyway.
 RUN_TTL = 600
+
+
+# Host names the dashboard answers to besides the address it was started on: a request naming
+# any other host (DNS rebinding: a hostile page whose name resolves to 127.0.0.1) gets an error.
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
+
+
+def host_of(header: str | None) -> str:
+    """The host name of a Host header ("name:port", "[v6]:port" or "name"), lower case."""
+    host = (header or "").strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host[1:]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def host_allowed(header: str | None, configured: tuple[str | None, ...] = ()) -> bool:
+    """Whether a request's Host header names this machine or an address the dashboard was
+    configured with (`--server.address`, `--browser.serverAddress`). No header at all (no HTTP
+    request: Streamlit's AppTest) names no foreign host."""
+    if header is None:
+        return True
+    host = host_of(header)
+    allowed = LOCAL_HOSTS | {host_of(c) for c in configured if c}
+    return host in allowed or host.endswith(".localhost")
 
 
 def md(text: object) -> str:
@@ -185,8 +213,11 @@ def sidebar() -> Context | None:
         return None
     sb = st.sidebar
     names = [str(p.relative_to(root)) if p != root else p.name for p in runs]
-    _keep_valid("tl_run", lambda v: v in names)
-    path = runs[names.index(sb.selectbox("Run", names, key="tl_run"))]
+    _restore("tl_run", st.query_params.get("run"), lambda v: v in names)
+    name = sb.selectbox("Run", names, key="tl_run", on_change=_remember, args=("tl_run",))
+    _remember("tl_run")
+    st.query_params["run"] = name
+    path = runs[names.index(name)]
     signature = run_signature(path)
     run, problems = open_run(str(path), signature)
     for problem in problems:
@@ -212,10 +243,15 @@ def _filters(ctx: Context) -> tq.TokenQuery:
     sb = st.sidebar
     sb.subheader("Filters")
     lo, hi = ctx.steps
-    _keep_valid("tl_steps", lambda v: lo <= v[0] <= v[1] <= hi)
+    _restore("tl_steps", _steps_param(st.query_params.get("steps")), lambda v: lo <= v[0] <= v[1] <= hi)
     _keep_valid("tl_rule", lambda v: v is None or v in ctx.rules)
     if lo < hi:
-        steps = sb.slider("Steps", lo, hi, (lo, hi), key="tl_steps")
+        steps = sb.slider("Steps", lo, hi, (lo, hi), key="tl_steps", on_change=_remember, args=("tl_steps",))
+        _remember("tl_steps")
+        if steps == (lo, hi):
+            st.query_params.pop("steps", None)
+        else:
+            st.query_params["steps"] = f"{steps[0]}-{steps[1]}"
     else:
         sb.caption(f"Step {lo} (the only step so far)")
         steps = (lo, hi)
@@ -262,6 +298,33 @@ def _filters(ctx: Context) -> tq.TokenQuery:
     )
 
 
+def _steps_param(value: str | None) -> tuple[int, int] | None:
+    """A step range from the address ("lo-hi"), None when absent or malformed."""
+    try:
+        lo, hi = (int(v) for v in (value or "").split("-", 1))
+    except ValueError:
+        return None
+    return lo, hi
+
+
+def _remember(key: str) -> None:
+    """Copy a widget's value to plain session state (kept when a page switch drops widget state)."""
+    if key in st.session_state:
+        st.session_state[f"_{key}"] = st.session_state[key]
+
+
+def _restore(key: str, from_url: object, valid) -> None:
+    """Before drawing widget `key`: give it the value remembered in this session, else the
+    address's value (a reload or shared link), when that value fits the run shown."""
+    if key in st.session_state and valid(st.session_state[key]):
+        return
+    for candidate in (st.session_state.get(f"_{key}"), from_url):
+        if candidate is not None and valid(candidate):
+            st.session_state[key] = candidate
+            return
+    st.session_state.pop(key, None)
+
+
 def _keep_valid(key: str, valid) -> None:
     """Forget a widget's remembered value when it does not fit the run now shown (another run
     was picked): the widget then starts from its default."""
@@ -293,14 +356,50 @@ def need_tokens(ctx: Context | None) -> Context:
     return ctx
 
 
+# Columns holding token text: shown with visible whitespace in every table.
+TOKEN_COLUMNS = ("token",)
+
+
+def shown(df: pl.DataFrame):
+    """`df` as a table shows it: token text with visible whitespace (␣ ⇥ ↵, so " the" and "the"
+    differ), categoricals as text, converted to pandas through Arrow here rather than by
+    st.dataframe (no polars→pandas conversion holding the GIL under Streamlit's lock)."""
+    fixes = [
+        pl.Series(c, [visible_token(t) for t in df[c].cast(pl.String).to_list()], dtype=pl.String)
+        for c in TOKEN_COLUMNS
+        if c in df.columns
+    ]
+    fixes += [df[c].cast(pl.String) for c, t in df.schema.items() if t == pl.Categorical and c not in TOKEN_COLUMNS]
+    return (df.with_columns(fixes) if fixes else df).to_arrow().to_pandas()
+
+
+def dataframe(df: pl.DataFrame, **kwargs) -> None:
+    """st.dataframe of `shown(df)` (kwargs go to st.dataframe; hide_index by default)."""
+    kwargs.setdefault("hide_index", True)
+    st.dataframe(shown(df), **kwargs)
+
+
+def csv_safe(df: pl.DataFrame) -> pl.DataFrame:
+    """`df` with every text cell a spreadsheet would run as a formula (starting with =, +, -, @,
+    tab or CR) prefixed with an apostrophe, so it opens as text (trustlens.render.csv_cell)."""
+    text = [c for c, t in df.schema.items() if t in (pl.String, pl.Categorical)]
+    fixes = []
+    for c in text:
+        col = pl.col(c).cast(pl.String)
+        risky = pl.any_horizontal(col.str.starts_with(ch) for ch in FORMULA_START)
+        fixes.append(pl.when(risky).then(pl.lit("'") + col).otherwise(col).alias(c))
+    return df.with_columns(fixes) if fixes else df
+
+
 def download_buttons(rows: pl.LazyFrame, name: str, key: str) -> None:
-    """CSV and Parquet download buttons for `rows` (at most MAX_DOWNLOAD_ROWS), built on click."""
+    """CSV and Parquet download buttons for `rows` (at most MAX_DOWNLOAD_ROWS), built on click.
+    The CSV's text cells are neutralised against spreadsheet formulas (`csv_safe`)."""
 
     def frame() -> pl.DataFrame:
         return rows.head(MAX_DOWNLOAD_ROWS).collect()
 
     def csv() -> bytes:
-        return frame().write_csv().encode()
+        return csv_safe(frame()).write_csv().encode()
 
     def parquet() -> bytes:
         buf = io.BytesIO()
@@ -333,7 +432,12 @@ def inspect_tokens(**target) -> None:
     Keys: reason (shown), query (a TokenQuery replacing the sidebar's), and optionally step and
     sample (the response to show first) and alert (whose driving tokens are listed)."""
     st.session_state[INSPECT_KEY] = target
-    st.switch_page(INSPECTOR)
+    st.switch_page(INSPECTOR, query_params=view_params())
+
+
+def view_params() -> dict[str, str]:
+    """The address's view parameters now (run, steps), to carry across a page switch."""
+    return {k: st.query_params[k] for k in ("run", "steps") if k in st.query_params}
 
 
 INSPECTOR = "views/token_inspector.py"

@@ -136,7 +136,7 @@ def test_token_inspector_filters_narrow_the_samples(monkeypatch, runs):
     at = _open(_pick_run(_app(monkeypatch, runs).run(), "a_collapse"), "views/token_inspector.py")
     all_rows = at.dataframe[0].value["rows"].sum()
     at.sidebar.selectbox(key="tl_rule").set_value("dppo_binary_tv").run()
-    at.sidebar.selectbox(key="tl_sign").set_value("negative").run()
+    at.sidebar.selectbox(key="tl_sign").set_value("neg").run()
     assert not at.exception
     df = at.dataframe[0].value
     assert 0 < df["rows"].sum() < all_rows
@@ -150,7 +150,7 @@ def test_alert_opens_the_tokens_behind_it(monkeypatch, runs):
     at = _open(_pick_run(_app(monkeypatch, runs).run(), "a_collapse"), "views/overview.py")
     at.button(key="ov_alert_0").click().run()
     assert not at.exception
-    assert [t.value for t in at.title][0] == "Token inspector"
+    assert next(t.value for t in at.title) == "Token inspector"
     assert any("Showing the tokens behind alert" in i.value for i in at.info)
     target = at.session_state[INSPECT_KEY]
     drivers = at.dataframe[0].value  # the alert's driving tokens
@@ -164,7 +164,7 @@ def test_chart_opens_the_tokens_of_a_step(monkeypatch, runs):
     at.number_input(key="ov_blocked_step").set_value(3).run()
     at.button(key="ov_blocked_inspect").click().run()
     assert not at.exception
-    assert [t.value for t in at.title][0] == "Token inspector"
+    assert next(t.value for t in at.title) == "Token inspector"
     assert any("step 3 of the chart" in i.value for i in at.info)
     assert set(at.dataframe[0].value["step"]) == {3}
 
@@ -175,7 +175,7 @@ def test_rule_disagreement_opens_the_tokens_behind_it(monkeypatch, runs):
     only_ppo = int(at.metric[2].value.replace(",", ""))
     at.button(key="pv_inspect_True").click().run()
     assert not at.exception
-    assert [t.value for t in at.title][0] == "Token inspector"
+    assert next(t.value for t in at.title) == "Token inspector"
     samples = at.dataframe[0].value
     assert samples["rows"].sum() == only_ppo
     assert (samples["blocked_ppo"] == samples["rows"]).all() and (samples["blocked_dppo_binary_tv"] == 0).all()
@@ -271,7 +271,7 @@ def test_cli_parses_dashboard_flags(monkeypatch, tmp_path):
     assert cli.main(["dashboard", str(tmp_path), "--port", "8765"]) == 0
     cmd, env = calls[0]
     assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"] and Path(cmd[4]) == ENTRY
-    flags = dict(zip(cmd[5::2], cmd[6::2]))
+    flags = dict(zip(cmd[5::2], cmd[6::2], strict=True))
     assert flags["--server.port"] == "8765"
     assert flags["--server.address"] == "127.0.0.1"
     assert flags["--server.headless"] == "true"
@@ -283,7 +283,7 @@ def test_cli_parses_dashboard_flags(monkeypatch, tmp_path):
     sample.mkdir()
     assert cli.main(["dashboard"]) == 0
     assert calls[-1][1][dashboard.RUNS_ENV] == str(sample.resolve())
-    assert dict(zip(calls[-1][0][5::2], calls[-1][0][6::2]))["--server.port"] == "8501"
+    assert dict(zip(calls[-1][0][5::2], calls[-1][0][6::2], strict=True))["--server.port"] == "8501"
 
 
 def test_launch_rejects_bad_arguments(tmp_path, capsys):
@@ -315,7 +315,8 @@ def test_wheel_carries_the_app_and_the_shipped_data(tmp_path):
     )
     (wheel,) = tmp_path.glob("trustlens-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    expected = {f"share/trustlens/app/{p.relative_to(APP).as_posix()}" for p in APP.rglob("*.py")}
+    shipped = [*APP.rglob("*.py"), APP / "icon.png"]
+    expected = {f"share/trustlens/app/{p.relative_to(APP).as_posix()}" for p in shipped}
     data = root / "data"
     expected |= {
         f"share/trustlens/data/{p.relative_to(data).as_posix()}"
@@ -351,3 +352,52 @@ def test_no_argument_opens_the_shipped_sample_run(monkeypatch):
     assert at.sidebar.selectbox(key="tl_run").options
     for page in PAGES:
         _open(at, page)
+
+
+# ---------------------------------------------------------------- pieces of trustlens_ui
+
+
+@pytest.fixture
+def ui(monkeypatch):
+    monkeypatch.syspath_prepend(str(APP))
+    import trustlens_ui
+
+    return trustlens_ui
+
+
+def test_tables_show_whitespace(ui):
+    import polars as pl
+
+    df = pl.DataFrame({"token": [" the", "\t", "\n", "a b", None], "x": [1, 2, 3, 4, 5]})
+    df = df.with_columns(pl.col("token").cast(pl.Categorical))
+    assert ui.shown(df)["token"].tolist()[:4] == ["␣the", "⇥", "↵", "a␣b"]
+
+
+def test_csv_download_neutralises_formulas(ui):
+    import polars as pl
+
+    cells = ['=HYPERLINK("http://x")', "+1", "-2", "@SUM(A1)", "\tx", "\rx", "plain", None]
+    df = pl.DataFrame({"token": cells, "n": list(range(8))}).with_columns(pl.col("token").cast(pl.Categorical))
+    out = ui.csv_safe(df)
+    assert out["token"].to_list() == ["'" + c for c in cells[:6]] + ["plain", None]
+    assert out["n"].to_list() == list(range(8))  # numbers stay numbers
+    text = out.write_csv()
+    assert "\n=" not in text and ",=" not in text
+
+
+@pytest.mark.parametrize(
+    ("host", "allowed"),
+    [
+        ("localhost:8501", True),
+        ("127.0.0.1:8501", True),
+        ("[::1]:8501", True),
+        ("app.localhost", True),
+        ("10.0.0.5:8501", True),  # the configured address
+        ("evil.example:8501", False),
+        ("127.0.0.1.evil.example", False),
+        ("", False),
+        (None, True),  # no HTTP request at all (AppTest)
+    ],
+)
+def test_host_header_check(ui, host, allowed):
+    assert ui.host_allowed(host, ("10.0.0.5", None)) is allowed

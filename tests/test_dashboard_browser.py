@@ -7,6 +7,7 @@ Screenshots go to artifacts/browser/ at the repository root (git-ignored).
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -86,32 +87,50 @@ def _hostile_run(root: Path) -> Path:
     return run
 
 
+class _served:
+    """`trustlens dashboard RUNS --port P [flags]` in the background, as a context manager
+    yielding its URL; the server is stopped on exit."""
+
+    def __init__(self, runs: Path, logdir: Path, *flags: str):
+        self.runs, self.logdir, self.flags = runs, logdir, flags
+
+    def __enter__(self) -> str:
+        port = _free_port()
+        self.log = open(self.logdir / f"dashboard-{port}.log", "w+")
+        exe = Path(sys.executable).parent / "trustlens"
+        cli = [str(exe)] if exe.is_file() else [sys.executable, "-m", "trustlens.cli"]
+        self.proc = subprocess.Popen(
+            [*cli, "dashboard", str(self.runs), "--port", str(port), *self.flags],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.url = f"http://127.0.0.1:{port}"
+        try:
+            dashboard.wait_until_ready(self.proc, self.url)
+        except RuntimeError as err:
+            self.log.seek(0)
+            text = self.log.read()
+            self.__exit__()
+            pytest.fail(f"{err}:\n{text}")
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`trustlens dashboard RUNS --port P` serving a hostile run in the background; yields its URL.
     Terminating the command stops the Streamlit server it started."""
     runs = tmp_path_factory.mktemp("browser_runs")
     _hostile_run(runs)
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("log") / "dashboard.log", "w+")
-    exe = Path(sys.executable).parent / "trustlens"
-    cli = [str(exe)] if exe.is_file() else [sys.executable, "-m", "trustlens.cli"]
-    proc = subprocess.Popen([*cli, "dashboard", str(runs), "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            dashboard.wait_until_ready(proc, url)
-        except RuntimeError as err:
-            log.seek(0)
-            pytest.fail(f"{err}:\n{log.read()}")
+    with _served(runs, tmp_path_factory.mktemp("log")) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def _settle(page, title: str) -> None:
@@ -162,3 +181,157 @@ def test_every_page_in_chromium(server):
         finally:
             browser.close()
     assert dialogs == [], f"a dialog opened: injected script ran ({dialogs})"
+
+
+# ---------------------------------------------------------------- navigation, address, offline, Host
+
+SECOND = "b_second"  # a second run: pages must show it once it is picked, never the first
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """A dashboard on two collapsing runs; yields (url, first run's name)."""
+    runs = tmp_path_factory.mktemp("two_runs")
+    write_synthetic_run(runs / "a_first", steps=10, samples_per_step=16, seq_len=24, seed=1, collapse_at=6)
+    write_synthetic_run(runs / SECOND, steps=10, samples_per_step=16, seq_len=24, seed=2, collapse_at=5)
+    with _served(runs, tmp_path_factory.mktemp("log2")) as url:
+        yield url
+
+
+def _browser(p, *extra: str):
+    return p.chromium.launch(executable_path=str(CHROMIUM), args=[*ARGS, *extra], headless=True)
+
+
+def _no_error(page, where: str) -> None:
+    assert page.locator('[data-testid="stException"]').count() == 0, f"exception on {where}"
+    assert page.locator('[data-testid="stAlertContentError"]').count() == 0, f"error on {where}"
+
+
+def _run_shown(page) -> str:
+    """The run the sidebar's picker shows."""
+    return page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.inner_text()
+
+
+def _grid_rows(page, nth: int = 0) -> int:
+    """Data rows of the nth table on the page (the grid's aria-rowcount, header excluded)."""
+    grid = page.locator('[data-testid="stDataFrame"] [role="grid"]').nth(nth)
+    grid.wait_for(timeout=30_000)
+    return int(grid.get_attribute("aria-rowcount")) - 1
+
+
+def test_inspect_tokens_opens_the_selected_run(two_runs):
+    with playwright.sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.goto(f"{two_runs}/collapse")
+            _settle(page, "Collapse signals")
+            assert "a_first" in _run_shown(page)
+            # pick the second run in the sidebar, then follow an alert to its tokens
+            page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.click()
+            page.get_by_role("option", name=SECOND).click()
+            _settle(page, "Collapse signals")
+            assert SECOND in _run_shown(page) and f"run={SECOND}" in page.url
+            page.get_by_role("button", name="Inspect tokens").first.click()
+            _settle(page, "Token inspector")
+            _no_error(page, "the token inspector after an alert")
+            assert SECOND in _run_shown(page), "the inspector opened another run than the one selected"
+            assert f"Run {SECOND}" in page.inner_text("body")
+            assert _grid_rows(page, 0) > 0, "the alert's driving-token table is empty"
+            # the chart control and the PPO vs DPPO buttons keep the run too
+            page.goto(f"{two_runs}/ppo_vs_dppo?run={SECOND}")
+            _settle(page, "PPO vs DPPO")
+            page.get_by_role("button", name="Inspect tokens blocked by only").first.click()
+            _settle(page, "Token inspector")
+            assert SECOND in _run_shown(page)
+            _no_error(page, "the token inspector after PPO vs DPPO")
+        finally:
+            browser.close()
+
+
+def test_address_restores_the_view(two_runs):
+    with playwright.sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1400})
+            page.goto(f"{two_runs}/mismatch?run={SECOND}&steps=2-5")
+            _settle(page, "Mismatch")
+            _no_error(page, "Mismatch from an address")
+            assert SECOND in _run_shown(page)
+            slider = page.locator('[data-testid="stSidebar"] [data-testid="stSlider"]').first
+            assert "2" in slider.inner_text() and "5" in slider.inner_text()
+            page.reload()
+            _settle(page, "Mismatch")
+            assert SECOND in _run_shown(page) and "steps=2-5" in page.url and "/mismatch" in page.url
+            # a fresh tab on the same link shows the same view
+            other = browser.new_page(viewport={"width": 1400, "height": 1400})
+            other.goto(page.url)
+            _settle(other, "Mismatch")
+            assert SECOND in _run_shown(other)
+            slider = other.locator('[data-testid="stSidebar"] [data-testid="stSlider"]').first
+            assert "2" in slider.inner_text() and "5" in slider.inner_text()
+        finally:
+            browser.close()
+
+
+def test_no_request_leaves_the_machine(two_runs):
+    requests: list[str] = []
+    with playwright.sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.on("request", lambda r: requests.append(r.url))
+            for path, title in PAGES.items():
+                page.goto(f"{two_runs}/{path}")
+                _settle(page, title)
+                _no_error(page, title)
+            page.wait_for_timeout(1500)
+        finally:
+            browser.close()
+    outside = [u for u in requests if not u.startswith((two_runs, "data:", "blob:", "about:"))]
+    assert requests and outside == [], f"requests left the machine: {sorted(set(outside))}"
+    favicon = [u for u in requests if "icon" in u.lower()]
+    assert favicon, "the local page icon was never requested"
+
+
+@pytest.mark.parametrize("round_", range(2))
+def test_eight_tabs_at_once_on_a_fresh_dashboard(tmp_path, round_):
+    runs = tmp_path / "runs"
+    write_synthetic_run(runs / "one", steps=10, samples_per_step=16, seq_len=24, seed=round_, collapse_at=6)
+    paths = [*PAGES.items(), ("mismatch", "Mismatch"), ("", "Overview")]
+    with _served(runs, tmp_path) as url, playwright.sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            for burst in range(2):
+                tabs = [browser.new_page(viewport={"width": 1200, "height": 1000}) for _ in paths]
+                for tab, (path, _) in zip(tabs, paths, strict=True):
+                    tab.goto(f"{url}/{path}", wait_until="commit")
+                for tab, (_, title) in zip(tabs, paths, strict=True):
+                    _settle(tab, title)
+                    _no_error(tab, f"{title} (burst {burst})")
+                for tab in tabs:
+                    tab.close()
+        finally:
+            browser.close()
+        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=10) as reply:
+            assert reply.read().strip() == b"ok"  # the server still answers: no deadlock
+
+
+def test_foreign_host_header_gets_only_an_error(two_runs):
+    port = two_runs.rsplit(":", 1)[1]
+    with playwright.sync_playwright() as p:
+        # a page on a foreign name that resolves to this machine (DNS rebinding)
+        browser = _browser(p, "--host-resolver-rules=MAP rebind.example 127.0.0.1")
+        try:
+            page = browser.new_page()
+            page.goto(f"http://rebind.example:{port}/")
+            page.get_by_text("only answers requests addressed to this machine").wait_for(timeout=60_000)
+            page.wait_for_timeout(1000)
+            body = page.inner_text("body")
+            assert "a_first" not in body and SECOND not in body and "Overview" not in body
+            assert page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').count() == 0
+            # the same server still serves its own name
+            page.goto(f"http://localhost:{port}/")
+            _settle(page, "Overview")
+        finally:
+            browser.close()

@@ -55,7 +55,7 @@ _VISIBLE = {"\n": "↵", "\r": "␍", "\t": "⇥"}
 # ... and for a token in a table cell, where a space at either end is invisible too.
 _VISIBLE_TOKEN = {**_VISIBLE, " ": "␣"}
 # A CSV cell starting with one of these is read as a formula by spreadsheets.
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 _MARKDOWN_SPECIAL = frozenset(string.punctuation)
 
 
@@ -82,7 +82,7 @@ def csv_cell(text: str | None) -> str | None:
     """`text` safe for a CSV cell opened in a spreadsheet: a cell starting with =, +, -, @, tab
     or carriage return is prefixed with an apostrophe so it is shown as text, not run as a
     formula (OWASP's CSV-injection advice). Other text is unchanged."""
-    if text is not None and text.startswith(_FORMULA_START):
+    if text is not None and text.startswith(FORMULA_START):
         return "'" + text
     return text
 

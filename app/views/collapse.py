@@ -17,4 +17,4 @@ st.caption("Signals are computed on the whole run (the sidebar's step range appl
 st.subheader(f"Alerts ({alerts.height})")
 ui.alert_list(ctx, alerts, limit=50, key="cs_alert")
 with st.expander("Per-step signals"):
-    st.dataframe(in_range, hide_index=True)
+    ui.dataframe(in_range)

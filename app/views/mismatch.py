@@ -5,31 +5,39 @@ import streamlit as st
 import trustlens_ui as ui
 
 from trustlens import plots
-from trustlens.analysis import MISMATCH_COLUMNS
+from trustlens.analysis import MISMATCH_COLUMNS, mismatch_trend
 
 ctx = ui.need_tokens(ui.context())
 ui.header("Mismatch", ctx)
 
 reason, per_step, by_bucket = page_data.mismatch(ctx)
-if reason is not None:
+if reason is not None or per_step is None or by_bucket is None:
     st.info(f"The training-inference mismatch cannot be measured here: {ui.md(reason)}.")
     st.stop()
 
+# k3_kl first: a KL estimate that is never negative (mismatch_kl, the K1 estimate, can be)
+TILES = ("k3_kl", "mismatch_kl", "log_ppl_abs_diff", "chi2_token", "prob_diff_max", "prob_pearson")
 last = per_step.row(-1, named=True)
-shown = ("mismatch_kl", "k3_kl", "log_ppl_diff", "chi2_token", "tv_max", "pearson")
-cols = st.columns(len(shown))
-for col, name in zip(cols, shown):
-    value = last.get(name)
-    col.metric(name, "n/a" if value is None else f"{value:.3g}", help=f"step {last['step']}: {MISMATCH_COLUMNS[name]}")
+change = dict(mismatch_trend(per_step, TILES).summary.select("metric", "change").iter_rows())
+cols = st.columns(len(TILES))
+for col, name in zip(cols, TILES, strict=True):
+    value, delta = last.get(name), change.get(name)
+    col.metric(
+        name,
+        "n/a" if value is None else f"{value:.3g}",
+        delta=None if delta is None else f"{delta:+.3g} over the run",
+        delta_color="off",
+        help=f"step {last['step']}: {MISMATCH_COLUMNS[name]}. The change is that of the trend line below.",
+    )
 
 ui.chart(plots.mismatch_curves(per_step), "mm_curves", ctx=ctx)
 metric = st.selectbox(
     "By μ bucket",
-    ("k3_kl", "mismatch_kl", "chi2_token", "tv_mean", "tv_max", "pearson"),
+    ("k3_kl", "mismatch_kl", "chi2_token", "prob_diff_mean", "prob_diff_max", "prob_pearson"),
     key="mm_metric",
     help="Mismatch within each μ-probability bucket",
 )
 ui.chart(plots.mismatch_by_bucket_bar(by_bucket, metric), "mm_bucket")
 with st.expander("Per-step mismatch table"):
-    st.dataframe(per_step, hide_index=True)
+    ui.dataframe(per_step)
     st.caption(" · ".join(f"{k}: {v}" for k, v in MISMATCH_COLUMNS.items()))

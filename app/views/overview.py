@@ -20,7 +20,7 @@ last_signals = signals.filter(signals["step"] <= last["step"]).tail(1).to_dicts(
 reward = last_signals[0].get("reward") if last_signals else None
 critical = alerts.filter(alerts["severity"] == "critical").height
 
-cols = st.columns(6)
+cols = st.columns(7)
 cols[0].metric("Steps", f"{summary.height}", help=f"steps {summary['step'][0]}–{last['step']} in the filters")
 cols[1].metric("Token rows", f"{int(summary['tokens'].sum()):,}")
 cols[2].metric("Samples", f"{int(summary['samples'].sum()):,}")
@@ -29,10 +29,17 @@ if active is not None:
     cols[3].metric(
         f"Blocked by {ui.md(active)}",
         "n/a" if frac is None else f"{frac:.2%}",
-        help="fraction of the last step's (filtered) tokens the active rule blocks",
+        help="fraction of the last step's (filtered) A ≠ 0 tokens the active rule blocks "
+        "(a token with A = 0 carries no gradient and is never blocked)",
     )
 else:
     cols[3].metric("Blocked", "n/a", help="no rule was evaluated")
+zero = last.get("zero_adv_frac")
+cols[6].metric(
+    "A = 0 tokens",
+    "n/a" if zero is None else f"{zero:.1%}",
+    help="share of the last step's (filtered) tokens with advantage 0: no gradient, not in block rates",
+)
 cols[4].metric("Reward", "n/a" if reward is None else f"{reward:.3g}", help="mean reward of the last step")
 cols[5].metric("Alerts", f"{alerts.height}", delta=f"{critical} critical" if critical else None, delta_color="inverse")
 
@@ -46,6 +53,6 @@ st.subheader("Alerts")
 ui.alert_list(ctx, alerts, limit=8, key="ov_alert")
 
 with st.expander("Per-step summary"):
-    st.dataframe(summary, hide_index=True)
+    ui.dataframe(summary)
 with st.expander("Run manifest"):
     st.json(ctx.run.manifest, expanded=1)

@@ -28,14 +28,14 @@ if data["total"].is_empty() or data["total"]["count"][0] == 0:
     st.stop()
 t = data["total"].row(0, named=True)
 cols = st.columns(5)
-cols[0].metric("Tokens compared", f"{t['count']:,}")
+cols[0].metric("Tokens compared", f"{t['count']:,}", help="A ≠ 0 tokens where both rules were evaluated")
 cols[1].metric("Blocked by both", f"{t['both']:,}")
-cols[2].metric(f"Only {ui.md(rule_a)}", f"{t['only_a']:,}", help=f"{t['only_a_frac']:.3%} of the tokens")
-cols[3].metric(f"Only {ui.md(rule_b)}", f"{t['only_b']:,}", help=f"{t['only_b_frac']:.3%} of the tokens")
+cols[2].metric(f"Only {ui.md(rule_a)}", f"{t['only_a']:,}", help=f"{t['only_a_frac']:.3%} of the A ≠ 0 tokens")
+cols[3].metric(f"Only {ui.md(rule_b)}", f"{t['only_b']:,}", help=f"{t['only_b_frac']:.3%} of the A ≠ 0 tokens")
 cols[4].metric("Agreement", f"{t['agreement']:.2%}")
 
 b1, b2 = st.columns(2)
-for col, (blocked_a, label) in zip((b1, b2), ((True, f"only {rule_a}"), (False, f"only {rule_b}"))):
+for col, (blocked_a, label) in zip((b1, b2), ((True, f"only {rule_a}"), (False, f"only {rule_b}")), strict=True):
     if col.button(f"Inspect tokens blocked by {label}", key=f"pv_inspect_{blocked_a}", icon=":material/search:"):
         decisions = ((rule_a, blocked_a), (rule_b, not blocked_a))
         ui.inspect_tokens(reason=f"tokens blocked by {label}", query=replace(ctx.query, decisions=decisions))

@@ -69,7 +69,7 @@ if target:
         st.rerun()
     if target.get("alert"):
         with st.expander("The tokens this alert lists as its drivers", expanded=True):
-            st.dataframe(driving_tokens(*ctx.key, target["alert"]), hide_index=True, height=240)
+            ui.dataframe(driving_tokens(*ctx.key, target["alert"]), height=240)
 
 summary = page_data.matching_samples(ctx, query)
 picked = (target["step"], target["sample"]) if target.get("sample") is not None else None
@@ -82,9 +82,9 @@ st.caption(
     "Most matching tokens first (blocked_<rule>: how many of them the rule blocks). "
     "Pick one below to read it token by token."
 )
-st.dataframe(summary, hide_index=True, height=220)
+ui.dataframe(summary, height=220)
 
-choices = list(dict.fromkeys(zip(summary["step"].to_list(), summary["sample"].to_list())))
+choices = list(dict.fromkeys(zip(summary["step"].to_list(), summary["sample"].to_list(), strict=True)))
 if picked is not None and picked not in choices:
     choices.insert(0, picked)
 step, sample = st.selectbox(
@@ -130,7 +130,7 @@ st.html(
 )
 st.caption("Hover a token for every recorded value; rings mark the rules that block it.")
 with st.expander("This sample's tokens as a table"):
-    st.dataframe(tokens, hide_index=True)
+    ui.dataframe(tokens)
 if target.get("query") is not None:
     st.subheader("Download the rows behind this view")
     ui.download_buttons(
