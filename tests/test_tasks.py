@@ -113,3 +113,28 @@ def test_impossible_config_is_reported():
     task = ArithmeticTask(low=900, high=999, ops=("*",), _max_tries=3)
     with pytest.raises(ValueError, match="could not draw"):
         task.sample(5, 0)
+
+
+def test_all_valid_paths_are_accepted():
+    """Every order of an all-"+" chain is a valid path, its text gets the full reward, and its
+    steps earn partial credit like the prompt's own order."""
+    sols = P.solutions()
+    assert sols[0] == P.target and len(set(sols)) == 6
+    assert "8 + 12 = 20 ; 20 + 47 = 67 ; answer 67" in sols
+    for text in sols:
+        assert TASK.reward(P, text) == 1.0
+        assert len(text.split()) == TASK.response_tokens
+    task = ArithmeticTask(partial_credit=0.5)
+    assert task.reward(P, "47 + 8 = 55 ; 55 + 12 = 66 ; answer 66") == pytest.approx(0.25)
+    assert task.reward(P, "47 + 8 = 55 ; 55 + 12 = 67") == pytest.approx(0.5)
+    assert task.reward(P, "47 + 8 = 55 ; 59 + 8 = 67") == pytest.approx(0.25)  # mixes two paths
+
+
+def test_paths_of_repeats_non_commutative_and_out_of_range_orders():
+    assert len(Problem.from_numbers((5, 5, 7), ("+", "+")).solutions()) == 3  # distinct orders only
+    mixed = Problem.from_numbers((9, 4, 3), ("-", "+"))
+    assert mixed.solutions() == [mixed.target]  # "-" fixes the order
+    prod = Problem.from_numbers((0, 40, 30), ("*", "*"))  # orders with 40 * 30 = 1200 leave the vocabulary
+    assert all("1200" not in s for s in prod.solutions()) and len(prod.solutions()) == 4
+    for text in prod.solutions():
+        assert TASK.reward(prod, text) == 1.0

@@ -63,13 +63,15 @@ def test_mismatch_metrics_hand_case():
     batch = _rollout(mu_probs[:, 0].log()[None], torch.tensor([[True, True, False]]), ids, mu_probs[:, :2].log()[None])
     m = mismatch_metrics(batch, old_logits, old_logp)
     # token 1: μ(a) = 0.5 vs 1/3; token 2: equal
-    assert m["mismatch/kl"] == pytest.approx((math.log(0.5) - math.log(1 / 3)) / 2, abs=1e-6)
-    assert m["mismatch/log_ppl_diff"] == pytest.approx(m["mismatch/kl"], abs=1e-6)
+    assert m["mismatch_kl"] == pytest.approx((math.log(0.5) - math.log(1 / 3)) / 2, abs=1e-6)
+    assert m["log_ppl_diff"] == pytest.approx(m["mismatch_kl"], abs=1e-6)
+    rho = (1 / 3) / 0.5  # π_old / μ at token 1; token 2 has ρ = 1, k3 = 0
+    assert m["k3_kl"] == pytest.approx((rho - 1 - math.log(rho)) / 2, abs=1e-6)
     tv1 = 0.5 * (abs(0.5 - 1 / 3) + abs(0.25 - 1 / 3) + abs(0.25 - 1 / 3))
     kl1 = 0.5 * math.log(1.5) + 2 * 0.25 * math.log(0.75)
-    assert m["mismatch/tv_mean"] == pytest.approx(tv1 / 2, abs=1e-6)
-    assert m["mismatch/tv_max"] == pytest.approx(tv1, abs=1e-6)
-    assert m["mismatch/topk_kl"] == pytest.approx(kl1 / 2, abs=1e-6)
+    assert m["topk_tv_mean"] == pytest.approx(tv1 / 2, abs=1e-6)
+    assert m["topk_tv_max"] == pytest.approx(tv1, abs=1e-6)
+    assert m["topk_kl_mean"] == pytest.approx(kl1 / 2, abs=1e-6)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
@@ -89,7 +91,7 @@ def test_trainer_and_fp32_engine_agree_at_the_same_weights(temperature):
     with torch.no_grad():
         logits = response_logits(model, batch, temperature)
     m = mismatch_metrics(batch, logits, token_logp(logits, batch.response_ids))
-    assert abs(m["mismatch/kl"]) < 1e-5 and m["mismatch/tv_max"] < 1e-5
+    assert abs(m["mismatch_kl"]) < 1e-5 and m["topk_tv_max"] < 1e-5 and m["k3_kl"] < 1e-9
 
 
 def test_blocked_counter_splits_by_advantage_sign():
@@ -166,10 +168,12 @@ def test_few_step_run_records_mu_old_and_pi(tmp_path):
         "entropy/mean",
         "grad_norm",
         "response_length/mean",
-        "mismatch/kl",
-        "mismatch/tv_mean",
-        "mismatch/tv_max",
-        "mismatch/log_ppl_diff",
+        "mismatch_kl",
+        "k3_kl",
+        "topk_tv_mean",
+        "topk_tv_max",
+        "topk_kl_mean",
+        "log_ppl_diff",
         "time/step",
         "blocked/ppo/pos",
         "blocked/dppo_binary_tv/neg",
@@ -184,3 +188,33 @@ def test_few_step_run_records_mu_old_and_pi(tmp_path):
     assert per_step.mean() == pytest.approx(
         pos.group_by("step").agg(pl.col("blocked_ppo").mean()).sort("step")["blocked_ppo"].mean(), abs=1e-6
     )
+
+
+def test_mismatch_presets_set_their_engine():
+    assert config_from_preset("stale").rollout_config().lag == 2
+    assert config_from_preset("fp8").rollout_config().precision == "fp8"
+    assert "mismatch" not in PRESETS  # logit noise is not how real engines differ
+
+
+def test_stale_engine_mismatch_appears_once_the_policy_moves():
+    """An fp32 engine with lag 1: step 0 samples with the trainer's own weights (no mismatch);
+    from step 1 on the rollouts come from the previous step's weights, so μ ≠ π_old."""
+    cfg = config_from_preset(
+        "quick", rule="pg_is", rollout_precision="fp32", rollout_lag=1, lr=1e-3, steps=3, eval_size=0, record=False
+    )
+    logged: dict[int, dict[str, float]] = {}
+
+    class Sink:
+        def log_metrics(self, step, metrics):
+            logged[step] = metrics
+
+    import trustlens.train.trainer as trainer_module
+
+    real_log = trainer_module._log
+    trainer_module._log = lambda recorder, world, step, metrics: real_log(Sink(), world, step, metrics)
+    try:
+        train(cfg, None, progress=False)
+    finally:
+        trainer_module._log = real_log
+    assert logged[0]["k3_kl"] < 1e-9 and logged[0]["topk_tv_max"] < 1e-5
+    assert all(logged[s]["k3_kl"] > 1e-6 and logged[s]["topk_tv_mean"] > 1e-4 for s in (1, 2))

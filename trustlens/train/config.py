@@ -31,10 +31,11 @@ class TrainConfig:
     temperature: float = 1.0  # sampling temperature τ of the rollouts
     max_new_tokens: int = 24  # response length cap, in tokens
     topk: int = 20  # K of μ's recorded top-K
-    rollout_precision: str = "bf16"  # rollout engine weights: "bf16" or "fp32"
+    rollout_precision: str = "bf16"  # rollout engine precision: "bf16", "fp32" or "fp8" (W8A8 float8_e4m3fn)
+    rollout_lag: int = 0  # k: rollouts of step t come from the weights of step t − k (asynchronous RL)
     logit_noise: float = 0.0  # std of Gaussian noise on the engine's logits (0 = none)
     eval_every: int = 20  # evaluate every this many steps (and at the start and the end)
-    eval_size: int = 200  # held-out problems in each evaluation (greedy decoding)
+    eval_size: int = 500  # held-out problems in each evaluation (greedy decoding)
     partial_credit: float = 0.0  # reward share for right scratchpad steps when the answer is wrong
     checkpoint: str | None = None  # warm-start folder; None = the shipped one, "random" = no warm start
     seed: int = 0  # seeds the problems, the sampling and the minibatch order
@@ -70,7 +71,7 @@ class TrainConfig:
             raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}")
         if not self.lr > 0 or not self.grad_clip > 0:
             raise ValueError(f"lr and grad_clip must be > 0, got lr={self.lr} grad_clip={self.grad_clip}")
-        self.rollout_config()  # validates temperature, precision, noise
+        self.rollout_config()  # validates temperature, precision, noise, lag
 
     def rollout_config(self):
         """The RolloutConfig of the engine (validated)."""
@@ -82,6 +83,7 @@ class TrainConfig:
             topk=self.topk,
             precision=self.rollout_precision,
             logit_noise=self.logit_noise,
+            lag=self.rollout_lag,
         )
 
 
@@ -93,8 +95,11 @@ PRESETS: dict[str, dict] = {
     # the shipped sample run (data/sample_run): small files; π moves far enough from μ in a step
     # for the rules to block and disagree (and for pg_is to start collapsing)
     "sample": dict(steps=40, prompts_per_step=8, minibatches=8, lr=1e-4, eval_every=10, eval_size=100),
-    # a noisier inference engine: larger training–inference mismatch
-    "mismatch": dict(logit_noise=0.5),
+    # asynchronous RL: rollouts come from weights two steps old; the mismatch grows with how far
+    # the policy moves in two steps
+    "stale": dict(rollout_lag=2),
+    # a W8A8 float8 inference engine (weights and activations of the blocks' linear layers)
+    "fp8": dict(rollout_precision="fp8"),
     # more updates per rollout batch and a larger step: π drifts far from μ, rules disagree most
     "offpolicy": dict(minibatches=8, epochs=2, lr=1e-4),
 }

@@ -1,16 +1,25 @@
 """The rollout engine: a separate copy of the policy that samples responses, like an inference server.
 
-It holds its own copy of the weights in its own precision (bfloat16 by default, as vLLM or
-SGLang would serve them; float32 on request), samples with a KV cache at temperature τ, and
-reports for every sampled token a_t what it believed:
+It holds its own copy of the weights in its own precision, samples with a KV cache at
+temperature τ, and reports for every sampled token a_t what it believed:
 
     mu_logp[b, t]        = log μ(a_t)  with  μ = softmax(logits_engine / τ)     (nats)
     mu_topk_ids/logp     = μ's K most likely ids at t and their log μ, the sampled id forced in
 
 The trainer recomputes the same quantities with its own float32 weights (`response_logits`);
-the gap between the two is the training–inference mismatch the recorder measures. The engine
-receives the trainer's weights after every optimizer step (`sync_weights`), so μ always
-describes the policy that really sampled the tokens.
+the gap between the two is the training–inference mismatch the recorder measures. μ always
+describes the policy that really sampled the tokens. Two sources of mismatch, as in real systems:
+
+- Precision (`precision`): ``fp32``; ``bf16`` weights (as vLLM or SGLang serve them); ``fp8``
+  W8A8 — every linear layer of the transformer blocks computes with weights rounded to
+  float8_e4m3fn (one scale per output channel, amax / 448, set at every weight sync) and inputs
+  rounded to float8_e4m3fn (one dynamic scale per call, amax / 448); embeddings, norms and the
+  output layer are not quantised (as in vLLM's fp8 checkpoints). This is simulated quantisation:
+  the float8 values and scales are exact, and the matmuls accumulate in float32 as fp8 GEMMs do.
+- Staleness (`lag` = k, asynchronous RL): the trainer calls `sync_weights` after every training
+  step, and the engine serves the weights it received k syncs earlier (the starting weights
+  until then), so rollouts of step t come from the policy of step t − k. The gap grows with how
+  far the policy moves in k steps: a fast-moving policy is a stale one.
 
 `logit_noise` adds Gaussian noise (standard deviation in logit units, before the division by τ)
 to the engine's logits, imitating a noisier inference engine; μ is then the noisy distribution
@@ -24,6 +33,7 @@ response are those at positions P − 1 … P + T − 2.
 from __future__ import annotations
 
 import copy
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +41,9 @@ from transformers import DynamicCache
 
 from trustlens.divergence import topk_from_logits
 
-PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32}
+PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.float32}  # name -> compute dtype
+FP8 = torch.float8_e4m3fn  # the 8-bit float format of the fp8 engine
+FP8_MAX = float(torch.finfo(FP8).max)  # 448: the largest finite float8_e4m3fn
 
 
 @dataclass
@@ -39,8 +51,9 @@ class RolloutConfig:
     temperature: float = 1.0  # sampling temperature τ; μ and π are both softmax(logits / τ)
     max_new_tokens: int = 32  # response length cap, in tokens (eos included)
     topk: int = 20  # K: how many of μ's most likely ids are kept per token (sampled id forced in)
-    precision: str = "bf16"  # the engine's weight precision: "bf16" (default) or "fp32"
+    precision: str = "bf16"  # the engine's precision: "bf16" (default), "fp32" or "fp8" (W8A8, see above)
     logit_noise: float = 0.0  # std of Gaussian noise added to the engine's logits (0 = none)
+    lag: int = 0  # k: the engine serves the weights of k `sync_weights` calls ago (0 = current)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -53,6 +66,8 @@ class RolloutConfig:
             raise ValueError(f"topk must be ≥ 1, got {self.topk}")
         if self.logit_noise < 0:
             raise ValueError(f"logit_noise must be ≥ 0, got {self.logit_noise}")
+        if self.lag < 0:
+            raise ValueError(f"lag must be ≥ 0, got {self.lag}")
 
 
 @dataclass
@@ -122,8 +137,30 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
+def fp8_round(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """`x` rounded to float8_e4m3fn with scale amax(|x|) / 448 (over `dim`, or the whole tensor),
+    returned in x's dtype: the values an fp8 kernel computes with."""
+    amax = x.abs().amax() if dim is None else x.abs().amax(dim=dim, keepdim=True)
+    scale = (amax.float() / FP8_MAX).clamp(min=1e-12)
+    return ((x.float() / scale).to(FP8).float() * scale).to(x.dtype)
+
+
+def _fp8_input_hook(module: torch.nn.Module, args: tuple) -> tuple:
+    return (fp8_round(args[0]), *args[1:])
+
+
+def _quantised_linears(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
+    """The linear layers the fp8 engine quantises: those of the transformer blocks (not lm_head)."""
+    return {
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and name.split(".")[-1] != "lm_head"
+    }
+
+
 class RolloutEngine:
-    """Samples responses from its own (low-precision) copy of a causal LM, with a KV cache."""
+    """Samples responses from its own (low-precision, possibly stale) copy of a causal LM, with a
+    KV cache."""
 
     def __init__(self, model: torch.nn.Module, config: RolloutConfig, *, eos_id: int, pad_id: int) -> None:
         self.config = config
@@ -135,15 +172,35 @@ class RolloutEngine:
         dtype = PRECISIONS[config.precision]
         for p in self.model.parameters():
             p.data = p.data.to(dtype)
+        self._fp8_weights: set[str] = set()
+        if config.precision == "fp8":
+            for name, linear in _quantised_linears(self.model).items():
+                linear.register_forward_pre_hook(_fp8_input_hook)
+                self._fp8_weights.add(f"{name}.weight")
+            self._load({n: p.detach() for n, p in model.named_parameters()})
+        self._pending: deque[dict[str, torch.Tensor]] = deque()  # weights not served yet (lag)
 
     @torch.no_grad()
     def sync_weights(self, trainer_model: torch.nn.Module) -> None:
-        """Copy the trainer's current weights into the engine (cast to the engine's precision)."""
-        source = dict(trainer_model.named_parameters())
+        """Hand the trainer's current weights to the engine. With lag k the engine then serves the
+        weights of k syncs ago (the starting ones until k syncs have happened)."""
+        source = {name: p.detach() for name, p in trainer_model.named_parameters()}
         for name, p in self.model.named_parameters():
             if name not in source or source[name].shape != p.shape:
                 raise ValueError(f"sync_weights: trainer model has no parameter {name!r} of shape {tuple(p.shape)}")
-            p.copy_(source[name])
+        if self.config.lag == 0:
+            self._load(source)
+            return
+        self._pending.append({name: t.clone() for name, t in source.items()})
+        if len(self._pending) > self.config.lag:
+            self._load(self._pending.popleft())
+
+    @torch.no_grad()
+    def _load(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy `weights` into the engine, cast to its precision (fp8-rounded where it quantises)."""
+        for name, p in self.model.named_parameters():
+            w = weights[name]
+            p.copy_(fp8_round(w.float(), dim=1) if name in self._fp8_weights else w)
 
     def _next_logits(self, logits: torch.Tensor, generator: torch.Generator | None, noise: bool) -> torch.Tensor:
         """The engine's last-position logits as float32 / τ, with the optional noise. (B, V)"""

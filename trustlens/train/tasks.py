@@ -9,19 +9,29 @@ Every number is a single token (the tokenizer of `trustlens.train.model` has one
 0..999), so the vocabulary has a long tail and, as in a real LLM, a low-probability alternative
 to a sampled token is usually another number.
 
+Several valid solution paths: when a problem's operations are all ``+`` (or all ``*``), the
+scratchpad may combine the operands in any order, e.g. ``47 + 8 = 55 ; 55 + 12 = 67 ; answer
+67`` or ``8 + 12 = 20 ; 20 + 47 = 67 ; answer 67`` for the problem above (`Problem.solutions`;
+orders whose intermediate value leaves [0, max_value] are not valid). The warm-up
+(`trustlens.train.warmup`) writes the prompt's own order most of the time and the other orders
+rarely, so a low-μ token at the start of a step is sometimes the start of another right path,
+not a mistake.
+
 Held-out evaluation: a stable hash of (numbers, ops) assigns each problem to the training pool or
 the eval pool once and for all, so `ArithmeticTask.sample` never draws a problem that
 `ArithmeticTask.eval_set` can return (the individual two-number steps are shared; whole problems
 are not).
 
 Reward: 1.0 when the number right after the first ``answer`` token equals the true result, else
-0.0. With ``partial_credit = c > 0`` a wrong or missing final answer earns
-``c * (scratchpad steps written exactly right, in order) / (number of steps)`` instead.
+0.0, whichever path the scratchpad took. With ``partial_credit = c > 0`` a wrong or missing final
+answer earns ``c * (scratchpad steps written exactly right, in order) / (number of steps)``
+instead, counted against the valid path that the scratchpad matches best.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 from dataclasses import dataclass, field
 
@@ -33,6 +43,7 @@ _OPS = {
     "-": lambda a, b: a - b,
     "*": lambda a, b: a * b,
 }
+COMMUTATIVE = ("+", "*")  # ops whose all-same chains may combine the operands in any order
 STEP_SEP = ";"  # separates scratchpad steps
 ANSWER = "answer"  # the word before the final answer
 
@@ -65,29 +76,54 @@ class Problem:
             raise ValueError(f"Problem.from_numbers: unknown ops {unknown}; known: {sorted(_OPS)}")
         steps = _steps(numbers, ops)
         prompt = " ".join(_interleave(numbers, ops)) + " ="
-        value = steps[-1][3]
-        target = f" {STEP_SEP} ".join(f"{a} {op} {b} = {c}" for a, op, b, c in steps)
-        target += f" {STEP_SEP} {ANSWER} {value}"
-        return cls(tuple(numbers), tuple(ops), prompt, target, value)
+        return cls(tuple(numbers), tuple(ops), prompt, _scratchpad(steps), steps[-1][3])
 
     @property
     def steps(self) -> list[tuple[int, str, int, int]]:
         """The scratchpad steps as (running value, op, next number, result)."""
         return _steps(self.numbers, self.ops)
 
+    def paths(self, max_value: int = 999) -> list[list[tuple[int, str, int, int]]]:
+        """Every valid path of scratchpad steps, the prompt's own order first.
+
+        A chain of one commutative op (all ``+`` or all ``*``) may take its operands in any order
+        (distinct orders only; an order is valid when every intermediate value is in
+        [0, `max_value`]); any other chain has its left-to-right path only.
+        """
+        out = [self.steps]
+        if len(set(self.ops)) == 1 and self.ops[0] in COMMUTATIVE:
+            seen = {self.numbers}
+            for order in itertools.permutations(self.numbers):
+                if order in seen:
+                    continue
+                seen.add(order)
+                steps = _steps(order, self.ops)
+                if all(0 <= s[3] <= max_value for s in steps):
+                    out.append(steps)
+        return out
+
+    def solutions(self, max_value: int = 999) -> list[str]:
+        """The scratchpad text of every valid path (`paths`), `target` first."""
+        return [_scratchpad(steps) for steps in self.paths(max_value)]
+
 
 def _steps(numbers, ops) -> list[tuple[int, str, int, int]]:
     value, out = numbers[0], []
-    for op, b in zip(ops, numbers[1:]):
+    for op, b in zip(ops, numbers[1:], strict=True):
         result = _OPS[op](value, b)
         out.append((value, op, b, result))
         value = result
     return out
 
 
+def _scratchpad(steps: list[tuple[int, str, int, int]]) -> str:
+    text = f" {STEP_SEP} ".join(f"{a} {op} {b} = {c}" for a, op, b, c in steps)
+    return text + f" {STEP_SEP} {ANSWER} {steps[-1][3]}"
+
+
 def _interleave(numbers, ops) -> list[str]:
     words = [str(numbers[0])]
-    for op, b in zip(ops, numbers[1:]):
+    for op, b in zip(ops, numbers[1:], strict=True):
         words += [op, str(b)]
     return words
 
@@ -162,7 +198,7 @@ class ArithmeticTask:
             m = 2 * (n - len(out)) + 8
             nums = torch.randint(self.low, self.high + 1, (m, k), generator=gen).tolist()
             op_idx = torch.randint(0, len(self.ops), (m, k - 1), generator=gen).tolist()
-            for row, idx in zip(nums, op_idx):
+            for row, idx in zip(nums, op_idx, strict=True):
                 ops = tuple(self.ops[i] for i in idx)
                 if self.is_eval(tuple(row), ops) != want_eval:
                     continue
@@ -180,7 +216,8 @@ class ArithmeticTask:
 
     def reward(self, problem: Problem, response: str) -> float:
         """1.0 if the number after the first ``answer`` word equals `problem.answer`, else partial
-        credit (``partial_credit`` × share of exact scratchpad steps, 0 by default).
+        credit (``partial_credit`` × share of exact scratchpad steps along the best-matching valid
+        path, 0 by default).
 
         `response` is the decoded response text; words are whitespace-separated, special-token
         text such as ``<eos>`` is ignored, and anything after the final answer is ignored.
@@ -193,8 +230,9 @@ class ArithmeticTask:
             words = words[:i]
         if self.partial_credit == 0.0:
             return 0.0
-        written = " ".join(words).split(STEP_SEP)
-        right = 0
-        for got, (a, op, b, c) in zip(written, problem.steps):
-            right += got.split() == [str(a), op, str(b), "=", str(c)]
+        written = [got.split() for got in " ".join(words).split(STEP_SEP)]
+        right = max(
+            sum(got == [str(a), op, str(b), "=", str(c)] for got, (a, op, b, c) in zip(written, steps, strict=False))
+            for steps in problem.paths(self.max_value)
+        )
         return self.partial_credit * right / len(problem.steps)

@@ -3,8 +3,9 @@
 One training step, top to bottom (`train` below):
 
  1. Each rank draws `prompts_per_step / world_size` problems and the rollout engine (its own
-    bfloat16 copy of the weights, `trustlens.train.rollout`) samples G responses per problem at
-    temperature τ, reporting log μ(a_t) and μ's top-K for every token.
+    bf16/fp8 copy of the weights, possibly `rollout_lag` steps stale, `trustlens.train.rollout`)
+    samples G responses per problem at temperature τ, reporting log μ(a_t) and μ's top-K for
+    every token.
  2. Rewards from the task; GRPO group advantages A_i = (r_i − mean_G r) / (std_G r + ε), one per
     response, broadcast to its tokens.
  3. The trainer recomputes log π_old(a_t) with its own float32 weights, logits divided by τ like
@@ -15,7 +16,11 @@ One training step, top to bottom (`train` below):
     under the configured rule; AdamW with gradient-norm clipping.
  5. Every update is recorded token by token (`TokenRecorder`), with every rule of
     `trustlens.rules.RULES` evaluated counterfactually on the same tokens.
- 6. The engine receives the new weights (`sync_weights`), as an inference server would.
+ 6. The engine receives the new weights (`sync_weights`), as an inference server would (and
+    serves them `rollout_lag` steps later).
+
+Held-out evaluation decodes with an engine of the run's precision that holds the current
+weights (no lag): it measures the policy being trained.
 
 Deviations from textbook GRPO (Shao et al. 2024), all common in current practice:
  - no KL penalty to a reference model (β = 0), as in DAPO, Dr. GRPO and the DPPO paper;
@@ -38,7 +43,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -135,22 +140,26 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def mismatch_metrics(batch: Rollout, old_logits: torch.Tensor, old_logp: torch.Tensor) -> dict[str, float]:
-    """How far the engine's μ is from the trainer's π_old on this batch's tokens.
+    """How far the engine's μ is from the trainer's π_old on this batch's tokens (names and
+    definitions of `trustlens.metrics`).
 
-    kl: mean of log μ − log π_old over tokens (a ~ μ, so an unbiased estimate of KL(μ‖π_old) per
-    token, nats); topk_kl / tv_mean / tv_max: the top-K KL and TV (DESIGN §1) per token;
+    mismatch_kl: mean of log μ − log π_old (a ~ μ: the K1 estimate of KL(μ‖π_old), nats);
+    k3_kl: mean of ρ − 1 − log ρ, ρ = π_old/μ (the K3 estimate, never negative);
+    topk_kl_mean / topk_tv_mean / topk_tv_max: the top-K KL and TV (DESIGN §1) per token;
     log_ppl_diff: mean over responses of log PPL(π_old) − log PPL(μ), the per-token mean NLL gap.
     """
     m = batch.response_mask
     tv, kl = topk_divergence(old_logits, batch.mu_topk_ids, batch.mu_topk_logp)
     lengths = m.sum(-1).clamp(min=1)
+    log_rho = (old_logp - batch.mu_logp).double()  # (B, T)
     nll_gap = ((batch.mu_logp - old_logp) * m).sum(-1) / lengths
     return {
-        "mismatch/kl": masked_mean(batch.mu_logp - old_logp, m),
-        "mismatch/topk_kl": masked_mean(kl, m),
-        "mismatch/tv_mean": masked_mean(tv, m),
-        "mismatch/tv_max": float(tv[m].max()) if bool(m.any()) else math.nan,
-        "mismatch/log_ppl_diff": float(nll_gap.mean()),
+        "mismatch_kl": masked_mean(-log_rho, m),
+        "k3_kl": masked_mean(log_rho.exp() - 1 - log_rho, m),
+        "topk_kl_mean": masked_mean(kl, m),
+        "topk_tv_mean": masked_mean(tv, m),
+        "topk_tv_max": float(tv[m].max()) if bool(m.any()) else math.nan,
+        "log_ppl_diff": float(nll_gap.mean()),
     }
 
 
@@ -181,7 +190,7 @@ class BlockedCounter:
 
 def decode_responses(tokenizer, batch: Rollout) -> list[str]:
     """Each response's text, special tokens such as <eos> kept visible."""
-    return [tokenizer.decode(ids[m].tolist()) for ids, m in zip(batch.response_ids, batch.response_mask)]
+    return [tokenizer.decode(ids[m].tolist()) for ids, m in zip(batch.response_ids, batch.response_mask, strict=True)]
 
 
 @torch.no_grad()
@@ -202,7 +211,9 @@ def evaluate_accuracy(
         greedy = engine.generate(prompts, greedy=True)
         sampled = engine.generate(prompts, generator=torch.Generator().manual_seed(world.rank))
         for i, batch in enumerate((greedy, sampled)):
-            correct[i] = sum(task.reward(p, r) == 1.0 for p, r in zip(mine, decode_responses(tokenizer, batch)))
+            correct[i] = sum(
+                task.reward(p, r) == 1.0 for p, r in zip(mine, decode_responses(tokenizer, batch), strict=True)
+            )
         correct[2] = len(mine)
     all_reduce_(correct, "sum")
     shares = (correct[:2] / correct[2]).tolist() if correct[2] else [math.nan, math.nan]
@@ -248,7 +259,14 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
 
     model, tokenizer, meta = load_policy(cfg)
     model.train()
-    engine = RolloutEngine(model, cfg.rollout_config(), eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    rollout_cfg = cfg.rollout_config()
+    engine = RolloutEngine(model, rollout_cfg, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    # evaluation measures the current policy: the engine itself unless it lags
+    evaluator = engine
+    if rollout_cfg.lag:
+        evaluator = RolloutEngine(
+            model, replace(rollout_cfg, lag=0), eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id
+        )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     task = task_of(meta, cfg)
@@ -266,7 +284,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
             metrics: dict[str, float] = {}
             if cfg.eval_size and (step % cfg.eval_every == 0 or step == cfg.steps):
                 t = time.perf_counter()
-                accuracy = evaluate_accuracy(engine, tokenizer, task, eval_problems, world)
+                accuracy = evaluate_accuracy(evaluator, tokenizer, task, eval_problems, world)
                 result.eval_accuracy[step] = accuracy["eval/accuracy"]
                 result.eval_accuracy_sampled[step] = accuracy["eval/accuracy_sampled"]
                 metrics.update({**accuracy, "time/eval": time.perf_counter() - t})
@@ -284,7 +302,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
             # 2. rewards and group advantages
             responses = decode_responses(tokenizer, batch)
             owners = [p for p in problems for _ in range(cfg.group_size)]
-            rewards = torch.tensor([task.reward(p, r) for p, r in zip(owners, responses)])
+            rewards = torch.tensor([task.reward(p, r) for p, r in zip(owners, responses, strict=True)])
             advantages = group_advantages(rewards, cfg.group_size, cfg.scale_advantages)  # (B,)
             first = (step * world.size + world.rank) * n_rows  # sample ids unique over ranks and steps
             sample_ids = torch.arange(first, first + n_rows)
@@ -356,6 +374,8 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
 
             # 6. the engine serves the new weights
             engine.sync_weights(model)
+            if evaluator is not engine:
+                evaluator.sync_weights(model)
 
             step_time = time.perf_counter() - t_step
             lengths = batch.lengths().float()
@@ -414,7 +434,9 @@ def _log(recorder, world: World, step: int, metrics: dict[str, float]) -> dict[s
     counts = all_reduce_(finite.double(), "sum")
     maxes = all_reduce_(torch.where(finite, values, -math.inf), "max")
     reduced_values = torch.where(is_max, maxes, sums / counts)
-    reduced = {n: float(v) if math.isfinite(v) else math.nan for n, v in zip(names, reduced_values.tolist())}
+    reduced = {
+        n: float(v) if math.isfinite(v) else math.nan for n, v in zip(names, reduced_values.tolist(), strict=True)
+    }
     if world.main:
         recorder.log_metrics(step, reduced)
     return reduced
