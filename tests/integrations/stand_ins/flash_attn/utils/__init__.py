@@ -1,0 +1,1 @@
+"""Test-only stand-in (see ../../README.md)."""

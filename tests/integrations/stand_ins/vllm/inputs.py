@@ -1,0 +1,5 @@
+"""Test-only stand-in (see ../README.md)."""
+
+
+class TokensPrompt(dict):
+    pass
