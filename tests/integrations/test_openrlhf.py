@@ -32,19 +32,15 @@ from openrlhf.trainer.ppo_trainer import BasePPOTrainer  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer  # noqa: E402
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer  # noqa: E402
+from tiny import VOCAB as V  # noqa: E402
+from tiny import tiny_qwen2  # noqa: E402
 
 from trustlens import load_run  # noqa: E402
 from trustlens.integrations import openrlhf as hook  # noqa: E402
 from trustlens.integrations._external import finish  # noqa: E402
 
-B, P, A, V, STEPS, GAS = (
-    8,
-    5,
-    6,
-    97,
-    2,
-    2,
-)  # samples, prompt and action widths, vocab, steps, micro-batches per optimizer step
+B, P, A = 8, 5, 6  # samples, prompt and action widths
+STEPS, GAS = 2, 2  # training steps, micro-batches per optimizer step
 
 
 class Tokenizer:
@@ -109,19 +105,7 @@ def _args():
 
 
 def _tiny_actor():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_implementation="sdpa",
-    )
-    actor = Actor(Qwen2ForCausalLM(cfg).float())
+    actor = Actor(tiny_qwen2())
     actor.packing_samples = False  # Actor sets it only when it loads a model from a path
     return actor
 

@@ -32,26 +32,15 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+from tiny import VOCAB as V
+from tiny import tiny_qwen2
 
-B, P, R, V = 8, 5, 6, 97  # samples per rank, prompt and response widths, vocabulary
+B, P, R = 8, 5, 6  # samples per rank, prompt and response widths
 STEPS, MINI, MICRO = 2, 4, 2  # training steps; mini- and micro-batch sizes per rank
 
 
 def tiny_model():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation="sdpa",
-    )
-    return Qwen2ForCausalLM(cfg).float()
+    return tiny_qwen2()
 
 
 def make_batch(model, rank: int, step: int):
