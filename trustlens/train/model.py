@@ -87,7 +87,7 @@ class ModelConfig:
             num_key_value_heads=self.num_heads,
             intermediate_size=self.intermediate_size,
             max_position_embeddings=self.max_positions,
-            rope_theta=self.rope_theta,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
             tie_word_embeddings=self.tie_embeddings,
             pad_token_id=SPECIAL_TOKENS.index("<pad>"),
             bos_token_id=SPECIAL_TOKENS.index("<bos>"),
@@ -111,7 +111,8 @@ def build_model(cfg: ModelConfig = ModelConfig(), seed: int = 0) -> LlamaForCaus
         feats = number_features(cfg)  # (N, 2P)
         first = len(SPECIAL_TOKENS) + len(WORDS)
         with torch.no_grad():
-            for table in {id(t): t for t in (model.get_input_embeddings().weight, model.lm_head.weight)}.values():
+            tables = [model.model.embed_tokens.weight, model.lm_head.weight]
+            for table in {id(t): t for t in tables}.values():
                 table[first : first + feats.shape[0], : feats.shape[1]] += feats
     return model.float().eval()
 

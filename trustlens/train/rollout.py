@@ -206,8 +206,8 @@ class RolloutEngine:
         """The engine's last-position logits as float32 / τ, with the optional noise. (B, V)"""
         logits = logits.float()
         if noise and self.config.logit_noise > 0:
-            noise = torch.randn(logits.shape, generator=generator, dtype=logits.dtype)
-            logits = logits + self.config.logit_noise * noise
+            draw = torch.randn(logits.shape, generator=generator, dtype=logits.dtype)
+            logits = logits + self.config.logit_noise * draw
         return logits / self.config.temperature
 
     @torch.no_grad()
