@@ -15,7 +15,8 @@ from test_render import _parse
 
 from trustlens import cli, dashboard
 from trustlens.run import MANIFEST, SCHEMA_VERSION
-from trustlens.synthetic import HOSTILE_VOCAB, VOCAB, write_part, write_synthetic_run
+from trustlens.run.writer import write_part
+from trustlens.synthetic import HOSTILE_VOCAB, VOCAB, write_synthetic_run
 
 APP = Path(__file__).resolve().parent.parent / "app"
 ENTRY = APP / dashboard.ENTRY

@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from trustlens import dashboard
-from trustlens.synthetic import HOSTILE_VOCAB, VOCAB, write_part, write_synthetic_run
+from trustlens.run.writer import write_part
+from trustlens.synthetic import HOSTILE_VOCAB, VOCAB, write_synthetic_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [

@@ -254,7 +254,7 @@ def test_named_rules_must_be_decidable(tmp_path, gen, rule, drop, message):
     batch.pop(drop)
     with TokenRecorder(tmp_path / "run", rules=["ppo", rule]) as rec, pytest.raises(ValueError, match=message):
         rec.record(0, **batch)
-    assert not any((tmp_path / "run" / "tokens" / "rank=0").iterdir())
+    assert not any((tmp_path / "run").rglob("*.parquet"))
 
 
 def _bad(batch, **changes):
@@ -270,9 +270,7 @@ BAD_INPUTS = [
     ),
     (
         "inf",
-        lambda b: _bad(
-            b, old_logp=b["old_logp"].index_put((torch.tensor(2), torch.tensor(4)), torch.tensor(-math.inf))
-        ),
+        lambda b: _bad(b, old_logp=b["old_logp"].index_put((torch.tensor(2), torch.tensor(4)), torch.tensor(math.inf))),
         r"old_logp contains inf.*\(2, 4\)",
     ),
     (
@@ -344,7 +342,7 @@ def test_all_padding_records_nothing(tmp_path, gen):
     batch["response_mask"] = torch.zeros(B, T)
     with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
         assert rec.record(0, **batch) == 0
-    assert not any((tmp_path / "run" / "tokens" / "rank=0").iterdir())
+    assert not any((tmp_path / "run").rglob("*.parquet"))
 
 
 def test_unknown_rule_and_active_rule(tmp_path):
@@ -485,7 +483,7 @@ def test_ranks_from_torch_distributed(tmp_path, gen, monkeypatch):
 def test_refuses_to_overwrite_a_recorded_shard(tmp_path, gen):
     with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
         rec.record(0, **make_batch(gen))
-    with pytest.raises(FileExistsError, match="already holds tokens of rank 0"):
+    with pytest.raises(FileExistsError, match="already holds a run .1 part files of rank 0.; pass resume=True"):
         TokenRecorder(tmp_path / "run")
 
 

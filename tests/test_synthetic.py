@@ -8,14 +8,14 @@ import torch
 
 from trustlens.divergence import binary_kl, binary_tv
 from trustlens.rules import evaluate_all
-from trustlens.run import META_SCHEMA_VERSION, SCHEMA_VERSION, token_columns
+from trustlens.run import META_SCHEMA_VERSION, SCHEMA_VERSION, load_run, token_columns
 from trustlens.synthetic import HOSTILE_VOCAB, expected_token_rows, write_synthetic_run
 
 RULES = ["ppo", "dppo_binary_tv", "dppo_topk_tv"]
 
 
 def _tokens(path) -> pl.DataFrame:
-    return pl.read_parquet(str(path / "tokens" / "rank=*" / "part-*.parquet"), hive_partitioning=False)
+    return load_run(path).tokens.collect()
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_rows_are_consistent(run):
 
 
 def test_samples_match_tokens(run):
-    samples = pl.read_parquet(str(run / "samples" / "rank=*" / "*.parquet"), hive_partitioning=False)
+    samples = load_run(run).samples.collect()
     tokens = _tokens(run)
     assert samples.height == 6 * 16
     lengths = tokens.group_by("sample").len().sort("sample")
@@ -110,7 +110,7 @@ def test_collapse_is_visible(tmp_path):
     before, after = per_step.filter(pl.col("step") < 8), per_step.filter(pl.col("step") >= 10)
     assert after["entropy"].max() < 0.5 * before["entropy"].min()
     assert after["gap"].min() > 3 * before["gap"].max()
-    metrics = pl.read_parquet(str(path / "metrics" / "rank=*" / "*.parquet"), hive_partitioning=False)
+    metrics = load_run(path).metrics.collect()
     grad = metrics.filter(pl.col("name") == "grad_norm").sort("step")["value"].to_numpy()
     assert grad[10:].min() > 3 * grad[:8].max()
 
@@ -162,7 +162,7 @@ def test_bad_arguments(tmp_path, kwargs, message):
 
 def test_refuses_to_overwrite(tmp_path):
     write_synthetic_run(tmp_path / "r", steps=1, samples_per_step=8, seq_len=4, rules=[])
-    with pytest.raises(ValueError, match="already holds a run"):
+    with pytest.raises(FileExistsError, match="already holds a run"):
         write_synthetic_run(tmp_path / "r", steps=1, samples_per_step=8, seq_len=4, rules=[])
 
 

@@ -11,7 +11,7 @@
 ratio π/anchor, the binary TV and KL, the top-K TV and KL (when π's logits and μ's top-K are
 given), the entropy of π (from the logits when not given) and the decision of every evaluated
 rule (`blocked_<rule>`, trustlens.rules). It then copies the compact per-row arrays to the CPU and
-hands them to a background writer (trustlens.run.writer): the training step does not wait on disk
+hands them to the run's background writer (trustlens.run.writer): the training step does not wait on disk
 unless the writer's bounded queue is full.
 
 Where the work happens: the caller's thread checks every input (so bad input raises from
@@ -38,6 +38,7 @@ import atexit
 import dataclasses
 import functools
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,6 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from trustlens import __version__
 from trustlens._checks import (
     _first_index,
     check_logp,
@@ -56,8 +56,9 @@ from trustlens._checks import (
 )
 from trustlens.divergence import topk_divergence
 from trustlens.rules import RULES, RuleSpec, TokenInputs, resolve_rules
-from trustlens.run import SCHEMA_VERSION, blocked_column, part_path, table_schema
-from trustlens.run.writer import BackgroundWriter, TokenBatch, WriterStats, utc_now
+from trustlens.run import blocked_column, signals, table_schema
+from trustlens.run.manifest import new_manifest
+from trustlens.run.writer import BackgroundWriter, RankWriter, TokenBatch, WriterStats
 
 # token columns a caller may leave null; the manifest's "missing" lists those never recorded
 OPTIONAL_COLUMNS = ("mu_logp", "old_logp", "topk_tv", "topk_kl", "entropy")
@@ -67,12 +68,37 @@ LOGIT_CHUNK_ELEMENTS = 1 << 24
 SAMPLE_STEP, SAMPLE_RANK = 10**9, 10**6
 
 
-def distributed_rank() -> tuple[int, int]:
-    """(rank, world size) from torch.distributed when it is initialised, else (0, 1)."""
+def distributed_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """(rank, world size): explicit values win; else torch.distributed when it is initialised;
+    else the RANK / WORLD_SIZE environment (torchrun sets them before init_process_group);
+    else (0, 1)."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+        found = dist.get_rank(), dist.get_world_size()
+    else:
+        env = [os.environ.get(k) for k in ("RANK", "WORLD_SIZE")]
+        found = (
+            _int_arg("environment RANK", _env_int(env[0]), 0, 2**15) if env[0] else 0,
+            _int_arg("environment WORLD_SIZE", _env_int(env[1]), 1, 2**15) if env[1] else 1,
+        )
+    rank = found[0] if rank is None else _int_arg("rank", rank, 0, 2**15)
+    world_size = found[1] if world_size is None else _int_arg("world_size", world_size, 1, 2**15)
+    if rank >= world_size:
+        raise ValueError(f"rank {rank} must be < world_size {world_size}")
+    return rank, world_size
+
+
+def _env_int(value: str | None) -> int | str | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return value
+
+
+def _positive_seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -115,9 +141,11 @@ def _id_tensor(name: str, t: object, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 class TokenRecorder:
-    """Records every generated token of a run into RUN_DIR (DESIGN §4); see the module docstring.
+    """Records every generated token of a run into RUN_DIR (docs/run-format.md); see the module
+    docstring.
 
-    run_dir: the run directory; created. This rank's part files must not exist yet.
+    run_dir: the run directory; created. A directory already holding this rank's rows (or, on
+        rank 0, run.json) is refused unless `resume` or `overwrite` is given.
     rules: rules to evaluate per token: names, `Rule`s, or {name: (low, high)} (trustlens.rules);
         `record` then raises when an input one of them needs is missing (π_old for `minirl`, top-K
         for `dppo_topk_*`). Default: every rule of RULES with its default thresholds, each
@@ -128,9 +156,22 @@ class TokenRecorder:
     config: the training configuration (a dataclass or a mapping), stored in run.json.
     rows_per_file: token rows per part file (and the bound of the writer's buffer).
     flush_seconds: rows older than this are written even when a part file is not full: the most
-        a killed run loses.
+        a killed (SIGKILL) run loses. SIGTERM and SIGINT lose nothing.
     queue_size: batches the writer may hold before `record` waits for it.
+    rank, world_size: this process's shard of the run. Default: torch.distributed when it is
+        initialised, else the RANK / WORLD_SIZE environment, else 0 and 1.
+    enabled: False returns a `NullRecorder` (e.g. on tensor-parallel ranks that must not record).
+    resume: reopen a run written before (same run_id); steps up to its last recorded step are
+        refused. On a directory without a run, starts one.
+    overwrite: replace this rank's rows (and, on rank 0, run.json) of a run written before.
+    writer_timeout: the most seconds a call waits on the writer (full queue, flush, close)
+        before raising WriterError.
     """
+
+    def __new__(cls, *args: Any, enabled: bool = True, **kwargs: Any) -> TokenRecorder:
+        if not enabled and cls is TokenRecorder:
+            return super().__new__(NullRecorder)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -143,6 +184,12 @@ class TokenRecorder:
         rows_per_file: int = 262_144,
         flush_seconds: float = 30.0,
         queue_size: int = 8,
+        rank: int | None = None,
+        world_size: int | None = None,
+        enabled: bool = True,
+        resume: bool = False,
+        overwrite: bool = False,
+        writer_timeout: float = 60.0,
     ) -> None:
         self.path = Path(run_dir)
         self.rules = resolve_rules(list(RULES) if rules is None else rules)
@@ -152,53 +199,46 @@ class TokenRecorder:
             raise ValueError(f"active_rule {active_rule!r} is not among the evaluated rules {names}")
         _int_arg("rows_per_file", rows_per_file, 1, 2**31)
         _int_arg("queue_size", queue_size, 1, 2**31)
-        if not (isinstance(flush_seconds, (int, float)) and flush_seconds > 0):
-            raise ValueError(f"flush_seconds must be a number > 0, got {flush_seconds!r}")
-        self.rank, self.world_size = distributed_rank()
-        if self.path.exists() and not self.path.is_dir():
-            raise ValueError(f"run_dir {str(self.path)!r} exists and is not a directory")
-        for table in ("tokens", "samples", "metrics"):
-            shard = part_path(self.path, table, self.rank, 0).parent
-            if shard.is_dir() and any(shard.glob("part-*.parquet")):
-                raise FileExistsError(
-                    f"run_dir {str(self.path)!r} already holds {table} of rank {self.rank} "
-                    f"({shard}); record each run into a new directory"
-                )
-        self.path.mkdir(parents=True, exist_ok=True)
-        now = utc_now()
-        manifest = {
-            "schema_version": SCHEMA_VERSION,
-            "trustlens_version": __version__,
-            "status": "running",
-            "error": None,
-            "created": now,
-            "updated": now,
-            "config": _config_dict(config),
-            "rules": {
+        flush_seconds = _positive_seconds("flush_seconds", flush_seconds)
+        writer_timeout = _positive_seconds("writer_timeout", writer_timeout)
+        self.rank, self.world_size = distributed_rank(rank, world_size)
+        manifest = new_manifest(
+            rules={
                 r.name: {"low": r.low, "high": r.high, "anchor": r.anchor, "description": r.description}
                 for r in self.rules
             },
-            "active_rule": active_rule,
-            "world_size": self.world_size,
-            "anchor": None,
-            "missing": [],
-            "flush": {"rows_per_file": rows_per_file, "flush_seconds": flush_seconds},
-        }
-        self._writer = BackgroundWriter(
+            active_rule=active_rule,
+            config=_config_dict(config),
+            world_size=self.world_size,
+            flush={"rows_per_file": rows_per_file, "flush_seconds": flush_seconds},
+        )
+        rank_writer = RankWriter(
             self.path,
             rank=self.rank,
+            world_size=self.world_size,
             rules=names,
-            tokenizer=tokenizer,
-            rows_per_file=rows_per_file,
-            flush_seconds=flush_seconds,
-            queue_size=queue_size,
             manifest=manifest if self.rank == 0 else None,
+            rows_per_file=rows_per_file,
+            tokenizer=tokenizer,
+            resume=resume,
+            overwrite=overwrite,
+        )
+        # steps a resumed run may still record: after its last recorded one
+        self._first_step = 0 if rank_writer.last_step is None else rank_writer.last_step + 1
+        self._writer = BackgroundWriter(
+            rank_writer, flush_seconds=flush_seconds, queue_size=queue_size, writer_timeout=writer_timeout
         )
         self._anchor: str | None = None
         self._recorded: set[str] = set()  # optional columns recorded at least once
         self._next_sample: dict[tuple[Any, ...], int] = {}  # default sample-id counters
         self._closed = False
         atexit.register(self._at_exit)
+        signals.watch(id(self), self._interrupted)
+
+    @property
+    def run_id(self) -> str | None:
+        """The run's id (run.json `run_id`, kept on resume); None on ranks other than 0."""
+        return self._writer.writer.run_id
 
     # ---- the public API ----
 
@@ -226,6 +266,9 @@ class TokenRecorder:
         group_ids: torch.Tensor | Sequence[int] | None = None,  # (B,) prompt-group ids
         update: int = 0,  # minibatch update within the step
         temperature: float = 1.0,  # rollout sampling temperature: logits are divided by it
+        topk_tv: torch.Tensor | None = None,  # (B, T) top-K TV already computed (then not from logits)
+        topk_kl: torch.Tensor | None = None,  # (B, T) top-K KL(μ‖π) already computed, nats
+        blocked: Mapping[str, torch.Tensor] | None = None,  # rule -> (B, T) bool decisions already made
     ) -> int:
         """Record the valid tokens of one batch; returns the number of rows recorded.
 
@@ -233,12 +276,28 @@ class TokenRecorder:
         argument, what is wrong and the (b, t) index) and records nothing. Default sample ids
         number the samples of (step, update) on this rank in call order:
         step · 10⁹ + rank · 10⁶ + index; default group ids equal the sample ids.
+
+        Precomputed values (computed once by the trainer, e.g. for its loss) skip the recorder's
+        own computation: `topk_tv`/`topk_kl` (both or neither) replace the top-K divergence
+        from `logits`; `blocked[rule]` replaces the evaluation of that rule (rules not in it are
+        evaluated here). They must be what the recorder would compute (same anchor, thresholds
+        and temperature); only their shape, type and finiteness are checked.
         """
         self._check_open()
-        step = _int_arg("step", step, 0, 2**31)
+        step = self._step("step", step)
         update = _int_arg("update", update, 0, 2**15)
-        per_token = {"pi_logp": pi_logp, "mu_logp": mu_logp, "old_logp": old_logp, "entropy": entropy}
+        per_token = {
+            "pi_logp": pi_logp,
+            "mu_logp": mu_logp,
+            "old_logp": old_logp,
+            "entropy": entropy,
+            "topk_tv": topk_tv,
+            "topk_kl": topk_kl,
+        }
         shape = _check_arguments(token_ids, per_token, mu_topk_ids, mu_topk_logp, temperature)
+        if (topk_tv is None) != (topk_kl is None):
+            raise ValueError("topk_tv and topk_kl must be given together")
+        decided = self._check_blocked(blocked, shape)
         device = pi_logp.device
         mask = check_mask("response_mask", response_mask, token_ids).to(device)
         id_key = ("tokens", step, update)
@@ -257,11 +316,23 @@ class TokenRecorder:
             if int(lo) < 0 or int(hi) >= 2**31:
                 bad = mask & ((token_ids.to(device) < 0) | (token_ids.to(device) >= 2**31))
                 raise ValueError(f"token_ids must be in [0, 2³¹) at valid positions; first bad at {_first_index(bad)}")
-        topk_tv = topk_kl = ent_from_logits = None
+        ent_from_logits = None
+        given_topk = topk_tv is not None
+        if given_topk:
+            topk_tv, topk_kl = take(topk_tv), take(topk_kl)
         if logits is not None:
-            ent_from_logits, topk_tv, topk_kl = self._logit_quantities(
-                logits, mask, index, ids, mu_topk_ids, mu_topk_logp, temperature, want_entropy=entropy is None
+            ent_from_logits, logit_tv, logit_kl = self._logit_quantities(
+                logits,
+                mask,
+                index,
+                ids,
+                None if given_topk else mu_topk_ids,
+                None if given_topk else mu_topk_logp,
+                temperature,
+                want_entropy=entropy is None,
             )
+            if not given_topk:
+                topk_tv, topk_kl = logit_tv, logit_kl
         try:
             adv = _advantages_at(advantages, shape, b, take)
             inputs = TokenInputs(
@@ -273,16 +344,20 @@ class TokenRecorder:
                 topk_kl=topk_kl,
             )
             ent = ent_from_logits if entropy is None else check_nonnegative("entropy", take(entropy))
+            if given_topk:
+                topk_tv = check_nonnegative("topk_tv", topk_tv)
+                topk_kl = check_nonnegative("topk_kl", topk_kl, allow_inf=True)
         except ValueError:
             _locate_error(mask, advantages=advantages, **per_token)
             raise
         if self._rules_given:  # the caller asked for these rules: each must be decidable
             for rule in self.rules:
                 inputs.require(rule)
-        evaluable = [r for r in self.rules if all(inputs.given[a] is not None for a in r.needs)]
+        evaluable = [r for r in self.rules if r.name in decided or all(inputs.given[a] is not None for a in r.needs)]
         ids_of_rows = (samples, groups, b, t, ids)
+        decisions = {name: take(d) for name, d in decided.items()}
         job = functools.partial(
-            _derive, step, update, ids_of_rows, inputs, mu_logp is not None, ent, self.rules, evaluable
+            _derive, step, update, ids_of_rows, inputs, mu_logp is not None, ent, self.rules, evaluable, decisions
         )
         recorded = {
             k
@@ -308,7 +383,7 @@ class TokenRecorder:
     def log_metrics(self, step: int, metrics: Mapping[str, float | int | torch.Tensor]) -> None:
         """Record scalar metrics of `step` (long format: one row per name)."""
         self._check_open()
-        step = _int_arg("step", step, 0, 2**31)
+        step = self._step("step", step)
         if not isinstance(metrics, Mapping):
             raise ValueError(f"metrics must be a mapping name -> number, got {type(metrics).__name__}")
         names, values = [], []
@@ -325,7 +400,7 @@ class TokenRecorder:
             values.append(float(value))
         n = len(names)
         batch = pa.RecordBatch.from_pydict(
-            {"step": [step] * n, "rank": [self.rank] * n, "name": names, "value": values},
+            {"step": [step] * n, "name": names, "value": values},
             schema=table_schema("metrics"),
         )
         self._writer.put_table("metrics", batch)
@@ -344,34 +419,43 @@ class TokenRecorder:
     ) -> None:
         """Record one row per sample of `step`. Default sample ids follow `record`'s numbering
         (update 0), so that samples logged in the order they were recorded join their tokens.
-        A NaN (or None) reward or advantage is stored as null: the sample has none."""
+        A NaN (or None) reward or advantage is stored as null: the sample has none. Sample ids
+        must be unique within the call."""
         self._check_open()
-        step = _int_arg("step", step, 0, 2**31)
-        given = {
-            "prompt": prompts,
-            "response": responses,
-            "reward": rewards,
-            "advantage": advantages,
-            "length": lengths,
-            "sample": sample_ids,
-            "group": group_ids,
+        step = self._step("step", step)
+        given = {  # argument -> (column, value)
+            "prompts": ("prompt", prompts),
+            "responses": ("response", responses),
+            "rewards": ("reward", rewards),
+            "advantages": ("advantage", advantages),
+            "lengths": ("length", lengths),
+            "sample_ids": ("sample", sample_ids),
+            "group_ids": ("group", group_ids),
         }
-        sizes = {name: len(v) for name, v in given.items() if v is not None}
+        sizes = {}
+        for arg, (_, value) in given.items():
+            if value is None:
+                continue
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+                raise ValueError(f"{arg} must be a sequence with one entry per sample, got {type(value).__name__}")
+            sizes[arg] = len(value)
         if not sizes:
             raise ValueError("log_samples needs at least one of prompts, responses, rewards, advantages, lengths")
         if len(set(sizes.values())) > 1:
             raise ValueError(f"log_samples arguments differ in length: {sizes}")
         n = next(iter(sizes.values()))
-        columns: dict[str, Any] = {"step": [step] * n, "rank": [self.rank] * n}
-        for name, value in given.items():
+        columns: dict[str, Any] = {"step": [step] * n}
+        for arg, (name, value) in given.items():
             if isinstance(value, (torch.Tensor, np.ndarray)):
                 value = value.tolist()
             if name in ("reward", "advantage") and value is not None:
                 value = [None if v is None or math.isnan(v) else v for v in value]  # NaN: no value
                 bad = [i for i, v in enumerate(value) if v is not None and math.isinf(v)]
                 if bad:
-                    raise ValueError(f"log_samples {name}s hold an infinite value at index {bad[0]}")
+                    raise ValueError(f"{arg} holds an infinite value at index {bad[0]}")
             columns[name] = value
+        if sample_ids is not None:
+            _check_unique("sample_ids", columns["sample"])
         default_ids = columns["sample"] is None
         if default_ids:
             start = self._first_id(("samples", step), n)
@@ -383,7 +467,7 @@ class TokenRecorder:
                 {name: columns.get(name) or [None] * n for name in table_schema("samples").names},
                 schema=table_schema("samples"),
             )
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as err:
             raise ValueError(f"log_samples: {err}") from err
         self._writer.put_table("samples", batch)
         if default_ids:
@@ -395,12 +479,14 @@ class TokenRecorder:
         self._writer.flush()
 
     def close(self, error: BaseException | None = None) -> None:
-        """Write what is buffered, stop the writer and mark the run finished (or failed with
-        `error`). Raises the writer's error if it failed. Idempotent."""
+        """Write what is buffered, stop the writer and end the run: `finished`; `interrupted`
+        when `error` is a KeyboardInterrupt; `failed` with any other `error`. Raises the
+        writer's error if it failed. Idempotent."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self._at_exit)
+        signals.unwatch(id(self))
         self._writer.close(error)
 
     def __enter__(self) -> TokenRecorder:
@@ -415,6 +501,42 @@ class TokenRecorder:
         if self._closed:
             raise ValueError(f"the TokenRecorder of {str(self.path)!r} is closed")
         self._writer.raise_error()
+
+    def _interrupted(self, signal_name: str) -> None:
+        """SIGTERM / SIGINT: write every row given so far and end the run `interrupted`."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._at_exit)
+        self._writer.interrupt(signal_name)
+
+    def _step(self, name: str, step: object) -> int:
+        """`step` checked: an integer ≥ 0, after the last step of a resumed run."""
+        step = _int_arg(name, step, 0, 2**31)
+        if step < self._first_step:
+            raise ValueError(
+                f"{name} {step} was recorded before: this run was resumed after step {self._first_step - 1}"
+            )
+        return step
+
+    def _check_blocked(self, blocked: object, shape: tuple[int, int]) -> dict[str, torch.Tensor]:
+        """The caller's rule decisions {rule: (B, T) bool}, checked."""
+        if blocked is None:
+            return {}
+        if not isinstance(blocked, Mapping):
+            raise ValueError(f"blocked must be a mapping rule name -> (B, T) bool tensor, got {type(blocked).__name__}")
+        names = [r.name for r in self.rules]
+        for rule, decision in blocked.items():
+            if rule not in names:
+                raise ValueError(f"blocked[{rule!r}]: not an evaluated rule of this recorder ({names})")
+            if not isinstance(decision, torch.Tensor) or decision.dtype != torch.bool or tuple(decision.shape) != shape:
+                got = (
+                    f"{decision.dtype} {tuple(decision.shape)}"
+                    if isinstance(decision, torch.Tensor)
+                    else type(decision).__name__
+                )
+                raise ValueError(f"blocked[{rule!r}] must be a bool tensor of shape {shape}, got {got}")
+        return dict(blocked)
 
     def _at_exit(self) -> None:
         """At interpreter exit without close(): keep the rows, and say the run did not close."""
@@ -431,8 +553,8 @@ class TokenRecorder:
         return key[1] * SAMPLE_STEP + self.rank * SAMPLE_RANK + start
 
     def _count_ids(self, key: tuple[Any, ...], n: int) -> None:
-        """Take `n` default ids of `key`; counters of other steps are dropped."""
-        self._next_sample = {k: v for k, v in self._next_sample.items() if k[1] == key[1]}
+        """Take `n` default ids of `key`. Counters of every step are kept (a few bytes per
+        step), so that ids stay unique whatever the order of calls across steps."""
         self._next_sample[key] = self._next_sample.get(key, 0) + n
 
     def _ids(
@@ -448,7 +570,10 @@ class TokenRecorder:
             except (TypeError, ValueError, RuntimeError) as err:
                 raise ValueError(f"{name} must be a sequence of {batch} integers: {err}") from None
         # a copy: the rows may be derived after record returns, and the caller may reuse `ids`
-        return _id_tensor(name, ids, (batch,)).to(device=device, dtype=torch.int64, copy=True)
+        ids = _id_tensor(name, ids, (batch,)).to(device=device, dtype=torch.int64, copy=True)
+        if name == "sample_ids":
+            _check_unique(name, ids)
+        return ids
 
     def _logit_quantities(self, logits, mask, index, ids, topk_ids, topk_logp, temperature, *, want_entropy):
         """Entropy and top-K TV/KL at the valid positions (flat `index` (N,), sampled `ids` (N,)),
@@ -520,10 +645,12 @@ def _derive(
     entropy: torch.Tensor | None,
     rules: list,
     evaluable: list,
+    decided: dict[str, torch.Tensor],
 ) -> TokenBatch:
     """The rows of one `record` call from its checked inputs (N,): their ids, ratio π/anchor,
     binary TV and KL, and the decision of every evaluable rule (the others stay null), as CPU
-    arrays. `ids_of_rows` = (sample ids (B,), group ids (B,), b (N,), t (N,), token ids (N,))."""
+    arrays. `ids_of_rows` = (sample ids (B,), group ids (B,), b (N,), t (N,), token ids (N,));
+    `decided` holds the caller's own decisions (N,) of some rules, used as they are."""
     samples, groups, b, t, token_ids = ids_of_rows
     ints = [samples.index_select(0, b), groups.index_select(0, b), t, token_ids.long()]
     floats = {
@@ -538,8 +665,20 @@ def _derive(
         "entropy": entropy,
         "advantage": inputs.advantages,
     }
-    blocked = {r.name: inputs.blocked(r) if r in evaluable else None for r in rules}
+    blocked = {
+        r.name: decided[r.name] if r.name in decided else inputs.blocked(r) if r in evaluable else None for r in rules
+    }
     return _to_cpu(step, update, ints, floats, blocked)
+
+
+def _check_unique(name: str, ids: torch.Tensor | list) -> None:
+    """Sample ids must be unique within one call."""
+    values = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+    seen: set = set()
+    for i, v in enumerate(values):
+        if v in seen:
+            raise ValueError(f"{name} holds {v!r} twice (again at index {i}); sample ids must be unique")
+        seen.add(v)
 
 
 def check_tensor_shape(name: str, t: object, shape: tuple[int, ...]) -> None:
@@ -592,7 +731,12 @@ def _advantages_at(advantages: object, shape: tuple[int, int], b: torch.Tensor, 
 def _locate_error(mask: torch.Tensor, **tensors: torch.Tensor | None) -> None:
     """Re-run the checks of the (B, T) `tensors` on their valid positions (padding set to 0), so
     that the error raised names the argument and its (b, t) index."""
-    checks = {"advantages": check_tensor, "entropy": check_nonnegative}
+    checks = {
+        "advantages": check_tensor,
+        "entropy": check_nonnegative,
+        "topk_tv": check_nonnegative,
+        "topk_kl": functools.partial(check_nonnegative, allow_inf=True),
+    }
     for name, t in tensors.items():
         if isinstance(t, torch.Tensor) and t.shape == mask.shape:
             checks.get(name, check_logp)(name, t.to(mask.device).masked_fill(~mask, 0))
@@ -621,15 +765,21 @@ def _to_cpu(step: int, update: int, ints: list[torch.Tensor], floats: dict, bloc
     )
 
 
-class NullRecorder:
-    """TokenRecorder's API doing nothing: swap it in to run without recording, at no cost."""
-
-    path = None
-    rules: list = []
-    stats = WriterStats()
+class NullRecorder(TokenRecorder):
+    """TokenRecorder's API doing nothing: swap it in to run without recording, at no cost
+    (`TokenRecorder(..., enabled=False)` returns one)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
+        self.path = None  # type: ignore[assignment]
+        self.rules = []
+
+    @property
+    def stats(self) -> WriterStats:
+        return WriterStats()
+
+    @property
+    def run_id(self) -> str | None:
+        return None
 
     def record(self, *args: Any, **kwargs: Any) -> int:
         return 0

@@ -22,18 +22,17 @@ needs only a few steps of rows in memory.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from trustlens import __version__
-from trustlens.run import MANIFEST, SCHEMA_VERSION, blocked_column, part_path, table_schema, token_columns
-from trustlens.run.writer import utc_now, write_json_atomic
+from trustlens.run import RANK, STATUSES, blocked_column, table_schema, token_columns
+from trustlens.run.manifest import new_manifest
+from trustlens.run.writer import RankWriter
 
 DEFAULT_RULES: tuple[str, ...] = (
     "ppo",
@@ -233,55 +232,6 @@ def _logit_of_logp(logp: np.ndarray) -> np.ndarray:
     return logp - np.log(-np.expm1(logp))
 
 
-# Columns worth dictionary-encoding in Parquet; trying it on float columns of random values costs
-# ~4× the write time and makes larger files.
-_DICTIONARY_COLUMNS = ("step", "update", "rank", "token", "name")
-
-
-def write_part(table: pa.Table, directory: Path, index: int) -> Path:
-    """Write `table` as part file `index` in `directory` (a RUN_DIR/<table>/rank=R folder),
-    atomically: temporary name, then rename. Row groups of at most 65,536 rows keep step pruning
-    effective (rows sorted by step)."""
-    final = Path(directory) / part_path("", "", 0, index).name
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp")
-    pq.write_table(
-        table,
-        tmp,
-        row_group_size=65_536,
-        compression="zstd",
-        compression_level=1,
-        use_dictionary=[c for c in _DICTIONARY_COLUMNS if c in table.column_names],
-    )
-    os.replace(tmp, final)
-    return final
-
-
-class _PartWriter:
-    """Buffers one table kind for one rank and writes a part file every `rows_per_part` rows."""
-
-    def __init__(self, directory: Path, schema: pa.Schema, rows_per_part: int):
-        self.directory, self.schema, self.rows_per_part = directory, schema, rows_per_part
-        self.batches: list[pa.Table] = []
-        self.rows = 0
-        self.index = 0
-
-    def add(self, table: pa.Table) -> None:
-        if table.num_rows == 0:
-            return
-        self.batches.append(table)
-        self.rows += table.num_rows
-        if self.rows >= self.rows_per_part:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.batches:
-            return
-        write_part(pa.concat_tables(self.batches).cast(self.schema), self.directory, self.index)
-        self.index += 1
-        self.batches, self.rows = [], 0
-
-
 def _rule_entries(rules: Sequence[str]) -> dict[str, dict]:
     """The manifest's `rules` entry: {name: {low, high, anchor, description}}."""
     from trustlens.rules import get_rule
@@ -296,44 +246,52 @@ def _rule_entries(rules: Sequence[str]) -> dict[str, dict]:
     return out
 
 
-def _manifest(
-    *,
-    rules: Sequence[str],
-    active_rule: str | None,
-    status: str,
-    config: dict,
-    world_size: int,
-    anchor: str,
-    missing: list[str],
-) -> dict:
-    """A run.json of the contract (trustlens.schema.MANIFEST_FIELDS)."""
-    now = utc_now()
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "trustlens_version": __version__,
-        "status": status,
-        "error": None,
-        "created": now,
-        "updated": now,
-        "config": config,
-        "rules": _rule_entries(rules),
-        "active_rule": active_rule,
-        "world_size": world_size,
-        "anchor": anchor,
-        "missing": missing,
-    }
-
-
 def _check_status(status: str) -> None:
-    if status not in ("running", "finished", "failed"):
-        raise ValueError(f"status must be running, finished or failed, got {status!r}")
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
 
 
-def _new_run_dir(path: str | os.PathLike) -> Path:
-    root = Path(path)
-    if (root / MANIFEST).exists():
-        raise ValueError(f"path {str(root)!r} already holds a run ({MANIFEST} exists)")
-    return root
+def _write_ranks(
+    path: str | os.PathLike,
+    tables: Iterable[dict[str, pa.Table]],
+    *,
+    world_size: int,
+    rules: list[str],
+    manifest: dict,
+    rows_per_part: int,
+    status: str,
+) -> Path:
+    """Write `tables` (an iterable of {table: rows with a `rank` column}) through one
+    `RankWriter` per rank; rank 0 holds `manifest`. Ends the run with `status`."""
+    writers = [
+        RankWriter(
+            path,
+            rank=rank,
+            world_size=world_size,
+            rules=rules,
+            manifest=manifest if rank == 0 else None,
+            rows_per_file=rows_per_part,
+        )
+        for rank in range(world_size)
+    ]
+    try:
+        for step_tables in tables:
+            for kind, table in step_tables.items():
+                ranks = table[RANK].to_numpy()
+                if np.any(ranks[1:] < ranks[:-1]):  # generated tables are rank-major already
+                    table = table.take(pc.sort_indices(table, [(RANK, "ascending")]))
+                    ranks = table[RANK].to_numpy()
+                bounds = np.searchsorted(ranks, np.arange(world_size + 1))
+                rows = table.drop_columns([RANK])
+                for rank, writer in enumerate(writers):
+                    writer.append(kind, rows.slice(bounds[rank], bounds[rank + 1] - bounds[rank]))
+        for writer in reversed(writers):  # rank 0 last: its status is the run's
+            writer.close(status)
+    except BaseException as err:
+        for writer in writers:
+            writer.end("failed", f"{type(err).__name__}: {err}")
+        raise
+    return Path(path)
 
 
 # Defaults for token columns a hand-built run may leave out (see `write_run`).
@@ -350,16 +308,16 @@ def write_run(
     status: str = "finished",
     config: dict | None = None,
 ) -> Path:
-    """Write a small hand-built run (one rank, one part file per table) in the contract format.
+    """Write a small hand-built run (one part file per table and rank) through the run writer.
 
     `tokens` needs step, sample, pos and pi_logp; update, rank and token_id default to 0, group to
     the sample id, every other column to null. `rules` defaults to the rules whose
     `blocked_<rule>` columns are given (rules not given a column get a null one). samples and
-    metrics are optional; their missing nullable columns are null and rank defaults to 0.
+    metrics are optional; their missing nullable columns are null and rank defaults to 0. The
+    run has as many ranks as the largest rank given + 1.
     Used by tests with known answers (and for odd inputs such as hostile token text).
     """
     _check_status(status)
-    root = _new_run_dir(path)
     token_data = dict(tokens.to_pydict() if isinstance(tokens, pa.Table) else tokens)
     given_rules = [c.removeprefix("blocked_") for c in token_data if c.startswith("blocked_")]
     rules = list(given_rules if rules is None else rules)
@@ -368,36 +326,39 @@ def write_run(
     token_data.setdefault("group", token_data.get("sample"))
     for name, value in _TOKEN_DEFAULTS.items():
         token_data.setdefault(name, [value] * n)
-    root.mkdir(parents=True, exist_ok=True)
-    write_part(
-        _table(token_data, table_schema("tokens", rules), n, "tokens"), part_path(root, "tokens", 0, 0).parent, 0
-    )
+    tables = {"tokens": _table(token_data, table_schema("tokens", rules), n, "tokens")}
     for kind, data in (("samples", samples), ("metrics", metrics)):
         if data is None:
             continue
         data = dict(data.to_pydict() if isinstance(data, pa.Table) else data)
         rows = len(data.get("step", ()))
-        data.setdefault("rank", [0] * rows)
-        write_part(_table(data, table_schema(kind), rows, kind), part_path(root, kind, 0, 0).parent, 0)
+        data.setdefault(RANK, [0] * rows)
+        tables[kind] = _table(data, table_schema(kind), rows, kind)
     mu = token_data.get("mu_logp")
     has_mu = mu is not None and any(v is not None for v in mu)
-    write_json_atomic(
-        root / MANIFEST,
-        _manifest(
-            rules=rules,
-            active_rule=rules[0] if rules else None,
-            status=status,
-            config={"source": "hand-built", **(config or {})},
-            world_size=1,
-            anchor="mu" if has_mu else "old",
-            missing=[c.name for c in token_columns(rules) if c.nullable and c.name not in token_data],
-        ),
+    manifest = new_manifest(
+        rules=_rule_entries(rules),
+        active_rule=rules[0] if rules else None,
+        config={"source": "hand-built", **(config or {})},
+        world_size=max(int(pc.max(t[RANK]).as_py() or 0) for t in tables.values()) + 1,
+        anchor="mu" if has_mu else "old",
+        missing=[c.name for c in token_columns(rules) if c.nullable and c.name not in token_data],
     )
-    return root
+    return _write_ranks(
+        path,
+        [tables],
+        world_size=manifest["world_size"],
+        rules=rules,
+        manifest=manifest,
+        rows_per_part=max(t.num_rows for t in tables.values()) + 1,
+        status=status,
+    )
 
 
 def _table(data: dict[str, Sequence], schema: pa.Schema, n: int, kind: str) -> pa.Table:
-    """`data` as a table of `schema`: missing nullable columns null, rows sorted by step."""
+    """`data` as a table of `schema` plus `rank`: missing nullable columns null, rows sorted by
+    step."""
+    schema = schema.append(pa.field(RANK, pa.int16(), False))
     unknown = sorted(set(data) - set(schema.names))
     if unknown:
         raise ValueError(f"{kind}: unknown columns {unknown}; columns are {schema.names}")
@@ -466,8 +427,6 @@ def write_synthetic_run(
     _rule_entries(rules)  # unknown rules fail before anything is written
     if active_rule is not None and active_rule not in rules:
         raise ValueError(f"active_rule {active_rule!r} is not among rules {rules}")
-    root = _new_run_dir(path)
-    root.mkdir(parents=True, exist_ok=True)
     config = {
         "source": "synthetic",
         "steps": steps,
@@ -481,10 +440,9 @@ def write_synthetic_run(
         "with_old": with_old,
         "with_topk": with_topk,
     }
-    manifest = _manifest(
-        rules=rules,
+    manifest = new_manifest(
+        rules=_rule_entries(rules),
         active_rule=active_rule or (rules[0] if rules else None),
-        status="running",
         config=config,
         world_size=world_size,
         anchor="mu" if with_mu else "old",
@@ -499,31 +457,21 @@ def write_synthetic_run(
             if not present
         ],
     )
-    write_json_atomic(root / MANIFEST, manifest)
-    writers = {
-        (kind, rank): _PartWriter(part_path(root, kind, rank, 0).parent, table_schema(kind, rules), rows_per_part)
-        for kind in ("tokens", "samples", "metrics")
-        for rank in range(world_size)
-    }
     gen = _Generator(shape, np.random.default_rng(seed), list(vocab), rules, collapse_at, with_mu, with_old, with_topk)
-    step_iter = range(steps)
+    step_iter: Iterable[int] = range(steps)
     if progress:
         from tqdm import tqdm
 
         step_iter = tqdm(step_iter, desc="synthetic run", unit="step")
-    for step in step_iter:
-        tables = gen.step(step)
-        for kind, table in tables.items():
-            # every table is generated rank-major, so each rank's rows are one slice
-            bounds = np.searchsorted(table["rank"].to_numpy(), np.arange(world_size + 1))
-            for rank in range(world_size):
-                writers[kind, rank].add(table.slice(bounds[rank], bounds[rank + 1] - bounds[rank]))
-    for w in writers.values():
-        w.flush()
-    manifest["status"] = status
-    manifest["updated"] = utc_now()
-    write_json_atomic(root / MANIFEST, manifest)
-    return root
+    return _write_ranks(
+        path,
+        (gen.step(step) for step in step_iter),
+        world_size=world_size,
+        rules=rules,
+        manifest=manifest,
+        rows_per_part=rows_per_part,
+        status=status,
+    )
 
 
 class _Generator:
@@ -628,7 +576,7 @@ class _Generator:
             tokens[blocked_column(rule)] = pa.nulls(total, pa.bool_()) if mask is None else pa.array(mask)
 
         text = self.vocab[token_ids]
-        responses = ["".join(text[a : a + m]) for a, m in zip(starts, lengths)]
+        responses = ["".join(text[a : a + m]) for a, m in zip(starts, lengths, strict=True)]
         samples = {
             "step": pa.array(np.full(n, step, np.int32)),
             "rank": pa.array(ranks),
@@ -720,7 +668,7 @@ def _blocked(
 def expected_token_rows(steps: int, samples_per_step: int, seq_len: int) -> int:
     """The expected number of token rows of a synthetic run of these sizes (lengths ~ U[L/2, L])."""
     lo = max(1, seq_len // 2)
-    return int(round(steps * samples_per_step * (lo + seq_len) / 2))
+    return round(steps * samples_per_step * (lo + seq_len) / 2)
 
 
 __all__ = [
@@ -728,7 +676,6 @@ __all__ = [
     "HOSTILE_VOCAB",
     "VOCAB",
     "expected_token_rows",
-    "write_part",
     "write_run",
     "write_synthetic_run",
 ]

@@ -1,22 +1,25 @@
 """Reading recorded runs: `load_run(path)` → `Run`, `load_runs(folder)` → every run below it.
 
-A `Run` is a snapshot of a run directory (DESIGN §4) taken when it is loaded: its manifest and
-the list of its complete part files. `Run.tokens`, `.samples` and `.metrics` are polars
-LazyFrames over the part files of all ranks, so queries read only the columns and row groups
-they need. Load the run again to see rows written since.
+A `Run` is a snapshot of a run directory (docs/run-format.md) taken when it is loaded: its
+manifest and the list of its complete part files. `Run.tokens`, `.samples` and `.metrics` are
+polars LazyFrames over the part files of all ranks, with a `rank` column from each file's
+`rank=R` folder, so queries read only the columns and row groups they need. Load the run again
+to see rows written since. Paths are used as paths, never as glob patterns.
 
-Missing tables: a run without token rows yet raises `NoRowsError` from `Run.tokens` (there is
-nothing to analyse, and the message says whether the run is still being written); samples and
-metrics are optional (a plain training loop may never log them), so without part files they are
-empty LazyFrames with the right schema.
+Missing tables: a run without token rows yet raises `NoRowsError` from `Run.tokens`; samples and
+metrics are optional, so without part files they are empty LazyFrames with the right schema.
 
-Part files whose footer cannot be read (truncated or corrupt, e.g. copied while being written)
-are skipped with a `CorruptPartWarning` naming the file; the rest of the run still loads.
+Integrity: every part file's footer is read at load. With `verify=True` (the default) each part
+file's pages are also read once with their CRC checksums checked (pyarrow); a file is verified
+once per process (keyed by path, size and modification time: part files never change once
+written), so reloading a run costs only the new files. The first load costs about one full read
+of the run (docs/run-format.md gives measured numbers). A truncated or corrupt part, a checksum
+mismatch, a stray file or folder in a table folder (e.g. `rank=0 copy`) and an unreadable
+run.json each give a `RunWarning` naming the file, and the rest of the run still loads.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -26,26 +29,32 @@ from typing import Any
 import polars as pl
 import pyarrow.parquet as pq
 
+from trustlens.run.errors import CorruptPartWarning, NoRowsError, NotARunError, RunWarning
+from trustlens.run.manifest import MANIFEST, read_manifest
 from trustlens.run.schema import (
-    MANIFEST,
     META_SCHEMA_VERSION,
-    PART_GLOB,
+    RANK,
     SCHEMA_VERSION,
     TABLES,
-    table_schema,
+    frame_schema,
+    part_index,
+    rank_of_dir,
+    rule_of_column,
 )
 
+__all__ = ["CorruptPartWarning", "NoRowsError", "NotARunError", "Part", "Run", "load_run", "load_runs"]
 
-class NotARunError(ValueError):
-    """The path is not a readable trustlens run directory."""
-
-
-class NoRowsError(ValueError):
-    """The run has no rows in the table asked for (yet)."""
+# part files whose pages passed the checksum check in this process: (path, size, mtime_ns)
+_verified: set[tuple[str, int, int]] = set()
 
 
-class CorruptPartWarning(UserWarning):
-    """A part file could not be read and was skipped."""
+@dataclass(frozen=True)
+class Part:
+    """One readable part file."""
+
+    path: Path  # the file
+    rank: int  # from its rank=R folder
+    rank_in_file: bool  # schema 1: the file holds a `rank` column too
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,12 @@ class Run:
 
     path: Path  # the run directory
     manifest: dict[str, Any] = field(repr=False)  # run.json (trustlens.run.MANIFEST_FIELDS)
-    files: dict[str, tuple[Path, ...]] = field(repr=False)  # table -> readable part files
+    parts: dict[str, tuple[Part, ...]] = field(repr=False)  # table -> readable part files
+
+    @property
+    def files(self) -> dict[str, tuple[Path, ...]]:
+        """table -> paths of its readable part files, in (rank, part) order."""
+        return {table: tuple(p.path for p in parts) for table, parts in self.parts.items()}
 
     @property
     def name(self) -> str:
@@ -63,7 +77,8 @@ class Run:
 
     @property
     def status(self) -> str:
-        """running | finished | failed (a killed run stays `running`: see manifest["updated"])."""
+        """running | finished | interrupted | failed, or unknown when run.json is unreadable
+        (a run killed by SIGKILL stays `running`: see manifest["updated"])."""
         return str(self.manifest.get("status"))
 
     @property
@@ -79,7 +94,7 @@ class Run:
     @property
     def tokens(self) -> pl.LazyFrame:
         """One row per (step, update, sample, position), all ranks; NoRowsError when empty."""
-        if not self.files["tokens"]:
+        if not self.parts["tokens"]:
             state = "is still being written" if self.status == "running" else f"is {self.status}"
             raise NoRowsError(
                 f"run {str(self.path)!r} has no token rows yet (it {state}; the recorder writes a "
@@ -98,86 +113,120 @@ class Run:
         return self._scan("metrics")
 
     def _scan(self, table: str) -> pl.LazyFrame:
-        files = self.files[table]
-        if not files:
+        parts = self.parts[table]
+        if not parts:
             rules = list(self.rules) if table == "tokens" else []
-            return pl.from_arrow(table_schema(table, rules).empty_table()).lazy()
-        return pl.scan_parquet([str(f) for f in files], hive_partitioning=False)
+            return pl.from_arrow(frame_schema(table, rules).empty_table()).lazy()  # type: ignore[union-attr]
+        groups: dict[tuple[int, bool], list[str]] = {}
+        for p in parts:
+            groups.setdefault((p.rank, p.rank_in_file), []).append(str(p.path))
+        frames = []
+        for (rank, in_file), files in groups.items():
+            frame = pl.scan_parquet(files, glob=False, hive_partitioning=False)
+            if not in_file:
+                names = frame.collect_schema().names()
+                at = names.index("update" if table == "tokens" else "step") + 1
+                frame = frame.select(*names[:at], pl.lit(rank, pl.Int16).alias(RANK), *names[at:])
+            frames.append(frame)
+        return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
-    manifest_path = path / MANIFEST
-    if not path.is_dir():
-        raise NotARunError(f"{str(path)!r} is not a trustlens run: no such directory")
-    if not manifest_path.is_file():
-        raise NotARunError(
-            f"{str(path)!r} is not a trustlens run: it has no {MANIFEST} (a run directory is "
-            "written by trustlens.TokenRecorder)"
-        )
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise NotARunError(f"{str(manifest_path)!r} is unreadable: {err}") from err
-    version = manifest.get("schema_version") if isinstance(manifest, dict) else None
-    if not isinstance(version, int):
-        raise NotARunError(f"{str(manifest_path)!r} has no integer schema_version: not a trustlens manifest")
-    if version > SCHEMA_VERSION:
-        raise NotARunError(
-            f"run {str(path)!r} was written with schema version {version} (trustlens "
-            f"{manifest.get('trustlens_version')}); this trustlens reads up to version "
-            f"{SCHEMA_VERSION}: upgrade trustlens"
-        )
-    return manifest
+def _warn(message: str, category: type[Warning] = RunWarning) -> None:
+    warnings.warn(message, category, stacklevel=4)
 
 
-def _readable_parts(path: Path, table: str) -> tuple[Path, ...]:
-    """The part files of `table` whose footer reads, in (rank, part) order; others warned about."""
-    files = sorted((path / table).glob(PART_GLOB), key=lambda p: (int(p.parent.name[5:]), p.name))
-    readable = []
-    for f in files:
-        try:
-            meta = pq.read_metadata(f).metadata or {}
-        except (OSError, ValueError) as err:
-            warnings.warn(f"skipping unreadable part file {f}: {err}", CorruptPartWarning, stacklevel=3)
+def _verify_pages(path: Path) -> None:
+    """Read every page of `path` with its CRC checked, once per process and file version."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key in _verified:
+        return
+    pq.ParquetFile(path, page_checksum_verification=True).read()
+    _verified.add(key)
+
+
+def _readable_parts(path: Path, table: str, verify: bool) -> tuple[Part, ...]:
+    """The part files of `table` that read, in (rank, part) order; the rest warned about."""
+    folder = path / table
+    if not folder.is_dir():
+        return ()
+    found: list[tuple[int, int, Path]] = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.name.startswith("."):
             continue
-        version = int(meta.get(META_SCHEMA_VERSION, b"0") or 0)
+        rank = rank_of_dir(entry.name) if entry.is_dir() else None
+        if rank is None:
+            _warn(f"skipping {entry.path}: not a rank=R folder of part files (a stray copy?)")
+            continue
+        for f in sorted(os.scandir(entry.path), key=lambda e: e.name):
+            index = part_index(f.name)
+            if index is not None and f.is_file():
+                found.append((rank, index, Path(f.path)))
+            elif not f.name.startswith("."):  # hidden: a part file being written
+                _warn(f"skipping {f.path}: not a part file (part-NNNNNN.parquet)")
+    readable = []
+    for rank, _, f in sorted(found):
+        try:
+            meta = pq.read_metadata(f)
+            version = int((meta.metadata or {}).get(META_SCHEMA_VERSION, b"0") or 0)
+            if version <= SCHEMA_VERSION and verify:
+                _verify_pages(f)
+        except (OSError, ValueError) as err:
+            _warn(f"skipping unreadable part file {f}: {err}", CorruptPartWarning)
+            continue
         if version > SCHEMA_VERSION:
             raise NotARunError(
                 f"part file {f} was written with schema version {version}; this trustlens reads up "
                 f"to version {SCHEMA_VERSION}: upgrade trustlens"
             )
-        readable.append(f)
+        readable.append(Part(f, rank, RANK in meta.schema.names))
     return tuple(readable)
 
 
-def load_run(path: str | os.PathLike) -> Run:
+def _stand_in_manifest(parts: dict[str, tuple[Part, ...]]) -> dict[str, Any]:
+    """What can be known of a run whose run.json is unreadable: its rules, from the columns."""
+    tokens = parts["tokens"]
+    names = pq.read_schema(tokens[0].path).names if tokens else []
+    rules = {r: {} for r in (rule_of_column(n) for n in names) if r is not None}
+    return {"schema_version": None, "status": "unknown", "rules": rules, "active_rule": None, "missing": []}
+
+
+def load_run(path: str | os.PathLike, *, verify: bool = True) -> Run:
     """The run in directory `path` (or the directory of the run.json `path` names).
 
-    Raises NotARunError (a ValueError) when `path` is not a run directory, its run.json is
-    unreadable, or it was written with a newer schema version than this trustlens reads.
+    verify: check the page checksums of part files not verified before in this process.
+    Raises NotARunError (a ValueError) when `path` is not a run directory or was written with a
+    newer schema version than this trustlens reads. An unreadable run.json is warned about and
+    the run's parts still load (status `unknown`).
     """
     path = Path(path).expanduser()
     if path.name == MANIFEST and path.is_file():
         path = path.parent
-    manifest = _read_manifest(path)
-    files = {table: _readable_parts(path, table) for table in TABLES}
-    return Run(path=path, manifest=manifest, files=files)
+    try:
+        manifest: dict[str, Any] | None = read_manifest(path)
+    except NotARunError:
+        raise
+    except ValueError as err:
+        _warn(f"{err}; loading its part files without it")
+        manifest = None
+    parts = {table: _readable_parts(path, table, verify) for table in TABLES}
+    return Run(path=path, manifest=manifest or _stand_in_manifest(parts), parts=parts)
 
 
-def load_runs(folder: str | os.PathLike) -> list[Run]:
-    """Every run at or below `folder`, sorted by path. Directories that look like runs but cannot
-    be loaded are skipped with a warning; part folders of runs are not searched."""
+def load_runs(folder: str | os.PathLike, *, verify: bool = True) -> list[Run]:
+    """Every run at or below `folder` (a directory holding run.json), sorted by path. Runs that
+    cannot be loaded are skipped with a warning; table and hidden folders are not searched."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise NotARunError(f"{str(folder)!r} is not a directory")
     runs = []
     for root, dirs, names in os.walk(folder):
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         if MANIFEST not in names:
             continue
         dirs[:] = [d for d in dirs if d not in TABLES]
         try:
-            runs.append(load_run(root))
+            runs.append(load_run(root, verify=verify))
         except NotARunError as err:
-            warnings.warn(f"skipping {root}: {err}", stacklevel=2)
+            warnings.warn(f"skipping {root}: {err}", RunWarning, stacklevel=2)
     return sorted(runs, key=lambda r: r.path)

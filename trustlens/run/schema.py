@@ -1,10 +1,15 @@
-"""The Parquet schema of a recorded run (DESIGN §4): columns, types, one-line meanings, version.
+"""The Parquet schema of a recorded run (docs/run-format.md): columns, types, meanings, version.
 
 One table per kind of row, each written as part files per rank:
     tokens   one row per (step, update, sample, position)
     samples  one row per (step, sample)
     metrics  long format: one row per (step, name)
 The column docs are used for validation, for the docs and for the dashboard's tooltips.
+
+Schema 2 stores the rank only in the folder name (`<table>/rank=R/`, Hive partitioning), so that
+every Parquet reader (pandas, pyarrow.dataset, DuckDB, polars) gets one `rank` column from the
+path; `load_run` adds it the same way. Schema 1 files also held `rank` as a column: they are
+still read (the column in the file wins).
 """
 
 from __future__ import annotations
@@ -16,11 +21,17 @@ import pyarrow as pa
 
 from trustlens import __version__
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# oldest schema version this trustlens still reads
+OLDEST_SCHEMA_VERSION = 1
 # keys of the Parquet file metadata that every part file carries
 META_SCHEMA_VERSION = b"trustlens.schema_version"
 META_TRUSTLENS_VERSION = b"trustlens.version"
 BLOCKED_PREFIX = "blocked_"
+# the column every table gets from its rank=R folder (a file column in schema 1)
+RANK = "rank"
+RANK_TYPE = pa.int16()
+RANK_DOC = "data-parallel rank that recorded the row (from the rank=R folder)"
 
 
 @dataclass(frozen=True)
@@ -36,7 +47,6 @@ _F = pa.float32()
 TOKEN_COLUMNS: tuple[Column, ...] = (
     Column("step", pa.int32(), False, "training step (one rollout batch)"),
     Column("update", pa.int16(), False, "minibatch update within the step, 0-based"),
-    Column("rank", pa.int16(), False, "data-parallel rank that recorded the row"),
     Column("sample", pa.int64(), False, "sample (response) id, unique within the run"),
     Column("group", pa.int64(), False, "group id: samples of one prompt share it (GRPO)"),
     Column("pos", pa.int32(), False, "position of the token in the response, 0-based"),
@@ -56,7 +66,6 @@ TOKEN_COLUMNS: tuple[Column, ...] = (
 
 SAMPLE_COLUMNS: tuple[Column, ...] = (
     Column("step", pa.int32(), False, "training step"),
-    Column("rank", pa.int16(), False, "data-parallel rank that recorded the row"),
     Column("sample", pa.int64(), False, "sample id, joins tokens.sample"),
     Column("group", pa.int64(), True, "group id: samples of one prompt share it"),
     Column("prompt", pa.string(), True, "prompt text (untrusted: render as text)"),
@@ -68,7 +77,6 @@ SAMPLE_COLUMNS: tuple[Column, ...] = (
 
 METRIC_COLUMNS: tuple[Column, ...] = (
     Column("step", pa.int32(), False, "training step"),
-    Column("rank", pa.int16(), False, "data-parallel rank that logged it"),
     Column("name", pa.string(), False, "metric name, e.g. reward/mean or blocked/ppo"),
     Column("value", pa.float64(), True, "metric value"),
 )
@@ -109,6 +117,8 @@ def arrow_schema(columns: tuple[Column, ...], metadata: dict[bytes, bytes] | Non
 
 def column_doc(name: str) -> str:
     """The one-line meaning of any column of any table (tooltips, docs)."""
+    if name == RANK:
+        return RANK_DOC
     for columns in TABLES.values():
         for c in columns:
             if c.name == name:
@@ -119,14 +129,26 @@ def column_doc(name: str) -> str:
     raise KeyError(f"unknown column {name!r}")
 
 
-def table_schema(table: str, rules: list[str] | tuple[str, ...] = ()) -> pa.Schema:
-    """The Arrow schema of `table` ("tokens", "samples" or "metrics"), with the Parquet metadata
-    every part file carries (schema version, trustlens version); `rules` adds the
-    `blocked_<rule>` token columns."""
+def _columns(table: str, rules: list[str] | tuple[str, ...]) -> tuple[Column, ...]:
     if table not in TABLES:
         raise KeyError(f"unknown table {table!r}; known: {', '.join(TABLES)}")
-    columns = token_columns(rules) if table == "tokens" else TABLES[table]
-    return arrow_schema(columns, file_metadata())
+    return token_columns(rules) if table == "tokens" else TABLES[table]
+
+
+def table_schema(table: str, rules: list[str] | tuple[str, ...] = ()) -> pa.Schema:
+    """The Arrow schema of the part files of `table` ("tokens", "samples" or "metrics"), with
+    the Parquet metadata every part file carries (schema version, trustlens version); `rules`
+    adds the `blocked_<rule>` token columns. `rank` is not among them: it is the folder's."""
+    return arrow_schema(_columns(table, rules), file_metadata())
+
+
+def frame_schema(table: str, rules: list[str] | tuple[str, ...] = ()) -> pa.Schema:
+    """The Arrow schema of `table` as `load_run` returns it: the file columns plus `rank`,
+    placed after `update` (tokens) or `step` (samples, metrics)."""
+    columns = list(_columns(table, rules))
+    at = [c.name for c in columns].index("update" if table == "tokens" else "step") + 1
+    columns.insert(at, Column(RANK, RANK_TYPE, False, RANK_DOC))
+    return arrow_schema(tuple(columns))
 
 
 def file_metadata() -> dict[bytes, bytes]:
@@ -134,31 +156,39 @@ def file_metadata() -> dict[bytes, bytes]:
     return {META_SCHEMA_VERSION: str(SCHEMA_VERSION).encode(), META_TRUSTLENS_VERSION: __version__.encode()}
 
 
-# ---- the layout of a run directory (DESIGN §4) ----
+# ---- the layout of a run directory (docs/run-format.md) ----
 
-MANIFEST = "run.json"
 # part files of one table and rank: RUN_DIR/<table>/rank=<R>/part-<NNNNNN>.parquet
+RANK_DIR_PREFIX = "rank="
 PART_GLOB = "rank=*/part-*.parquet"
 
-# the keys of run.json and their meaning
-MANIFEST_FIELDS: dict[str, str] = {
-    "schema_version": "version of this data contract (SCHEMA_VERSION) the run was written with",
-    "trustlens_version": "trustlens version that wrote the run",
-    "status": "running | finished | failed",
-    "error": "the error that ended a failed run (type: message), else null",
-    "created": "UTC time the recorder opened the run, ISO 8601",
-    "updated": "UTC time of the last part file or status change, ISO 8601",
-    "config": "the training configuration passed to the recorder (free-form JSON)",
-    "rules": "every evaluated rule: {name: {low, high, anchor, description}}",
-    "active_rule": "the rule the run trains with (null when unknown)",
-    "world_size": "number of ranks recording shards",
-    "anchor": "what ratio and divergences compare π with: mu (the rollout policy), old (π_old, "
-    "when μ was not recorded) or mixed; null before the first record",
-    "missing": "token quantities never recorded so far (their columns are null)",
-    "flush": "writer settings: rows_per_file and flush_seconds (the most a killed run loses)",
-}
+
+def rank_dir(run_dir: str | Path, table: str, rank: int) -> Path:
+    """The folder of `table`'s part files written by `rank`."""
+    return Path(run_dir) / table / f"{RANK_DIR_PREFIX}{rank}"
 
 
 def part_path(run_dir: str | Path, table: str, rank: int, index: int) -> Path:
     """The path of part file number `index` of `table` written by `rank`."""
-    return Path(run_dir) / table / f"rank={rank}" / f"part-{index:06d}.parquet"
+    return rank_dir(run_dir, table, rank) / part_name(index)
+
+
+def part_name(index: int) -> str:
+    """The file name of part number `index`."""
+    return f"part-{index:06d}.parquet"
+
+
+def part_index(name: str) -> int | None:
+    """The number of part file `name`, or None when `name` is not a part file's name."""
+    stem = name.removeprefix("part-").removesuffix(".parquet")
+    if len(name) != len(stem) + len("part-.parquet") or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+def rank_of_dir(name: str) -> int | None:
+    """The rank R of a folder named `rank=R`, or None for any other name."""
+    value = name.removeprefix(RANK_DIR_PREFIX)
+    if value == name or not value.isdigit() or str(int(value)) != value:
+        return None
+    return int(value)

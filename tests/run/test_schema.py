@@ -16,14 +16,14 @@ from trustlens.run import (
     rule_of_column,
     table_schema,
 )
+from trustlens.run.schema import frame_schema, part_index, rank_of_dir
 
 
 def test_token_schema_is_the_contract():
     schema = table_schema("tokens", ["ppo", "dppo_binary_tv"])
-    assert schema.names[:7] == ["step", "update", "rank", "sample", "group", "pos", "token_id"]
-    assert [str(schema.field(n).type) for n in ("step", "update", "rank", "sample", "group", "pos", "token_id")] == [
+    assert schema.names[:6] == ["step", "update", "sample", "group", "pos", "token_id"]
+    assert [str(schema.field(n).type) for n in ("step", "update", "sample", "group", "pos", "token_id")] == [
         "int32",
-        "int16",
         "int16",
         "int64",
         "int64",
@@ -43,17 +43,35 @@ def test_token_schema_is_the_contract():
         "entropy",
         "advantage",
     ]
-    assert schema.names[8:18] == floats and all(schema.field(n).type == pa.float32() for n in floats)
-    assert schema.names[18:] == ["blocked_ppo", "blocked_dppo_binary_tv"]
+    assert schema.names[7:17] == floats and all(schema.field(n).type == pa.float32() for n in floats)
+    assert schema.names[17:] == ["blocked_ppo", "blocked_dppo_binary_tv"]
     assert schema.field("blocked_ppo").type == pa.bool_()
     assert not schema.field("pi_logp").nullable and schema.field("mu_logp").nullable
     assert schema.metadata[META_SCHEMA_VERSION] == str(SCHEMA_VERSION).encode()
     assert schema.metadata[META_TRUSTLENS_VERSION] == __version__.encode()
 
 
+def test_rank_is_the_folders_not_a_file_column():
+    for table in TABLES:
+        assert "rank" not in table_schema(table, ["ppo"]).names
+        assert frame_schema(table, ["ppo"]).field("rank").type == pa.int16()
+    assert frame_schema("tokens").names[:3] == ["step", "update", "rank"]
+    assert frame_schema("metrics").names == ["step", "rank", "name", "value"]
+    assert "rank=R folder" in column_doc("rank")
+
+
+def test_layout_names():
+    assert part_index("part-000012.parquet") == 12
+    for name in ("part-000012.parquet.tmp", ".part-000001.parquet.tmp", "part-1 (copy).parquet", "part-.parquet"):
+        assert part_index(name) is None
+    assert rank_of_dir("rank=3") == 3
+    for name in ("rank=0 copy", "rank=", "rank=-1", "rank=01", "rank=x", "ranks=1"):
+        assert rank_of_dir(name) is None
+
+
 def test_every_column_has_a_doc():
     for table in TABLES:
-        for name in table_schema(table, ["ppo"]).names:
+        for name in frame_schema(table, ["ppo"]).names:
             assert column_doc(name)
     assert "'ppo'" in column_doc("blocked_ppo")
     with pytest.raises(KeyError, match="unknown column 'nope'"):

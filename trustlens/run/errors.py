@@ -1,0 +1,27 @@
+"""The errors and warnings of the run format."""
+
+from __future__ import annotations
+
+
+class NotARunError(ValueError):
+    """The path is not a readable trustlens run directory."""
+
+
+class NoRowsError(ValueError):
+    """The run has no rows in the table asked for (yet)."""
+
+
+class RunWarning(UserWarning):
+    """Part of a run could not be read and was skipped (the file is named); the rest loads."""
+
+
+class CorruptPartWarning(RunWarning):
+    """A part file could not be read (truncated, corrupt, checksum mismatch) and was skipped."""
+
+
+class WriterError(RuntimeError):
+    """The writer of a run failed or is stuck; raised in the caller's thread with the cause."""
+
+
+class RunLockedError(RuntimeError):
+    """Another writer (this process or another) holds the rank of the run directory."""

@@ -1,0 +1,129 @@
+"""run.json, the manifest of a recorded run: its fields, creation, atomic updates and reading.
+
+Rank 0 writes run.json; it is replaced atomically (temporary file, fsync, rename), so a reader
+sees the previous or the next version, never a partial one. Statuses:
+
+    running      a writer has it open (or was killed by SIGKILL / power loss: see `updated`)
+    finished     closed normally
+    interrupted  ended by SIGTERM, SIGINT or KeyboardInterrupt (`signal` says which); every
+                 row passed to the recorder before the signal was written
+    failed       the writer or the training loop raised (`error` says what)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from trustlens import __version__
+from trustlens.run.errors import NotARunError
+from trustlens.run.schema import OLDEST_SCHEMA_VERSION, SCHEMA_VERSION
+
+MANIFEST = "run.json"
+STATUSES = ("running", "finished", "interrupted", "failed")
+
+# the keys of run.json and their meaning
+MANIFEST_FIELDS: dict[str, str] = {
+    "schema_version": "version of the run format (trustlens.run.SCHEMA_VERSION) the run was written with",
+    "trustlens_version": "trustlens version that wrote the run",
+    "run_id": "random id of the run, kept when it is resumed (resume=True) and new when overwritten",
+    "status": "running | finished | interrupted | failed",
+    "error": "what ended a failed or interrupted run (type: message), else null",
+    "signal": "the signal that interrupted the run (SIGTERM, SIGINT), else null",
+    "created": "UTC time the run was first opened, ISO 8601",
+    "updated": "UTC time of the last part file or status change, ISO 8601",
+    "resumed": "UTC times the run was reopened with resume=True",
+    "config": "the training configuration passed to the recorder (free-form JSON)",
+    "rules": "every evaluated rule: {name: {low, high, anchor, description}}",
+    "active_rule": "the rule the run trains with (null when unknown)",
+    "world_size": "number of ranks recording shards",
+    "anchor": "what ratio and divergences compare π with: mu (the rollout policy), old (π_old, "
+    "when μ was not recorded) or mixed; null before the first record",
+    "missing": "token quantities never recorded so far (their columns are null)",
+    "flush": "writer settings: rows_per_file and flush_seconds (the most a killed run loses)",
+}
+
+
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 with seconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def new_manifest(
+    *,
+    rules: dict[str, dict[str, Any]],
+    active_rule: str | None,
+    config: dict[str, Any] | None,
+    world_size: int,
+    anchor: str | None = None,
+    missing: list[str] | None = None,
+    flush: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A run.json for a new run (status `running`), with every field of MANIFEST_FIELDS."""
+    now = utc_now()
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "trustlens_version": __version__,
+        "run_id": uuid.uuid4().hex,
+        "status": "running",
+        "error": None,
+        "signal": None,
+        "created": now,
+        "updated": now,
+        "resumed": [],
+        "config": config,
+        "rules": rules,
+        "active_rule": active_rule,
+        "world_size": world_size,
+        "anchor": anchor,
+        "missing": list(missing or []),
+        "flush": flush,
+    }
+
+
+def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
+    """Write `obj` as JSON to `path` so that readers only ever see a complete file; no temporary
+    file is left behind, also when the write fails."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """run.json of the run directory `path`. Raises NotARunError when it is missing, is not a
+    trustlens manifest, or was written by a newer schema version; ValueError (not a
+    NotARunError) when it exists but is unreadable, so that callers can still load the parts."""
+    manifest_path = path / MANIFEST
+    if not path.is_dir():
+        raise NotARunError(f"{str(path)!r} is not a trustlens run: no such directory")
+    if not manifest_path.is_file():
+        raise NotARunError(
+            f"{str(path)!r} is not a trustlens run: it has no {MANIFEST} (a run directory is "
+            "written by trustlens.TokenRecorder)"
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{str(manifest_path)!r} is unreadable: {err}") from err
+    version = manifest.get("schema_version") if isinstance(manifest, dict) else None
+    if not isinstance(version, int) or version < OLDEST_SCHEMA_VERSION:
+        raise ValueError(f"{str(manifest_path)!r} has no valid schema_version: not a trustlens manifest")
+    if version > SCHEMA_VERSION:
+        raise NotARunError(
+            f"run {str(path)!r} was written with schema version {version} (trustlens "
+            f"{manifest.get('trustlens_version')}); this trustlens reads up to version "
+            f"{SCHEMA_VERSION}: upgrade trustlens"
+        )
+    return manifest
