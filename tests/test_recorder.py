@@ -606,3 +606,99 @@ def test_resident_memory_does_not_grow_with_rows(tmp_path):
     early, late = map(float, out.split())
     # 4.9M more rows (~400 MB of columns) after the first mark: RSS must stay flat
     assert late - early < 60, (early, late)
+
+
+def test_rank_and_world_size_explicit_then_distributed_then_environment(tmp_path, gen, monkeypatch):
+    from trustlens.recorder import distributed_rank
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert distributed_rank() == (0, 1)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert distributed_rank() == (3, 4)  # torchrun's environment, before init_process_group
+    assert distributed_rank(1, 2) == (1, 2)  # explicit values win
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    assert distributed_rank() == (1, 2) and distributed_rank(rank=0) == (0, 2)
+    with pytest.raises(ValueError, match="rank 2 must be < world_size 2"):
+        distributed_rank(rank=2)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match="environment WORLD_SIZE must be an integer"):
+        distributed_rank()
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
+        rec.record(0, **make_batch(gen))
+    assert (tmp_path / "run" / "tokens" / "rank=3" / "part-000000.parquet").is_file()
+    assert not (tmp_path / "run" / "run.json").exists()  # rank 0 writes it
+
+
+def test_disabled_recorder_is_a_null_recorder(tmp_path, gen):
+    rec = TokenRecorder(tmp_path / "run", rules=["ppo"], enabled=False)
+    assert isinstance(rec, NullRecorder) and rec.record(0, **make_batch(gen)) == 0
+    rec.log_samples(0, prompts=["p"])
+    rec.close()
+    assert not (tmp_path / "run").exists()
+
+
+def test_default_sample_ids_whatever_the_call_order(tmp_path, gen):
+    batch = make_batch(gen)
+    batch.pop("logits")
+    with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
+        rec.record(1, **batch)
+        rec.log_samples(0, rewards=[1.0] * B)
+        rec.record(1, **batch)  # a step logged in between does not restart the numbering
+        rec.log_samples(1, rewards=[0.0] * (2 * B))
+    run = load_run(tmp_path / "run")
+    tokens = run.tokens.collect()
+    assert sorted(set(tokens["sample"])) == [SAMPLE_STEP + i for i in range(2 * B)]
+    assert tokens.select("sample", "pos").n_unique() == tokens.height  # no duplicated rows
+    samples = run.samples.collect()
+    assert sorted(samples.filter(pl.col("step") == 1)["sample"]) == [SAMPLE_STEP + i for i in range(2 * B)]
+
+
+def test_sample_arguments_are_checked_by_their_names(tmp_path, gen):
+    batch = make_batch(gen)
+    batch.pop("logits")
+    with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
+        with pytest.raises(ValueError, match=r"sample_ids holds 7 twice \(again at index 2\)"):
+            rec.record(0, sample_ids=[7, 8, 7], **batch)
+        with pytest.raises(ValueError, match="sample_ids holds 4 twice"):
+            rec.log_samples(0, rewards=[1.0, 2.0], sample_ids=[4, 4])
+        with pytest.raises(ValueError, match="prompts must be a sequence with one entry per sample, got str"):
+            rec.log_samples(0, prompts="text")
+        with pytest.raises(ValueError, match=r"differ in length: \{'prompts': 2, 'rewards': 3\}"):
+            rec.log_samples(0, prompts=["a", "b"], rewards=[1.0, 2.0, 3.0])
+        with pytest.raises(ValueError, match="rewards holds an infinite value at index 1"):
+            rec.log_samples(0, rewards=[1.0, math.inf])
+    assert load_run(tmp_path / "run").samples.collect().height == 0
+
+
+def test_precomputed_divergences_and_decisions_are_recorded_as_given(tmp_path, gen):
+    batch = make_batch(gen)
+    top_ids, top_logp = topk_from_logits(batch["logits"].double() + 0.1, batch["token_ids"], K)
+    computed_dir, given_dir = tmp_path / "computed", tmp_path / "given"
+    rules = ["ppo", "dppo_topk_tv"]
+    with TokenRecorder(computed_dir, rules=rules) as rec:
+        rec.record(0, mu_topk_ids=top_ids, mu_topk_logp=top_logp, **batch)
+    computed = tokens_of(computed_dir)
+    tv, kl = topk_divergence(batch["logits"], top_ids, top_logp)
+    blocked_ppo = torch.ones(B, T, dtype=torch.bool)  # not what ppo decides: used as given
+    with TokenRecorder(given_dir, rules=rules) as rec:
+        rec.record(0, topk_tv=tv, topk_kl=kl, blocked={"ppo": blocked_ppo}, **dict(batch, logits=None))
+    given = tokens_of(given_dir)
+    for column in ("topk_tv", "topk_kl", "blocked_dppo_topk_tv", "ratio", "binary_tv"):
+        np.testing.assert_allclose(given[column].to_numpy(), computed[column].to_numpy(), rtol=1e-6)
+    assert given["blocked_ppo"].all() and given["entropy"].is_null().all()
+    with TokenRecorder(tmp_path / "bad", rules=rules) as rec:
+        with pytest.raises(ValueError, match="topk_tv and topk_kl must be given together"):
+            rec.record(0, topk_tv=tv, **batch)
+        with pytest.raises(ValueError, match=r"blocked\['nope'\]: not an evaluated rule"):
+            rec.record(0, blocked={"nope": blocked_ppo}, **batch)
+        with pytest.raises(ValueError, match=r"blocked\['ppo'\] must be a bool tensor of shape \(3, 5\)"):
+            rec.record(0, blocked={"ppo": blocked_ppo.float()}, **batch)
+        with pytest.raises(ValueError, match="topk_tv holds negative values"):
+            rec.record(0, topk_tv=-tv - 1, topk_kl=kl, **batch)
+        rec.record(0, topk_tv=tv, topk_kl=torch.full_like(kl, math.inf), **batch)  # +inf KL is a value
