@@ -15,7 +15,8 @@ One training step, top to bottom (`train` below):
     the trust-region rule has something to decide. The loss is `trustlens.loss.policy_loss`
     under the configured rule; AdamW with gradient-norm clipping.
  5. Every update is recorded token by token (`TokenRecorder`), with every rule of
-    `trustlens.rules.RULES` evaluated counterfactually on the same tokens.
+    `trustlens.rules.RULES` evaluated counterfactually on the same tokens. The top-K TV/KL of π
+    vs μ and the rule decisions are computed once per update and handed to the recorder.
  6. The engine receives the new weights (`sync_weights`), as an inference server would (and
     serves them `rollout_lag` steps later).
 
@@ -365,9 +366,12 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                             advantages=advantages[rows],
                             mu_logp=mb.mu_logp,
                             old_logp=old_logp[rows],
-                            logits=logits.detach(),  # the recorder takes π's entropy and top-K TV/KL from them
+                            logits=logits.detach(),  # the recorder takes π's entropy from them
                             mu_topk_ids=mb.mu_topk_ids,
                             mu_topk_logp=mb.mu_topk_logp,
+                            topk_tv=topk_tv,  # computed once above, as are the rule decisions
+                            topk_kl=topk_kl,
+                            blocked=blocked,
                             sample_ids=sample_ids[rows],
                             group_ids=group_ids[rows],
                         )
