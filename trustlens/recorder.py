@@ -39,7 +39,7 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -317,8 +317,8 @@ class TokenRecorder:
                 bad = mask & ((token_ids.to(device) < 0) | (token_ids.to(device) >= 2**31))
                 raise ValueError(f"token_ids must be in [0, 2³¹) at valid positions; first bad at {_first_index(bad)}")
         ent_from_logits = None
-        given_topk = topk_tv is not None
-        if given_topk:
+        given_topk = topk_tv is not None and topk_kl is not None
+        if topk_tv is not None and topk_kl is not None:
             topk_tv, topk_kl = take(topk_tv), take(topk_kl)
         if logits is not None:
             ent_from_logits, logit_tv, logit_kl = self._logit_quantities(
@@ -333,11 +333,13 @@ class TokenRecorder:
             )
             if not given_topk:
                 topk_tv, topk_kl = logit_tv, logit_kl
+        anchor_logp = mu_logp if mu_logp is not None else old_logp
+        assert anchor_logp is not None  # _check_arguments checked it
         try:
             adv = _advantages_at(advantages, shape, b, take)
             inputs = TokenInputs(
                 pi_logp=take(pi_logp),
-                mu_logp=take(mu_logp if mu_logp is not None else old_logp),
+                mu_logp=take(anchor_logp),
                 advantages=adv,
                 old_logp=None if old_logp is None else take(old_logp),
                 topk_tv=topk_tv,
@@ -433,21 +435,20 @@ class TokenRecorder:
             "group_ids": ("group", group_ids),
         }
         sizes = {}
-        for arg, (_, value) in given.items():
-            if value is None:
+        for arg, (_, entries) in given.items():
+            if entries is None:
                 continue
-            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
-                raise ValueError(f"{arg} must be a sequence with one entry per sample, got {type(value).__name__}")
-            sizes[arg] = len(value)
+            if isinstance(entries, (str, bytes)) or not hasattr(entries, "__len__"):
+                raise ValueError(f"{arg} must be a sequence with one entry per sample, got {type(entries).__name__}")
+            sizes[arg] = len(entries)
         if not sizes:
             raise ValueError("log_samples needs at least one of prompts, responses, rewards, advantages, lengths")
         if len(set(sizes.values())) > 1:
             raise ValueError(f"log_samples arguments differ in length: {sizes}")
         n = next(iter(sizes.values()))
         columns: dict[str, Any] = {"step": [step] * n}
-        for arg, (name, value) in given.items():
-            if isinstance(value, (torch.Tensor, np.ndarray)):
-                value = value.tolist()
+        for arg, (name, given_value) in given.items():
+            value: Any = given_value.tolist() if isinstance(given_value, (torch.Tensor, np.ndarray)) else given_value
             if name in ("reward", "advantage") and value is not None:
                 value = [None if v is None or math.isnan(v) else v for v in value]  # NaN: no value
                 bad = [i for i, v in enumerate(value) if v is not None and math.isinf(v)]
@@ -562,6 +563,7 @@ class TokenRecorder:
     ) -> torch.Tensor:
         """Per-sample ids (B,) as an int64 tensor on `device`; numbered by default when `key`."""
         if ids is None:
+            assert key is not None, "default ids need a counter key"
             start = self._first_id(key, batch)
             return torch.arange(start, start + batch, device=device)
         if not isinstance(ids, torch.Tensor):
@@ -702,7 +704,7 @@ def _check_arguments(
     if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 2:
         got = tuple(token_ids.shape) if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__
         raise ValueError(f"token_ids must be a (B, T) integer tensor, got {got}")
-    shape = tuple(token_ids.shape)
+    shape = (token_ids.shape[0], token_ids.shape[1])
     _id_tensor("token_ids", token_ids, shape)
     if per_token["mu_logp"] is None and per_token["old_logp"] is None:
         raise ValueError("record needs mu_logp or old_logp: ratio and divergences compare π with one of them")
@@ -731,7 +733,7 @@ def _advantages_at(advantages: object, shape: tuple[int, int], b: torch.Tensor, 
 def _locate_error(mask: torch.Tensor, **tensors: torch.Tensor | None) -> None:
     """Re-run the checks of the (B, T) `tensors` on their valid positions (padding set to 0), so
     that the error raised names the argument and its (b, t) index."""
-    checks = {
+    checks: dict[str, Callable[..., torch.Tensor]] = {
         "advantages": check_tensor,
         "entropy": check_nonnegative,
         "topk_tv": check_nonnegative,
@@ -750,16 +752,16 @@ def _to_cpu(step: int, update: int, ints: list[torch.Tensor], floats: dict, bloc
     decided = [k for k, v in blocked.items() if v is not None]
     columns = [ints, [floats[k].float() for k in present], [blocked[k] for k in decided]]
     if ints[0].device.type == "cpu":
-        ints, values, bools = ([t.numpy() for t in group] for group in columns)
+        arrays, values, bools = ([t.numpy() for t in group] for group in columns)
     else:
-        ints, values, bools = ([*torch.stack(group).cpu().numpy()] if group else [] for group in columns)
+        arrays, values, bools = ([*torch.stack(group).cpu().numpy()] if group else [] for group in columns)
     return TokenBatch(
         step=step,
         update=update,
-        sample=ints[0],
-        group=ints[1],
-        pos=ints[2],
-        token_id=ints[3],
+        sample=arrays[0],
+        group=arrays[1],
+        pos=arrays[2],
+        token_id=arrays[3],
         floats={k: values[present.index(k)] if k in present else None for k in floats},
         blocked={k: bools[decided.index(k)] if k in decided else None for k in blocked},
     )

@@ -158,12 +158,12 @@ def _readable_parts(path: Path, table: str, verify: bool) -> tuple[Part, ...]:
         if rank is None:
             _warn(f"skipping {entry.path}: not a rank=R folder of part files (a stray copy?)")
             continue
-        for f in sorted(os.scandir(entry.path), key=lambda e: e.name):
-            index = part_index(f.name)
-            if index is not None and f.is_file():
-                found.append((rank, index, Path(f.path)))
-            elif not f.name.startswith("."):  # hidden: a part file being written
-                _warn(f"skipping {f.path}: not a part file (part-NNNNNN.parquet)")
+        for file in sorted(os.scandir(entry.path), key=lambda e: e.name):
+            index = part_index(file.name)
+            if index is not None and file.is_file():
+                found.append((rank, index, Path(file.path)))
+            elif not file.name.startswith("."):  # hidden: a part file being written
+                _warn(f"skipping {file.path}: not a part file (part-NNNNNN.parquet)")
     readable = []
     for rank, _, f in sorted(found):
         try:
@@ -187,7 +187,7 @@ def _stand_in_manifest(parts: dict[str, tuple[Part, ...]]) -> dict[str, Any]:
     """What can be known of a run whose run.json is unreadable: its rules, from the columns."""
     tokens = parts["tokens"]
     names = pq.read_schema(tokens[0].path).names if tokens else []
-    rules = {r: {} for r in (rule_of_column(n) for n in names) if r is not None}
+    rules: dict[str, dict[str, Any]] = {r: {} for r in (rule_of_column(n) for n in names) if r is not None}
     return {"schema_version": None, "status": "unknown", "rules": rules, "active_rule": None, "missing": []}
 
 
