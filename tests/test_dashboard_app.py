@@ -271,7 +271,7 @@ def test_cli_parses_dashboard_flags(monkeypatch, tmp_path):
     monkeypatch.setattr(dashboard.subprocess, "Popen", Done)
     assert cli.main(["dashboard", str(tmp_path), "--port", "8765"]) == 0
     cmd, env = calls[0]
-    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"] and Path(cmd[4]) == ENTRY
+    assert cmd[:4] == [sys.executable, "-m", "trustlens.dashboard", "run"] and Path(cmd[4]) == ENTRY
     flags = dict(zip(cmd[5::2], cmd[6::2], strict=True))
     assert flags["--server.port"] == "8765"
     assert flags["--server.address"] == "127.0.0.1"

@@ -3,6 +3,11 @@
 The app's files live in the repository's top-level `app/` folder; an installed wheel carries them
 under `<prefix>/share/trustlens/app` (pyproject `data-files`), found the way `trustlens.paths`
 finds `data/`. The runs folder reaches the app through the environment variable RUNS_ENV.
+
+The server runs as `python -m trustlens.dashboard run APP …`: this module imports the libraries
+every page uses (`PRELOAD`) in the main thread and then hands over to Streamlit's command line.
+Imported lazily instead, the first page loads of several browser tabs at once would import
+pandas in several script threads at once and some would see a partially initialised module.
 """
 
 from __future__ import annotations
@@ -21,6 +26,20 @@ from pathlib import Path
 RUNS_ENV = "TRUSTLENS_RUNS"
 # The app's entry script, inside the app folder.
 ENTRY = "trustlens_app.py"
+# Imported before the server starts (see the module docstring).
+PRELOAD = (
+    "pandas",
+    "pyarrow",
+    "pyarrow.pandas_compat",
+    "polars",
+    "plotly.graph_objects",
+    "plotly.subplots",
+    "plotly.io",
+    "trustlens.analysis",
+    "trustlens.plots",
+    "trustlens.render",
+    "trustlens.run",
+)
 
 _SOURCE_APP = Path(__file__).resolve().parent.parent / "app"
 _INSTALLED_APP = Path(sys.prefix) / "share" / "trustlens" / "app"
@@ -49,7 +68,7 @@ def streamlit_command(port: int, host: str, open_browser: bool) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "streamlit",
+        "trustlens.dashboard",
         "run",
         str(app_dir() / ENTRY),
         "--server.address",
@@ -158,3 +177,18 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--open", action="store_true", help="open a browser tab")
     parser.set_defaults(func=_run)
+
+
+def _serve(argv: list[str]) -> int:
+    """`python -m trustlens.dashboard run APP [flags]`: preload, then Streamlit's `run`."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    from streamlit.web import cli as streamlit_cli
+
+    return streamlit_cli.main(args=argv, prog_name="streamlit", standalone_mode=True)
+
+
+if __name__ == "__main__":
+    sys.exit(_serve(sys.argv[1:]))
