@@ -8,7 +8,7 @@ import torch
 from trustlens.cli import main
 from trustlens.train.model import ModelConfig, build_model, build_tokenizer, load_checkpoint
 from trustlens.train.tasks import ArithmeticTask, Problem
-from trustlens.train.warmup import IGNORE, WarmupConfig, batch_tensors, evaluate, warmup
+from trustlens.train.warmup import IGNORE, WarmupConfig, batch_tensors, evaluate, warmup, with_paths
 
 TOK = build_tokenizer()
 TINY = WarmupConfig(
@@ -131,6 +131,7 @@ def test_cli_help_documents_every_flag():
         "--batch-size",
         "--lr",
         "--target-accuracy",
+        "--alt-share",
         "--eval-every",
         "--eval-size",
         "--final-eval-size",
@@ -167,3 +168,16 @@ def test_rebuild_reproduces_the_shipped_checkpoint(tmp_path):
     ours, theirs = (json.loads((d / "meta.json").read_text()) for d in (tmp_path, shipped))
     ours.pop("train_seconds"), theirs.pop("train_seconds")
     assert ours == theirs
+
+
+def test_with_paths_writes_other_valid_paths_at_the_given_share():
+    task = ArithmeticTask()
+    problems = task.sample(2000, 0)
+    out = with_paths(problems, 0.1, torch.Generator().manual_seed(0))
+    moved = [q for p, q in zip(problems, out, strict=True) if q.target != p.target]
+    assert 0.08 < len(moved) / len(problems) < 0.12  # problems with one path only stay put
+    for q in moved:
+        assert q.target in q.solutions()[1:] and task.reward(q, q.target) == 1.0
+    assert with_paths(problems, 0.0, torch.Generator().manual_seed(0)) == problems
+    with pytest.raises(ValueError, match="alt_share"):
+        with_paths(problems, 1.5, torch.Generator())
