@@ -32,8 +32,9 @@ from openrlhf.trainer.ppo_trainer import BasePPOTrainer  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer  # noqa: E402
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer  # noqa: E402
-from tiny import VOCAB as V  # noqa: E402
-from tiny import tiny_qwen2  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from verl_grpo import V, tiny_qwen2  # noqa: E402  (the same tiny Qwen2; no verl import)
 
 from trustlens import load_run  # noqa: E402
 from trustlens.integrations import openrlhf as hook  # noqa: E402

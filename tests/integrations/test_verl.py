@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
@@ -22,23 +21,17 @@ import pytest
 verl = pytest.importorskip("verl")
 pytestmark = pytest.mark.slow
 
-import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
-from packaging.version import Version  # noqa: E402
 
 from trustlens import load_run  # noqa: E402
 from trustlens.integrations import verl as hook  # noqa: E402
-from trustlens.integrations._external import finish  # noqa: E402
 
 RANK_SCRIPT = Path(__file__).with_name("verl_rank.py")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import verl_grpo  # noqa: E402
+
 WORLD = 2
-# verl 0.9 trains through engine workers; 0.7's default is the legacy DataParallelPPOActor
-PATHS = ["engine"] if Version(verl.__version__) >= Version("0.8") else ["dp_actor"]
-
-
-class Tokenizer:
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(f"t{i}" for i in ids)
+PATHS = [verl_grpo.default_path()]
 
 
 def _free_port() -> str:
@@ -60,41 +53,14 @@ def _train(run_dir: Path, path: str, tmp: Path) -> list[list[dict]]:
     return [json.loads(o.read_text()) for o in outs]
 
 
-def _drive(run_dir: Path, monkeypatch) -> None:
-    """The driver's part: samples of each step's batch (both ranks' halves), verl's metrics, and
-    the final status, through the same hooks RayPPOTrainer gets."""
-    import verl_rank
-    from verl.utils.tracking import Tracking
-
-    monkeypatch.setenv("TRUSTLENS_DIR", str(run_dir))
-    config = OmegaConf.create(
-        {
-            "actor_rollout_ref": {"actor": {"clip_ratio": 0.2, "clip_ratio_high": 0.28, "policy_loss": {}}},
-            "algorithm": {},
-        }
-    )
-    trainer = SimpleNamespace(
-        config=config, tokenizer=Tokenizer(), actor_rollout_wg=SimpleNamespace(world_size=WORLD), global_steps=0
-    )
-    model = verl_rank.tiny_model()
-    tracking = Tracking(project_name="p", experiment_name="e", default_backend=[])
-    for step in range(1, verl_rank.STEPS + 1):
-        trainer.global_steps = step
-        batch = verl.DataProto.concat([verl_rank.make_batch(model, r, step) for r in range(WORLD)])
-        batch.batch["token_level_scores"] = torch.zeros_like(batch.batch["old_log_probs"])
-        hook._log_samples(trainer, batch)
-        tracking.log({"actor/pg_loss": 0.5 * step, "note": "text is left out"}, step=step)
-    finish(hook._state, None)
-
-
 @pytest.fixture(scope="module", params=PATHS)
 def verl_run(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(request.param)
     run_dir = tmp / "run"
     calls = _train(run_dir, request.param, tmp)
     with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(RANK_SCRIPT.parent))
-        _drive(run_dir, mp)
+        mp.setenv("TRUSTLENS_DIR", str(run_dir))  # drive() sets it for this process
+        verl_grpo.drive(str(run_dir), WORLD)
     return run_dir, calls
 
 
