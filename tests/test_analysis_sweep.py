@@ -23,7 +23,7 @@ SCALES = (0.5, 1.0, 2.0)
 
 
 def table(rows=ROWS, **extra) -> pl.LazyFrame:
-    mu, pi, adv = zip(*rows)
+    mu, pi, adv = zip(*rows, strict=True)
     return pl.LazyFrame(
         {
             "step": [0] * len(rows),
@@ -76,9 +76,9 @@ def test_by_bucket_splits_the_totals():
 def test_rows_without_a_rules_inputs_are_not_counted():
     old = [L(0.01), None, L(0.5), L(0.5)]
     df = threshold_sweep(table(old_logp=old), ["ppo", "minirl"], scales=(1.0,))
-    assert dict(zip(df["rule"], df["count"])) == {"ppo": 4, "minirl": 3}
+    assert dict(zip(df["rule"], df["count"], strict=True)) == {"ppo": 4, "minirl": 3}
     # minirl anchored on π_old: row 0 ratio 1.3 (blocked), rows 2 and 3 move less than 20%
-    assert dict(zip(df["rule"], df["blocked"])) == {"ppo": 2, "minirl": 1}
+    assert dict(zip(df["rule"], df["blocked"], strict=True)) == {"ppo": 2, "minirl": 1}
 
 
 def test_batches_give_the_same_counts():
@@ -99,9 +99,9 @@ def test_scale_one_reproduces_the_recorded_decisions(tmp_path):
 
 
 def test_bad_input_is_named():
-    with pytest.raises(ValueError, match="pg_is.*never blocks"):
+    with pytest.raises(ValueError, match=r"pg_is.*never blocks"):
         threshold_sweep(table(), "pg_is")
-    with pytest.raises(ValueError, match="dppo_topk_tv.*topk_tv"):
+    with pytest.raises(ValueError, match=r"dppo_topk_tv.*topk_tv"):
         threshold_sweep(table(), "dppo_topk_tv")
     with pytest.raises(ValueError, match="scales"):
         threshold_sweep(table(), "ppo", scales=(1.0, -1.0))
@@ -111,3 +111,26 @@ def test_bad_input_is_named():
         threshold_sweep(table(), "nope")
     with pytest.raises(ValueError, match="batch_rows"):
         threshold_sweep(table(), batch_rows=0)
+
+
+def test_zero_advantage_is_counted_apart():
+    rows = [*ROWS, (0.01, 0.05, 0.0), (0.9, 0.1, 0.0)]  # far outside every region, but A = 0
+    df = threshold_sweep(table(rows), scales=SCALES)
+    assert set(df["count"]) == {4} and set(df["count_zero"]) == {2}
+    assert blocked(df, "ppo") == [3, 2, 0]  # the A = 0 rows are never blocked
+
+
+def test_custom_rule_from_the_manifest():
+    custom = {"low": 0.1, "high": 0.1, "anchor": "mu", "measure": "binary_tv", "description": "tight TV"}
+    df = threshold_sweep(table(blocked_tight=[False] * 4), ["tight"], scales=(1.0,), base={"tight": custom})
+    # binary TV > 0.1 in the direction of the update: only row 1 (π fell by 0.2, A < 0)
+    assert df["blocked"].to_list() == [1] and df["count"].to_list() == [4]
+
+
+def test_sweep_needs_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, trustlens.analysis.sweep; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

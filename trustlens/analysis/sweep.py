@@ -3,9 +3,10 @@
 A recorded run stores one decision per rule (`blocked_<rule>`) at the thresholds it was recorded
 with. `threshold_sweep` asks what each rule would have blocked at other thresholds: for a scale
 s, the rule's thresholds become (s · low, s · high) — ε for the ratio rules, δ for the DPPO
-rules — and the rule is evaluated again on every token by `trustlens.rules.evaluate_all`, the
-function the recorder used, so at s = 1 the sweep reproduces the recorded columns. Scaling every
-rule by the same factors puts PPO's ε and DPPO's δ, which live in different units, on one axis.
+rules — and the rule is decided again on every token by `trustlens.rules.evaluate_columns` (the
+recorder's decision function on the run's columns, no torch), so at s = 1 the sweep reproduces
+the recorded columns. Scaling every rule by the same factors puts PPO's ε and DPPO's δ, which
+live in different units, on one axis. Block rates are over A ≠ 0 tokens (DESIGN §2).
 
 The table is read in batches of `batch_rows` rows (polars' streaming engine), so a run of any
 size is swept in bounded memory; the result has one row per rule × scale (× bucket).
@@ -17,42 +18,40 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import polars as pl
-import torch
 
 from trustlens.analysis.buckets import MIN_P, PER_DECADE, anchor_column, bucket_expr, bucket_table, rules_of
-from trustlens.rules import evaluate_all, get_rule
+from trustlens.rules import Rule, evaluate_columns, get_rule, rule_columns
 
 # Default scales of every rule's thresholds: a quarter of the recorded thresholds up to four times.
 DEFAULT_SCALES: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
-# Token rows converted to tensors at a time.
+# Token rows read at a time.
 BATCH_ROWS = 1 << 20
+# Advantage sides counted apart, in cell order.
+_SIDES = ("neg", "pos", "zero")
 
 SWEEP_SCHEMA: dict[str, pl.DataType] = {
-    "rule": pl.String,
-    "scale": pl.Float64,  # factor applied to both thresholds
-    "low": pl.Float64,  # threshold used when A ≤ 0
-    "high": pl.Float64,  # threshold used when A > 0
-    "count": pl.Int64,  # tokens where the rule could be evaluated
-    "blocked": pl.Int64,  # of those, tokens it blocks at these thresholds
-    "blocked_frac": pl.Float64,  # blocked / count (null when count is 0)
-    "count_pos": pl.Int64,  # tokens with A > 0 (the `high` side)
-    "blocked_frac_pos": pl.Float64,
-    "count_neg": pl.Int64,  # tokens with A ≤ 0 (the `low` side)
-    "blocked_frac_neg": pl.Float64,
+    "rule": pl.String(),
+    "scale": pl.Float64(),  # factor applied to both thresholds
+    "low": pl.Float64(),  # threshold used when A < 0
+    "high": pl.Float64(),  # threshold used when A > 0
+    "count": pl.Int64(),  # A ≠ 0 tokens where the rule could be evaluated
+    "blocked": pl.Int64(),  # of those, tokens it blocks at these thresholds
+    "blocked_frac": pl.Float64(),  # blocked / count (null when count is 0)
+    "count_pos": pl.Int64(),  # tokens with A > 0 (the `high` side)
+    "blocked_frac_pos": pl.Float64(),
+    "count_neg": pl.Int64(),  # tokens with A < 0 (the `low` side)
+    "blocked_frac_neg": pl.Float64(),
+    "count_zero": pl.Int64(),  # tokens with A = 0: no gradient, never blocked, not in `count`
 }
 
 
-def _thresholds(rules: Sequence[str], base: Mapping[str, Mapping] | None) -> dict[str, tuple[float, float]]:
-    """(low, high) of each rule: from `base` (a manifest's rules) where it has them, else RULES."""
+def _resolve(names: Sequence[str], base: Mapping[str, Mapping] | None) -> dict[str, Rule]:
+    """Each rule as the run recorded it (`base`, a manifest's rules: custom rules come back with
+    their measure and anchor), else the registry's."""
     out = {}
-    for name in rules:
-        rule = get_rule(name)
-        if not rule.blocks:
-            raise ValueError(f"rules: {name!r} never blocks a token, so it has no threshold to sweep")
-        given = (base or {}).get(name) or {}
-        low = given.get("low") if given.get("low") is not None else rule.low
-        high = given.get("high") if given.get("high") is not None else rule.high
-        out[name] = (float(low), float(high))
+    for name in names:
+        given = (base or {}).get(name)
+        out[name] = Rule.from_manifest(name, given) if isinstance(given, Mapping) and given else get_rule(name)
     return out
 
 
@@ -64,10 +63,6 @@ def _check_scales(scales: Sequence[float]) -> list[float]:
     if bad:
         raise ValueError(f"scales must be finite numbers ≥ 0, got {bad[0]!r}")
     return out
-
-
-def _tensor(batch: pl.DataFrame, column: str, rows: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(batch[column].cast(pl.Float64).to_numpy()[rows])
 
 
 def threshold_sweep(
@@ -86,74 +81,66 @@ def threshold_sweep(
     rules: rules to sweep (default: every blocking rule evaluated in the run); a rule need not
         have been evaluated in the run, but the columns it reads must be there (π_old for the
         `*_recompute` and `minirl` rules, topk_tv / topk_kl for the top-K rules).
-    base: {rule: {"low", "high"}} thresholds the scales multiply — pass `Run.rules` (the
-        manifest's) so that scale 1 is what the run recorded; default the RULES defaults.
+    base: {rule: {"low", "high", ...}} thresholds the scales multiply — pass `Run.rules` (the
+        manifest's, which also brings back custom rules) so that scale 1 is what the run
+        recorded; default the RULES defaults.
     by_bucket: also split by the anchor probability's bucket (`analysis.bucket_table`: bucket,
         p_lo, p_hi, label), to see where in μ each threshold bites.
 
     The anchor is μ, or π_old in a run without μ (as the recorder anchors it). Rows where a rule's
-    inputs are null (no π_old, no top-K, no advantage) are not counted for that rule.
+    inputs are null (no π_old, no top-K, no advantage) are not counted for that rule. Block rates
+    are over A ≠ 0 tokens; A = 0 tokens (never blocked) are counted apart in `count_zero`.
     Columns: rule, scale, low, high, [bucket, p_lo, p_hi, label,] count, blocked, blocked_frac,
-    count_pos, blocked_frac_pos (A > 0), count_neg, blocked_frac_neg (A ≤ 0).
+    count_pos, blocked_frac_pos (A > 0), count_neg, blocked_frac_neg (A < 0), count_zero.
     """
     names = tokens.collect_schema().names()
+    anchor = anchor_column(tokens)
     if rules is None:
-        rules = [r for r in rules_of(tokens) if get_rule(r).blocks]
+        rules = [r for r, rule in _resolve(rules_of(tokens), base).items() if rule.blocks]
     rules = [rules] if isinstance(rules, str) else list(rules)
-    thresholds = _thresholds(rules, base)
+    resolved = _resolve(rules, base)
+    for name, rule in resolved.items():
+        if not rule.blocks:
+            raise ValueError(f"rules: {name!r} never blocks a token, so it has no threshold to sweep")
     scales = _check_scales(scales)
     if not isinstance(batch_rows, int) or batch_rows < 1:
         raise ValueError(f"batch_rows must be a positive int, got {batch_rows!r}")
-    anchor = anchor_column(tokens)
-    needs = {r: get_rule(r).needs for r in rules}
+    needs = {r: rule_columns(rule, mu=anchor) for r, rule in resolved.items()}
     for r, cols in needs.items():
         missing = [c for c in cols if c not in names]
         if missing:
             raise ValueError(f"rules: {r!r} needs the column(s) {missing}, which the token table lacks")
     inputs = sorted({c for cols in needs.values() for c in cols})
     n_buckets = bucket_table(min_p, per_decade).height
-    # counts[rule][scale index] is (n_buckets, 2) for the sides A ≤ 0 (0) and A > 0 (1)
-    counts = {r: np.zeros((n_buckets, 2), np.int64) for r in rules}
-    blocked = {r: np.zeros((len(scales), n_buckets, 2), np.int64) for r in rules}
+    size = n_buckets * len(_SIDES)
+    # counts[rule] is (n_buckets, 3), blocked[rule] (scales, n_buckets, 3); sides as in _SIDES
+    counts = {r: np.zeros((n_buckets, len(_SIDES)), np.int64) for r in rules}
+    blocked = {r: np.zeros((len(scales), n_buckets, len(_SIDES)), np.int64) for r in rules}
+    adv = pl.col("advantage")
+    side = pl.when(adv < 0).then(0).when(adv > 0).then(1).otherwise(2)
     query = tokens.select(
-        pl.col("pi_logp"),
-        pl.col(anchor).alias("_anchor"),
-        pl.col("advantage"),
         *map(pl.col, inputs),
-        bucket_expr(anchor, min_p, per_decade).alias("_bucket"),
+        (bucket_expr(anchor, min_p, per_decade).fill_null(0) * len(_SIDES) + side).alias("_cell"),
     )
     for batch in query.collect_batches(chunk_size=batch_rows):
-        base_ok = batch.select(pl.all_horizontal(pl.col("pi_logp", "_anchor", "advantage").is_not_null())).to_series()
-        # rules reading the same optional columns are evaluated together, on the same rows
-        for group_needs in sorted(set(needs.values())):
-            group = [r for r in rules if needs[r] == group_needs]
-            ok = base_ok
-            for c in group_needs:
-                ok = ok & batch[c].is_not_null()
-            rows = np.flatnonzero(ok.to_numpy())
-            if rows.size == 0:
-                continue
-            cell = batch["_bucket"].to_numpy()[rows].astype(np.int64) * 2 + (batch["advantage"].to_numpy()[rows] > 0)
-            size = n_buckets * 2
-            given = {
-                "pi_logp": _tensor(batch, "pi_logp", rows),
-                "mu_logp": _tensor(batch, "_anchor", rows),
-                "advantages": _tensor(batch, "advantage", rows),
-                **{c: _tensor(batch, c, rows) for c in group_needs},
-            }
-            total = np.bincount(cell, minlength=size).reshape(n_buckets, 2)
-            for r in group:
-                counts[r] += total
-            for i, s in enumerate(scales):
-                masks = evaluate_all({r: (s * thresholds[r][0], s * thresholds[r][1]) for r in group}, **given)
-                for r in group:
-                    hit = cell[masks[r].numpy()]
-                    blocked[r][i] += np.bincount(hit, minlength=size).reshape(n_buckets, 2)
+        cell = batch["_cell"].to_numpy().astype(np.int64)
+        for i, s in enumerate(scales):
+            scaled = [rule.with_thresholds(s * rule.low, s * rule.high) for rule in resolved.values()]
+            decided = evaluate_columns(scaled, batch, mu=anchor)
+            for r in rules:
+                col = decided[r]
+                known = col.is_not_null().to_numpy()
+                if i == 0:
+                    counts[r] += np.bincount(cell[known], minlength=size).reshape(n_buckets, len(_SIDES))
+                hit = col.fill_null(False).to_numpy()
+                blocked[r][i] += np.bincount(cell[hit], minlength=size).reshape(n_buckets, len(_SIDES))
+    thresholds = {r: (float(rule.low), float(rule.high)) for r, rule in resolved.items()}
     return _table(rules, scales, thresholds, counts, blocked, by_bucket, min_p, per_decade)
 
 
 def _table(rules, scales, thresholds, counts, blocked, by_bucket, min_p, per_decade) -> pl.DataFrame:
     buckets = bucket_table(min_p, per_decade)
+    neg, pos, zero = (_SIDES.index(x) for x in ("neg", "pos", "zero"))
     records = []
     for r in rules:
         low, high = thresholds[r]
@@ -169,21 +156,23 @@ def _table(rules, scales, thresholds, counts, blocked, by_bucket, min_p, per_dec
                         "low": s * low,
                         "high": s * high,
                         "bucket": b,
-                        "count": int(n[b].sum()),
-                        "blocked": int(k[b].sum()),
-                        "count_pos": int(n[b, 1]),
-                        "blocked_pos": int(k[b, 1]),
-                        "count_neg": int(n[b, 0]),
-                        "blocked_neg": int(k[b, 0]),
+                        "count": int(n[b, pos] + n[b, neg]),
+                        "blocked": int(k[b, pos] + k[b, neg]),
+                        "count_pos": int(n[b, pos]),
+                        "blocked_pos": int(k[b, pos]),
+                        "count_neg": int(n[b, neg]),
+                        "blocked_neg": int(k[b, neg]),
+                        "count_zero": int(n[b, zero]),
                     }
                 )
+    counted = ("count", "blocked", "count_pos", "blocked_pos", "count_neg", "blocked_neg", "count_zero")
     schema = {
         "rule": pl.String,
         "scale": pl.Float64,
         "low": pl.Float64,
         "high": pl.Float64,
         "bucket": pl.Int32,
-        **{c: pl.Int64 for c in ("count", "blocked", "count_pos", "blocked_pos", "count_neg", "blocked_neg")},
+        **{c: pl.Int64 for c in counted},
     }
     df = pl.DataFrame(records, schema=schema)
 
