@@ -430,6 +430,7 @@ class BackgroundWriter:
         self._oldest: float | None = None  # monotonic time of the oldest buffered row
         self._interrupt: str | None = None  # set (a signal name) by `interrupt`
         self._ended = False
+        self._end_lock = threading.Lock()  # one final status, whichever thread ends the run
         self._thread = threading.Thread(target=self._run, name=f"trustlens-writer-{writer.rank}", daemon=True)
         self._thread.start()
 
@@ -461,9 +462,6 @@ class BackgroundWriter:
         """Write everything still queued or buffered, stop the thread and end run.json as
         `finished`, `interrupted` (a `signal`, or `error` a KeyboardInterrupt) or `failed`
         (`error`, or the writer's own error, which is then raised)."""
-        if self._ended:
-            self.raise_error()
-            return
         try:
             if self.error is None and self._thread.is_alive():
                 self._put(("stop", None))
@@ -473,6 +471,7 @@ class BackgroundWriter:
                 self._end("failed", _describe(err))
                 raise
         if self.error is not None:
+            self._thread.join(self.writer_timeout)  # it ends the run `failed` itself
             self._end("failed", _describe(self.error))
         elif signal is not None or isinstance(error, KeyboardInterrupt):
             self._end("interrupted", None if error is None else _describe(error), signal or "SIGINT")
@@ -494,12 +493,18 @@ class BackgroundWriter:
             raise WriterError(f"the trustlens writer of {self.path} failed: {self.error!r}") from self.error
 
     def _end(self, status: str, error: str | None, signal: str | None = None) -> None:
-        if self._ended:
+        """End the run once; a second caller waits (bounded) until the first has ended it."""
+        if not self._end_lock.acquire(timeout=self.writer_timeout):
             return
-        self._ended = True
-        # run.json may not be writable (the disk that failed): the rows are what counts
-        with contextlib.suppress(OSError):
-            self.writer.end(status, error, signal)
+        try:
+            if self._ended:
+                return
+            self._ended = True
+            # run.json may not be writable (the disk that failed): the rows are what counts
+            with contextlib.suppress(OSError):
+                self.writer.end(status, error, signal)
+        finally:
+            self._end_lock.release()
 
     def _put(self, item: tuple[str, Any]) -> None:
         self.raise_error()
