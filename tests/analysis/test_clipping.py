@@ -1,4 +1,3 @@
-
 import numpy as np
 import polars as pl
 import pytest
@@ -13,6 +12,7 @@ from trustlens.analysis import (
     figure1_density,
     rule_boundaries,
     rule_confusion,
+    with_rules,
 )
 from trustlens.divergence import binary_kl
 
@@ -139,3 +139,21 @@ def test_empty_table(clip_run):
     assert rule_confusion(empty, "ppo", TV).is_empty()
     assert confusion_matrix(empty)["count"].sum() == 0
     assert figure1_density(empty).is_empty()
+
+
+def test_with_rules_decides_unrecorded_rules_on_the_columns(clip_run):
+    tokens = with_rules(clip_run.tokens, ["ppo", "dppo_binary_tv", "ppo_clip_higher"])
+    df = tokens.select("ratio", "advantage", "blocked_ppo", "blocked_ppo_clip_higher").collect()
+    # DAPO's clip-higher: A > 0 blocked above ratio 1.28 (rows 0: 1.4 and 1: 2), A < 0 below 0.8
+    assert df["blocked_ppo_clip_higher"].to_list() == [True, True, False, False, True, True, False, False]
+    # a recorded rule keeps its recorded column
+    assert df["blocked_ppo"].to_list() == [True, True, False, False, True, True, False, False]
+    # a custom rule from a manifest entry, compared like any other
+    custom = {"low": 0.05, "high": 0.05, "anchor": "mu", "measure": "binary_tv"}
+    confusion = rule_confusion(with_rules(clip_run.tokens, ["tight"], base={"tight": custom}), "ppo", "tight")
+    assert confusion["count"].sum() == 6
+    # minirl reads π_old, null in this run: not evaluated on any row
+    minirl = with_rules(clip_run.tokens, ["minirl"]).select("blocked_minirl").collect()
+    assert minirl["blocked_minirl"].null_count() == 8
+    with pytest.raises(ValueError, match="minirl"):
+        with_rules(clip_run.tokens.drop("old_logp"), ["minirl"])

@@ -3,7 +3,7 @@
 Modules, each documenting its return columns:
     clipping   which tokens each rule blocks: per step, by token text, by μ-probability bucket,
                by advantage sign; two rules compared on the same tokens; Figure-1 densities and
-               rule boundaries
+               rule boundaries; rules the run did not record, decided on its columns (with_rules)
     mismatch   training-inference mismatch (μ vs π_old) per step, per μ bucket and its trend
                (names from trustlens.metrics, which maps them to verl's)
     collapse   per-step signals and collapse alerts with the tokens and samples behind them
@@ -25,6 +25,7 @@ from trustlens.analysis.clipping import (
     figure1_density,
     rule_boundaries,
     rule_confusion,
+    with_rules,
 )
 from trustlens.analysis.collapse import CollapseConfig, detect_collapse, step_signals
 from trustlens.analysis.mismatch import (
@@ -57,4 +58,5 @@ __all__ = [
     "rule_confusion",
     "step_signals",
     "step_summary",
+    "with_rules",
 ]

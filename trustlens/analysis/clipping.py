@@ -40,6 +40,40 @@ from trustlens.run import blocked_column
 Rules = str | Sequence[str] | None
 
 
+def with_rules(
+    tokens: pl.LazyFrame, rules: Sequence[str], *, base: Mapping[str, Mapping] | None = None
+) -> pl.LazyFrame:
+    """`tokens` with a `blocked_<rule>` column for each of `rules` the table lacks, decided on the
+    recorded columns by `trustlens.rules.evaluate_columns` (no torch): a rule the run did not
+    evaluate, compared counterfactually. `base` ({rule: manifest entry}, `Run.rules`) gives
+    thresholds and brings back custom rules; the anchor is μ, or π_old in a run without μ.
+    ValueError naming the rule when the table lacks a column it reads."""
+    from trustlens.rules import Rule, evaluate_columns, get_rule, rule_columns
+
+    names = tokens.collect_schema().names()
+    mu = anchor_column(tokens)
+    added = []
+    for name in rules:
+        if blocked_column(name) in names:
+            continue
+        given = (base or {}).get(name)
+        rule = Rule.from_manifest(name, given) if isinstance(given, Mapping) and given else get_rule(name)
+        cols = list(rule_columns(rule, mu=mu))
+        missing = [c for c in cols if c not in names]
+        if missing:
+            raise ValueError(f"rules: {name!r} needs the column(s) {missing}, which the token table lacks")
+
+        def decide(batch: pl.Series, rule: Rule = rule) -> pl.Series:
+            return evaluate_columns([rule], batch.struct.unnest(), mu=mu)[rule.name]
+
+        added.append(
+            pl.struct(cols)
+            .map_batches(decide, return_dtype=pl.Boolean, is_elementwise=True)
+            .alias(blocked_column(name))
+        )
+    return tokens.with_columns(added) if added else tokens
+
+
 def blocked_per_step(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
     """Per step and rule: step, rule, count, blocked, blocked_frac; sorted by step, rule order."""
     rules = checked_rules(tokens, rules)
@@ -343,4 +377,5 @@ __all__ = [
     "figure1_density",
     "rule_boundaries",
     "rule_confusion",
+    "with_rules",
 ]
