@@ -344,9 +344,7 @@ def launch(run_dir: str, path: str, world: int = 2, port: str = "29533") -> None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="run directory to create")
     parser.add_argument(
         "--path", choices=["engine", "dp_actor"], help="verl's actor code (default: the installed verl's default)"
