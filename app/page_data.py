@@ -60,17 +60,19 @@ def rule_pair(rules: list[str]) -> tuple[str, str]:
 
 
 def ppo_vs_dppo(ctx: ui.Context, rule_a: str, rule_b: str) -> dict[str, pl.DataFrame]:
-    """Everything the PPO vs DPPO page draws for two rules on the filtered tokens."""
+    """Everything the PPO vs DPPO page draws for two rules on the filtered tokens; a rule the run
+    did not record is decided on its columns first (`decided`)."""
     pair = (rule_a, rule_b)
+    decided = tuple(r for r in pair if r not in ctx.rules)
     return {
-        "total": ui.on_tokens(rule_confusion, ctx, rule_a=rule_a, rule_b=rule_b, per_step=False),
-        "per_step": ui.on_tokens(rule_confusion, ctx, rule_a=rule_a, rule_b=rule_b),
-        "ratio_density": ui.on_tokens(figure1_density, ctx, y="ratio", rules=pair),
-        "tv_density": ui.on_tokens(figure1_density, ctx, y="binary_tv", rules=pair),
+        "total": ui.on_tokens(rule_confusion, ctx, decided=decided, rule_a=rule_a, rule_b=rule_b, per_step=False),
+        "per_step": ui.on_tokens(rule_confusion, ctx, decided=decided, rule_a=rule_a, rule_b=rule_b),
+        "ratio_density": ui.on_tokens(figure1_density, ctx, decided=decided, y="ratio", rules=pair),
+        "tv_density": ui.on_tokens(figure1_density, ctx, decided=decided, y="binary_tv", rules=pair),
         "boundaries": rule_boundaries({r: ctx.run.rules.get(r, {}) for r in pair}),
-        "by_bucket": ui.on_tokens(blocked_by_bucket, ctx, rules=pair),
+        "by_bucket": ui.on_tokens(blocked_by_bucket, ctx, decided=decided, rules=pair),
         "matrix": ui.on_tokens(confusion_matrix, ctx),
-        "by_token": ui.on_tokens(blocked_by_token, ctx, rules=pair, top=15),
+        "by_token": ui.on_tokens(blocked_by_token, ctx, decided=decided, rules=pair, top=15),
     }
 
 

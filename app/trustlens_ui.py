@@ -24,6 +24,7 @@ import streamlit as st
 
 from trustlens.analysis import tokens as tq
 from trustlens.analysis.buckets import bucket_table
+from trustlens.analysis.clipping import with_rules
 from trustlens.analysis.collapse import detect_collapse, step_signals
 from trustlens.dashboard import RUNS_ENV
 from trustlens.render import FORMULA_START, escape_markdown, visible_token
@@ -146,20 +147,46 @@ def run_shape(path: str, signature: tuple) -> tuple[str, tuple[int, int] | None]
 
 
 @st.cache_data(ttl=RUN_TTL, max_entries=256, show_spinner=False)
-def _on_tokens(name: str, path: str, signature: tuple, query: tq.TokenQuery | None, anchor: str, kwargs: tuple):
+def _on_tokens(
+    name: str,
+    path: str,
+    signature: tuple,
+    query: tq.TokenQuery | None,
+    anchor: str,
+    kwargs: tuple,
+    decided: tuple[str, ...] = (),
+):
     module, func = name.rsplit(".", 1)
     fn = getattr(importlib.import_module(module), func)
-    tokens = tokens_of(run_at(path, signature))
+    run = run_at(path, signature)
+    tokens = tokens_of(run)
+    if decided:
+        tokens = with_rules(tokens, decided, base=run.rules)
     if query is not None:
         tokens = tq.filter_tokens(tokens, query, anchor=anchor)
     return fn(tokens, **dict(kwargs))
 
 
-def on_tokens(fn, ctx: Context, *, filtered: bool = True, **kwargs):
+def on_tokens(fn, ctx: Context, *, filtered: bool = True, decided: tuple[str, ...] = (), **kwargs):
     """`fn(tokens, **kwargs)` for an analysis query `fn`, on the run's token rows (those passing
-    the sidebar filters unless `filtered` is False), cached per run version, filters and kwargs."""
+    the sidebar filters unless `filtered` is False), cached per run version, filters and kwargs.
+    `decided`: rules the run did not record, decided on its columns first (analysis.with_rules)."""
     query = ctx.query if filtered and ctx.query != tq.TokenQuery() else None
-    return _on_tokens(f"{fn.__module__}.{fn.__qualname__}", *ctx.key, query, ctx.anchor, tuple(sorted(kwargs.items())))
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    return _on_tokens(name, *ctx.key, query, ctx.anchor, tuple(sorted(kwargs.items())), tuple(decided))
+
+
+def decidable_rules(ctx: Context) -> list[str]:
+    """Blocking rules of the registry the run did not record but whose inputs it holds: they can
+    be decided on its columns (analysis.with_rules) and compared with the recorded ones."""
+    from trustlens.rules import RULES, rule_columns
+
+    names = set(ctx.tokens.collect_schema().names()) if ctx.tokens is not None else set()
+    return [
+        name
+        for name, rule in RULES.items()
+        if rule.blocks and name not in ctx.rules and set(rule_columns(rule, mu=ctx.anchor)) <= names
+    ]
 
 
 @st.cache_data(ttl=RUN_TTL, max_entries=32, show_spinner=False)

@@ -63,7 +63,24 @@ def runs(tmp_path_factory) -> Path:
         root / "d_hostile", **SIZES, rules=RULES, seed=4, vocab=HOSTILE_VOCAB + VOCAB[: 64 - len(HOSTILE_VOCAB)]
     )
     _hostile_prompts(root / "d_hostile")
+    _custom_rule(write_synthetic_run(root / "e_custom", **SIZES, rules=("ppo", "dppo_binary_tv"), seed=6))
     return root
+
+
+CUSTOM = {"low": 0.15, "high": 0.15, "anchor": "mu", "measure": "binary_tv", "description": "a user's own rule"}
+
+
+def _custom_rule(run: Path) -> None:
+    """Turn the run's dppo_binary_tv into a custom rule `my_tv_rule` the registry does not know."""
+    for part in sorted((run / "tokens").glob("rank=*/part-*.parquet")):
+        table = pq.read_table(part)
+        names = ["blocked_my_tv_rule" if n == "blocked_dppo_binary_tv" else n for n in table.column_names]
+        index = int(part.stem.split("-")[1])
+        part.unlink()
+        write_part(table.rename_columns(names), part.parent, index)
+    manifest = json.loads((run / MANIFEST).read_text())
+    manifest["rules"] = {"ppo": manifest["rules"]["ppo"], "my_tv_rule": CUSTOM}
+    (run / MANIFEST).write_text(json.dumps(manifest))
 
 
 def _app(monkeypatch, root: Path) -> AppTest:
@@ -92,7 +109,7 @@ def _page_text(at: AppTest) -> str:
     return "\n".join(str(p) for p in parts)
 
 
-@pytest.mark.parametrize("run_name", ["a_collapse", "b_healthy", "c_no_mu"])
+@pytest.mark.parametrize("run_name", ["a_collapse", "b_healthy", "c_no_mu", "e_custom"])
 @pytest.mark.parametrize("page", list(PAGES))
 def test_every_page_renders(monkeypatch, runs, run_name, page):
     at = _app(monkeypatch, runs).run()
@@ -402,3 +419,14 @@ def test_csv_download_neutralises_formulas(ui):
 )
 def test_host_header_check(ui, host, allowed):
     assert ui.host_allowed(host, ("10.0.0.5", None)) is allowed
+
+
+def test_ppo_vs_dppo_decides_unrecorded_and_custom_rules(monkeypatch, runs):
+    at = _open(_pick_run(_app(monkeypatch, runs).run(), "e_custom"), "views/ppo_vs_dppo.py")
+    options = at.selectbox(key="pv_b").options
+    assert "my_tv_rule" in options and any(o.startswith("dppo_binary_kl (decided") for o in options)
+    at.selectbox(key="pv_a").set_value("my_tv_rule").run()
+    at.selectbox(key="pv_b").set_value("dppo_binary_tv").run()  # not recorded: decided on the columns
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    # the custom rule is dppo_binary_tv at its defaults: the two agree on every token
+    assert any(m.label == "Agreement" and m.value == "100.00%" for m in at.metric)

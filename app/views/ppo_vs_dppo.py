@@ -10,14 +10,21 @@ from trustlens import plots
 
 ctx = ui.need_tokens(ui.context())
 ui.header("PPO vs DPPO", ctx)
-if len(ctx.rules) < 2:
-    st.info("This run evaluated fewer than two rules: there is nothing to compare.")
+# the recorded rules, then registry rules decided on the run's columns (counterfactually)
+choices = ctx.rules + ui.decidable_rules(ctx)
+if len(choices) < 2:
+    st.info("This run holds fewer than two rules' decisions: there is nothing to compare.")
     st.stop()
 
-default_a, default_b = page_data.rule_pair(ctx.rules)
+
+def rule_label(rule: str) -> str:
+    return rule if rule in ctx.rules else f"{rule} (decided on the recorded columns)"
+
+
+default_a, default_b = page_data.rule_pair(choices)
 c1, c2 = st.columns(2)
-rule_a = c1.selectbox("Rule A", ctx.rules, index=ctx.rules.index(default_a), key="pv_a")
-rule_b = c2.selectbox("Rule B", ctx.rules, index=ctx.rules.index(default_b), key="pv_b")
+rule_a = c1.selectbox("Rule A", choices, index=choices.index(default_a), key="pv_a", format_func=rule_label)
+rule_b = c2.selectbox("Rule B", choices, index=choices.index(default_b), key="pv_b", format_func=rule_label)
 if rule_a == rule_b:
     st.warning("Pick two different rules.")
     st.stop()
@@ -34,11 +41,14 @@ cols[2].metric(f"Only {ui.md(rule_a)}", f"{t['only_a']:,}", help=f"{t['only_a_fr
 cols[3].metric(f"Only {ui.md(rule_b)}", f"{t['only_b']:,}", help=f"{t['only_b_frac']:.3%} of the A ≠ 0 tokens")
 cols[4].metric("Agreement", f"{t['agreement']:.2%}")
 
-b1, b2 = st.columns(2)
-for col, (blocked_a, label) in zip((b1, b2), ((True, f"only {rule_a}"), (False, f"only {rule_b}")), strict=True):
-    if col.button(f"Inspect tokens blocked by {label}", key=f"pv_inspect_{blocked_a}", icon=":material/search:"):
-        decisions = ((rule_a, blocked_a), (rule_b, not blocked_a))
-        ui.inspect_tokens(reason=f"tokens blocked by {label}", query=replace(ctx.query, decisions=decisions))
+if rule_a in ctx.rules and rule_b in ctx.rules:
+    b1, b2 = st.columns(2)
+    for col, (blocked_a, label) in zip((b1, b2), ((True, f"only {rule_a}"), (False, f"only {rule_b}")), strict=True):
+        if col.button(f"Inspect tokens blocked by {label}", key=f"pv_inspect_{blocked_a}", icon=":material/search:"):
+            decisions = ((rule_a, blocked_a), (rule_b, not blocked_a))
+            ui.inspect_tokens(reason=f"tokens blocked by {label}", query=replace(ctx.query, decisions=decisions))
+else:
+    st.caption("The token inspector filters on recorded decisions: pick two recorded rules to open their tokens.")
 
 ui.chart(plots.confusion_lines(data["per_step"], rule_a, rule_b), "pv_lines", ctx=ctx)
 ui.chart(
