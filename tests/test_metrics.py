@@ -38,3 +38,12 @@ def test_imports_neither_torch_nor_polars():
     code = "import sys, trustlens.metrics; print(sorted({'torch', 'polars'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_docs_list_every_metric():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+    for m in METRICS.values():
+        assert f"| `{m.name}` | {m.unit} |" in doc, m.name
+        assert m.verl is None or f"`{m.verl}`" in doc

@@ -176,6 +176,10 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--open", action="store_true", help="open a browser tab")
+    parser.epilog = (
+        "Pages, the address (?run=…&steps=lo-hi), what the numbers mean and the safety measures: "
+        "docs/dashboard.md. Requests must name this machine or --host in their Host header."
+    )
     parser.set_defaults(func=_run)
 
 

@@ -79,7 +79,7 @@ def checked_rules(tokens: pl.LazyFrame, rules: str | list[str] | tuple[str, ...]
 
 def nonzero_advantage() -> pl.Expr:
     """Rows that count in a block rate: advantage ≠ 0 (a null advantage, unknown, counts too).
-    A token with A = 0 carries no gradient and no rule blocks it (DESIGN §2)."""
+    A token with A = 0 carries no gradient and no rule blocks it (docs/rules.md)."""
     return pl.col("advantage").is_null() | (pl.col("advantage") != 0)
 
 

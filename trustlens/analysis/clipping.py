@@ -3,7 +3,7 @@
 Every function takes a run's token table (`Run.tokens`, a LazyFrame) and returns a small
 DataFrame. Counts per rule only include rows where the rule was evaluated (a null
 `blocked_<rule>` — e.g. a top-K rule without top-K data — is not counted) and whose advantage is
-not 0: a token with A = 0 carries no gradient and no rule blocks it (DESIGN §2), so `blocked_frac`
+not 0: a token with A = 0 carries no gradient and no rule blocks it (docs/rules.md), so `blocked_frac`
 = blocked / count is the fraction of evaluated A ≠ 0 tokens the rule blocks. The A = 0 share is
 reported on its own (`zero_advantage_per_step`, the summary's `zero_adv_frac`).
 

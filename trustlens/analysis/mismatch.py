@@ -18,7 +18,7 @@ With ρ = π_old(a_t)/μ(a_t) per token, the per-step quantities, named as in `t
 Clamping, as verl's `compute_offpolicy_metrics` does: only the χ² terms clamp, log ρ (chi2_token)
 and Σ_t log ρ_t (chi2_seq) to ±20 before exponentiating. mismatch_kl, k3_kl and the log-PPL
 differences use log ρ as it is, so a token π_old gives probability 0 makes them +inf (a value,
-DESIGN §2), as in verl. The one difference from verl: verl's k3_kl exponentiates log ρ in the
+docs/rules.md), as in verl. The one difference from verl: verl's k3_kl exponentiates log ρ in the
 training dtype (float32 overflows to inf above log ρ ≈ 88); here every term is float64.
 
 Sequences are (step, update, sample). π_old is `old_logp`; where a run did not record it, the

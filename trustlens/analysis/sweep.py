@@ -6,7 +6,7 @@ s, the rule's thresholds become (s · low, s · high) — ε for the ratio rules
 rules — and the rule is decided again on every token by `trustlens.rules.evaluate_columns` (the
 recorder's decision function on the run's columns, no torch), so at s = 1 the sweep reproduces
 the recorded columns. Scaling every rule by the same factors puts PPO's ε and DPPO's δ, which
-live in different units, on one axis. Block rates are over A ≠ 0 tokens (DESIGN §2).
+live in different units, on one axis. Block rates are over A ≠ 0 tokens (docs/rules.md).
 
 The table is read in batches of `batch_rows` rows (polars' streaming engine), so a run of any
 size is swept in bounded memory; the result has one row per rule × scale (× bucket).

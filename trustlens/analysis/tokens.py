@@ -5,7 +5,7 @@ Everything the dashboard's token inspector asks of a run: which token rows pass 
 the token text), which samples those rows belong to, and one sample's tokens in order.
 
 The anchor of a run is μ (`mu_logp`) when the run recorded it; a run without μ (an external
-trainer such as TRL) is anchored on π_old (`old_logp`), as its rules were (DESIGN §2).
+trainer such as TRL) is anchored on π_old (`old_logp`), as its rules were (docs/rules.md).
 """
 
 from __future__ import annotations
