@@ -100,6 +100,17 @@ PRESETS: dict[str, dict] = {
     "stale": dict(rollout_lag=2),
     # a W8A8 float8 inference engine (weights and activations of the blocks' linear layers)
     "fp8": dict(rollout_precision="fp8"),
+    # the no-trust-region story: a stale fp8 engine and large, many updates per rollout batch, so
+    # the policy moves fast, the mismatch grows and unconstrained rules (pg_is, cispo) collapse
+    "collapse": dict(
+        rollout_precision="fp8",
+        rollout_lag=2,
+        steps=40,
+        prompts_per_step=8,
+        minibatches=8,
+        lr=1e-4,
+        eval_every=10,
+    ),
     # more updates per rollout batch and a larger step: π drifts far from μ, rules disagree most
     "offpolicy": dict(minibatches=8, epochs=2, lr=1e-4),
 }
