@@ -42,7 +42,7 @@ def overview(ctx: ui.Context) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame,
 
 @st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)
 def _matching_samples(path: str, signature: tuple, query: tq.TokenQuery, anchor: str) -> pl.DataFrame:
-    return tq.sample_summary(tq.filter_tokens(ui.tokens_of(ui.run_at(path, signature)), query, anchor=anchor))
+    return tq.sample_summary(tq.filter_tokens(ui.run_at(path, signature).tokens, query, anchor=anchor))
 
 
 def matching_samples(ctx: ui.Context, query: tq.TokenQuery) -> pl.DataFrame:

@@ -95,7 +95,7 @@ def run_dirs(root: str) -> list[Path]:
     """The run directories at or below `root` (re-listed every 30 s or on "Reload runs")."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return [run.path for run in load_runs(root)]
+        return [path for run in load_runs(root) if isinstance(path := run.path, Path)]  # a local folder's runs
 
 
 def run_signature(path: Path) -> tuple:
@@ -142,7 +142,7 @@ def run_shape(path: str, signature: tuple) -> tuple[str, tuple[int, int] | None]
     tokens = tokens_of(run)
     if tokens is None:
         return "mu_logp", None
-    mu = {"mu": True, "old": False}.get(run.manifest.get("anchor"), run.manifest.get("mu_recorded"))
+    mu = {"mu": True, "old": False}.get(str(run.manifest.get("anchor")), run.manifest.get("mu_recorded"))
     return tq.anchor_column(tokens, mu_recorded=mu), tq.step_range(tokens)
 
 
@@ -159,7 +159,7 @@ def _on_tokens(
     module, func = name.rsplit(".", 1)
     fn = getattr(importlib.import_module(module), func)
     run = run_at(path, signature)
-    tokens = tokens_of(run)
+    tokens = run.tokens
     if decided:
         tokens = with_rules(tokens, decided, base=run.rules)
     if query is not None:
@@ -213,6 +213,19 @@ class Context:
     query: tq.TokenQuery = field(default_factory=tq.TokenQuery)  # the sidebar's filters
 
     @property
+    def table(self) -> pl.LazyFrame:
+        """The token table, on pages that `need_tokens` (NoRowsError when there is none)."""
+        return self.run.tokens
+
+    @property
+    def shown_steps(self) -> tuple[int, int]:
+        """The steps the sidebar shows: its range, else the whole run (pages that `need_tokens`)."""
+        steps = self.query.steps or self.steps
+        if steps is None:
+            raise NoRowsError(f"run {self.path.name} has no token rows yet")
+        return steps
+
+    @property
     def key(self) -> tuple[str, tuple]:
         """(path, signature): the first arguments of every cached query of this run."""
         return str(self.path), self.signature
@@ -261,7 +274,7 @@ def sidebar() -> Context | None:
         return ctx
     ctx.query = _filters(ctx)
     with sb.expander("Download the filtered token rows"):
-        download_buttons(tq.filter_tokens(tokens, ctx.query, anchor=anchor), f"{path.name}-tokens", "tl_rows")
+        download_buttons(tq.filter_tokens(ctx.table, ctx.query, anchor=anchor), f"{path.name}-tokens", "tl_rows")
     return ctx
 
 
@@ -269,7 +282,7 @@ def _filters(ctx: Context) -> tq.TokenQuery:
     """The shared filter widgets; their values persist across pages (keys in session state)."""
     sb = st.sidebar
     sb.subheader("Filters")
-    lo, hi = ctx.steps
+    lo, hi = ctx.shown_steps
     _restore("tl_steps", _steps_param(st.query_params.get("steps")), lambda v: lo <= v[0] <= v[1] <= hi)
     _keep_valid("tl_rule", lambda v: v is None or v in ctx.rules)
     if lo < hi:
@@ -320,7 +333,7 @@ def _filters(ctx: Context) -> tq.TokenQuery:
         steps=None if steps == (lo, hi) else steps,
         decisions=decisions,
         anchor_prob=bucket,
-        advantage_sign=sign,
+        advantage_sign=sign,  # type: ignore[arg-type]  # one of tq.ADVANTAGE_SIGNS or None
         text=text or None,
     )
 
@@ -474,7 +487,7 @@ SEVERITY_ICONS = {"critical": ":material/error:", "warning": ":material/warning:
 def alert_list(ctx: Context, alerts: pl.DataFrame, *, limit: int = 20, key: str = "alerts") -> None:
     """The alerts within the sidebar's step range, most severe first, each with a button that
     opens the token inspector on the tokens and samples behind it."""
-    lo, hi = ctx.query.steps or ctx.steps
+    lo, hi = ctx.shown_steps
     shown = alerts.filter((pl.col("end_step") >= lo) & (pl.col("step") <= hi))
     if shown.is_empty():
         st.success("No collapse alerts in these steps.")
@@ -508,7 +521,7 @@ def chart(fig, key: str, *, ctx: Context | None = None) -> None:
     st.plotly_chart(fig, key=key)
     if ctx is None:
         return
-    lo, hi = ctx.query.steps or ctx.steps
+    lo, hi = ctx.shown_steps
     _keep_valid(f"{key}_step", lambda v: lo <= v <= hi)
     with st.popover("Inspect the tokens of a step", icon=":material/search:"):
         step = st.number_input("Step", min_value=lo, max_value=hi, value=hi, key=f"{key}_step")

@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 # The environment variable the app reads its runs folder (or single run) from.
 RUNS_ENV = "TRUSTLENS_RUNS"
@@ -97,7 +98,7 @@ def start(
     port: int = 8501,
     host: str = "127.0.0.1",
     open_browser: bool = False,
-    **popen: object,
+    **popen: Any,
 ) -> subprocess.Popen:
     """Start the dashboard on `path` (a folder of runs or one run; default the shipped sample run)
     in a background process and return it; `popen` goes to subprocess.Popen (e.g. stdout).

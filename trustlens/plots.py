@@ -69,7 +69,7 @@ def thin(df: pl.DataFrame, x: str = "step", max_points: int = MAX_POINTS) -> pl.
     (x itself becomes the bin's mean). Unchanged when already small."""
     if df.height <= max_points:
         return df
-    lo, hi = df[x].min(), df[x].max()
+    lo, hi = df.select(pl.col(x).min()).item(), df.select(pl.col(x).max()).item()
     width = (hi - lo) / max_points
     numeric = [c for c, t in df.schema.items() if t.is_numeric() and c != x]
     return (
@@ -91,8 +91,8 @@ def _decade_ticks(lo: float, hi: float) -> dict:
 
 def _density_trace(density: pl.DataFrame, *, log_y: bool, rule: str | None, showscale: bool) -> go.Heatmap:
     """A heatmap of log10(count) on (log10 μ, y) from `figure1_density` output."""
-    n_x = int(density["x_bin"].max()) + 1
-    n_y = int(density["y_bin"].max()) + 1
+    n_x = int(density.select(pl.col("x_bin").max()).item()) + 1
+    n_y = int(density.select(pl.col("y_bin").max()).item()) + 1
     z = np.full((n_y, n_x), np.nan)
     frac = np.full((n_y, n_x), np.nan)
     xs, ys = density["x_bin"].to_numpy(), density["y_bin"].to_numpy()
@@ -193,7 +193,7 @@ def figure1(
 def _axis_range(density: pl.DataFrame, lo: str, hi: str, *, log: bool) -> tuple[float, float] | None:
     if density.is_empty():
         return None
-    a, b = float(density[lo].min()), float(density[hi].max())
+    a, b = float(density.select(pl.col(lo).min()).item()), float(density.select(pl.col(hi).max()).item())
     return (math.log10(a), math.log10(b)) if log else (a, b)
 
 

@@ -9,7 +9,7 @@ ctx = ui.need_tokens(ui.context())
 ui.header("Collapse signals", ctx)
 
 signals, alerts = ui.signals_and_alerts(*ctx.key)
-lo, hi = ctx.query.steps or ctx.steps
+lo, hi = ctx.shown_steps
 in_range = signals.filter(signals["step"].is_between(lo, hi))
 ui.chart(plots.collapse_timeline(in_range, alerts), "cs_timeline", ctx=ctx)
 st.caption("Signals are computed on the whole run (the sidebar's step range applies; its token filters do not).")

@@ -26,21 +26,21 @@ COLOUR_BY = (
 
 @st.cache_data(ttl=ui.RUN_TTL, max_entries=64, show_spinner=False)
 def sample_updates(path: str, signature: tuple, sample: int, step: int) -> list[int]:
-    return tq.updates_of_sample(ui.tokens_of(ui.run_at(path, signature)), sample, step=step)
+    return tq.updates_of_sample(ui.run_at(path, signature).tokens, sample, step=step)
 
 
 @st.cache_data(ttl=ui.RUN_TTL, max_entries=64, show_spinner=False)
 def one_sample(path: str, signature: tuple, sample: int, step: int, update: int | None):
     run = ui.run_at(path, signature)
     return (
-        tq.sample_tokens(ui.tokens_of(run), sample, step=step, update=update),
+        tq.sample_tokens(run.tokens, sample, step=step, update=update),
         tq.sample_text(run.samples, sample, step=step),
     )
 
 
 @st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)
 def driving_tokens(path: str, signature: tuple, alert: dict) -> pl.DataFrame:
-    return tq.alert_tokens(ui.tokens_of(ui.run_at(path, signature)), alert)
+    return tq.alert_tokens(ui.run_at(path, signature).tokens, alert)
 
 
 def address_target() -> dict:
@@ -95,7 +95,7 @@ step, sample = st.selectbox(
     format_func=lambda c: f"step {c[0]} · sample {c[1]}",
 )
 
-names = ctx.tokens.collect_schema().names()
+names = ctx.table.collect_schema().names()
 c1, c2 = st.columns(2)
 quantity = c1.selectbox(
     "Colour by",
@@ -134,5 +134,5 @@ with st.expander("This sample's tokens as a table"):
 if target.get("query") is not None:
     st.subheader("Download the rows behind this view")
     ui.download_buttons(
-        tq.filter_tokens(ctx.tokens, query, anchor=ctx.anchor), f"{ctx.path.name}-inspected", key="tl_target_rows"
+        tq.filter_tokens(ctx.table, query, anchor=ctx.anchor), f"{ctx.path.name}-inspected", key="tl_target_rows"
     )

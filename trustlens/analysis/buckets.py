@@ -11,6 +11,7 @@ exactly (no underflow).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import polars as pl
 
@@ -62,7 +63,7 @@ def collect(lf: pl.LazyFrame) -> pl.DataFrame:
     return lf.collect(engine="streaming")
 
 
-def checked_rules(tokens: pl.LazyFrame, rules: str | list[str] | tuple[str, ...] | None) -> list[str]:
+def checked_rules(tokens: pl.LazyFrame, rules: str | Sequence[str] | None) -> list[str]:
     """`rules` (None: every rule evaluated in the run), each checked to have a blocked column."""
     have = rules_of(tokens)
     if rules is None:

@@ -120,7 +120,7 @@ def _token_stats() -> list[pl.Expr]:
 
 
 def _schema(keys: dict[str, pl.DataType], columns: tuple[str, ...]) -> dict[str, pl.DataType]:
-    return {**keys, "tokens": pl.Int64, **{c: pl.Float64 for c in columns}}
+    return {**keys, "tokens": pl.Int64(), **{c: pl.Float64() for c in columns}}
 
 
 def mismatch_unavailable(tokens: pl.LazyFrame) -> str | None:
@@ -155,7 +155,7 @@ def mismatch_per_step(tokens: pl.LazyFrame) -> pl.DataFrame:
     prob_pearson; see the module docstring); sorted by step, only steps with both μ and π_old.
     Empty (same columns) when `mismatch_unavailable` gives a reason."""
     out_cols = MISMATCH_METRICS
-    schema = _schema({"step": pl.Int32}, out_cols)
+    schema = _schema({"step": pl.Int32()}, out_cols)
     if "mu_logp" not in tokens.collect_schema().names():
         return pl.DataFrame(schema=schema)
     lpd = pl.col("s_k1") / pl.col("n")  # per sequence: mean(log μ − log π_old)

@@ -99,9 +99,11 @@ def threshold_sweep(
         rules = [r for r, rule in _resolve(rules_of(tokens), base).items() if rule.blocks]
     rules = [rules] if isinstance(rules, str) else list(rules)
     resolved = _resolve(rules, base)
+    thresholds: dict[str, tuple[float, float]] = {}
     for name, rule in resolved.items():
-        if not rule.blocks:
+        if not rule.blocks or rule.low is None or rule.high is None:
             raise ValueError(f"rules: {name!r} never blocks a token, so it has no threshold to sweep")
+        thresholds[name] = (rule.low, rule.high)
     scales = _check_scales(scales)
     if not isinstance(batch_rows, int) or batch_rows < 1:
         raise ValueError(f"batch_rows must be a positive int, got {batch_rows!r}")
@@ -125,7 +127,7 @@ def threshold_sweep(
     for batch in query.collect_batches(chunk_size=batch_rows):
         cell = batch["_cell"].to_numpy().astype(np.int64)
         for i, s in enumerate(scales):
-            scaled = [rule.with_thresholds(s * rule.low, s * rule.high) for rule in resolved.values()]
+            scaled = [rule.with_thresholds(s * thresholds[r][0], s * thresholds[r][1]) for r, rule in resolved.items()]
             decided = evaluate_columns(scaled, batch, mu=anchor)
             for r in rules:
                 col = decided[r]
@@ -134,7 +136,6 @@ def threshold_sweep(
                     counts[r] += np.bincount(cell[known], minlength=size).reshape(n_buckets, len(_SIDES))
                 hit = col.fill_null(False).to_numpy()
                 blocked[r][i] += np.bincount(cell[hit], minlength=size).reshape(n_buckets, len(_SIDES))
-    thresholds = {r: (float(rule.low), float(rule.high)) for r, rule in resolved.items()}
     return _table(rules, scales, thresholds, counts, blocked, by_bucket, min_p, per_decade)
 
 

@@ -86,8 +86,8 @@ def _check_query(query: TokenQuery, rules: Sequence[str]) -> None:
                 f"(evaluated: {', '.join(rules) or 'none'})"
             )
     if query.anchor_prob is not None:
-        lo, hi = query.anchor_prob
-        if not 0.0 <= lo < hi:
+        p_lo, p_hi = query.anchor_prob
+        if not 0.0 <= p_lo < p_hi:
             raise ValueError(f"query.anchor_prob must be 0 ≤ lo < hi, got {query.anchor_prob}")
     if query.advantage_sign is not None and query.advantage_sign not in ADVANTAGE_SIGNS:
         raise ValueError(f"query.advantage_sign must be one of {ADVANTAGE_SIGNS}, got {query.advantage_sign!r}")
@@ -153,7 +153,7 @@ def sample_tokens(
     df = lf.select(cols).collect()
     if df.is_empty():
         return df
-    chosen = int(df["update"].min()) if update is None else update
+    chosen = int(df.select(pl.col("update").min()).item()) if update is None else update
     return df.filter(pl.col("update") == chosen).sort("pos")
 
 
