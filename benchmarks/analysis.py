@@ -33,6 +33,11 @@ def pandas_summary(run_dir: Path, rules: list[str]) -> pd.DataFrame:
     """The naive way: every token part file into one DataFrame, then a groupby."""
     files = sorted((run_dir / "tokens").glob("rank=*/part-*.parquet"))
     df = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    # block rates over A ≠ 0 tokens; the A = 0 share on its own
+    nonzero = df["advantage"].isna() | (df["advantage"] != 0)
+    for r in rules:
+        df[f"blocked_{r}"] = df[f"blocked_{r}"].astype("float64").where(nonzero)
+    df["zero_adv"] = (df["advantage"] == 0).astype("float64").where(df["advantage"].notna())
     aggs = {
         "tokens": ("sample", "size"),
         "samples": ("sample", "nunique"),
@@ -42,6 +47,7 @@ def pandas_summary(run_dir: Path, rules: list[str]) -> pd.DataFrame:
         "ratio_max": ("ratio", "max"),
         "binary_tv_mean": ("binary_tv", "mean"),
         "binary_tv_max": ("binary_tv", "max"),
+        "zero_adv_frac": ("zero_adv", "mean"),
         **{f"blocked_{r}": (f"blocked_{r}", "mean") for r in rules},
     }
     return df.groupby("step").agg(**aggs).reset_index().sort_values("step")
