@@ -430,3 +430,10 @@ def test_ppo_vs_dppo_decides_unrecorded_and_custom_rules(monkeypatch, runs):
     assert not at.exception and not at.error, [e.value for e in at.error]
     # the custom rule is dppo_binary_tv at its defaults: the two agree on every token
     assert any(m.label == "Agreement" and m.value == "100.00%" for m in at.metric)
+
+
+def test_mismatch_tiles_start_with_a_non_negative_kl(monkeypatch, runs):
+    at = _open(_pick_run(_app(monkeypatch, runs).run(), "a_collapse"), "views/mismatch.py")
+    first = at.metric[0]
+    assert first.label == "k3_kl" and float(first.value) >= 0
+    assert "over the run" in first.delta  # the change of the trend over the run

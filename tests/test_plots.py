@@ -184,3 +184,23 @@ def test_every_title_from_a_run_is_escaped(run):
     for fig in figs:
         text = " ".join(_strings(fig))
         assert "<a" not in text and "&lt;a href" in text, fig.layout.title.text
+
+
+def test_confusion_heatmap_stays_readable_with_every_rule():
+    from trustlens.rules import RULES
+
+    rules = list(RULES)
+    matrix = pl.DataFrame(
+        {
+            "rule_a": [a for a in rules for _ in rules],
+            "rule_b": [b for _ in rules for b in rules],
+            "count": [10] * len(rules) ** 2,
+            "only_a": [1] * len(rules) ** 2,
+            "only_a_frac": [0.1] * len(rules) ** 2,
+        }
+    )
+    fig = P.confusion_heatmap(matrix)
+    # cells of ≥ 34 px per rule, slanted rule names with room made for them, small cell text
+    assert fig.layout.height >= 34 * len(rules) + 200
+    assert fig.layout.xaxis.tickangle == -40 and fig.layout.xaxis.automargin
+    assert fig.data[0].textfont.size <= 9
