@@ -3,8 +3,11 @@ dashboard's scale check.
 
     python benchmarks/synthetic_run.py [--out DIR] [--tokens N] [--collapse-at STEP]
 
-Prints the rows written, the time taken, rows/s, the size on disk and the peak resident memory
-of the generator (it streams step by step, so memory does not grow with the run).
+Prints the rows written, the time taken, rows/s, the size on disk, the peak resident memory
+of the generator (it streams step by step, so memory does not grow with the run), and what
+`load_run`'s page-checksum verification costs: the first load (every part verified) against a
+second one in the same process (nothing left to verify), `verify=False`, and reading every token
+row (`tokens.collect()`).
 """
 
 from __future__ import annotations
@@ -56,14 +59,25 @@ def main(argv: list[str] | None = None) -> int:
         progress=True,
     )
     seconds = time.perf_counter() - start
-    rows = load_run(args.out).tokens.select("step").collect().height
-    size = sum(f.stat().st_size for f in args.out.rglob("*.parquet"))
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    load_seconds = []
+    for verify in (True, True, False):
+        t = time.perf_counter()
+        run = load_run(args.out, verify=verify)
+        load_seconds.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    rows = run.tokens.collect().height
+    read_seconds = time.perf_counter() - t
+    size = sum(f.stat().st_size for f in args.out.rglob("*.parquet"))
     print(f"run:        {args.out}")
     print(f"token rows: {rows:,} over {steps} steps ({args.world_size} ranks, collapse at {collapse_at})")
     print(f"time:       {seconds:.1f} s ({rows / seconds:,.0f} rows/s)")
     print(f"on disk:    {size / 2**20:.0f} MiB ({size / rows:.1f} bytes/row)")
-    print(f"peak RSS:   {peak_mb:.0f} MiB")
+    print(f"peak RSS:   {peak_mb:.0f} MiB (writing)")
+    print(
+        f"load_run:   first (verifies every part's page checksums) {load_seconds[0]:.2f} s; again in this "
+        f"process {load_seconds[1]:.3f} s; verify=False {load_seconds[2]:.3f} s; tokens.collect() {read_seconds:.2f} s"
+    )
     return 0
 
 

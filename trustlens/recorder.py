@@ -58,6 +58,7 @@ from trustlens.divergence import topk_divergence
 from trustlens.rules import RULES, RuleSpec, TokenInputs, resolve_rules
 from trustlens.run import blocked_column, signals, table_schema
 from trustlens.run.manifest import new_manifest
+from trustlens.run.storage import Remote
 from trustlens.run.writer import BackgroundWriter, RankWriter, TokenBatch, WriterStats
 
 # token columns a caller may leave null; the manifest's "missing" lists those never recorded
@@ -144,7 +145,8 @@ class TokenRecorder:
     """Records every generated token of a run into RUN_DIR (docs/run-format.md); see the module
     docstring.
 
-    run_dir: the run directory; created. A directory already holding this rank's rows (or, on
+    run_dir: the run directory; created. It may be an object-store URL (`s3://bucket/prefix/run`:
+        docs/run-format.md). A directory already holding this rank's rows (or, on
         rank 0, run.json) is refused unless `resume` or `overwrite` is given.
     rules: rules to evaluate per token: names, `Rule`s, or {name: (low, high)} (trustlens.rules);
         `record` then raises when an input one of them needs is missing (π_old for `minirl`, top-K
@@ -191,7 +193,6 @@ class TokenRecorder:
         overwrite: bool = False,
         writer_timeout: float = 60.0,
     ) -> None:
-        self.path = Path(run_dir)
         self.rules = resolve_rules(list(RULES) if rules is None else rules)
         self._rules_given = rules is not None
         names = [r.name for r in self.rules]
@@ -213,7 +214,7 @@ class TokenRecorder:
             flush={"rows_per_file": rows_per_file, "flush_seconds": flush_seconds},
         )
         rank_writer = RankWriter(
-            self.path,
+            run_dir,
             rank=self.rank,
             world_size=self.world_size,
             rules=names,
@@ -223,6 +224,7 @@ class TokenRecorder:
             resume=resume,
             overwrite=overwrite,
         )
+        self.path: Path | Remote = rank_writer.path  # a local Path, or an object-store location
         # steps a resumed run may still record: after its last recorded one
         self._first_step = 0 if rank_writer.last_step is None else rank_writer.last_step + 1
         self._writer = BackgroundWriter(

@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +31,7 @@ import pyarrow.compute as pc
 
 from trustlens.run import RANK, STATUSES, blocked_column, table_schema, token_columns
 from trustlens.run.manifest import new_manifest
-from trustlens.run.writer import RankWriter
+from trustlens.run.writer import Location, RankWriter
 
 DEFAULT_RULES: tuple[str, ...] = (
     "ppo",
@@ -260,7 +259,7 @@ def _write_ranks(
     manifest: dict,
     rows_per_part: int,
     status: str,
-) -> Path:
+) -> Location:
     """Write `tables` (an iterable of {table: rows with a `rank` column}) through one
     `RankWriter` per rank; rank 0 holds `manifest`. Ends the run with `status`."""
     writers = [
@@ -291,7 +290,7 @@ def _write_ranks(
         for writer in writers:
             writer.end("failed", f"{type(err).__name__}: {err}")
         raise
-    return Path(path)
+    return writers[0].path
 
 
 # Defaults for token columns a hand-built run may leave out (see `write_run`).
@@ -307,7 +306,7 @@ def write_run(
     rules: Sequence[str] | None = None,
     status: str = "finished",
     config: dict | None = None,
-) -> Path:
+) -> Location:
     """Write a small hand-built run (one part file per table and rank) through the run writer.
 
     `tokens` needs step, sample, pos and pi_logp; update, rank and token_id default to 0, group to
@@ -397,7 +396,7 @@ def write_synthetic_run(
     status: str = "finished",
     rows_per_part: int = 1_000_000,
     progress: bool = False,
-) -> Path:
+) -> Location:
     """Write a synthetic run to `path` (created; must not hold a run already) and return it.
 
     steps, samples_per_step, seq_len: sizes; responses have 50–100% of `seq_len` tokens, so a run

@@ -205,3 +205,9 @@ def test_empty_tables_have_the_frame_schema(tmp_path):
     assert list(written.items()) == list(expected.items())
     samples = load_run(path).samples.collect_schema()
     assert list(samples)[:3] == ["step", "rank", "sample"]
+
+
+def test_file_urls_are_local_paths(tmp_path):
+    path = record_run(tmp_path / "run", steps=1)
+    assert load_run(f"file://{path}").tokens.select(pl.len()).collect().item() == 8
+    assert [r.name for r in load_runs(f"file://{tmp_path}")] == ["run"]

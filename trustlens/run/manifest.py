@@ -22,6 +22,7 @@ from typing import Any
 from trustlens import __version__
 from trustlens.run.errors import NotARunError
 from trustlens.run.schema import OLDEST_SCHEMA_VERSION, SCHEMA_VERSION
+from trustlens.run.storage import Remote
 
 MANIFEST = "run.json"
 STATUSES = ("running", "finished", "interrupted", "failed")
@@ -85,9 +86,12 @@ def new_manifest(
     }
 
 
-def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
+def write_json_atomic(path: Path | Remote, obj: dict[str, Any]) -> None:
     """Write `obj` as JSON to `path` so that readers only ever see a complete file; no temporary
-    file is left behind, also when the write fails."""
+    file is left behind, also when the write fails. On an object store: one upload."""
+    if isinstance(path, Remote):
+        path.write_bytes((json.dumps(obj, indent=2, default=str) + "\n").encode())
+        return
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -101,20 +105,25 @@ def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
         raise
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
-    """run.json of the run directory `path`. Raises NotARunError when it is missing, is not a
-    trustlens manifest, or was written by a newer schema version; ValueError (not a
-    NotARunError) when it exists but is unreadable, so that callers can still load the parts."""
+def read_manifest(path: Path | Remote) -> dict[str, Any]:
+    """run.json of the run directory `path`. Raises NotARunError when it is missing or was
+    written by a newer schema version; ValueError (not a NotARunError) when it exists but is
+    unreadable or not a trustlens manifest, so that callers can still load the parts."""
     manifest_path = path / MANIFEST
-    if not path.is_dir():
+    no_run = (
+        f"{str(path)!r} is not a trustlens run: it has no {MANIFEST} (a run directory is "
+        "written by trustlens.TokenRecorder)"
+    )
+    if isinstance(path, Path) and not path.is_dir():
         raise NotARunError(f"{str(path)!r} is not a trustlens run: no such directory")
-    if not manifest_path.is_file():
-        raise NotARunError(
-            f"{str(path)!r} is not a trustlens run: it has no {MANIFEST} (a run directory is "
-            "written by trustlens.TokenRecorder)"
-        )
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        data = manifest_path.read_bytes()
+    except FileNotFoundError:
+        raise NotARunError(no_run) from None
+    except IsADirectoryError:
+        raise NotARunError(no_run) from None
+    try:
+        manifest = json.loads(data.decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{str(manifest_path)!r} is unreadable: {err}") from err
     version = manifest.get("schema_version") if isinstance(manifest, dict) else None

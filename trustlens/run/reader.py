@@ -41,6 +41,8 @@ from trustlens.run.schema import (
     rank_of_dir,
     rule_of_column,
 )
+from trustlens.run.storage import Remote, is_url, local_path
+from trustlens.run.writer import Location, list_folder, source
 
 __all__ = ["CorruptPartWarning", "NoRowsError", "NotARunError", "Part", "Run", "load_run", "load_runs"]
 
@@ -52,7 +54,7 @@ _verified: set[tuple[str, int, int]] = set()
 class Part:
     """One readable part file."""
 
-    path: Path  # the file
+    path: Location  # the file
     rank: int  # from its rank=R folder
     rank_in_file: bool  # schema 1: the file holds a `rank` column too
 
@@ -61,12 +63,12 @@ class Part:
 class Run:
     """A recorded run, as loaded by `load_run`."""
 
-    path: Path  # the run directory
+    path: Location  # the run directory (a trustlens.run.storage.Remote on an object store)
     manifest: dict[str, Any] = field(repr=False)  # run.json (trustlens.run.MANIFEST_FIELDS)
     parts: dict[str, tuple[Part, ...]] = field(repr=False)  # table -> readable part files
 
     @property
-    def files(self) -> dict[str, tuple[Path, ...]]:
+    def files(self) -> dict[str, tuple[Location, ...]]:
         """table -> paths of its readable part files, in (rank, part) order."""
         return {table: tuple(p.path for p in parts) for table, parts in self.parts.items()}
 
@@ -117,12 +119,12 @@ class Run:
         if not parts:
             rules = list(self.rules) if table == "tokens" else []
             return pl.from_arrow(frame_schema(table, rules).empty_table()).lazy()  # type: ignore[union-attr]
-        groups: dict[tuple[int, bool], list[str]] = {}
+        groups: dict[tuple[int, bool], list[Location]] = {}
         for p in parts:
-            groups.setdefault((p.rank, p.rank_in_file), []).append(str(p.path))
+            groups.setdefault((p.rank, p.rank_in_file), []).append(p.path)
         frames = []
         for (rank, in_file), files in groups.items():
-            frame = pl.scan_parquet(files, glob=False, hive_partitioning=False)
+            frame = _scan_files(files)
             if not in_file:
                 names = frame.collect_schema().names()
                 at = names.index("update" if table == "tokens" else "step") + 1
@@ -131,43 +133,58 @@ class Run:
         return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
 
 
+def _scan_files(files: list[Location]) -> pl.LazyFrame:
+    """A LazyFrame over part files: polars' own reader for local files (paths, not patterns);
+    a pyarrow dataset over the fsspec filesystem on an object store."""
+    if isinstance(files[0], Path):
+        return pl.scan_parquet([str(f) for f in files], glob=False, hive_partitioning=False)
+    import pyarrow.dataset as ds
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+    remote = [f for f in files if isinstance(f, Remote)]
+    filesystem = PyFileSystem(FSSpecHandler(remote[0].fs))
+    return pl.scan_pyarrow_dataset(ds.dataset([f.path for f in remote], filesystem=filesystem, format="parquet"))
+
+
 def _warn(message: str, category: type[Warning] = RunWarning) -> None:
     warnings.warn(message, category, stacklevel=4)
 
 
-def _verify_pages(path: Path) -> None:
+def _verify_pages(path: Location) -> None:
     """Read every page of `path` with its CRC checked, once per process and file version."""
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
+    if isinstance(path, Remote):
+        info = path.fs.info(path.path)
+        key = (path.url, int(info.get("size") or 0), hash(str(info.get("ETag") or info.get("mtime"))))
+    else:
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
     if key in _verified:
         return
-    pq.ParquetFile(path, page_checksum_verification=True).read()
+    pq.ParquetFile(source(path), page_checksum_verification=True).read()
     _verified.add(key)
 
 
-def _readable_parts(path: Path, table: str, verify: bool) -> tuple[Part, ...]:
+def _readable_parts(path: Location, table: str, verify: bool) -> tuple[Part, ...]:
     """The part files of `table` that read, in (rank, part) order; the rest warned about."""
     folder = path / table
-    if not folder.is_dir():
-        return ()
-    found: list[tuple[int, int, Path]] = []
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if entry.name.startswith("."):
+    found: list[tuple[int, int, Location]] = []
+    for name, is_dir in list_folder(folder):
+        if name.startswith("."):
             continue
-        rank = rank_of_dir(entry.name) if entry.is_dir() else None
+        rank = rank_of_dir(name) if is_dir else None
         if rank is None:
-            _warn(f"skipping {entry.path}: not a rank=R folder of part files (a stray copy?)")
+            _warn(f"skipping {folder / name}: not a rank=R folder of part files (a stray copy?)")
             continue
-        for file in sorted(os.scandir(entry.path), key=lambda e: e.name):
-            index = part_index(file.name)
-            if index is not None and file.is_file():
-                found.append((rank, index, Path(file.path)))
-            elif not file.name.startswith("."):  # hidden: a part file being written
-                _warn(f"skipping {file.path}: not a part file (part-NNNNNN.parquet)")
+        for file, file_is_dir in list_folder(folder / name):
+            index = part_index(file)
+            if index is not None and not file_is_dir:
+                found.append((rank, index, folder / name / file))
+            elif not file.startswith("."):  # hidden: a part file being written
+                _warn(f"skipping {folder / name / file}: not a part file (part-NNNNNN.parquet)")
     readable = []
-    for rank, _, f in sorted(found):
+    for rank, _, f in sorted(found, key=lambda x: x[:2]):
         try:
-            meta = pq.read_metadata(f)
+            meta = pq.read_metadata(source(f))
             version = int((meta.metadata or {}).get(META_SCHEMA_VERSION, b"0") or 0)
             if version <= SCHEMA_VERSION and verify:
                 _verify_pages(f)
@@ -186,12 +203,12 @@ def _readable_parts(path: Path, table: str, verify: bool) -> tuple[Part, ...]:
 def _stand_in_manifest(parts: dict[str, tuple[Part, ...]]) -> dict[str, Any]:
     """What can be known of a run whose run.json is unreadable: its rules, from the columns."""
     tokens = parts["tokens"]
-    names = pq.read_schema(tokens[0].path).names if tokens else []
+    names = pq.read_schema(source(tokens[0].path)).names if tokens else []
     rules: dict[str, dict[str, Any]] = {r: {} for r in (rule_of_column(n) for n in names) if r is not None}
     return {"schema_version": None, "status": "unknown", "rules": rules, "active_rule": None, "missing": []}
 
 
-def load_run(path: str | os.PathLike, *, verify: bool = True) -> Run:
+def load_run(path: str | os.PathLike | Remote, *, verify: bool = True) -> Run:
     """The run in directory `path` (or the directory of the run.json `path` names).
 
     verify: check the page checksums of part files not verified before in this process.
@@ -199,24 +216,34 @@ def load_run(path: str | os.PathLike, *, verify: bool = True) -> Run:
     newer schema version than this trustlens reads. An unreadable run.json is warned about and
     the run's parts still load (status `unknown`).
     """
-    path = Path(path).expanduser()
-    if path.name == MANIFEST and path.is_file():
-        path = path.parent
+    location: Location
+    if isinstance(path, Remote):
+        location = path
+    elif is_url(path):
+        location = Remote.of(os.fspath(path))
+        if location.name == MANIFEST:
+            location = Remote(location.fs, location.path.rsplit("/", 1)[0], location.protocol)
+    else:
+        location = local_path(path)
+        if location.name == MANIFEST and location.is_file():
+            location = location.parent
     try:
-        manifest: dict[str, Any] | None = read_manifest(path)
+        manifest: dict[str, Any] | None = read_manifest(location)
     except NotARunError:
         raise
     except ValueError as err:
         _warn(f"{err}; loading its part files without it")
         manifest = None
-    parts = {table: _readable_parts(path, table, verify) for table in TABLES}
-    return Run(path=path, manifest=manifest or _stand_in_manifest(parts), parts=parts)
+    parts = {table: _readable_parts(location, table, verify) for table in TABLES}
+    return Run(path=location, manifest=manifest or _stand_in_manifest(parts), parts=parts)
 
 
 def load_runs(folder: str | os.PathLike, *, verify: bool = True) -> list[Run]:
     """Every run at or below `folder` (a directory holding run.json), sorted by path. Runs that
     cannot be loaded are skipped with a warning; table and hidden folders are not searched."""
-    folder = Path(folder).expanduser()
+    if is_url(folder):
+        return _load_remote_runs(Remote.of(os.fspath(folder)), verify)
+    folder = local_path(folder)
     if not folder.is_dir():
         raise NotARunError(f"{str(folder)!r} is not a directory")
     runs = []
@@ -229,4 +256,18 @@ def load_runs(folder: str | os.PathLike, *, verify: bool = True) -> list[Run]:
             runs.append(load_run(root, verify=verify))
         except NotARunError as err:
             warnings.warn(f"skipping {root}: {err}", RunWarning, stacklevel=2)
-    return sorted(runs, key=lambda r: r.path)
+    return sorted(runs, key=lambda r: str(r.path))
+
+
+def _load_remote_runs(folder: Remote, verify: bool) -> list[Run]:
+    """`load_runs` on an object store: every run.json below `folder` outside table folders."""
+    runs = []
+    for key in sorted(folder.fs.find(folder.path)):
+        parts = key[len(folder.path) :].strip("/").split("/")
+        if parts[-1] != MANIFEST or any(p in TABLES or p.startswith(".") for p in parts[:-1]):
+            continue
+        try:
+            runs.append(load_run(f"{folder.protocol}://{key}", verify=verify))
+        except NotARunError as err:
+            warnings.warn(f"skipping {folder.protocol}://{key}: {err}", RunWarning, stacklevel=2)
+    return runs

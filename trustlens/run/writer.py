@@ -42,7 +42,11 @@ import pyarrow.parquet as pq
 
 from trustlens.run.errors import RunLockedError, WriterError
 from trustlens.run.manifest import MANIFEST, STATUSES, read_manifest, utc_now, write_json_atomic
-from trustlens.run.schema import TABLES, part_index, part_path, rank_dir, table_schema
+from trustlens.run.schema import RANK_DIR_PREFIX, TABLES, part_index, part_name, table_schema
+from trustlens.run.storage import Remote, is_url, local_path
+
+# where a run lives: a local directory or a location on an object store
+Location = Path | Remote
 
 # Parquet compression of part files: zstd writes as fast as snappy here and ~10% smaller.
 COMPRESSION = "zstd"
@@ -66,11 +70,23 @@ def write_options(schema: pa.Schema) -> dict[str, Any]:
     }
 
 
-def write_part(table: pa.Table, directory: Path, index: int) -> Path:
+def rank_folder(root: Location, table: str, rank: int) -> Location:
+    """The folder of `table`'s part files written by `rank`."""
+    return root / table / f"{RANK_DIR_PREFIX}{rank}"
+
+
+def write_part(table: pa.Table, directory: Location, index: int) -> Location:
     """Write `table` as part file `index` in `directory` (a RUN/<table>/rank=R folder),
-    atomically: a hidden temporary file, fsynced, then renamed. On any error the temporary file
-    is removed and the error raised."""
-    final = Path(directory) / part_path("", "", 0, index).name
+    atomically: locally a hidden temporary file, fsynced, then renamed (on any error the
+    temporary file is removed and the error raised); on an object store one upload of the
+    complete object."""
+    if isinstance(directory, Remote):
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, **write_options(table.schema))
+        remote = directory / part_name(index)
+        remote.write_bytes(sink.getvalue().to_pybytes())
+        return remote
+    final = Path(directory) / part_name(index)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp")
     try:
@@ -169,7 +185,7 @@ class TokenDecoder:
 class PartFiles:
     """One table's rows of one rank: a buffer of record batches written as numbered part files."""
 
-    def __init__(self, run_dir: Path, table: str, rank: int, schema: pa.Schema, next_index: int) -> None:
+    def __init__(self, run_dir: Location, table: str, rank: int, schema: pa.Schema, next_index: int) -> None:
         self.run_dir, self.table, self.rank, self.schema = run_dir, table, rank, schema
         self.batches: list[pa.RecordBatch] = []
         self.rows = 0
@@ -190,7 +206,7 @@ class PartFiles:
             last = hi.as_py()
         return True
 
-    def write(self, decoder: TokenDecoder) -> Path:
+    def write(self, decoder: TokenDecoder) -> Location:
         """Write the buffered rows, sorted by step (stably), as the next part file; empty the buffer."""
         table = pa.Table.from_batches(self.batches)
         if not self._sorted_by_step():
@@ -199,7 +215,7 @@ class PartFiles:
             token = decoder.dictionary_column(table.column("token_id"))
             table = table.add_column(self.schema.get_field_index("token"), "token", token)
         table = table.select(self.schema.names).cast(self.schema)
-        path = write_part(table, rank_dir(self.run_dir, self.table, self.rank), self.next_index)
+        path = write_part(table, rank_folder(self.run_dir, self.table, self.rank), self.next_index)
         self.next_index += 1
         self.batches, self.rows = [], 0
         return path
@@ -240,21 +256,34 @@ def _lock_holder(fd: int) -> str:
         return "another writer"
 
 
-def _existing_parts(run_dir: Path, rank: int) -> dict[str, list[Path]]:
+def list_folder(folder: Location) -> list[tuple[str, bool]]:
+    """(name, is a folder) of the entries of `folder`, sorted by name; [] when it does not exist."""
+    if isinstance(folder, Remote):
+        return sorted(folder.listdir())
+    if not folder.is_dir():
+        return []
+    return sorted((e.name, e.is_dir()) for e in os.scandir(folder))
+
+
+def source(path: Location) -> Any:
+    """What pyarrow reads `path` from: the path, or an open object-store file."""
+    return path.open() if isinstance(path, Remote) else path
+
+
+def _existing_parts(run_dir: Location, rank: int) -> dict[str, list[Location]]:
     """This rank's part files per table, in part order."""
     out = {}
     for table in TABLES:
-        folder = rank_dir(run_dir, table, rank)
-        names = sorted(n for n in os.listdir(folder) if part_index(n) is not None) if folder.is_dir() else []
-        out[table] = [folder / n for n in names]
+        folder = rank_folder(run_dir, table, rank)
+        out[table] = [folder / n for n, is_dir in list_folder(folder) if not is_dir and part_index(n) is not None]
     return out
 
 
-def _last_step(files: list[Path]) -> int | None:
+def _last_step(files: list[Location]) -> int | None:
     """The largest `step` in part files, from their row-group statistics (footers only)."""
     last = None
     for f in files:
-        meta = pq.read_metadata(f)
+        meta = pq.read_metadata(source(f))
         column = meta.schema.names.index("step")
         for g in range(meta.num_row_groups):
             stats = meta.row_group(g).column(column).statistics
@@ -266,7 +295,8 @@ def _last_step(files: list[Path]) -> int | None:
 class RankWriter:
     """One rank of a run directory opened for writing (see the module docstring).
 
-    run_dir: the run directory (created).
+    run_dir: the run directory (created), or an object-store URL (trustlens.run.storage; no
+        lock there).
     rank / world_size: this writer's rank and the run's number of ranks.
     rules: rule names of the `blocked_<rule>` token columns.
     manifest: rank 0: run.json for a new run (`trustlens.run.manifest.new_manifest`); other
@@ -291,18 +321,21 @@ class RankWriter:
     ) -> None:
         if resume and overwrite:
             raise ValueError("resume and overwrite are exclusive: continue the run or replace it")
-        self.path = Path(run_dir)
-        if self.path.exists() and not self.path.is_dir():
-            raise ValueError(f"run_dir {str(self.path)!r} exists and is not a directory")
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path: Location = Remote.of(os.fspath(run_dir)) if is_url(run_dir) else local_path(run_dir)
+        self._lock: RankLock | None = None
+        if isinstance(self.path, Path):
+            if self.path.exists() and not self.path.is_dir():
+                raise ValueError(f"run_dir {str(self.path)!r} exists and is not a directory")
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock = RankLock(self.path, rank)
         self.rank, self.rows_per_file = rank, rows_per_file
         self.stats = WriterStats()
         self._decoder = TokenDecoder(tokenizer)
-        self._lock = RankLock(self.path, rank)
         try:
             self.manifest, self.last_step, next_index = self._open(manifest, resume, overwrite)
         except BaseException:
-            self._lock.release()
+            if self._lock is not None:
+                self._lock.release()
             raise
         self._parts = {t: PartFiles(self.path, t, rank, table_schema(t, rules), next_index[t]) for t in TABLES}
         self.write_manifest()
@@ -312,15 +345,19 @@ class RankWriter:
     ) -> tuple[dict[str, Any] | None, int | None, dict[str, int]]:
         """(run.json to keep writing, last recorded step when resuming, next part index per table)."""
         for table in TABLES:  # temporary files of a killed writer of this rank (we hold the lock)
-            folder = rank_dir(self.path, table, self.rank)
-            for tmp in folder.glob(".part-*.tmp") if folder.is_dir() else ():
+            folder = rank_folder(self.path, table, self.rank)
+            for tmp in folder.glob(".part-*.tmp") if isinstance(folder, Path) and folder.is_dir() else ():
                 tmp.unlink()
         parts = _existing_parts(self.path, self.rank)
         held = [p for files in parts.values() for p in files]
         run_json = self.path / MANIFEST if manifest is not None and (self.path / MANIFEST).exists() else None
         if overwrite:
             for table in TABLES:
-                shutil.rmtree(rank_dir(self.path, table, self.rank), ignore_errors=True)
+                folder = rank_folder(self.path, table, self.rank)
+                if isinstance(folder, Remote):
+                    folder.remove_tree()
+                else:
+                    shutil.rmtree(folder, ignore_errors=True)
             return manifest, None, dict.fromkeys(TABLES, 0)
         if not resume:
             if held or run_json is not None:
@@ -403,7 +440,8 @@ class RankWriter:
         try:
             self.update_manifest({"status": status, "error": error, "signal": signal})
         finally:
-            self._lock.release()
+            if self._lock is not None:
+                self._lock.release()
 
     def close(self, status: str = "finished") -> None:
         """Write every buffered row, then end the run with `status`."""
