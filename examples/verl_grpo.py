@@ -132,7 +132,15 @@ def use_cpu_platform() -> None:
     class CPUPlatform(PlatformBase):
         device_name = "cpu"
         vendor_name = "cpu"
-        device_module = torch.cpu
+        # torch.cpu, plus the memory statistics verl reports per update (none on a CPU)
+        device_module = SimpleNamespace(
+            **{k: getattr(torch.cpu, k) for k in dir(torch.cpu) if not k.startswith("_")},
+            max_memory_allocated=lambda *args: 0,
+            max_memory_reserved=lambda *args: 0,
+            memory_allocated=lambda *args: 0,
+            memory_reserved=lambda *args: 0,
+            reset_peak_memory_stats=lambda *args: None,
+        )
 
         def is_available(self):
             return True
@@ -204,7 +212,7 @@ def run_engine(model, rank: int, world: int) -> None:
             return rank
 
         def is_mp_src_rank_with_outputs(self):
-            return False
+            return True  # no model parallelism: every rank returns its outputs
 
         def optimizer_step(self):
             for p in self.module.parameters():
@@ -232,6 +240,8 @@ def run_engine(model, rank: int, world: int) -> None:
     worker.model_config = {"use_remove_padding": False}
     off = lambda: False  # noqa: E731
     worker.profiler = SimpleNamespace(step=lambda: None, rank=rank, check_enable=off)  # profiling off
+    worker.flops_counter = SimpleNamespace(estimate_flops=lambda *args, **kwargs: (0.0, 1.0))  # no MFU on a CPU
+    worker.device_name = "cpu"
     worker.loss_fn = partial(engine_workers.ppo_loss, config=config)  # as ActorRolloutRefWorker.init_model binds it
     for step in range(1, STEPS + 1):
         td = left_right_2_no_padding(make_batch(model, rank, step).to_tensordict())

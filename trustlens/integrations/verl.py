@@ -126,26 +126,20 @@ def _check_version() -> None:
 # ---- the workers ----
 
 
-def _worker(actor_config: Any) -> WorkerRecording | None:
-    """This process's WorkerRecording, opened on first use; None on ranks that do not record."""
+def _worker(actor_config: Any, dp_rank: int, dp_size: int, enabled: bool) -> WorkerRecording | None:
+    """This process's WorkerRecording, opened at its first update; None on ranks that do not
+    record (all but one rank of each tensor- or sequence-parallel group)."""
     if _state["worker"] is None:
-        dist = torch.distributed
-        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-        sp = int(_get(actor_config, "ulysses_sequence_parallel_size", 1))
-        if rank % sp:
-            _state["worker"] = False
-            return None
         rule, low, high, _ = verl_active_rule(actor_config)
-        _state["worker"] = WorkerRecording(rank + 1, world + 1, external_rules(rule, low, high), rule)
+        recording = WorkerRecording(dp_rank + 1, dp_size + 1, external_rules(rule, low, high), rule)
+        _state["worker"] = recording if enabled else False
     return _state["worker"] or None
 
 
-def _record_micro_batch(actor_config: Any, sequences, prompt_lengths, **tensors: Any) -> None:
-    run_dir = run_dir_from_env()
-    worker = _worker(actor_config) if run_dir else None
-    if worker is None or run_dir is None:
-        return
-    worker.record(run_dir, sequences, prompt_lengths, **{k: v for k, v in tensors.items() if v is not None})
+def _record_micro_batch(sequences, prompt_lengths, **tensors: Any) -> None:
+    run_dir, worker = run_dir_from_env(), _state["worker"]
+    if worker and run_dir:
+        worker.record(run_dir, sequences, prompt_lengths, **{k: v for k, v in tensors.items() if v is not None})
 
 
 def _wrap_ppo_loss(ppo_loss):
@@ -160,7 +154,6 @@ def _wrap_ppo_loss(ppo_loss):
                 entropy = model_output.get("entropy")
                 seqs, prompt_lengths, responses = _engine_sequences(data)
                 _record_micro_batch(
-                    config,
                     seqs,
                     prompt_lengths,
                     token_ids=responses,
@@ -203,6 +196,10 @@ def _patch_engine_workers() -> None:
     hooked = _wrap_ppo_loss(losses.ppo_loss)
     losses.ppo_loss = hooked
     engine_workers.ppo_loss = hooked  # engine_workers binds it with functools.partial at init_model
+    with contextlib.suppress(ImportError):  # distillation_ppo_loss calls it by this module's name
+        from verl.trainer.distillation import losses as distillation_losses
+
+        distillation_losses.ppo_loss = hooked
     worker_cls = engine_workers.TrainingWorker
     mini_batch, train_batch = worker_cls.train_mini_batch, worker_cls.train_batch
 
@@ -210,9 +207,17 @@ def _patch_engine_workers() -> None:
     def train_mini_batch(self, data):
         from verl.utils import tensordict_utils as tu
 
-        worker = _worker(None) if run_dir_from_env() else None
-        if worker is not None:
-            worker.begin_step(tu.get(data, key=_STEP_KEY, default=None))
+        loss_fn = getattr(self, "loss_fn", None)  # a partial of (hooked) ppo_loss for the actor
+        if run_dir_from_env() and isinstance(loss_fn, functools.partial) and "ppo_loss" in loss_fn.func.__name__:
+            engine = self.engine
+            worker = _worker(
+                loss_fn.keywords.get("config"),
+                engine.get_data_parallel_rank(),
+                engine.get_data_parallel_size(),
+                engine.is_mp_src_rank_with_outputs(),
+            )
+            if worker is not None:
+                worker.begin_step(tu.get(data, key=_STEP_KEY, default=None))
         return mini_batch(self, data)
 
     @functools.wraps(train_batch)
@@ -234,7 +239,11 @@ def _patch_dp_actor() -> None:
 
     @functools.wraps(update_policy)
     def hooked_update(self, data):
-        worker = _worker(self.config) if run_dir_from_env() else None
+        worker = None
+        if run_dir_from_env():
+            dist, sp = torch.distributed, int(getattr(self, "ulysses_sequence_parallel_size", 1))
+            rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+            worker = _worker(self.config, rank // sp, world // sp, rank % sp == 0)
         if worker is None:
             return update_policy(self, data)
         worker.begin_step(data.meta_info.get(_STEP_KEY))
@@ -265,7 +274,6 @@ def _patch_dp_actor() -> None:
             entropy = outputs.get("entropys") if calculate_entropy else None
             rollout = micro_batch.get("rollout_log_probs")
             _record_micro_batch(
-                self.config,
                 seqs,
                 prompt_lengths,
                 token_ids=micro_batch["responses"],
