@@ -1,6 +1,6 @@
 """Benchmark: top-K and exact divergences against the full-log-softmax reference forms.
 
-    python benchmarks/divergence.py [--n 1024] [--vocab 151936] [--k 20] [--dtype float32]
+    python benchmarks/divergence.py [--n 1024] [--vocab 151936] [--k 20] [--dtype float32] [--only topk]
 
 Reference for the top-K divergence: a full float32 log_softmax over the vocabulary, then a gather
 of μ's top-K ids, then the bucket sums (how the DPPO reference code computes it), run eagerly and
@@ -14,8 +14,10 @@ measured in this run, on one thread:
   over VmRSS during one call is read. Inputs are not counted; glibc is told to map every
   allocation ≥ 64 KiB freshly, so reused heap pages cannot hide one.
 
-Goals (issue 2): topk_divergence ≤ 0.6× the eager reference's time, ≤ 1.15× the compiled
-reference's time, ≤ 1/4 of the eager reference's peak extra memory.
+Goals: topk_divergence ≤ 0.6× the eager reference's time, ≤ 1/4 of its peak extra memory, and
+against the compiled reference ≤ 1.0× its time for float32 logits, ≤ 1.15× for bfloat16. The
+inputs are random logits (flat rows), where topk_divergence takes its compiled one-pass kernel
+(trustlens.divergence.COMPILE_MIN_ELEMENTS); its compile step runs in the warm-up call.
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=20, help="top-K size")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--reps", type=int, default=7, help="timed calls per variant")
+    parser.add_argument("--only", choices=["topk", "exact"], help="benchmark one function only")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # internal: one variant's memory
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -153,6 +156,8 @@ def main() -> None:
 
     print(f"N = {args.n}, V = {args.vocab}, K = {args.k}, logits {args.dtype}, 1 thread, torch {torch.__version__}")
     for variants, goals in ((TOPK_VARIANTS, True), (EXACT_VARIANTS, False)):
+        if args.only and not variants[0].startswith(args.only):
+            continue
         mem = {}
         for v in variants:
             cmd = [
@@ -182,13 +187,14 @@ def main() -> None:
             f"memory {mem[ours] / mem[eager]:.4f}× eager"
         )
         if goals:
+            bound = 1.0 if dtype == torch.float32 else 1.15
             met = (
                 times[ours] <= 0.6 * times[eager],
-                times[ours] <= 1.15 * times[compiled],
+                times[ours] <= bound * times[compiled],
                 mem[ours] <= mem[eager] / 4,
             )
             print(
-                "goals (≤ 0.6× eager time, ≤ 1.15× compiled time, ≤ 1/4 eager memory): "
+                f"goals (≤ 0.6× eager time, ≤ {bound:g}× compiled time, ≤ 1/4 eager memory): "
                 + ", ".join("met" if m else "MISSED" for m in met)
             )
 

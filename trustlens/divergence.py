@@ -20,6 +20,12 @@ Logits may hold −inf (a masked token: probability 0); NaN, +inf and rows of on
 Memory: the full-vocabulary functions never build a (N, V) log-softmax. They walk the rows in
 chunks of about `CHUNK_ELEMENTS` elements (at least one row), so their extra memory is O(N·K)
 plus one chunk whatever N is, and each chunk stays in cache while it is worked on.
+
+Speed: on large inputs (≥ COMPILE_MIN_ELEMENTS logits) `topk_divergence` sends blocks of flat
+rows (μ's rest mass ≥ ½) to a torch.compile'd one-pass exp-sum kernel; the first such call
+compiles it (seconds; cached on disk by torch). Peaked rows, small inputs, and machines where
+torch.compile fails (a warning says so) or TRUSTLENS_NO_COMPILE=1 use the eager chunk loop,
+with the same results to float32 rounding.
 """
 
 from __future__ import annotations
@@ -50,6 +56,44 @@ _NO_SHIFT = (-20.0, 50.0)
 # A rest-bucket sum below this may have lost digits to float32 underflow (exps below 1e-38):
 # such rows get an exact log-softmax recomputation.
 _UNDERFLOW = 1e-25
+
+# Inputs of at least this many logits may take the compiled one-pass kernel (`_exp_sum`), when
+# torch.compile works here: its compile step (seconds, once per process and dtype) pays off only
+# on large inputs. Set TRUSTLENS_NO_COMPILE=1 to always use the eager chunk loop.
+COMPILE_MIN_ELEMENTS = 1 << 24
+
+# The compiled kernel sums exp over the whole row, so the rest bucket is total − Σ_S exp. That
+# subtraction loses at most one bit when rest ≥ total / 2: rows where μ's rest mass is at least
+# this are sent to it, and rows where π's rest then falls below it are recomputed exactly.
+_FUSED_MIN_REST = 0.5
+
+_compiled: dict[str, object] = {}  # "exp_sum": the compiled kernel, or None where compiling failed
+
+
+def _exp_sum(x: torch.Tensor, shift: torch.Tensor, inv_temperature: torch.Tensor) -> torch.Tensor:
+    """Σ_v exp((x_v − shift)·inv_temperature) per row of x (R, V), any float dtype, in float32:
+    the upcast, shift, scale, exp and sum fuse into one read pass when compiled. shift: (R,)."""
+    return torch.exp((x.float() - shift[:, None]) * inv_temperature).sum(-1)
+
+
+def _fused_exp_sum(x: torch.Tensor, shift: torch.Tensor, inv_temperature: torch.Tensor) -> torch.Tensor | None:
+    """`_exp_sum` compiled (once per process and dtype, plus once more with dynamic shapes when a
+    second shape comes), or None when torch.compile is unavailable or disabled here: the caller
+    then runs the eager loop."""
+    import os
+
+    if os.environ.get("TRUSTLENS_NO_COMPILE") or _compiled.get("exp_sum", True) is None:
+        return None
+    try:
+        if "exp_sum" not in _compiled:  # static shapes first; a new shape recompiles once, dynamic
+            _compiled["exp_sum"] = torch.compile(_exp_sum, fullgraph=True)
+        return _compiled["exp_sum"](x, shift, inv_temperature)  # type: ignore[operator]
+    except Exception as err:  # no C++ compiler, an unsupported platform, ...: stay eager
+        import warnings
+
+        _compiled["exp_sum"] = None
+        warnings.warn(f"trustlens: torch.compile unavailable ({err}); using the eager divergence loop", stacklevel=3)
+        return None
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -176,7 +220,12 @@ def _check_row_maxima(name: str, logits: torch.Tensor, maxima: torch.Tensor, row
 
 
 def _logp_on_ids(
-    name: str, logits: torch.Tensor, ids: torch.Tensor, temperature: float, dtype: torch.dtype
+    name: str,
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    temperature: float,
+    dtype: torch.dtype,
+    fused_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log softmax(logits / τ) on `ids` (N, K) and on the rest bucket (N,), float64, without a
     log-softmax of the vocabulary.
@@ -193,6 +242,11 @@ def _logp_on_ids(
     above its logits on the ids), rest underflowed, or the input is not finite — are redone
     exactly with a log-softmax of the row, which also reports NaN/inf. Extra memory: O(N·K) plus
     one chunk.
+
+    fused_rows (N,) bool: rows expected to keep at least _FUSED_MIN_REST of their mass outside
+    the ids. On large float32 work, a block of rows that are all such rows takes the compiled
+    kernel instead (one fused pass, no scratch), rest = total − Σ_ids exp; a row whose rest
+    falls below _FUSED_MIN_REST of its total is redone exactly.
     """
     V, K, n = logits.shape[-1], ids.shape[-1], ids.shape[0]
     rows_per_chunk = max(1, CHUNK_ELEMENTS // V)
@@ -202,9 +256,25 @@ def _logp_on_ids(
     shift = shift.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)[:, None]  # bad rows are redone
     unshifted = (shift[:, 0] == 0).tolist()
     rest = torch.empty(n, dtype=dtype, device=logits.device)  # Σ_{j∉ids} exp((x_j − s)/τ)
+    # rows whose rest comes from the compiled total: the total until the ids are taken out below
+    fused = torch.zeros(n, dtype=torch.bool, device=logits.device)
+    if fused_rows is not None and dtype == torch.float32 and n * V >= COMPILE_MIN_ELEMENTS:
+        inv_t = torch.tensor(1.0 / temperature, device=logits.device)
+        first = 0
+        for (block,) in _row_blocks(logits):
+            rows = slice(first, first + block.shape[0])
+            if bool(fused_rows[rows].all()):
+                total = _fused_exp_sum(block, shift[rows, 0].to(dtype), inv_t)
+                if total is None:
+                    break
+                rest[rows], fused[rows] = total, True
+            first += block.shape[0]
     scratch = torch.empty(min(n, rows_per_chunk), V, dtype=dtype, device=logits.device)
+    unfused = (~fused).tolist()
     for first, (chunk,) in _row_chunks(logits):
         last = first + chunk.shape[0]
+        if not any(unfused[first:last]):
+            continue
         z = scratch[: chunk.shape[0]]
         src = chunk  # each step below is one pass, taken only when needed
         if chunk.dtype != dtype:
@@ -220,6 +290,11 @@ def _logp_on_ids(
     # so that a token with π = 1 − 1e-12 gets log π = −1e-12, not a rounded 0.
     rest = rest.double()
     z_ids = (on_ids.double() - shift.double()) / temperature  # (N, K)
+    if bool(fused.any()):  # the compiled totals hold the ids too: take them out
+        total = rest
+        rest = torch.where(fused, total - z_ids.exp().sum(-1), total)
+        cancelled = fused & ~(rest >= _FUSED_MIN_REST * total)
+        rest = torch.where(cancelled, math.nan, rest)  # redone exactly below
     top_z, top_at = z_ids.max(-1, keepdim=True)  # (N, 1)
     others = (z_ids - top_z).exp().scatter(-1, top_at, 0.0).sum(-1) + rest * torch.exp(-top_z[:, 0])
     log_total = top_z[:, 0] + torch.log1p(others)  # (N,)
@@ -292,7 +367,8 @@ def topk_divergence(
         ids, log_mu = _force_sampled(pi_logits, ids, log_mu, sampled_ids, sampled_logp)
     log_mu_rest = _log_rest("mu_topk_logp", log_mu, logp_dtype, pi_logits.shape[:-1], whole=K == V)
 
-    log_pi, log_pi_rest = _logp_on_ids("pi_logits", pi_logits, ids, temperature, dtype)
+    fused_rows = log_mu_rest >= math.log(_FUSED_MIN_REST)  # flat rows: the compiled kernel's
+    log_pi, log_pi_rest = _logp_on_ids("pi_logits", pi_logits, ids, temperature, dtype, fused_rows)
     tv, kl = _bucket_divergence(
         torch.cat([log_mu, log_mu_rest[:, None]], -1), torch.cat([log_pi, log_pi_rest[:, None]], -1)
     )
