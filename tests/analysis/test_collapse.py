@@ -1,8 +1,10 @@
+import math
+
 import polars as pl
 import pytest
 
 from trustlens.analysis import CollapseConfig, detect_collapse, step_signals
-from trustlens.analysis.collapse import ALERT_SCHEMA
+from trustlens.analysis.collapse import ALERT_SCHEMA, collapse_onset, collapse_window
 from trustlens.run import load_run
 from trustlens.synthetic import write_run, write_synthetic_run
 
@@ -58,13 +60,16 @@ def test_step_signals(run):
 
 
 def test_alerts_by_hand(run):
+    # baseline: the first collapse_window(12) = 5 steps; x̄ is the trailing median of 3 steps
     alerts = detect_collapse(run)
     assert alerts.schema == pl.Schema(ALERT_SCHEMA)
     got = [(a["kind"], a["step"], a["end_step"], a["severity"]) for a in alerts.iter_rows(named=True)]
     assert got == [
-        ("grad_norm_spike", 5, 5, "critical"),
-        ("entropy_collapse", 8, 11, "critical"),
-        ("reward_drop", 10, 11, "critical"),
+        ("grad_norm_spike", 5, 5, "critical"),  # 10 > 2·4·1 (not smoothed)
+        # step 8: x̄ = median(1, 1, 0.2) = 1; step 9: median(1, 0.2, 0.2) = 0.2 < 0.4
+        ("entropy_collapse", 9, 11, "critical"),
+        # step 10: x̄ = median(1, 1, 0) = 1; step 11: median(1, 0, 0) = 0 < 0.5
+        ("reward_drop", 11, 11, "critical"),
     ]
     spike, entropy, reward = alerts.iter_rows(named=True)
     assert spike["value"] == pytest.approx(10.0) and spike["baseline"] == pytest.approx(1.0)
@@ -72,17 +77,69 @@ def test_alerts_by_hand(run):
     # the tokens with the largest |A| · π/μ at step 5: sample 11 (A = 1 + pos) then sample 10
     assert spike["tokens"][0] == {"sample": 11, "update": 0, "pos": 1}
     assert spike["samples"] == [11, 10]
-    # entropy: the lowest-entropy token of step 8 first; sample 16 has the lower mean
-    assert entropy["tokens"][0] == {"sample": 16, "update": 0, "pos": 0}
-    assert entropy["samples"] == [16, 17]
+    # entropy: the lowest-entropy token of step 9 first; sample 18 has the lower mean
+    assert entropy["tokens"][0] == {"sample": 18, "update": 0, "pos": 0}
+    assert entropy["samples"] == [18, 19]
     assert entropy["value"] == pytest.approx(0.2) and entropy["baseline"] == pytest.approx(1.0)
-    assert reward["samples"] == [20, 21]
+    assert reward["samples"] == [22, 23]
+    assert reward["tokens"] == []  # no A < 0 token to blame
 
 
 def test_thresholds_matter(run):
     assert detect_collapse(run, CollapseConfig(z_warning=1e9)).is_empty()
-    relaxed = detect_collapse(run, CollapseConfig(min_history=20))
-    assert relaxed.is_empty()  # no step has 20 steps of history
+    assert detect_collapse(run, CollapseConfig(baseline_steps=12)).is_empty()  # no step after the baseline
+
+
+def _mismatch_run(tmp_path, k3_scale: float, *, drift: str = "ppo", rules=("dppo_binary_tv", "ppo")):
+    """16 steps: μ and π_old differ by log ρ = d_s; from step 8 on d grows, and `drift`'s
+    blocked share rises from 0 to 1/2 of the A ≠ 0 tokens."""
+    steps = 16
+    rows = [(s, 4 * s + k) for s in range(steps) for k in range(4)]
+    d = [k3_scale * (1.0 if s < 8 else 3.0 + s - 8) for s, _ in rows]
+    cols = {
+        "step": [s for s, _ in rows],
+        "sample": [i for _, i in rows],
+        "pos": [0] * len(rows),
+        "mu_logp": [-1.0] * len(rows),
+        "old_logp": [-1.0 + x for x in d],
+        "pi_logp": [-1.0 + x for x in d],
+        "advantage": [1.0] * len(rows),
+    }
+    for r in rules:
+        cols[f"blocked_{r}"] = [r == drift and s >= 8 and i % 2 == 0 for s, i in rows]
+    return load_run(write_run(tmp_path / f"run{k3_scale}", tokens=cols, rules=list(rules)))
+
+
+@pytest.mark.parametrize("scale", [1e-4, 1e-2])
+def test_mismatch_growth_has_no_absolute_floor(tmp_path, scale):
+    # k3 = ρ − 1 − log ρ ≈ d²/2: from 5e-9 (d = 1e-4) the median of steps 7–9 is 9× that: the same
+    # alert at any scale
+    alerts = detect_collapse(_mismatch_run(tmp_path, scale))
+    mm = alerts.filter(pl.col("kind") == "mismatch_growth").row(0, named=True)
+    assert mm["step"] == 9 and mm["severity"] == "critical"
+    assert mm["baseline"] == pytest.approx(math.exp(scale) - 1 - scale, rel=1e-3)  # logs stored as float32
+
+
+def test_only_the_active_rule_alerts(tmp_path):
+    # ppo's blocked share rises from 0 to 1/2, but the run trains with dppo_binary_tv (the first rule)
+    run = _mismatch_run(tmp_path, 1e-3)
+    assert run.active_rule == "dppo_binary_tv"
+    assert detect_collapse(run).filter(pl.col("kind") == "blocked_drift").is_empty()
+    drift = detect_collapse(run, rule="ppo").filter(pl.col("kind") == "blocked_drift")
+    assert drift["signal"].to_list() == ["blocked_ppo"] and drift["severity"].to_list() == ["critical"]
+
+
+def test_collapse_onset_by_hand():
+    assert collapse_window(12) == 5 and collapse_window(100) == 10 and collapse_window(64) == 6
+    acc = [(0, 0.4), (10, 0.25), (20, 0.19), (30, 0.1)]
+    assert collapse_onset(acc, []) == (20, "accuracy")  # 0.19 < 0.2, the first below half of 0.4
+    # reward windows of 2: first mean 1.0; trailing means 1, 0.75, 0.5, 0.25 → step 5 (0.25 < 0.5)
+    reward = [(0, 1.0), (1, 1.0), (2, 1.0), (3, 0.5), (4, 0.5), (5, 0.0)]
+    assert collapse_onset([], reward, window=2) == (5, "reward")
+    assert collapse_onset(acc, reward, window=2) == (5, "reward")
+    assert collapse_onset([(0, 0.4), (10, 0.21)], [(s, 1.0) for s in range(20)]) == (None, None)
+    with pytest.raises(ValueError, match="window"):
+        collapse_onset([], reward, window=0)
 
 
 def test_synthetic_collapse_detected(tmp_path):

@@ -6,7 +6,9 @@ Modules, each documenting its return columns:
                rule boundaries; rules the run did not record, decided on its columns (with_rules)
     mismatch   training-inference mismatch (μ vs π_old) per step, per μ bucket and its trend
                (names from trustlens.metrics, which maps them to verl's)
-    collapse   per-step signals and collapse alerts with the tokens and samples behind them
+    collapse   per-step signals, collapse alerts with the tokens and samples behind them, and
+               the collapse itself (collapse_onset)
+    seeds      per-run outcomes and their mean ± standard error over seeds (trustlens compare)
     summary    the per-step summary of a run (the dashboard's overview table)
     tokens     token-inspector filters and one sample's tokens
     buckets    log-spaced probability buckets and shared helpers
@@ -27,7 +29,7 @@ from trustlens.analysis.clipping import (
     rule_confusion,
     with_rules,
 )
-from trustlens.analysis.collapse import CollapseConfig, detect_collapse, step_signals
+from trustlens.analysis.collapse import CollapseConfig, collapse_onset, detect_collapse, step_signals
 from trustlens.analysis.mismatch import (
     MISMATCH_COLUMNS,
     MismatchTrend,
@@ -36,6 +38,7 @@ from trustlens.analysis.mismatch import (
     mismatch_trend,
     mismatch_unavailable,
 )
+from trustlens.analysis.seeds import run_outcomes, seed_table
 from trustlens.analysis.summary import step_summary
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "blocked_by_token",
     "blocked_per_step",
     "bucket_table",
+    "collapse_onset",
     "confusion_matrix",
     "detect_collapse",
     "figure1_density",
@@ -56,6 +60,8 @@ __all__ = [
     "mismatch_unavailable",
     "rule_boundaries",
     "rule_confusion",
+    "run_outcomes",
+    "seed_table",
     "step_signals",
     "step_summary",
     "with_rules",

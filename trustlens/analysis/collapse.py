@@ -1,5 +1,5 @@
 """Early signs of a collapsing run: detectors over per-step signals, each alert traced back to the
-tokens and samples that drove it.
+tokens and samples that drove it, ranked.
 
 `step_signals` builds one row per step from the three tables of a run:
 
@@ -10,28 +10,45 @@ tokens and samples that drove it.
                    ending in `/grad_norm`)
     blocked_<rule> fraction of the step's A ≠ 0 tokens each rule blocks
 
-`detect_collapse` compares each step with a robust baseline of the `window` steps before it
-(median m, scale s = 1.4826 · median absolute deviation, floored at `rel_floor`·|m| so that a
-perfectly flat history does not make every wiggle an alert), z = (x − m)/s:
+`detect_collapse` compares each step with the run's own early baseline: the median m of the
+first `baseline_steps` steps (default: collapse_window(steps) = max(5, round(0.1·steps))), with a
+robust scale s = 1.4826 · median absolute deviation of those steps, floored at `rel_floor`·|m|.
+There is no absolute floor: a small model's signals are judged against its own start. A step
+after the baseline is judged on x̄, the median of the signal over the `smooth` steps ending at it
+(grad_norm: the step's own value; a median, so one outlier step alone raises no alert), with z = (x̄ − m)/s:
 
-    entropy_collapse   entropy < m·(1 − entropy_drop)  and z < −z_warning
-    entropy_surge      entropy > m·(1 + entropy_surge) and z > z_warning
-    mismatch_growth    median of k3_kl over the last `trend` steps > max(mismatch_growth · m,
-                       mismatch_floor), and the least-squares slope over those steps is positive
-                       (a sustained trend, not one blip)
-    grad_norm_spike    grad_norm > grad_spike · m and z > z_warning
-    reward_drop        reward < m − reward_drop·|m| and z < −z_warning
-    blocked_drift      the blocked fraction moved by a factor ≥ blocked_factor (up or down) and by
-                       ≥ blocked_drift (absolute), and |z| > z_warning
+    detector          signal            warning when                  critical when
+    entropy_collapse  entropy           x̄ < (1 − entropy_drop)·m      x̄ < (1 − 2·entropy_drop)·m
+    entropy_surge     entropy           x̄ > (1 + entropy_surge)·m     x̄ > (1 + 2·entropy_surge)·m
+    mismatch_growth   k3_kl             x̄ > mismatch_growth·m         x̄ > 2·mismatch_growth·m
+    grad_norm_spike   grad_norm         x > grad_spike·m              x > 2·grad_spike·m
+    reward_drop       reward            x̄ < (1 − reward_drop)·m       x̄ < (1 − 2·reward_drop)·m
+    blocked_drift     blocked_<active>  x̄ ≥ f·m or x̄ ≤ m/f            the same with f²
 
-Severity is "critical" when |z| ≥ z_critical (for mismatch_growth: the level is twice the
-threshold), else "warning". Consecutive flagged steps of one detector merge into one alert that
-starts at the first of them (`step`) and ends at `end_step`, carrying the most extreme value.
+and, for every detector, |z| > z_warning (blocked_drift also needs |x̄ − m| > blocked_drift, its
+f = blocked_factor). Only the run's active rule (`Run.active_rule`) is watched for blocked_drift:
+the other rules' blocked columns are counterfactual (what they would have blocked), context for
+reading a run, not alarms; a run that does not name its rule has every rule watched.
+Consecutive flagged steps of one detector merge into one alert that starts at the first of them
+(`step`) and ends at `end_step`, carrying the most extreme value; an alert is critical when any
+of its steps is.
+
+Driving tokens, at the alert's first step, ranked by a score (highest first): entropy alerts the
+tokens of lowest (collapse) or highest (surge) entropy; mismatch_growth |log μ − log π_old|;
+grad_norm_spike |A|·π/μ; reward_drop the tokens of negative-advantage samples pushed down the
+furthest, |A|·max(μ − π, 0) (over-updates on negative samples, the paper's collapse driver);
+blocked_drift the active rule's blocked tokens with the largest binary TV |π − μ|. Samples are
+ranked by the mean score of their tokens (reward_drop: lowest reward first).
+
+`collapse_onset` is the collapse itself, for measuring how early the alerts came: the first
+evaluation below half the first evaluation's accuracy, or the first step whose trailing mean
+reward over `collapse_window(steps)` steps is below half that of the first such window.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -50,7 +67,7 @@ ALERT_KINDS = (
     "blocked_drift",
 )
 
-ALERT_SCHEMA: dict[str, pl.DataType] = {
+ALERT_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "step": pl.Int32,  # first step of the episode
     "end_step": pl.Int32,  # last consecutive flagged step
     "kind": pl.String,  # one of ALERT_KINDS
@@ -69,22 +86,54 @@ ALERT_SCHEMA: dict[str, pl.DataType] = {
 class CollapseConfig:
     """Thresholds of the detectors (see the module docstring)."""
 
-    window: int = 10  # steps of history the baseline is computed from
-    min_history: int = 4  # a step needs this many earlier steps before it can alert
-    trend: int = 3  # steps over which mismatch growth is averaged and its slope fitted
-    z_warning: float = 4.0  # robust z-score that raises a warning
-    z_critical: float = 8.0  # robust z-score that makes it critical
+    baseline_steps: int | None = None  # early steps the baseline is taken from; None = collapse_window
+    smooth: int = 3  # steps whose median is x̄ (a trailing median) when a step is judged
+    z_warning: float = 3.0  # |robust z| a flagged step must exceed
     rel_floor: float = 0.05  # the baseline scale is at least this fraction of |median|
-    entropy_drop: float = 0.3  # entropy collapse: fell by at least this fraction
-    entropy_surge: float = 0.5  # entropy surge: rose by at least this fraction
-    mismatch_growth: float = 3.0  # mismatch growth: level at least this multiple of the baseline
-    mismatch_floor: float = 1e-3  # ... and above this k3_kl (nats): growth from ~0 to ~0 is no alert
-    grad_spike: float = 4.0  # grad-norm spike: at least this multiple of the baseline
-    reward_drop: float = 0.25  # reward drop: fell by at least this fraction of |baseline|
-    blocked_drift: float = 0.01  # blocked-fraction drift: moved by at least this much (absolute)
-    blocked_factor: float = 2.0  # ... and by at least this factor (binomial noise alone rarely does)
+    entropy_drop: float = 0.3  # entropy collapse: fell by this fraction (critical: twice it)
+    entropy_surge: float = 0.25  # entropy surge: rose by this fraction (critical: twice it)
+    mismatch_growth: float = 2.0  # mismatch growth: k3_kl this multiple of the baseline (critical: twice it)
+    grad_spike: float = 4.0  # grad-norm spike: this multiple of the baseline (critical: twice it)
+    reward_drop: float = 0.25  # reward drop: fell by this fraction (critical: twice it)
+    blocked_drift: float = 0.01  # blocked-rate drift: moved by at least this much (absolute)
+    blocked_factor: float = 2.0  # ... and by this factor up or down (critical: its square)
     top_tokens: int = 10  # driving tokens listed per alert
     top_samples: int = 5  # driving samples listed per alert
+
+
+def collapse_window(steps: int) -> int:
+    """Steps of the reward window of the collapse test and of the early baseline: 10% of the
+    run's steps, at least 5."""
+    return max(5, round(0.1 * steps))
+
+
+def collapse_onset(
+    accuracy: Sequence[tuple[int, float]], reward: Sequence[tuple[int, float]], window: int | None = None
+) -> tuple[int | None, str | None]:
+    """(step, cause) of the collapse, cause "accuracy" or "reward"; (None, None) without one.
+
+    `accuracy`: (step, held-out accuracy) of each evaluation; `reward`: (step, mean reward) of
+    each step. Accuracy collapse: the first evaluation below half the first one's. Reward
+    collapse: the first step whose trailing mean over `window` steps (default
+    collapse_window(len(reward))) is below half the mean of the first `window` steps. The
+    earlier of the two.
+    """
+    found: list[tuple[int, str]] = []
+    acc = sorted(accuracy)
+    if acc and acc[0][1] > 0:
+        found += [(s, "accuracy") for s, a in acc[1:] if a < 0.5 * acc[0][1]][:1]
+    rew = sorted(reward)
+    w = collapse_window(len(rew)) if window is None else window
+    if w < 1:
+        raise ValueError(f"window must be ≥ 1, got {window}")
+    values = [r for _, r in rew]
+    first = math.fsum(values[:w]) / w if len(values) > w else 0.0
+    if first > 0:
+        for i in range(w, len(values)):
+            if math.fsum(values[i - w + 1 : i + 1]) / w < 0.5 * first:
+                found.append((rew[i][0], "reward"))
+                break
+    return min(found) if found else (None, None)
 
 
 def _metric_per_step(metrics: pl.LazyFrame, name: str) -> pl.LazyFrame:
@@ -122,11 +171,11 @@ def step_signals(run) -> pl.DataFrame:
     )
 
 
-def _baseline(x: np.ndarray, i: int, cfg: CollapseConfig) -> tuple[float, float] | None:
-    """(median, robust scale) of the finite values in the `window` steps before index i."""
-    hist = x[max(0, i - cfg.window) : i]
+def _baseline(x: np.ndarray, n: int, cfg: CollapseConfig) -> tuple[float, float] | None:
+    """(median, robust scale) of the finite values among the first n steps."""
+    hist = x[:n]
     hist = hist[np.isfinite(hist)]
-    if len(hist) < cfg.min_history:
+    if len(hist) < min(n, 3):
         return None
     m = float(np.median(hist))
     s = 1.4826 * float(np.median(np.abs(hist - m)))
@@ -146,79 +195,69 @@ class _Flag:
     critical: bool
 
 
-def _flags(signals: pl.DataFrame, cfg: CollapseConfig) -> list[_Flag]:
+@dataclass(frozen=True)
+class _Detector:
+    """A signal judged against its baseline: `up` (rises) or not (falls) by the ratios
+    `warn` and `crit` of x̄ to m, with |x̄ − m| > `min_abs`."""
+
+    kind: str
+    signal: str
+    up: bool
+    warn: float
+    crit: float
+    smooth: bool = True
+    min_abs: float = 0.0
+
+
+def _detectors(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> list[_Detector]:
+    f = cfg.blocked_factor
+    out = [
+        _Detector("entropy_collapse", "entropy", False, 1 - cfg.entropy_drop, 1 - 2 * cfg.entropy_drop),
+        _Detector("entropy_surge", "entropy", True, 1 + cfg.entropy_surge, 1 + 2 * cfg.entropy_surge),
+        _Detector("mismatch_growth", "k3_kl", True, cfg.mismatch_growth, 2 * cfg.mismatch_growth),
+        _Detector("grad_norm_spike", "grad_norm", True, cfg.grad_spike, 2 * cfg.grad_spike, smooth=False),
+        _Detector("reward_drop", "reward", False, 1 - cfg.reward_drop, 1 - 2 * cfg.reward_drop),
+    ]
+    watched = [blocked_column(rule)] if rule is not None else [c for c in signals.columns if c.startswith("blocked_")]
+    for col in watched:
+        if col in signals.columns:
+            out += [
+                _Detector("blocked_drift", col, True, f, f * f, min_abs=cfg.blocked_drift),
+                _Detector("blocked_drift", col, False, 1 / f, 1 / (f * f), min_abs=cfg.blocked_drift),
+            ]
+    return out
+
+
+def _passes(d: _Detector, v: float, m: float, ratio: float) -> bool:
+    if abs(v - m) <= d.min_abs:
+        return False
+    return v > ratio * m if d.up else v < ratio * m
+
+
+def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> list[_Flag]:
     steps = signals["step"].to_numpy()
+    n_base = cfg.baseline_steps if cfg.baseline_steps is not None else collapse_window(len(steps))
     flags: list[_Flag] = []
-
-    def series(name: str) -> np.ndarray | None:
-        if name not in signals.columns:
-            return None
-        x = signals[name].cast(pl.Float64).fill_null(np.nan).to_numpy()
-        return x if np.isfinite(x).any() else None
-
-    def scan(name: str, kinds: list[tuple[str, Callable[[float, float, float], bool]]]) -> None:
-        x = series(name)
-        if x is None:
-            return
-        for i in range(len(x)):
-            if not np.isfinite(x[i]):
+    for d in _detectors(signals, cfg, rule):
+        if d.signal not in signals.columns:
+            continue
+        x = signals[d.signal].cast(pl.Float64).fill_null(np.nan).to_numpy()
+        base = _baseline(x, n_base, cfg)
+        if base is None:
+            continue
+        m, s = base
+        if not d.up and m <= 0:
+            continue  # nothing to fall from
+        k = cfg.smooth if d.smooth else 1
+        for i in range(n_base, len(x)):
+            recent = x[max(0, i - k + 1) : i + 1]
+            recent = recent[np.isfinite(recent)]
+            if not np.isfinite(x[i]) or len(recent) == 0:
                 continue
-            base = _baseline(x, i, cfg)
-            if base is None:
-                continue
-            m, s = base
-            z = (x[i] - m) / s
-            for kind, test in kinds:
-                if test(x[i], m, z):
-                    flags.append(_Flag(kind, name, int(steps[i]), float(x[i]), m, float(z), abs(z) >= cfg.z_critical))
-
-    scan(
-        "entropy",
-        [
-            ("entropy_collapse", lambda v, m, z: v < m * (1 - cfg.entropy_drop) and z < -cfg.z_warning),
-            ("entropy_surge", lambda v, m, z: v > m * (1 + cfg.entropy_surge) and z > cfg.z_warning),
-        ],
-    )
-    scan("grad_norm", [("grad_norm_spike", lambda v, m, z: v > cfg.grad_spike * m and z > cfg.z_warning)])
-    scan("reward", [("reward_drop", lambda v, m, z: v < m - cfg.reward_drop * abs(m) and z < -cfg.z_warning)])
-    for col in signals.columns:
-        if col.startswith("blocked_"):
-            scan(
-                col,
-                [
-                    (
-                        "blocked_drift",
-                        lambda v, m, z: (
-                            abs(v - m) > cfg.blocked_drift
-                            and abs(z) > cfg.z_warning
-                            and (v >= cfg.blocked_factor * m or v * cfg.blocked_factor <= m)
-                        ),
-                    )
-                ],
-            )
-
-    x = series("k3_kl")
-    if x is not None:
-        for i in range(cfg.trend - 1, len(x)):
-            recent = x[i - cfg.trend + 1 : i + 1]
-            base = _baseline(x, i - cfg.trend + 1, cfg)
-            if base is None or not np.isfinite(recent).all():
-                continue
-            m, s = base
-            level = float(np.median(recent))
-            slope = np.polyfit(np.arange(cfg.trend), recent, 1)[0] if cfg.trend > 1 else level - m
-            if level > max(cfg.mismatch_growth * m, cfg.mismatch_floor) and slope > 0:
-                flags.append(
-                    _Flag(
-                        "mismatch_growth",
-                        "k3_kl",
-                        int(steps[i]),
-                        level,
-                        m,
-                        (level - m) / s,
-                        level > max(2 * cfg.mismatch_growth * m, 2 * cfg.mismatch_floor),
-                    )
-                )
+            v = float(np.median(recent))
+            z = (v - m) / s
+            if abs(z) > cfg.z_warning and _passes(d, v, m, d.warn):
+                flags.append(_Flag(d.kind, d.signal, int(steps[i]), v, m, float(z), _passes(d, v, m, d.crit)))
     return flags
 
 
@@ -249,7 +288,9 @@ def _message(ep: dict) -> str:
         "mismatch_growth": "training-inference mismatch (k3_kl) grew",
         "grad_norm_spike": "gradient norm spiked",
         "reward_drop": "mean reward dropped",
-        "blocked_drift": f"the fraction of tokens {ep['signal'].removeprefix('blocked_')} blocks moved",
+        "blocked_drift": (
+            f"the share of A ≠ 0 tokens the active rule {ep['signal'].removeprefix('blocked_')} blocks moved"
+        ),
     }[ep["kind"]]
     span = f"step {ep['step']}" if ep["step"] == ep["end_step"] else f"steps {ep['step']}–{ep['end_step']}"
     factor = f" ({ep['value'] / ep['baseline']:.2g}× baseline)" if ep["baseline"] else ""
@@ -261,17 +302,18 @@ def _drivers(run, ep: dict, cfg: CollapseConfig) -> tuple[list[int], list[dict]]
     step = ep["step"]
     tokens = run.tokens.filter(pl.col("step") == step)
     kind, signal = ep["kind"], ep["signal"]
+    mu, pi = pl.col("mu_logp").cast(pl.Float64), pl.col("pi_logp").cast(pl.Float64)
     if kind == "reward_drop":
         worst = collect(run.samples.filter(pl.col("step") == step).sort("reward", "sample").head(cfg.top_samples))
         samples = worst["sample"].to_list()
-        # the least likely tokens of the worst samples: where those responses went astray
-        score = -pl.col("pi_logp").cast(pl.Float64)
-        tokens = tokens.filter(pl.col("sample").is_in(samples))
+        # over-updates on negative samples: A < 0 tokens whose probability fell furthest below μ
+        tokens = tokens.filter(pl.col("advantage") < 0)
+        score = pl.col("advantage").abs().cast(pl.Float64) * (mu.exp() - pi.exp()).clip(lower_bound=0.0)
     elif kind in ("entropy_collapse", "entropy_surge"):
         score = pl.col("entropy") * (1 if kind == "entropy_surge" else -1)
         samples = None
     elif kind == "mismatch_growth":
-        score = (pl.col("mu_logp") - pl.coalesce(pl.col("old_logp"), pl.col("pi_logp"))).abs()
+        score = (mu - pl.coalesce(pl.col("old_logp"), pl.col("pi_logp")).cast(pl.Float64)).abs()
         samples = None
     elif kind == "grad_norm_spike":
         # the policy-gradient weight |A| · π/μ of the tokens the update did not block
@@ -297,30 +339,37 @@ def _drivers(run, ep: dict, cfg: CollapseConfig) -> tuple[list[int], list[dict]]
 
 
 def detect_collapse(
-    run, config: CollapseConfig = CollapseConfig(), *, signals: pl.DataFrame | None = None
+    run,
+    config: CollapseConfig = CollapseConfig(),
+    *,
+    signals: pl.DataFrame | None = None,
+    rule: str | None = None,
 ) -> pl.DataFrame:
     """Alerts of every detector over the run, sorted by step (columns: ALERT_SCHEMA).
 
     `run` has .tokens, .samples and .metrics LazyFrames; pass `signals` (from `step_signals`) to
-    reuse them. Each alert lists the sample ids and the (sample, update, pos) tokens at its first
-    step that drove it, for clicking through to the token inspector.
+    reuse them. `rule` is the active rule whose block rate is watched (default: the run's
+    `active_rule`; None there too: every rule). Each alert lists the sample ids and the
+    (sample, update, pos) tokens at its first step that drove it, strongest driver first, for
+    clicking through to the token inspector.
     """
     if signals is None:
         signals = step_signals(run)
     if signals.is_empty():
         return pl.DataFrame(schema=ALERT_SCHEMA)
-    episodes = _merge(_flags(signals, config), signals["step"].to_list())
+    if rule is None:
+        rule = getattr(run, "active_rule", None)
+    episodes = _merge(_flags(signals, config, rule), signals["step"].to_list())
     rows = []
     for ep in episodes:
         samples, tokens = _drivers(run, ep, config)
-        z_crit = ep["critical"]
         rows.append(
             {
                 "step": ep["step"],
                 "end_step": ep["end_step"],
                 "kind": ep["kind"],
                 "signal": ep["signal"],
-                "severity": "critical" if z_crit else "warning",
+                "severity": "critical" if ep["critical"] else "warning",
                 "value": ep["value"],
                 "baseline": ep["baseline"],
                 "z": ep["z"],
@@ -334,4 +383,12 @@ def detect_collapse(
     return pl.DataFrame(rows, schema=ALERT_SCHEMA).sort("step", "kind")
 
 
-__all__ = ["ALERT_KINDS", "ALERT_SCHEMA", "CollapseConfig", "detect_collapse", "step_signals"]
+__all__ = [
+    "ALERT_KINDS",
+    "ALERT_SCHEMA",
+    "CollapseConfig",
+    "collapse_onset",
+    "collapse_window",
+    "detect_collapse",
+    "step_signals",
+]

@@ -77,7 +77,15 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
             help="comma-separated seeds; several give OUT/<rule>-seed<S> runs [0]",
         )
         parser.add_argument(
-            "--out", type=Path, default=Path("runs"), help="parent directory: one run per rule, OUT/<rule> [runs]"
+            "--out",
+            type=Path,
+            default=Path("runs"),
+            help="parent directory: one run per rule and seed, and the table OUT/compare.csv [runs]",
+        )
+        parser.add_argument(
+            "--reuse",
+            action="store_true",
+            help="keep finished runs already in OUT with the same settings instead of training them again",
         )
         parser.set_defaults(func=_compare)
     elif name == "demo":
@@ -229,9 +237,17 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def compare(
-    rules: list[str], seeds: list[int], out: Path, base, *, overwrite: bool = False, quiet: bool = False
+    rules: list[str],
+    seeds: list[int],
+    out: Path,
+    base,
+    *,
+    overwrite: bool = False,
+    quiet: bool = False,
+    reuse: bool = False,
 ) -> dict[str, Path]:
-    """Train `base` under each rule and seed, same settings otherwise: {run name: run directory}."""
+    """Train `base` under each rule and seed, same settings otherwise: {run name: run directory}.
+    With `reuse`, a finished run already at its directory with the same settings is kept."""
     # every config and directory is checked before the first run starts
     configs = {
         (rule if len(seeds) == 1 else f"{rule}-seed{seed}"): replace(base, rule=rule, seed=seed)
@@ -239,22 +255,58 @@ def compare(
         for rule in rules
     }
     runs = {name: out / name for name in configs}
+    kept = {name for name, cfg in configs.items() if reuse and _finished_with(runs[name], cfg)}
     if _is_main():
-        for path in runs.values():
-            _check_out(path, overwrite)
+        for name, path in runs.items():
+            if name not in kept:
+                _check_out(path, overwrite)
     for name, cfg in configs.items():
+        if name in kept:
+            if _is_main():
+                print(f"keeping the finished run {runs[name]}")
+            continue
         run_one(cfg, runs[name], overwrite=overwrite, quiet=quiet)
     return runs
+
+
+def _finished_with(path: Path, cfg) -> bool:
+    """Whether `path` holds a finished run trained with exactly the settings `cfg`."""
+    import json
+    from dataclasses import asdict
+
+    try:
+        manifest = json.loads((path / "run.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return manifest.get("status") == "finished" and manifest.get("config") == asdict(cfg)
+
+
+def compare_table(runs: dict[str, Path], out: Path):
+    """The seed table (trustlens.analysis.seeds) of `runs`, printed and saved as OUT/compare.csv."""
+    from trustlens import load_run
+    from trustlens.analysis.seeds import csv_safe, format_seed_table, run_outcomes, seed_table
+
+    outcomes = run_outcomes([load_run(p) for p in runs.values()])
+    table = seed_table(outcomes)
+    print(format_seed_table(table))
+    out.mkdir(parents=True, exist_ok=True)
+    csv_safe(table).write_csv(out / "compare.csv")
+    csv_safe(outcomes).write_csv(out / "compare_runs.csv")
+    print(f"mean ± standard error over seeds; table saved to {out / 'compare.csv'} (per run: compare_runs.csv)")
+    return table
 
 
 def _compare(args: argparse.Namespace) -> int:
     base = _config(args, seed=args.seeds[0])
     try:
-        compare(args.rules, args.seeds, args.out, base, overwrite=args.overwrite, quiet=args.quiet)
+        runs = compare(
+            args.rules, args.seeds, args.out, base, overwrite=args.overwrite, quiet=args.quiet, reuse=args.reuse
+        )
     finally:
         _finish()
     if _is_main():
-        print(f"runs in {args.out}/; compare them with trustlens.load_runs or the dashboard")
+        compare_table(runs, args.out)
+        print(f"runs in {args.out}/; open them with trustlens.load_runs or `trustlens dashboard {args.out}`")
     return 0
 
 

@@ -1,0 +1,102 @@
+import math
+
+import polars as pl
+import pytest
+
+from trustlens.analysis.seeds import (
+    OUTCOME_SCHEMA,
+    OUTCOMES,
+    csv_safe,
+    format_mean_se,
+    format_seed_table,
+    mean_se,
+    run_outcome,
+    seed_table,
+)
+from trustlens.run import load_run
+from trustlens.synthetic import write_run
+
+
+def test_mean_se_by_hand():
+    # 0.3, 0.5, 0.7: mean 0.5, sample sd 0.2, se 0.2/√3
+    mean, se, n = mean_se([0.3, 0.5, 0.7])
+    assert (mean, n) == (pytest.approx(0.5), 3)
+    assert se == pytest.approx(0.2 / math.sqrt(3))
+    assert mean_se([0.4, None, float("nan")]) == (0.4, None, 1)
+    assert mean_se([]) == (None, None, 0)
+    # 1, 2, 3, 6: mean 3, deviations −2, −1, 0, 3, s² = 14/3, se = √(14/3/4)
+    assert mean_se([1, 2, 3, 6])[1] == pytest.approx(math.sqrt(14 / 12))
+
+
+def _outcome(rule, seed, acc_final, collapse=None, block=0.1):
+    row = {k: None for k in OUTCOME_SCHEMA}
+    row |= {"run": f"{rule}-seed{seed}", "rule": rule, "seed": seed, "acc_final": acc_final, "block_rate": block}
+    if collapse is not None:
+        row |= {"collapse_step": collapse, "collapse_cause": "accuracy", "steps_to_collapse": float(collapse)}
+    return row
+
+
+def test_seed_table_by_hand():
+    rows = [
+        _outcome("ppo", 0, 0.30),
+        _outcome("ppo", 1, 0.50),
+        _outcome("ppo", 2, 0.70),
+        _outcome("pg_is", 0, 0.10, collapse=10),
+        _outcome("pg_is", 1, 0.20, collapse=20),
+        _outcome("pg_is", 2, 0.40),
+    ]
+    table = seed_table(pl.DataFrame(rows, schema=OUTCOME_SCHEMA))
+    assert table["rule"].to_list() == ["ppo", "pg_is"]
+    ppo, pg = table.iter_rows(named=True)
+    assert (ppo["n"], ppo["collapsed"]) == (3, 0)
+    assert ppo["acc_final_mean"] == pytest.approx(0.5) and ppo["acc_final_se"] == pytest.approx(0.2 / math.sqrt(3))
+    assert ppo["steps_to_collapse_mean"] is None
+    assert ppo["block_rate_se"] == pytest.approx(0.0)
+    # pg_is: mean 0.7/3, deviations (−0.1333, −0.0333, 0.1667), s² = 0.04667/2
+    assert pg["acc_final_mean"] == pytest.approx(0.7 / 3)
+    assert pg["acc_final_se"] == pytest.approx(math.sqrt((0.0466667 / 2) / 3), rel=1e-5)
+    # steps to collapse over the two seeds that collapsed: 15 ± 5
+    assert pg["collapsed"] == 2
+    assert (pg["steps_to_collapse_mean"], pg["steps_to_collapse_se"]) == (pytest.approx(15.0), pytest.approx(5.0))
+    assert table.columns == ["rule", "n", "collapsed", *(f"{o}_{s}" for o in OUTCOMES for s in ("mean", "se"))]
+    text = format_seed_table(table)
+    assert "0.500 ± 0.115" in text and "2/3" in text and "15.000 ± 5.000" in text
+
+
+def test_format_and_csv_safety():
+    assert format_mean_se(None, None) == "–"
+    assert format_mean_se(0.5, None) == "0.500"
+    assert format_mean_se(3.2e-5, 1e-6) == "3.20e-05 ± 1.00e-06"
+    safe = csv_safe(pl.DataFrame({"rule": ["=HYPERLINK(1)", "ppo", "-1+2"], "x": [1, 2, 3]}))
+    assert safe["rule"].to_list() == ["'=HYPERLINK(1)", "ppo", "'-1+2"]
+
+
+def test_run_outcome_by_hand(tmp_path):
+    # 12 steps, 2 samples each; rule ppo blocks every other A ≠ 0 token, and all tokens with μ < 0.1
+    steps = 12
+    rows = [(s, 2 * s + k) for s in range(steps) for k in range(2)]
+    mu = [math.log(0.05) if k == 0 else math.log(0.5) for s, i in rows for k in [i % 2]]
+    tokens = {
+        "step": [s for s, _ in rows],
+        "sample": [i for _, i in rows],
+        "pos": [0] * len(rows),
+        "mu_logp": mu,
+        "old_logp": mu,
+        "pi_logp": mu,
+        "advantage": [0.0 if s == 0 else 1.0 for s, _ in rows],  # step 0: A = 0, never counted
+        "blocked_ppo": [i % 2 == 0 and s > 0 for s, i in rows],
+    }
+    samples = {
+        "step": [s for s, _ in rows],
+        "sample": [i for _, i in rows],
+        # mean reward 1 for steps 0–5, then 0: window 5, trailing mean < 0.5 first at step 8 (2/5)
+        "reward": [1.0 if s < 6 else 0.0 for s, _ in rows],
+    }
+    metrics = {"step": [0, 6, 11], "name": ["eval/accuracy"] * 3, "value": [0.4, 0.3, 0.25]}
+    run = load_run(write_run(tmp_path / "r", tokens=tokens, samples=samples, metrics=metrics, config={"seed": 7}))
+    out = run_outcome(run)
+    assert (out["rule"], out["seed"]) == ("ppo", 7)
+    assert (out["acc_start"], out["acc_final"], out["acc_best"]) == (0.4, 0.25, 0.4)
+    assert (out["collapse_step"], out["collapse_cause"], out["steps_to_collapse"]) == (8, "reward", 8)
+    assert out["block_rate"] == pytest.approx(0.5) and out["block_rate_low_mu"] == pytest.approx(1.0)
+    assert out["k3_start"] == pytest.approx(0.0) and out["tv_end"] == pytest.approx(0.0)

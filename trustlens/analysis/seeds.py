@@ -1,0 +1,224 @@
+"""Outcomes of runs and their mean ± standard error over seeds (the `trustlens compare` table).
+
+Per run (`run_outcome`), with steps numbered as recorded:
+
+    acc_start, acc_final, acc_best   held-out accuracy (`eval/accuracy`) at the first and the last
+                                     evaluation, and the highest one
+    collapse_step                    the step the run collapsed at (`collapse_onset`), null if never
+    collapse_cause                   "accuracy" or "reward", null if never
+    block_rate                       share of the A ≠ 0 tokens the run's active rule blocked (all
+                                     steps and updates)
+    block_rate_low_mu                the same among A ≠ 0 tokens with μ < 0.1 (LOW_MU)
+    k3_start, k3_end                 k3_kl (nats), mean over the first and the last `window` steps
+    tv_start, tv_end                 prob_diff_mean = mean |π_old − μ| (the binary TV), likewise
+    first_critical                   step of the first critical collapse alert (`detect_collapse`)
+    lead                             collapse_step − first_critical: how many steps the first
+                                     critical alert came before the collapse (null without both)
+
+Collapse (`trustlens.analysis.collapse.collapse_onset`): the first evaluation whose accuracy is
+below half the first evaluation's, or the first step whose trailing mean reward over `window`
+steps is below half the mean reward of the first `window` steps, whichever comes first; `window`
+= max(5, round(0.1 · steps)) steps (`collapse_window`).
+
+Over seeds (`seed_table`), one row per rule: n (runs), collapsed (runs that collapsed), and for
+every outcome above `<name>_mean` and `<name>_se`, the standard error s/√n with s the sample
+standard deviation (ddof = 1; null for a single run). steps_to_collapse is averaged over the
+runs that collapsed only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import polars as pl
+
+from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage
+from trustlens.analysis.collapse import collapse_onset, collapse_window, detect_collapse
+from trustlens.analysis.mismatch import mismatch_per_step
+from trustlens.run import blocked_column
+
+LOW_MU = 0.1  # μ below this is a "low-μ" token in block_rate_low_mu
+ACCURACY = "eval/accuracy"
+
+# The per-run outcomes averaged over seeds, in table order.
+OUTCOMES: tuple[str, ...] = (
+    "acc_start",
+    "acc_final",
+    "acc_best",
+    "steps_to_collapse",
+    "block_rate",
+    "block_rate_low_mu",
+    "k3_start",
+    "k3_end",
+    "tv_start",
+    "tv_end",
+)
+
+
+def mean_se(values: Iterable[float | None]) -> tuple[float | None, float | None, int]:
+    """(mean, standard error, n) of the non-null values: se = s/√n with s the sample standard
+    deviation (ddof = 1); mean None when n = 0, se None when n < 2."""
+    xs = [float(v) for v in values if v is not None and not math.isnan(v)]
+    n = len(xs)
+    if n == 0:
+        return None, None, 0
+    mean = math.fsum(xs) / n
+    if n < 2:
+        return mean, None, n
+    var = math.fsum((x - mean) ** 2 for x in xs) / (n - 1)
+    return mean, math.sqrt(var / n), n
+
+
+def accuracy_per_step(run) -> list[tuple[int, float]]:
+    """(step, held-out accuracy) of each evaluation, mean over ranks."""
+    df = collect(
+        run.metrics.filter(pl.col("name") == ACCURACY).group_by("step").agg(pl.col("value").mean()).sort("step")
+    )
+    return list(zip(df["step"].to_list(), df["value"].to_list(), strict=True))
+
+
+def reward_per_step(run) -> list[tuple[int, float]]:
+    """(step, mean reward of the step's samples)."""
+    df = collect(run.samples.group_by("step").agg(pl.col("reward").cast(pl.Float64).mean()).sort("step"))
+    return list(zip(df["step"].to_list(), df["reward"].to_list(), strict=True))
+
+
+def _block_rates(tokens: pl.LazyFrame, rule: str | None) -> tuple[float | None, float | None]:
+    if rule is None or blocked_column(rule) not in tokens.collect_schema().names():
+        return None, None
+    col = pl.col(blocked_column(rule))
+    low = pl.col(anchor_column(tokens)).cast(pl.Float64) < math.log(LOW_MU)
+    row = collect(
+        tokens.filter(nonzero_advantage()).select(
+            col.mean().cast(pl.Float64).alias("all"), col.filter(low).mean().cast(pl.Float64).alias("low")
+        )
+    ).row(0)
+    return row[0], row[1]
+
+
+def _ends(values: list[float | None], w: int) -> tuple[float | None, float | None]:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return None, None
+    k = min(w, len(finite))
+    return math.fsum(finite[:k]) / k, math.fsum(finite[-k:]) / k
+
+
+def run_outcome(run) -> dict:
+    """The outcomes of one run (module docstring) with its rule and seed."""
+    config = run.manifest.get("config") or {}
+    rule = run.active_rule or config.get("rule")
+    acc = accuracy_per_step(run)
+    reward = reward_per_step(run)
+    steps = len(reward)
+    w = collapse_window(steps)
+    onset, cause = collapse_onset(acc, reward, w)
+    tokens = run.tokens
+    block, block_low = _block_rates(tokens, rule)
+    mm = mismatch_per_step(tokens).sort("step")
+    k3 = _ends(mm["k3_kl"].to_list(), w)
+    tv = _ends(mm["prob_diff_mean"].to_list(), w)
+    first = reward[0][0] if reward else 0
+    alerts = detect_collapse(run)
+    critical = alerts.filter(pl.col("severity") == "critical")["step"]
+    first_critical = int(critical.min()) if len(critical) else None  # type: ignore[arg-type]
+    return {
+        "run": run.name,
+        "rule": rule,
+        "seed": config.get("seed"),
+        "acc_start": acc[0][1] if acc else None,
+        "acc_final": acc[-1][1] if acc else None,
+        "acc_best": max(a for _, a in acc) if acc else None,
+        "collapse_step": onset,
+        "collapse_cause": cause,
+        "steps_to_collapse": None if onset is None else onset - first,
+        "block_rate": block,
+        "block_rate_low_mu": block_low,
+        "k3_start": k3[0],
+        "k3_end": k3[1],
+        "tv_start": tv[0],
+        "tv_end": tv[1],
+        "first_critical": first_critical,
+        "lead": None if onset is None or first_critical is None else onset - first_critical,
+    }
+
+
+OUTCOME_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
+    "run": pl.String,
+    "rule": pl.String,
+    "seed": pl.Int64,
+    **{k: pl.Float64 for k in ("acc_start", "acc_final", "acc_best")},
+    "collapse_step": pl.Int64,
+    "collapse_cause": pl.String,
+    "steps_to_collapse": pl.Float64,
+    **{k: pl.Float64 for k in OUTCOMES[4:]},
+    "first_critical": pl.Int64,
+    "lead": pl.Int64,
+}
+
+
+def run_outcomes(runs) -> pl.DataFrame:
+    """`run_outcome` of each run, one row per run (columns: OUTCOME_SCHEMA)."""
+    return pl.DataFrame([run_outcome(r) for r in runs], schema=OUTCOME_SCHEMA)
+
+
+def seed_table(outcomes: pl.DataFrame, by: str = "rule") -> pl.DataFrame:
+    """Mean ± standard error over the runs of each `by` value (module docstring), in order of
+    first appearance: by, n, collapsed, <outcome>_mean, <outcome>_se for each of OUTCOMES."""
+    rows = []
+    for key in outcomes[by].unique(maintain_order=True).to_list():
+        part = outcomes.filter(pl.col(by) == key) if key is not None else outcomes.filter(pl.col(by).is_null())
+        row: dict = {by: key, "n": part.height, "collapsed": int(part["collapse_step"].is_not_null().sum())}
+        for name in OUTCOMES:
+            mean, se, _ = mean_se(part[name].to_list())
+            row[f"{name}_mean"], row[f"{name}_se"] = mean, se
+        rows.append(row)
+    schema: dict[str, pl.DataType | type[pl.DataType]] = {by: pl.String, "n": pl.Int64, "collapsed": pl.Int64}
+    schema |= {f"{name}_{s}": pl.Float64 for name in OUTCOMES for s in ("mean", "se")}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def format_mean_se(mean: float | None, se: float | None, digits: int = 3) -> str:
+    """'0.412 ± 0.013'; '0.412' without an se; '–' without a mean. Small values in g format."""
+    if mean is None:
+        return "–"
+    fmt = f".{digits}f" if mean == 0 or abs(mean) >= 10 ** (-digits + 1) else f".{digits - 1}e"
+    return f"{mean:{fmt}}" if se is None else f"{mean:{fmt}} ± {se:{fmt}}"
+
+
+def format_seed_table(table: pl.DataFrame, by: str = "rule") -> str:
+    """The seed table as aligned text, one line per row."""
+    head = [by, "n", "collapsed", *OUTCOMES]
+    lines = [head]
+    for row in table.iter_rows(named=True):
+        cells = [str(row[by]), str(row["n"]), f"{row['collapsed']}/{row['n']}"]
+        cells += [format_mean_se(row[f"{n}_mean"], row[f"{n}_se"]) for n in OUTCOMES]
+        lines.append(cells)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines)
+
+
+def csv_safe(table: pl.DataFrame) -> pl.DataFrame:
+    """String cells that a spreadsheet would run as a formula (starting with =, +, -, @, tab or
+    CR) prefixed with a single quote: run and rule names come from the run and are untrusted."""
+    risky = r"^[=+\-@\t\r]"
+    return table.with_columns(
+        pl.when(pl.col(c).str.contains(risky)).then(pl.lit("'") + pl.col(c)).otherwise(pl.col(c)).alias(c)
+        for c, t in table.schema.items()
+        if t == pl.String
+    )
+
+
+__all__ = [
+    "LOW_MU",
+    "OUTCOMES",
+    "OUTCOME_SCHEMA",
+    "csv_safe",
+    "format_mean_se",
+    "format_seed_table",
+    "mean_se",
+    "run_outcome",
+    "run_outcomes",
+    "seed_table",
+]
