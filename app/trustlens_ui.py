@@ -480,6 +480,23 @@ def view_params() -> dict[str, str]:
     return {k: st.query_params[k] for k in ("run", "steps") if k in st.query_params}
 
 
+def multiselect_in_address(label: str, options: dict[str, str], *, key: str, param: str, default: list[str]) -> list:
+    """A multiselect over `options` (value -> shown name) whose choice lives in the address as
+    repeated `param` parameters holding the shown names (`?compare=a&compare=b`), restored on
+    reload and shared links like the sidebar's run."""
+    by_name = {name: value for value, name in options.items()}
+    from_url = [by_name[n] for n in st.query_params.get_all(param) if n in by_name] or None
+    _restore(key, from_url, lambda v: all(x in options for x in v))
+    if key not in st.session_state:
+        st.session_state[key] = default
+    chosen = st.multiselect(
+        label, list(options), format_func=lambda v: options[v], key=key, on_change=_remember, args=(key,)
+    )
+    _remember(key)
+    st.query_params[param] = [options[v] for v in chosen]
+    return chosen
+
+
 INSPECTOR = "views/token_inspector.py"
 SEVERITY_ICONS = {"critical": ":material/error:", "warning": ":material/warning:"}
 

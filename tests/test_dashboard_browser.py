@@ -265,6 +265,16 @@ def test_address_restores_the_view(two_runs):
             page.reload()
             _settle(page, "Mismatch")
             assert SECOND in _run_shown(page) and "steps=2-5" in page.url and "/mismatch" in page.url
+            # the runs compared live in the address too
+            page.goto(f"{two_runs}/compare?run={SECOND}&compare={SECOND}")
+            _settle(page, "Compare runs")
+            chips = page.locator('[data-testid="stMultiSelect"]').first.inner_text()
+            assert SECOND in chips and "a_first" not in chips
+            page.reload()
+            _settle(page, "Compare runs")
+            assert "a_first" not in page.locator('[data-testid="stMultiSelect"]').first.inner_text()
+            page.goto(f"{two_runs}/mismatch?run={SECOND}&steps=2-5")
+            _settle(page, "Mismatch")
             # a fresh tab on the same link shows the same view
             other = browser.new_page(viewport={"width": 1400, "height": 1400})
             other.goto(page.url)

@@ -21,7 +21,7 @@ if ctx is None:
     st.stop()
 st.title("Compare runs")
 names = {str(p): (p.name if p == ctx.root else str(p.relative_to(ctx.root))) for p in ctx.runs}
-chosen = st.multiselect("Runs", list(names), default=list(names)[:4], format_func=lambda p: names[p], key="cr_runs")
+chosen = ui.multiselect_in_address("Runs", names, key="cr_runs", param="compare", default=list(names)[:4])
 frames, empty = {}, []
 for path in chosen:
     signals = run_signals(path, ui.run_signature(Path(path)))
