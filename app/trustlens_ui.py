@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import math
 import os
 import warnings
 from dataclasses import dataclass, field, replace
@@ -68,12 +69,15 @@ def md(text: object) -> str:
     return escape_markdown(str(text))
 
 
-def number(value: object) -> str:
-    """A value for display: 4 significant digits for numbers, "n/a" for none, else escaped text."""
+def number(value: object, digits: int = 4) -> str:
+    """A value for display: `digits` significant digits for numbers, ∞ for an infinite one (a KL
+    where π gave the token probability 0 is +inf: a value), "n/a" for none, else escaped text."""
     if value is None:
         return "n/a"
+    if isinstance(value, float) and math.isinf(value):
+        return "∞" if value > 0 else "−∞"
     if isinstance(value, (int, float)):
-        return f"{value:.4g}"
+        return f"{value:.{digits}g}"
     return md(value)
 
 

@@ -437,3 +437,8 @@ def test_mismatch_tiles_start_with_a_non_negative_kl(monkeypatch, runs):
     first = at.metric[0]
     assert first.label == "k3_kl" and float(first.value) >= 0
     assert "over the run" in first.delta  # the change of the trend over the run
+
+
+def test_numbers_show_infinity(ui):
+    assert ui.number(float("inf")) == "∞" and ui.number(float("-inf")) == "−∞"
+    assert ui.number(0.123456) == "0.1235" and ui.number(None) == "n/a"

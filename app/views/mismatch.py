@@ -24,8 +24,8 @@ for col, name in zip(cols, TILES, strict=True):
     value, delta = last.get(name), change.get(name)
     col.metric(
         name,
-        "n/a" if value is None else f"{value:.3g}",
-        delta=None if delta is None else f"{delta:+.3g} over the run",
+        ui.number(value, 3),
+        delta=None if delta is None else f"{'+' if delta >= 0 else ''}{ui.number(delta, 3)} over the run",
         delta_color="off",
         help=f"step {last['step']}: {MISMATCH_COLUMNS[name]}. The change is that of the trend line below.",
     )
