@@ -163,3 +163,8 @@ def test_rule_colours_fixed_and_distinct():
     assert rule_colours(["dppo_binary_tv"]) == {"dppo_binary_tv": every["dppo_binary_tv"]}
     assert rule_colours(["grpo_tis", "ppo"])["ppo"] == every["ppo"]
     assert rule_colours(["ppo", "my_rule"])["my_rule"] == rule_colours(["my_rule"])["my_rule"]
+
+
+def test_hover_text_shows_infinite_kl():
+    markup = colored_tokens_html(["a"], [1.0], quantity="ratio", hover={"topk_kl": [float("inf")]})
+    assert "topk_kl = ∞" in markup

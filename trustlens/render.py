@@ -143,6 +143,8 @@ def _format_value(v: object) -> str:
         return "n/a"
     if isinstance(v, bool):
         return "yes" if v else "no"
+    if isinstance(v, float) and math.isinf(v):
+        return "∞" if v > 0 else "−∞"  # e.g. a KL where π gave the token probability 0
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
