@@ -127,3 +127,29 @@ def test_verl_losses_map_to_the_rule_that_blocks_the_same_tokens(actor, algorith
     assert name == rule
     assert (low, high) == ((0.2, 0.2) if rule else (None, None))
     assert note
+
+
+def test_ray_setup_hook_patches_verl_in_every_ray_process(tmp_path):
+    """The `+ray_kwargs.ray_init.runtime_env` overrides of docs/attach.md, as verl's main_ppo
+    passes them to ray.init: a Ray worker process (verl's TaskRunner is one) comes up patched."""
+    import ray
+
+    env = {"TRUSTLENS_DIR": str(tmp_path / "run"), "OMP_NUM_THREADS": "1"}
+    ray.init(
+        num_cpus=1,
+        include_dashboard=False,
+        runtime_env={"worker_process_setup_hook": "trustlens.integrations.verl.setup", "env_vars": env},
+    )
+    try:
+
+        @ray.remote
+        def patched() -> tuple[bool, str | None]:
+            import os
+
+            from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+            return hasattr(RayPPOTrainer.fit, "__wrapped__"), os.environ.get("TRUSTLENS_DIR")
+
+        assert ray.get(patched.remote()) == (True, env["TRUSTLENS_DIR"])
+    finally:
+        ray.shutdown()
