@@ -80,7 +80,9 @@ _ALL = (
         "training/rollout_actor_probs_pearson_corr",
     ),
     # mismatch over μ's top-K set, needs the trainer's logits (built-in trainer only)
-    Metric("topk_tv_mean", "probability", "mean of the per-token top-K TV between μ and π_old (topk_tv, docs/rules.md)"),
+    Metric(
+        "topk_tv_mean", "probability", "mean of the per-token top-K TV between μ and π_old (topk_tv, docs/rules.md)"
+    ),
     Metric("topk_tv_max", "probability", "max of the per-token top-K TV between μ and π_old"),
     Metric("topk_kl_mean", "nats", "mean of the per-token top-K KL(μ ‖ π_old) (topk_kl); +inf when π_old gives 0"),
     # trust-region rules
