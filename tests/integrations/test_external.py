@@ -69,3 +69,28 @@ def test_worker_records_each_sample_once_per_update(tmp_path):
     tokens = pl.read_parquet(tmp_path / "tokens" / "rank=1")
     assert sorted(tokens.select("step", "update").unique().rows()) == [(7, 0), (7, 1)]
     assert tokens["sample"].unique().sort().to_list() == sorted(sample_ids(seqs, [2, 1])[0])
+
+
+def test_closing_run_marks_the_run_finished_or_failed(tmp_path):
+    import pytest
+
+    from trustlens import TokenRecorder, load_run
+    from trustlens.integrations._external import closing_run
+
+    class Trainer:
+        def fit(self, fail):
+            if fail:
+                raise RuntimeError("worker died")
+            return "done"
+
+    for fail, status in ((False, "finished"), (True, "failed")):
+        state = {"driver": TokenRecorder(tmp_path / status, rank=0, world_size=1)}
+        state["driver"].log_metrics(1, {"x": 1.0})
+        fit = closing_run(Trainer.fit, state)
+        if fail:
+            with pytest.raises(RuntimeError, match="worker died"):
+                fit(Trainer(), fail)
+        else:
+            assert fit(Trainer(), fail) == "done"
+        assert state["driver"] is None
+        assert load_run(tmp_path / status).manifest["status"] == status
