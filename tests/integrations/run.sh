@@ -30,12 +30,12 @@ start=$SECONDS
 make_venv verl09 "" -e ".[verl]" "verl==0.9.1" pytest pytest-timeout
 make_venv verl07 "" -e ".[torch]" -r "$here/requirements-verl07.txt" pytest pytest-timeout
 make_venv openrlhf "openrlhf==0.11.2" -e ".[torch]" -r "$here/requirements-openrlhf.txt" pytest pytest-timeout
-echo "integration venvs ready in $((SECONDS - start)) s"
+echo "integration venvs ready in $((SECONDS - start)) s" >&2
 
 status=0
 for venv in verl09 verl07; do
   "$venvs/$venv/bin/python" -m pytest -q -m slow "$here/test_verl.py" || status=1
 done
 "$venvs/openrlhf/bin/python" -m pytest -q -m slow "$here/test_openrlhf.py" || status=1
-echo "integration tests done in $((SECONDS - start)) s"
+echo "integration tests done in $((SECONDS - start)) s" >&2
 exit $status
