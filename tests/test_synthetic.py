@@ -90,8 +90,8 @@ def test_samples_match_tokens(run):
         .group_by("sample", maintain_order=True)
         .agg(pl.col("token").cast(pl.String).str.join(""))
     )
-    joined = dict(zip(text["sample"], text["token"]))
-    assert all(joined[s] == r for s, r in zip(samples["sample"], samples["response"]))
+    joined = dict(zip(text["sample"], text["token"], strict=True))
+    assert all(joined[s] == r for s, r in zip(samples["sample"], samples["response"], strict=True))
     # advantages are group-normalised: they sum to ~0 within each group
     sums = samples.group_by("group").agg(pl.col("advantage").sum())["advantage"]
     assert (sums.abs() < 1e-3).all()

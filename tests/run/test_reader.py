@@ -53,7 +53,7 @@ def test_load_run_exposes_tables_manifest_and_rules(tmp_path):
 def test_not_a_run(tmp_path):
     with pytest.raises(NotARunError, match="no such directory"):
         load_run(tmp_path / "missing")
-    with pytest.raises(NotARunError, match="has no run.json"):
+    with pytest.raises(NotARunError, match=r"has no run\.json"):
         load_run(tmp_path)
 
 
@@ -82,14 +82,14 @@ def test_newer_schema_version_is_refused(tmp_path):
 def test_run_without_rows(tmp_path):
     rec = TokenRecorder(tmp_path / "run", rules=["ppo"])
     run = load_run(tmp_path / "run")
-    with pytest.raises(NoRowsError, match="has no token rows yet \\(it is still being written"):
-        run.tokens
+    with pytest.raises(NoRowsError, match=r"has no token rows yet \(it is still being written"):
+        _ = run.tokens
     empty = run.metrics.collect()
     assert empty.height == 0 and empty.schema["value"] == pl.Float64
     assert run.samples.collect_schema()["prompt"] == pl.String
     rec.close()
     with pytest.raises(NoRowsError, match="it is finished"):
-        load_run(tmp_path / "run").tokens
+        _ = load_run(tmp_path / "run").tokens
 
 
 def test_corrupt_and_truncated_parts_are_skipped_with_a_warning(tmp_path):
