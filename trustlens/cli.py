@@ -25,7 +25,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "trustlens.train.commands",
         "RL fine-tune the built-in model under one trust-region rule, recording every token",
     ),
-    "compare": ("trustlens.train.commands", "train the same settings under several rules, one run each"),
+    "compare": (
+        "trustlens.train.commands",
+        "train the same settings under several rules and seeds; table of mean ± SE per rule",
+    ),
+    "claims": ("trustlens.train.commands", "measure the DPPO paper's six claims over rules × seeds; writes a report"),
     "demo": ("trustlens.train.commands", "the main job: the default training run, then the dashboard on it"),
     "make-sample": ("trustlens.train.commands", "regenerate the shipped sample run (data/sample_run)"),
     "warmup": ("trustlens.train.warmup", "rebuild the warm-start checkpoint (supervised warm-up to mediocre accuracy)"),

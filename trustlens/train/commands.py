@@ -4,6 +4,7 @@
     trustlens compare --rules ppo,dppo_binary_tv,pg_is --steps 60 --out runs/
     trustlens demo                      # the default run, then the dashboard on it
     trustlens make-sample               # regenerate the shipped sample run, data/sample_run
+    trustlens claims --seeds 0,1,2      # the paper's claims C1–C6 measured: runs/claims/claims.md
 
 Data parallel on CPU: `torchrun --nproc_per_node 2 -m trustlens.cli train ...` (gloo); each rank
 rolls out its share of the prompts and records its own shard of the run.
@@ -42,7 +43,8 @@ _CONFIG_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("temperature", float, "sampling temperature τ (μ and π both use logits / τ)"),
     ("max_new_tokens", int, "response length cap in tokens"),
     ("topk", int, "K of μ's recorded top-K distribution"),
-    ("rollout_precision", str, "rollout engine weight precision: bf16 or fp32"),
+    ("rollout_precision", str, "rollout engine precision: bf16, fp32 or fp8 (W8A8 float8)"),
+    ("rollout_lag", int, "rollout engine lags the trainer by this many steps (asynchronous RL)"),
     ("logit_noise", float, "std of Gaussian noise on the rollout engine's logits"),
     ("eval_every", int, "evaluate held-out accuracy every this many steps"),
     ("eval_size", int, "held-out problems per evaluation (0 = no evaluation)"),
@@ -88,6 +90,24 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
             help="keep finished runs already in OUT with the same settings instead of training them again",
         )
         parser.set_defaults(func=_compare)
+    elif name == "claims":
+        parser.add_argument(
+            "--rules",
+            type=_rule_list,
+            default=",".join(CLAIM_RULES),
+            help=f"rules trained, one run per seed each [{','.join(CLAIM_RULES)}]",
+        )
+        parser.add_argument("--seeds", type=_int_list, default="0,1,2", help="comma-separated seeds [0,1,2]")
+        parser.add_argument(
+            "--out", type=Path, default=Path("runs/claims"), help="runs, figures and claims.md go here [runs/claims]"
+        )
+        parser.add_argument(
+            "--reuse",
+            action="store_true",
+            help="keep finished runs already in OUT with the same settings instead of training them again",
+        )
+        parser.add_argument("--no-train", action="store_true", help="only measure the runs already in OUT")
+        parser.set_defaults(func=_claims)
     elif name == "demo":
         parser.add_argument("--rule", default="dppo_binary_tv", help=RULE_HELP)
         parser.add_argument(
@@ -113,14 +133,14 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--preset",
             choices=list(PRESETS),
-            default="default",
+            default="collapse" if name == "claims" else "default",
             help="named settings that the flags below override (listed at the end) [default]",
         )
     parser.add_argument("--overwrite", action="store_true", help="replace existing run directories instead of refusing")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     # compare and make-sample train several rules: per-rule thresholds make no sense there
-    several = {"low", "high"} if name in ("compare", "make-sample") else set()
-    _add_config_flags(parser, skip=several | ({"seed"} if name == "compare" else set()))
+    several = {"low", "high"} if name in ("compare", "make-sample", "claims") else set()
+    _add_config_flags(parser, skip=several | ({"seed"} if name in ("compare", "claims") else set()))
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, skip: set[str]) -> None:
@@ -308,6 +328,63 @@ def _compare(args: argparse.Namespace) -> int:
         compare_table(runs, args.out)
         print(f"runs in {args.out}/; open them with trustlens.load_runs or `trustlens dashboard {args.out}`")
     return 0
+
+
+# the rules the claims need: C1/C2 ppo vs dppo, C3/C6 no trust region, C4 the π_old anchor, C5 Top-K
+CLAIM_RULES = ("ppo", "dppo_binary_tv", "dppo_topk_tv", "dppo_binary_tv_recompute", "pg_is", "cispo")
+
+
+def _claims(args: argparse.Namespace) -> int:
+    from trustlens import load_run
+
+    base = _config(args, seed=args.seeds[0])
+    if args.no_train:
+        runs = {p.name: p for p in sorted(args.out.iterdir()) if (p / "run.json").is_file()}
+    else:
+        try:
+            runs = compare(
+                args.rules, args.seeds, args.out, base, overwrite=args.overwrite, quiet=args.quiet, reuse=args.reuse
+            )
+        finally:
+            _finish()
+    if not _is_main():
+        return 0
+    if not runs:
+        raise SystemExit(f"--out {args.out} holds no runs to measure")
+    table = compare_table(runs, args.out)
+    report = write_claims_report([load_run(p) for p in runs.values()], args.out, table, preset=args.preset)
+    print(f"claims report: {report}")
+    return 0
+
+
+def write_claims_report(runs, out: Path, table, *, preset: str) -> Path:
+    """Measure C1–C6 on `runs`, write OUT/figures/C*.html and OUT/claims.md; the report's path."""
+    from trustlens.analysis.claims import alert_leads, measure_claims
+    from trustlens.analysis.seeds import format_seed_table, run_outcomes
+
+    claims = measure_claims(runs)
+    figures = out / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# The DPPO paper's claims, measured at this scale",
+        "",
+        f"{len(runs)} runs in `{out}` (preset `{preset}`), written by `trustlens claims`. "
+        "Mean ± standard error (sample sd / √n) over seeds.",
+        "",
+    ]
+    for c in claims:
+        print(c.line())
+        lines += [f"## {c.key}: {c.title}", "", f"**{c.verdict}** — {c.evidence}", ""]
+        if c.figure is not None:
+            path = figures / f"{c.key}.html"
+            c.figure.write_html(path, include_plotlyjs="cdn")
+            lines += [f"Figure: [{path.name}](figures/{path.name})", ""]
+    leads = alert_leads(run_outcomes(runs))
+    print("alerts: " + leads)
+    lines += ["## Collapse alerts", "", leads, "", "## Per rule", "", "```", format_seed_table(table), "```", ""]
+    report = out / "claims.md"
+    report.write_text("\n".join(lines))
+    return report
 
 
 def _demo(args: argparse.Namespace) -> int:
