@@ -31,8 +31,9 @@ naming a wrong rule. The driver records each step's samples (prompt and response
 sequence advantage, length) and every number verl logs (as `verl/<name>`), and marks the run
 finished, or failed with the error, when `fit` returns.
 
-Ranks: rank 0 is the driver; the worker of verl rank r writes tokens as rank r + 1 (only one rank
-per sequence-parallel group records). Steps: verl's global step (sent by the driver with the
+Ranks: rank 0 is the driver; the worker of verl data-parallel rank r writes tokens as rank r + 1
+(one rank per tensor- or sequence-parallel group records: verl's model-parallel source rank).
+Tested on verl 0.9.1 (engine workers) and 0.7.1 (legacy workers); docs/attach.md says how. Steps: verl's global step (sent by the driver with the
 batch), else the count of the worker's update calls. `update`: the mini-batch update within the
 step. Sample ids: `trustlens.integrations._external`.
 """
@@ -368,10 +369,13 @@ def setup() -> None:
         return
     _check_version()
     _state["patched"] = True
-    with contextlib.suppress(ImportError):  # verl 0.7 has no engine workers
-        _patch_engine_workers()
-    with contextlib.suppress(ImportError):  # verl 0.9 has no legacy dp_actor
-        _patch_dp_actor()
+    try:
+        with contextlib.suppress(ImportError):  # a verl without engine workers
+            _patch_engine_workers()
+        with contextlib.suppress(ImportError):  # verl 0.9 has no legacy dp_actor
+            _patch_dp_actor()
+    except AttributeError as err:  # a function the hook wraps is gone
+        raise UnsupportedVerlVersion(f"verl {_verl_version()} lacks what trustlens hooks: {err}") from err
     try:
         _patch_driver()
     except ImportError as err:
