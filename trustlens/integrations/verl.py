@@ -33,8 +33,9 @@ finished, or failed with the error, when `fit` returns.
 
 Ranks: rank 0 is the driver; the worker of verl data-parallel rank r writes tokens as rank r + 1
 (one rank per tensor- or sequence-parallel group records: verl's model-parallel source rank).
-Tested on verl 0.9.1 (engine workers) and 0.7.1 (legacy workers); docs/attach.md says how. Steps: verl's global step (sent by the driver with the
-batch), else the count of the worker's update calls. `update`: the mini-batch update within the
+Tested on verl 0.9.1 (engine workers) and 0.7.1 (legacy workers); docs/attach.md says how.
+Steps: verl's global step (sent by the driver with the batch), else the count of the worker's
+update calls. `update`: the mini-batch update within the
 step. Sample ids: `trustlens.integrations._external`.
 """
 
