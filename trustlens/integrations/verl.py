@@ -35,8 +35,8 @@ Ranks: rank 0 is the driver; the worker of verl data-parallel rank r writes toke
 (one rank per tensor- or sequence-parallel group records: verl's model-parallel source rank).
 Tested on verl 0.9.1 (engine workers) and 0.7.1 (legacy workers); docs/attach.md says how.
 Steps: verl's global step (sent by the driver with the batch), else the count of the worker's
-update calls. `update`: the mini-batch update within the
-step. Sample ids: `trustlens.integrations._external`.
+update calls. `update`: the mini-batch update within the step. Sample ids:
+`trustlens.integrations._external`.
 """
 
 from __future__ import annotations
