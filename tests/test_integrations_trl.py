@@ -348,3 +348,108 @@ def test_dashboard_opens_trl_runs_on_every_page(monkeypatch, runs_root, no_mu, w
         assert not at.error, [e.value for e in at.error]
         if page != "views/compare.py":  # a page about the chosen run says what its anchor is
             assert any("anchor is π_old" in i.value for i in at.info) == (name == "no_mu"), page
+
+
+def _dppo():
+    """TRL's DPPO trainer (trl.experimental.dppo, TRL 1.8 to 1.15), or skip: CI runs these tests
+    with TRL 1.8.0 in a venv of its own (.ci/run)."""
+    try:
+        from trl.experimental import dppo
+    except ImportError:
+        pytest.skip(f"trl {tl_trl.trl.__version__} has no trl.experimental.dppo (TRL 1.8 has)")
+    return dppo
+
+
+@pytest.mark.parametrize("divergence, delta", [("binary_tv", 0.01), ("binary_kl", 5e-4)])  # tight: some tokens blocked
+def test_dppo_trainer_is_recorded_as_its_dppo_rule(tmp_path, divergence, delta):
+    dppo = _dppo()
+    model, tok = tiny()
+    args = dppo.DPPOConfig(
+        **{k: v for k, v in grpo_args(tmp_path / "trl").to_dict().items() if k in _GRPO_KEYS},
+        divergence_type=divergence,
+        epsilon=delta,
+        epsilon_high=delta,
+    )
+    trainer = with_trustlens(dppo.DPPOTrainer)(
+        model=model,
+        processing_class=tok,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+        trustlens_dir=tmp_path / "run",
+    )
+    trainer.train()
+    run = load_run(tmp_path / "run")
+    rule = f"dppo_{divergence}"
+    assert run.active_rule == rule and run.manifest["config"]["source"] == "trl.DPPOTrainer"
+    assert (run.rules[rule]["low"], run.rules[rule]["high"], run.rules[rule]["anchor"]) == (delta, delta, "mu")
+    assert run.manifest["config"]["divergence_type"] == divergence
+    tokens = run.tokens.collect()
+    assert tokens["mu_logp"].null_count() == 0  # DPPO always has the sampler's log-probs
+    # TRL's own divergence mask on the recorded tokens blocks exactly what the recorded column
+    # says, except at A = 0, which TRL masks by its A ≤ 0 branch (no gradient either way)
+    pi, mu, adv = (
+        torch.tensor(tokens[c].to_numpy(), dtype=torch.float32)[:, None] for c in ("pi_logp", "mu_logp", "advantage")
+    )
+    keep = trainer._compute_divergence_mask(pi, mu, adv, torch.ones_like(pi))[:, 0]
+    nonzero = (adv[:, 0] != 0).numpy()
+    trl_blocked = (keep == 0).numpy()
+    ours = tokens[f"blocked_{rule}"].to_numpy()
+    assert (ours[nonzero] == trl_blocked[nonzero]).all()
+    assert not ours[~nonzero].any()
+    assert 0 < ours[nonzero].sum() < nonzero.sum()  # the run exercises both decisions
+
+
+def test_dppo_topk_run_records_topk_divergences(tmp_path):
+    dppo = _dppo()
+    model, tok = tiny()
+    args = dppo.DPPOConfig(
+        **{k: v for k, v in grpo_args(tmp_path / "trl").to_dict().items() if k in _GRPO_KEYS},
+        divergence_type="topk_kl",
+        divergence_topk=3,
+        epsilon=1e-3,
+        epsilon_high=1e-3,
+    )
+    trainer = with_trustlens(dppo.DPPOTrainer)(
+        model=model,
+        processing_class=tok,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+        trustlens_dir=tmp_path / "run",
+    )
+    trainer.train()
+    run = load_run(tmp_path / "run")
+    assert run.manifest["config"]["divergence_type"] == "topk_kl"
+    if not tl_trl._accepts_topk(trainer.trustlens_recorder.record):
+        # a recorder without precomputed top-K divergences cannot decide the top-K rules: no
+        # active rule is claimed rather than a wrong one
+        assert run.active_rule is None and not any(r.startswith("dppo_topk") for r in run.rules)
+        return
+    assert run.active_rule == "dppo_topk_kl" and run.rules["dppo_topk_kl"]["high"] == 1e-3
+    tokens = run.tokens.collect()
+    assert tokens["topk_kl"].null_count() == 0 and tokens["topk_tv"].null_count() == 0
+    # with the sampled token in μ's top-K set (TRL forces it in), top-K ≥ binary
+    assert (tokens["topk_tv"] >= tokens["binary_tv"] - 1e-6).all()
+    assert (tokens["topk_kl"] >= tokens["binary_kl"] - 1e-6).all()
+
+
+# GRPOConfig fields the DPPO tests reuse (DPPOConfig sets its own ε, ε_high and loss type)
+_GRPO_KEYS = (
+    "output_dir",
+    "per_device_train_batch_size",
+    "num_generations",
+    "steps_per_generation",
+    "gradient_accumulation_steps",
+    "max_completion_length",
+    "max_steps",
+    "learning_rate",
+    "temperature",
+    "use_cpu",
+    "bf16",
+    "report_to",
+    "logging_steps",
+    "save_strategy",
+    "seed",
+    "disable_tqdm",
+)
