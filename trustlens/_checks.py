@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from trustlens._logspace import LOGP_TOLERANCE
+from trustlens._torch import torch
 
 
 def _first_index(mask: torch.Tensor) -> tuple[int, ...]:

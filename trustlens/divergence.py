@@ -33,8 +33,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-import torch
-
 from trustlens import _logspace
 from trustlens._checks import (
     LOGP_TOLERANCE,
@@ -44,6 +42,7 @@ from trustlens._checks import (
     check_tensor,
     check_token_ids,
 )
+from trustlens._torch import torch
 
 # Elements of one chunk of rows (1 MiB of float32): small enough to stay in a core's L2 cache.
 # A row longer than this is processed alone.

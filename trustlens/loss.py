@@ -25,9 +25,8 @@ import math
 import numbers
 from dataclasses import dataclass
 
-import torch
-
 from trustlens._checks import check_mask, upcast
+from trustlens._torch import torch
 from trustlens.rules import Rule, TokenInputs, get_rule
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum-norm")
