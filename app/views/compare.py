@@ -1,11 +1,16 @@
-"""Compare runs: several runs' per-step curves overlaid."""
+"""Compare runs: several runs' per-step curves overlaid, and, for runs that share their settings
+but differ in seed, the outcomes as mean ± standard error over seeds (trustlens.analysis.seeds)."""
 
+import html
+import json
 from pathlib import Path
 
+import polars as pl
 import streamlit as st
 import trustlens_ui as ui
 
 from trustlens import plots
+from trustlens.analysis.seeds import OUTCOME_SCHEMA, OUTCOMES, run_outcome, seed_table
 
 
 @st.cache_data(ttl=ui.RUN_TTL, max_entries=64, show_spinner=False)
@@ -14,6 +19,49 @@ def run_signals(path: str, signature: tuple):
     if ui.tokens_of(run) is None:
         return None
     return ui.signals_and_alerts(path, signature)[0]
+
+
+@st.cache_data(ttl=ui.RUN_TTL, max_entries=256, show_spinner=False)
+def outcome(path: str, signature: tuple) -> dict | None:
+    run = ui.run_at(path, signature)
+    return None if ui.tokens_of(run) is None else run_outcome(run)
+
+
+def settings_key(run) -> str:
+    """The run's settings without its rule and seed: runs with equal keys differ only in those
+    (the table has one row per rule)."""
+    config = dict(run.manifest.get("config") or {})
+    config.pop("seed", None)
+    config.pop("rule", None)
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def seed_groups(paths: list[str]) -> list[tuple[list[str], pl.DataFrame]]:
+    """Groups of ≥ 2 runs with equal settings but different seeds, with their outcome rows."""
+    groups: dict[str, list[str]] = {}
+    for path in paths:
+        run = ui.run_at(path, ui.run_signature(Path(path)))
+        groups.setdefault(settings_key(run), []).append(path)
+    out = []
+    for members in groups.values():
+        rows = [o for p in members if (o := outcome(p, ui.run_signature(Path(p)))) is not None]
+        if len({o["seed"] for o in rows}) >= 2:  # several seeds of at least one rule
+            out.append((members, pl.DataFrame(rows, schema=OUTCOME_SCHEMA)))
+    return out
+
+
+def seed_bars(table: pl.DataFrame, stat: str):
+    import plotly.graph_objects as go
+
+    fig = go.Figure(
+        go.Bar(
+            x=[html.escape(str(r)) for r in table["rule"].to_list()],
+            y=table[f"{stat}_mean"].to_list(),
+            error_y=dict(type="data", array=table[f"{stat}_se"].fill_null(0.0).to_list()),
+        )
+    )
+    fig.update_layout(title=f"{stat}: mean ± SE over seeds", height=320)
+    return fig
 
 
 ctx = ui.context()
@@ -39,3 +87,19 @@ defaults = [c for c in ("reward", "entropy", "k3_kl") if c in columns] or column
 ys = st.multiselect("Signals", columns, default=defaults, key="cr_signals")
 if ys:
     ui.chart(plots.overlay_runs(frames, ys), "cr_overlay")
+
+all_paths = [str(p) for p in ctx.runs]
+groups = seed_groups(all_paths)
+if groups:
+    st.subheader("Over seeds")
+    st.caption(
+        "Runs with the same settings but different seeds, grouped by rule: mean ± standard error "
+        "(sample sd / √n). Block rates are over A ≠ 0 tokens; collapse = accuracy below half its "
+        "start, or the mean reward over 10% of the steps (≥ 5) below half the first window's."
+    )
+    for i, (members, outcomes) in enumerate(groups):
+        table = seed_table(outcomes)
+        st.markdown(ui.md(f"Settings group {i + 1}: {len(members)} runs, {table.height} rules"))
+        st.dataframe(table.to_pandas(), hide_index=True)
+        stat = st.selectbox("Outcome", OUTCOMES, index=1, key=f"cr_seed_stat_{i}")
+        ui.chart(seed_bars(table, stat), f"cr_seed_bars_{i}")
