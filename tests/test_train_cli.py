@@ -62,7 +62,7 @@ def test_bad_arguments_exit_2_with_usage(capsys, argv, message):
     "argv, message",
     [
         (["--rule", "nope"], "unknown rule 'nope'; known rules: ppo,"),
-        (["--rollout-precision", "fp8"], "precision must be one of"),
+        (["--rollout-precision", "fp16"], "precision must be one of"),
         (["--loss-agg-mode", "sum"], "loss_agg_mode must be one of"),
         (["--steps", "0"], "steps must be ≥ 1"),
         (["--group-size", "1"], "group_size must be ≥ 2"),
