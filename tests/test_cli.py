@@ -38,3 +38,33 @@ def test_a_command_imports_only_its_own_module():
     )
     assert "usage: trustlens dashboard" in out
     assert "warmup imported: False" in out
+
+
+def test_claims_measures_recorded_runs(tmp_path, capsys):
+    """`trustlens claims --no-train` on finished runs of two rules × two seeds (synthetic, one collapsing)."""
+    import polars as pl
+
+    from trustlens.cli import main
+    from trustlens.synthetic import write_synthetic_run
+
+    for rule in ("ppo", "dppo_binary_tv"):
+        for seed in (0, 1):
+            write_synthetic_run(
+                tmp_path / f"{rule}-seed{seed}",
+                steps=12,
+                samples_per_step=16,
+                seq_len=8,
+                rules=["ppo", "dppo_binary_tv"],
+                active_rule=rule,
+                seed=seed,
+                collapse_at=6 if (rule, seed) == ("ppo", 1) else None,
+            )
+    assert main(["claims", "--no-train", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    report = (tmp_path / "claims.md").read_text()
+    for key in ("C1", "C2", "C3", "C4", "C5", "C6"):
+        assert f"## {key}" in report and f"\n{key} " in "\n" + out
+    assert "untestable" in report  # no pg_is, cispo, top-K or recompute runs here
+    assert (tmp_path / "figures" / "C1.html").is_file()
+    table = pl.read_csv(tmp_path / "compare.csv")
+    assert table["rule"].to_list() == ["dppo_binary_tv", "ppo"] and table["n"].to_list() == [2, 2]

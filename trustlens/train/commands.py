@@ -106,12 +106,16 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
             action="store_true",
             help="keep finished runs already in OUT with the same settings instead of training them again",
         )
-        parser.add_argument("--no-train", action="store_true", help="only measure the runs already in OUT")
+        parser.add_argument("--no-train", action="store_true", help="only measure the finished runs already in OUT")
         parser.set_defaults(func=_claims)
     elif name == "demo":
         parser.add_argument("--rule", default="dppo_binary_tv", help=RULE_HELP)
         parser.add_argument(
-            "--out", type=Path, default=None, help="run directory (default: runs/demo, replacing an earlier demo run)"
+            "--out",
+            type=Path,
+            default=None,
+            help="run directory (default: runs/demo, replacing an earlier demo run); the dashboard opens on its "
+            "parent folder, with a copy of the shipped sample runs in sample_run/ beside it",
         )
         parser.add_argument("--port", type=int, default=8501, help="port of the dashboard [8501]")
         parser.add_argument("--no-dashboard", action="store_true", help="only train; print how to inspect the run")
@@ -339,7 +343,7 @@ def _claims(args: argparse.Namespace) -> int:
 
     base = _config(args, seed=args.seeds[0])
     if args.no_train:
-        runs = {p.name: p for p in sorted(args.out.iterdir()) if (p / "run.json").is_file()}
+        runs = _finished_runs(args.out)
     else:
         try:
             runs = compare(
@@ -355,6 +359,21 @@ def _claims(args: argparse.Namespace) -> int:
     report = write_claims_report([load_run(p) for p in runs.values()], args.out, table, preset=args.preset)
     print(f"claims report: {report}")
     return 0
+
+
+def _finished_runs(folder: Path) -> dict[str, Path]:
+    """The finished runs directly inside `folder` (runs still being written are left out)."""
+    import json
+
+    runs = {}
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        try:
+            status = json.loads((path / "run.json").read_text()).get("status")
+        except (OSError, ValueError):
+            continue
+        if status == "finished":
+            runs[path.name] = path
+    return runs
 
 
 def write_claims_report(runs, out: Path, table, *, preset: str) -> Path:
@@ -400,7 +419,22 @@ def _demo(args: argparse.Namespace) -> int:
     if launch is None:
         _print_inspect(out)
         return 0
-    return int(launch(str(out), port=args.port) or 0)
+    shown = _beside_sample(out)
+    print(f"the dashboard opens on {shown}: the demo run {out.name!r} and the shipped sample runs in sample_run/")
+    return int(launch(str(shown), port=args.port) or 0)
+
+
+def _beside_sample(out: Path) -> Path:
+    """Copy the shipped sample runs (a collapse beside a stable DPPO run) next to the demo run,
+    into OUT/../sample_run (replacing an earlier copy), and return the folder holding both."""
+    folder = out.resolve().parent
+    source, copy = default_sample_dir(), folder / "sample_run"
+    ours = not copy.exists() or all((child / "run.json").is_file() for child in copy.iterdir())
+    if source.is_dir() and source.resolve() != copy.resolve() and ours:  # never replace a folder of other files
+        if copy.exists():
+            shutil.rmtree(copy)
+        shutil.copytree(source, copy)
+    return folder
 
 
 def _dashboard_launcher():
