@@ -218,3 +218,10 @@ def test_stale_engine_mismatch_appears_once_the_policy_moves():
         trainer_module._log = real_log
     assert logged[0]["k3_kl"] < 1e-9 and logged[0]["topk_tv_max"] < 1e-5
     assert all(logged[s]["k3_kl"] > 1e-6 and logged[s]["topk_tv_mean"] > 1e-4 for s in (1, 2))
+
+
+def test_active_block_rate_skips_updates_without_signed_tokens():
+    from trustlens.train.trainer import _finite_mean
+
+    assert _finite_mean([0.5, math.nan, 0.25]) == 0.375
+    assert math.isnan(_finite_mean([math.nan]))

@@ -390,7 +390,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                     "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
                     "response_length/mean": float(lengths.mean()),
                     "grad_norm": sum(grad_norms) / len(grad_norms),
-                    "blocked/active": sum(active_blocked) / len(active_blocked),
+                    "blocked/active": _finite_mean(active_blocked),
                     "time/step": step_time,
                     "time/rollout": t_rollout,
                 }
@@ -444,6 +444,12 @@ def _log(recorder, world: World, step: int, metrics: dict[str, float]) -> dict[s
     if world.main:
         recorder.log_metrics(step, reduced)
     return reduced
+
+
+def _finite_mean(values: list[float]) -> float:
+    """Mean of the finite values (an update whose minibatch has no A ≠ 0 token gives NaN), NaN if none."""
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
 
 
 def _progress_bar(total: int, enabled: bool):
