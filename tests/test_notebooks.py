@@ -25,12 +25,13 @@ SOURCES = build.sources()
 NAMES = [s.stem for s in SOURCES]
 
 
-def test_the_four_notebooks_exist():
+def test_the_five_notebooks_exist():
     assert NAMES == [
         "01_which_tokens_ppo_clips",
         "02_ppo_vs_dppo_masks",
         "03_mismatch_and_collapse",
         "04_attach_to_your_training_loop",
+        "05_the_papers_claims",
     ]
 
 

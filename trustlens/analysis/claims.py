@@ -25,7 +25,8 @@ plotly figure. The tests, on runs named by their active rule:
         dppo_binary_tv would block) among A < 0 tokens against A > 0 tokens. Holds when the
         A < 0 rate exceeds the A > 0 rate by more than 2 SE of the per-run difference.
 
-A claim whose runs are missing is "untestable".
+A claim whose runs are missing, or (C2, C4–C6) that has fewer than two paired seeds to judge the
+noise by, is "untestable".
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ def _ms(values) -> str:
 
 def _paired(a: dict[int, Any], b: dict[int, Any]) -> list[float]:
     return [a[s] - b[s] for s in sorted(set(a) & set(b)) if a[s] is not None and b[s] is not None]
+
+
+def evidence_of_one(diff: list[float]) -> str:
+    """The single paired difference there is, for an untestable verdict."""
+    return f"the one difference measured is {diff[0]:.3g}" if diff else "no paired runs"
 
 
 def _bar(title: str, names: list[str], values: list[list[float | None]], ytitle: str):
@@ -182,7 +188,9 @@ def _c2(r: _Runs) -> Claim:
     auc = {rule: {s: _auc(x) for s, x in r.by_rule[rule].items()} for rule in ("ppo", "dppo_binary_tv")}
     diff = _paired(auc["dppo_binary_tv"], auc["ppo"])
     fin = _paired(r.stat("dppo_binary_tv", "acc_final"), r.stat("ppo", "acc_final"))
-    m, se, _ = mean_se(diff)
+    m, se, n = mean_se(diff)
+    if n < 2:
+        return Claim("C2", title, UNTESTABLE, f"needs ≥ 2 seeds of each; {evidence_of_one(diff)}")
     ok = m is not None and m >= -2 * (se or 0)
     evidence = (
         f"dppo_binary_tv − ppo, paired by seed: mean accuracy over evaluations {_ms(diff)}, final accuracy {_ms(fin)}"
@@ -234,7 +242,9 @@ def _c4(r: _Runs) -> Claim:
     k_rec, n_rec = _collapsed(r, rec)
     k_mu, n_mu = _collapsed(r, "dppo_binary_tv")
     diff = _paired(r.stat(rec, "acc_final"), r.stat("dppo_binary_tv", "acc_final"))
-    m, se, _ = mean_se(diff)
+    m, se, n = mean_se(diff)
+    if n < 2:
+        return Claim("C4", title, UNTESTABLE, f"needs ≥ 2 seeds of each; {evidence_of_one(diff)}")
     ok = k_rec > k_mu or (m is not None and m < -2 * (se or 0))
     evidence = (
         f"collapsed {k_rec}/{n_rec} (π_old-anchored) vs {k_mu}/{n_mu} (μ-anchored); "
@@ -260,7 +270,9 @@ def _c5(r: _Runs) -> Claim:
         return Claim("C5", title, UNTESTABLE, "needs dppo_binary_tv and dppo_topk_tv runs")
     diff = _paired(r.stat("dppo_binary_tv", "acc_final"), r.stat("dppo_topk_tv", "acc_final"))
     jac = [_jaccard(x, "dppo_binary_tv", "dppo_topk_tv") for x in r.by_rule["dppo_binary_tv"].values()]
-    m, se, _ = mean_se(diff)
+    m, se, n = mean_se(diff)
+    if n < 2:
+        return Claim("C5", title, UNTESTABLE, f"needs ≥ 2 seeds of each; {evidence_of_one(diff)}")
     ok = m is not None and abs(m) <= max(2 * (se or 0), 0.05)
     evidence = f"final accuracy binary − top-K {_ms(diff)}; blocked-token agreement (Jaccard) {_ms(jac)}"
     fig = _accuracy_figure(r, ["dppo_binary_tv", "dppo_topk_tv"], "C5: held-out accuracy, Binary vs Top-K TV")
@@ -291,7 +303,9 @@ def _c6(r: _Runs) -> Claim:
     rates = [_over_rates(run, until) for run, until in runs]
     pos, neg = [p for p, _ in rates], [n for _, n in rates]
     diff = [n - p for p, n in rates if p is not None and n is not None]
-    m, se, _ = mean_se(diff)
+    m, se, n = mean_se(diff)
+    if n < 2:
+        return Claim("C6", title, UNTESTABLE, f"needs ≥ 2 collapsing runs; {evidence_of_one(diff)}")
     ok = m is not None and m > 2 * (se or 0)
     evidence = (
         f"{len(runs)} collapsing runs, up to the collapse: over-update rate (beyond dppo_binary_tv's bound) "
