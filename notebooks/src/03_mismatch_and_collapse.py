@@ -80,10 +80,12 @@ pl.concat([
 # %% [markdown]
 # ## Collapse alerts and the tokens behind them
 #
-# `detect_collapse` compares every step with a robust baseline of the steps before it and raises
-# an alert when entropy collapses or surges, mismatch grows, the gradient norm spikes, the reward
-# drops or a rule's blocked fraction drifts. Each alert names the samples and tokens that drove
-# it. How many alerts of each kind every run raised:
+# `detect_collapse` compares every step (a trailing median of 3 steps) with the run's own early
+# baseline (its first 10% of steps, at least 5), with no absolute thresholds, and raises an alert
+# when entropy collapses or surges, mismatch grows, the gradient norm spikes, the reward drops or
+# the block rate of the rule the run trains with drifts (the other rules' columns are
+# counterfactual: context, not alerts). Each alert names the samples and tokens that drove it,
+# strongest first. How many alerts of each kind every run raised:
 
 # %%
 alerts = {name: A.detect_collapse(run, signals=signals[name]) for name, run in runs.items()}
