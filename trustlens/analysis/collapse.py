@@ -29,9 +29,9 @@ and, for every detector, |z| > z_warning (blocked_drift also needs |x̄ − m| >
 f = blocked_factor). Only the run's active rule (`Run.active_rule`) is watched for blocked_drift:
 the other rules' blocked columns are counterfactual (what they would have blocked), context for
 reading a run, not alarms; a run that does not name its rule has every rule watched.
-Consecutive flagged steps of one detector merge into one alert that starts at the first of them
-(`step`) and ends at `end_step`, carrying the most extreme value; an alert is critical when any
-of its steps is.
+Flagged steps of one detector at most `smooth` steps apart merge into one alert that starts at
+the first of them (`step`) and ends at `end_step`, carrying the most extreme value; an alert is
+critical when any of its steps is.
 
 Driving tokens, at the alert's first step, ranked by a score (highest first): entropy alerts the
 tokens of lowest (collapse) or highest (surge) entropy; mismatch_growth |log μ − log π_old|;
@@ -261,15 +261,16 @@ def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> list
     return flags
 
 
-def _merge(flags: list[_Flag], steps: list[int]) -> list[dict]:
-    """Consecutive flagged steps (in the run's step order) of one detector → one episode."""
+def _merge(flags: list[_Flag], steps: list[int], gap: int) -> list[dict]:
+    """Flagged steps of one detector at most `gap` steps apart (in the run's step order) → one
+    episode."""
     index = {s: i for i, s in enumerate(steps)}
     episodes: list[dict] = []
     open_: dict[tuple[str, str], dict] = {}
     for f in sorted(flags, key=lambda f: (f.kind, f.signal, f.step)):
         key = (f.kind, f.signal)
         ep = open_.get(key)
-        if ep is not None and index[f.step] == index[ep["end_step"]] + 1:
+        if ep is not None and index[f.step] <= index[ep["end_step"]] + gap:
             ep["end_step"] = f.step
             ep["critical"] |= f.critical
             if abs(f.z) > abs(ep["z"]):
@@ -359,7 +360,7 @@ def detect_collapse(
         return pl.DataFrame(schema=ALERT_SCHEMA)
     if rule is None:
         rule = getattr(run, "active_rule", None)
-    episodes = _merge(_flags(signals, config, rule), signals["step"].to_list())
+    episodes = _merge(_flags(signals, config, rule), signals["step"].to_list(), config.smooth)
     rows = []
     for ep in episodes:
         samples, tokens = _drivers(run, ep, config)
