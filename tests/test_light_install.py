@@ -17,7 +17,7 @@ import inspect, json, sys
 import polars as pl
 from trustlens import load_run
 import trustlens.analysis as analysis
-from trustlens.analysis import findings, sweep
+from trustlens.analysis import findings, seeds, sweep
 
 functions = {n: getattr(analysis, n) for n in analysis.__all__ if inspect.isfunction(getattr(analysis, n))}
 functions["threshold_sweep"] = sweep.threshold_sweep
@@ -31,6 +31,10 @@ for path in sys.argv[1:]:
              "rules": names, "rule_a": names[0], "rule_b": names[1]}
     per_step = analysis.mismatch_per_step(run.tokens)
     known["per_step"] = per_step.collect() if isinstance(per_step, pl.LazyFrame) else per_step
+    known["runs"] = [run]
+    known["outcomes"] = analysis.run_outcomes([run])
+    known["accuracy"] = seeds.accuracy_per_step(run)
+    known["reward"] = seeds.reward_per_step(run)
     # arguments whose meaning depends on the function
     overrides = {"mismatch_trend": {"metrics": [c for c in known["per_step"].columns if c != "step"]}}
     for name, fn in functions.items():
