@@ -237,3 +237,29 @@ def test_openrlhf_losses_map_to_rules(kwargs, rule):
     name, *_, note = hook.openrlhf_active_rule(PolicyLoss(**kwargs))
     assert name == rule and note
     assert ("dual clip" in note) == ("dual_clip" in kwargs)
+
+
+def test_ray_setup_hook_patches_openrlhf_in_every_ray_process(tmp_path):
+    """The runtime_env `python -m trustlens.integrations.openrlhf` starts Ray with: a Ray worker
+    process (OpenRLHF's actors are ones) comes up patched."""
+    import ray
+
+    stand_ins = str(Path(__file__).with_name("stand_ins"))
+    env = {"TRUSTLENS_DIR": str(tmp_path / "run"), "OMP_NUM_THREADS": "1", "PYTHONPATH": stand_ins}
+    ray.init(
+        num_cpus=1,
+        include_dashboard=False,
+        runtime_env={"worker_process_setup_hook": "trustlens.integrations.openrlhf.setup", "env_vars": env},
+    )
+    try:
+
+        @ray.remote
+        def patched() -> bool:
+            from openrlhf.trainer.ppo_trainer import PPOTrainer
+            from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
+
+            return hasattr(ActorPPOTrainer.training_step, "__wrapped__") and hasattr(PPOTrainer.fit, "__wrapped__")
+
+        assert ray.get(patched.remote())
+    finally:
+        ray.shutdown()
