@@ -1,59 +1,13 @@
-"""Runs on an object store: a local S3 server (moto) on 127.0.0.1, started here."""
-
-import socket
+"""Runs on an object store: a local S3 server (moto) on 127.0.0.1 (tests/s3_server.py)."""
 
 import polars as pl
 import pytest
 import torch
+from s3_server import BUCKET, keys, s3, s3_endpoint  # noqa: F401 (fixtures)
 
-boto3 = pytest.importorskip("boto3")
-moto_server = pytest.importorskip("moto.server")
-pytest.importorskip("s3fs")
-
-from trustlens import TokenRecorder, load_run, load_runs  # noqa: E402
-from trustlens.run.storage import Remote  # noqa: E402
-from trustlens.synthetic import write_synthetic_run  # noqa: E402
-
-BUCKET = "trustlens-test"
-
-
-@pytest.fixture(scope="module")
-def endpoint():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def s3(endpoint, monkeypatch, tmp_path):
-    """Credentials and endpoint from the standard environment variables; a fresh bucket."""
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.chdir(tmp_path)  # a run written to a local folder named "s3:" would land here
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()
-    client = boto3.client("s3", endpoint_url=endpoint)
-    client.create_bucket(Bucket=BUCKET)
-    yield client
-    for obj in client.list_objects_v2(Bucket=BUCKET).get("Contents", []):
-        client.delete_object(Bucket=BUCKET, Key=obj["Key"])
-    client.delete_bucket(Bucket=BUCKET)
-    assert not (tmp_path / "s3:").exists()
-
-
-def keys(client, prefix: str) -> list[str]:
-    listed = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
-    return sorted(o["Key"][len(prefix) :] for o in listed)
+from trustlens import TokenRecorder, load_run, load_runs
+from trustlens.run.storage import Remote
+from trustlens.synthetic import write_synthetic_run
 
 
 def record(rec, step: int) -> None:
