@@ -30,6 +30,10 @@ from trustlens.analysis.collapse import detect_collapse, step_signals
 from trustlens.dashboard import RUNS_ENV
 from trustlens.render import FORMULA_START, escape_markdown, visible_token
 from trustlens.run import MANIFEST, PART_GLOB, NoRowsError, Run, load_run, load_runs
+from trustlens.run.storage import Remote, is_url, local_path
+
+# A run or runs folder: a local path, or a location on an object store.
+Location = Path | Remote
 
 # Session-state keys shared by the pages.
 CONTEXT_KEY = "tl_context"  # the Context of the current script run
@@ -81,11 +85,12 @@ def number(value: object, digits: int = 4) -> str:
     return md(value)
 
 
-def runs_root() -> Path | None:
-    """The folder the dashboard was started on ($TRUSTLENS_RUNS), else the shipped sample run."""
+def runs_root() -> Location | None:
+    """The folder the dashboard was started on ($TRUSTLENS_RUNS: a local folder or an object-store
+    URL such as s3://bucket/prefix), else the shipped sample run."""
     env = os.environ.get(RUNS_ENV)
     if env:
-        return Path(env)
+        return Remote.of(env) if is_url(env) else local_path(env)
     from trustlens.dashboard import default_runs
 
     try:
@@ -95,16 +100,40 @@ def runs_root() -> Path | None:
 
 
 @st.cache_resource(ttl=30, max_entries=4, show_spinner=False)
-def run_dirs(root: str) -> list[Path]:
+def run_dirs(root: str) -> list[Location]:
     """The run directories at or below `root` (re-listed every 30 s or on "Reload runs")."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return [path for run in load_runs(root) if isinstance(path := run.path, Path)]  # a local folder's runs
+        return [run.path for run in load_runs(root)]
 
 
-def run_signature(path: Path) -> tuple:
-    """Changes whenever the run changes on disk: the manifest's and part files' sizes and times.
-    Used as a cache key so that a run still being written shows its new steps."""
+def folder_exists(root: Location) -> bool:
+    """Whether the runs folder exists (on an object store: whether any object is below it)."""
+    return root.exists() if isinstance(root, Remote) else root.is_dir()
+
+
+def run_label(root: Location, path: Location) -> str:
+    """How the run picker names the run at `path`: its path below the runs folder `root`."""
+    if path == root:
+        return path.name
+    if isinstance(path, Remote) and isinstance(root, Remote):
+        return path.path[len(root.path) :].strip("/")
+    assert isinstance(path, Path) and isinstance(root, Path)
+    return str(path.relative_to(root))
+
+
+def run_signature(path: Location) -> tuple:
+    """Changes whenever the run changes in storage: the manifest's and part files' sizes and
+    times (ETags on an object store). Used as a cache key so that a run still being written
+    shows its new steps."""
+    if isinstance(path, Remote):
+        path.fs.invalidate_cache(path.path)
+        found = path.fs.find(path.path, detail=True)
+        return tuple(
+            (key[len(path.path) :], int(info.get("size") or 0), str(info.get("ETag") or info.get("mtime")))
+            for key, info in sorted(found.items())
+            if key.endswith((MANIFEST, ".parquet"))
+        )
     files = [path / MANIFEST, *sorted(path.glob(f"*/{PART_GLOB}"))]
     return tuple((str(f.relative_to(path)), s.st_size, s.st_mtime_ns) for f in files if (s := _stat(f)) is not None)
 
@@ -205,9 +234,9 @@ def signals_and_alerts(path: str, signature: tuple) -> tuple[pl.DataFrame, pl.Da
 class Context:
     """The run and the filters chosen in the sidebar, handed to the page being shown."""
 
-    root: Path  # the folder the dashboard was started on
-    runs: list[Path]  # every run found under it
-    path: Path  # the chosen run
+    root: Location  # the folder the dashboard was started on (a local folder or an object-store URL)
+    runs: list[Location]  # every run found under it
+    path: Location  # the chosen run
     signature: tuple  # its on-disk signature (cache key)
     run: Run  # the chosen run, loaded
     tokens: pl.LazyFrame | None  # its token table (None: no token rows yet)
@@ -248,7 +277,7 @@ def sidebar() -> Context | None:
     """Draw the run picker and the shared filters; return the Context, or None after explaining
     on the page why there is nothing to show (no runs, unreadable run)."""
     root = runs_root()
-    if root is None or not root.is_dir():
+    if root is None or not folder_exists(root):
         st.warning("No runs folder. Start the dashboard with `trustlens dashboard RUNS_DIR`.")
         return None
     runs = run_dirs(str(root))
@@ -256,7 +285,7 @@ def sidebar() -> Context | None:
         st.info(f"No recorded runs in {md(root)} yet: a run is a folder holding {MANIFEST}.")
         return None
     sb = st.sidebar
-    names = [str(p.relative_to(root)) if p != root else p.name for p in runs]
+    names = [run_label(root, p) for p in runs]
     _restore("tl_run", st.query_params.get("run"), lambda v: v in names)
     name = sb.selectbox("Run", names, key="tl_run", on_change=_remember, args=("tl_run",))
     _remember("tl_run")

@@ -3,6 +3,9 @@ import os
 import pytest
 import torch
 
+# the local S3 server fixtures (s3_endpoint, s3) for the object-store tests
+pytest_plugins = ["s3_server"]
+
 # Tests run on 2 cores next to each other; keep torch from oversubscribing them.
 torch.set_num_threads(1)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

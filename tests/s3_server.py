@@ -1,9 +1,10 @@
 """A local S3 server (moto) on 127.0.0.1 for the object-store tests, started and stopped by the
 test session; never a real cloud.
 
-Use from a test module (the module is skipped when boto3, moto or s3fs is missing):
+tests/conftest.py registers this module as a plugin, so its fixtures are there in every test
+(a test using them is skipped when boto3, moto or s3fs is missing):
 
-    from s3_server import BUCKET, keys, s3, s3_endpoint  # noqa: F401  (fixtures)
+    from s3_server import BUCKET, keys
 
     def test_something(s3):  # s3: a boto3 client; AWS_* variables point at the server
         ...
@@ -15,16 +16,14 @@ import socket
 
 import pytest
 
-boto3 = pytest.importorskip("boto3")
-moto_server = pytest.importorskip("moto.server")
-pytest.importorskip("s3fs")
-
 BUCKET = "trustlens-test"
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """The URL of a moto S3 server on a free port of 127.0.0.1, for the whole test session."""
+    moto_server = pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -47,6 +46,7 @@ def s3(s3_endpoint, monkeypatch, tmp_path):
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(tmp_path)
+    boto3 = pytest.importorskip("boto3")
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()

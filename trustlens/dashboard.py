@@ -100,8 +100,9 @@ def start(
     open_browser: bool = False,
     **popen: Any,
 ) -> subprocess.Popen:
-    """Start the dashboard on `path` (a folder of runs or one run; default the shipped sample run)
-    in a background process and return it; `popen` goes to subprocess.Popen (e.g. stdout).
+    """Start the dashboard on `path` (a folder of runs or one run, local or an object-store URL;
+    default the shipped sample run) in a background process and return it; `popen` goes to
+    subprocess.Popen (e.g. stdout).
 
     Bound to `host` (localhost by default: the dashboard shows model text and has no login).
     """
@@ -111,13 +112,26 @@ def start(
             raise FileNotFoundError(
                 f"the shipped sample run is missing ({path}); pass a RUNS_DIR, or record a run with `trustlens demo`"
             )
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"runs folder {str(path)!r} does not exist or is not a folder")
     if not isinstance(port, int) or not 1 <= port <= 65535:
         raise ValueError(f"port must be an integer in 1..65535, got {port!r}")
-    env = dict(os.environ, **{RUNS_ENV: str(path.resolve())})
+    env = dict(os.environ, **{RUNS_ENV: runs_location(path)})
     return subprocess.Popen(streamlit_command(port, host, open_browser), env=env, **popen)
+
+
+def runs_location(path: str | Path) -> str:
+    """The runs folder as the app receives it: an absolute local path, or the object-store URL
+    (s3://bucket/prefix, gs://..., memory://...) after checking that something is stored there."""
+    from trustlens.run.storage import Remote, is_url, local_path
+
+    if is_url(path):
+        assert isinstance(path, str)
+        if not Remote.of(path).exists():
+            raise FileNotFoundError(f"nothing stored at {path!r}: no runs there")
+        return path
+    local = local_path(path)
+    if not local.is_dir():
+        raise FileNotFoundError(f"runs folder {str(path)!r} does not exist or is not a folder")
+    return str(local.resolve())
 
 
 def wait_until_ready(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
@@ -172,7 +186,8 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         nargs="?",
         default=None,
         metavar="RUNS_DIR",
-        help="a folder of recorded runs, or one run (default: the shipped sample run)",
+        help="a folder of recorded runs, or one run; a local path or an object-store URL such as "
+        "s3://bucket/prefix (default: the shipped sample run)",
     )
     parser.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")

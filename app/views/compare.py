@@ -68,7 +68,7 @@ ctx = ui.context()
 if ctx is None:
     st.stop()
 st.title("Compare runs")
-names = {str(p): (p.name if p == ctx.root else str(p.relative_to(ctx.root))) for p in ctx.runs}
+names = {str(p): ui.run_label(ctx.root, p) for p in ctx.runs}
 chosen = ui.multiselect_in_address("Runs", names, key="cr_runs", param="compare", default=list(names)[:4])
 frames, empty = {}, []
 for path in chosen:

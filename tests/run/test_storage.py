@@ -3,7 +3,7 @@
 import polars as pl
 import pytest
 import torch
-from s3_server import BUCKET, keys, s3, s3_endpoint  # noqa: F401 (fixtures)
+from s3_server import BUCKET, keys
 
 from trustlens import TokenRecorder, load_run, load_runs
 from trustlens.run.storage import Remote
