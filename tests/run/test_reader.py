@@ -1,6 +1,5 @@
 import json
 import shutil
-from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
@@ -125,7 +124,7 @@ def test_ranks_read_as_one_table(tmp_path):
 
 
 def test_schema_1_runs_still_load(tmp_path):
-    """Schema 1 (trustlens 0.1.0) held `rank` as a file column too; the shipped sample runs are such."""
+    """Schema 1 (trustlens 0.1.0) held `rank` as a file column too."""
     path = record_run(tmp_path / "run", steps=2)
     written = pq.read_table(path / "tokens" / "rank=0" / "part-000000.parquet")
     for rank in (0, 1):
@@ -138,8 +137,6 @@ def test_schema_1_runs_still_load(tmp_path):
     (path / "run.json").write_text(json.dumps({**manifest, "schema_version": 1}))
     df = load_run(path).tokens.collect()
     assert df.group_by("rank").len().sort("rank").rows() == [(0, 16), (1, 16)]
-    shipped = load_run(Path(__file__).parents[2] / "data" / "sample_run" / "ppo")
-    assert shipped.manifest["schema_version"] == 1 and shipped.tokens.select("rank").unique().collect().height == 1
 
 
 def test_stray_folders_and_files_are_warned_about_and_the_rest_loads(tmp_path):

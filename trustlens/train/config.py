@@ -94,7 +94,7 @@ PRESETS: dict[str, dict] = {
     "quick": dict(steps=3, prompts_per_step=4, group_size=4, minibatches=2, eval_every=3, eval_size=16),
     # the shipped sample run (data/sample_run): small files; π moves far enough from μ in a step
     # for the rules to block and disagree (and for pg_is to start collapsing)
-    "sample": dict(steps=40, prompts_per_step=8, minibatches=8, lr=1e-4, eval_every=10, eval_size=100),
+    "sample": dict(steps=40, prompts_per_step=8, minibatches=8, lr=5e-5, eval_every=10, eval_size=100),
     # asynchronous RL: rollouts come from weights two steps old; the mismatch grows with how far
     # the policy moves in two steps
     "stale": dict(rollout_lag=2),
