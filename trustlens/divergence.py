@@ -330,7 +330,7 @@ def topk_divergence(
     sampling temperature) before the softmax, without a copy.
     mu_topk_ids: (..., K) integer ids of μ's top-K set S (distinct).
     mu_topk_logp: (..., K) log μ on S, as the rollout engine recorded them.
-    sampled_ids: (...) the sampled token a_t of each position. S must hold it (DESIGN §1), so
+    sampled_ids: (...) the sampled token a_t of each position. S must hold it (docs/rules.md), so
         that the buckets {a_t, rest} coarsen S ∪ {rest} and topk_tv ≥ binary_tv,
         topk_kl ≥ binary_kl. Where S lacks it, it is forced in: it replaces the id of S with the
         smallest log μ (the K-th of a set in descending order), with log μ(a_t) from

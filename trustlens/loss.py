@@ -1,4 +1,4 @@
-"""The policy loss of DESIGN §2: one form that trains under any trust-region rule.
+"""The policy loss of docs/rules.md: one form that trains under any trust-region rule.
 
 Per valid token (b, t), with sg the stop-gradient and `blocked` from trustlens.rules:
 

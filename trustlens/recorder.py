@@ -28,7 +28,7 @@ says `"anchor": "old"`. With the default rule set, rules whose inputs are missin
 is missing. Rules asked for by name must be decidable at every call.
 
 When the rollout engine samples at temperature τ, pass `temperature=τ` with π's logits (they are
-divided by it) so that π and μ describe the same distribution (DESIGN §1); `pi_logp` and
+divided by it) so that π and μ describe the same distribution (docs/rules.md); `pi_logp` and
 `old_logp` must come from logits divided by τ too.
 """
 

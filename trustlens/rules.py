@@ -1,4 +1,4 @@
-"""The trust-region rules of DESIGN §2: which token updates each RL objective blocks.
+"""The trust-region rules of docs/rules.md: which token updates each RL objective blocks.
 
 A rule looks at one sampled token a_t, its advantage A and how far the policy being updated, π,
 has moved from the rule's anchor (the rollout policy μ, or the recomputed π_old), and decides

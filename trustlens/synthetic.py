@@ -1,4 +1,4 @@
-"""Synthetic recorded runs in the exact run format of DESIGN §4, for tests, demos and benchmarks.
+"""Synthetic recorded runs in the exact run format of docs/run-format.md, for tests, demos and benchmarks.
 
 A synthetic run looks like a GRPO/DPPO run on a small vocabulary:
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, TrainConfig, config_from_preset
 
 RULE_HELP = (
-    "trust-region rule that gates the updates (DESIGN §2): ppo, ppo_clip_higher, minirl, dppo_binary_tv, "
+    "trust-region rule that gates the updates (docs/rules.md): ppo, ppo_clip_higher, minirl, dppo_binary_tv, "
     "dppo_binary_kl, dppo_topk_tv, dppo_topk_kl, *_recompute, cispo, pg_is, grpo_tis; "
     "the full list is trustlens.rules.RULES [dppo_binary_tv]"
 )

@@ -14,7 +14,7 @@ LOSS_AGG_MODES_HELP = "token-mean or seq-mean-token-sum-norm"  # see trustlens.l
 
 @dataclass
 class TrainConfig:
-    rule: str = "dppo_binary_tv"  # trust-region rule that gates the updates (DESIGN §2)
+    rule: str = "dppo_binary_tv"  # trust-region rule that gates the updates (docs/rules.md)
     low: float | None = None  # the rule's threshold when A ≤ 0; None = the rule's default
     high: float | None = None  # the rule's threshold when A > 0; None = the rule's default
     steps: int = 100  # training steps; each is one rollout batch and `minibatches × epochs` updates

@@ -9,7 +9,7 @@ One training step, top to bottom (`train` below):
  2. Rewards from the task; GRPO group advantages A_i = (r_i − mean_G r) / (std_G r + ε), one per
     response, broadcast to its tokens.
  3. The trainer recomputes log π_old(a_t) with its own float32 weights, logits divided by τ like
-    the engine's (DESIGN §1). μ vs π_old is the training–inference mismatch, logged per step.
+    the engine's (docs/rules.md). μ vs π_old is the training–inference mismatch, logged per step.
  4. The batch is shuffled and split into `minibatches`; each minibatch is one optimizer update
     (for `epochs` passes), so from the second update on π has moved away from μ and π_old and
     the trust-region rule has something to decide. The loss is `trustlens.loss.policy_loss`
@@ -146,7 +146,7 @@ def mismatch_metrics(batch: Rollout, old_logits: torch.Tensor, old_logp: torch.T
 
     mismatch_kl: mean of log μ − log π_old (a ~ μ: the K1 estimate of KL(μ‖π_old), nats);
     k3_kl: mean of ρ − 1 − log ρ, ρ = π_old/μ (the K3 estimate, never negative);
-    topk_kl_mean / topk_tv_mean / topk_tv_max: the top-K KL and TV (DESIGN §1) per token;
+    topk_kl_mean / topk_tv_mean / topk_tv_max: the top-K KL and TV (docs/rules.md) per token;
     log_ppl_diff: mean over responses of log PPL(π_old) − log PPL(μ), the per-token mean NLL gap.
     """
     m = batch.response_mask
