@@ -168,6 +168,9 @@ class TokenRecorder:
     overwrite: replace this rank's rows (and, on rank 0, run.json) of a run written before.
     writer_timeout: the most seconds a call waits on the writer (full queue, flush, close)
         before raising WriterError.
+    mirror: stream each step's scalars live to TensorBoard or W&B: "tensorboard:LOGDIR",
+        "wandb", "wandb:PROJECT" or a sink object (trustlens.export.mirror; docs/export.md).
+        The scalars are those of this rank's rows. None: no mirror.
     """
 
     def __new__(cls, *args: Any, enabled: bool = True, **kwargs: Any) -> TokenRecorder:
@@ -192,6 +195,7 @@ class TokenRecorder:
         resume: bool = False,
         overwrite: bool = False,
         writer_timeout: float = 60.0,
+        mirror: Any | None = None,
     ) -> None:
         self.rules = resolve_rules(list(RULES) if rules is None else rules)
         self._rules_given = rules is not None
@@ -213,6 +217,11 @@ class TokenRecorder:
             world_size=self.world_size,
             flush={"rows_per_file": rows_per_file, "flush_seconds": flush_seconds},
         )
+        tap = None  # made first: a bad mirror argument fails before the run is opened
+        if mirror is not None:
+            from trustlens.export.mirror import make_mirror
+
+            tap = make_mirror(mirror)
         rank_writer = RankWriter(
             run_dir,
             rank=self.rank,
@@ -228,7 +237,7 @@ class TokenRecorder:
         # steps a resumed run may still record: after its last recorded one
         self._first_step = 0 if rank_writer.last_step is None else rank_writer.last_step + 1
         self._writer = BackgroundWriter(
-            rank_writer, flush_seconds=flush_seconds, queue_size=queue_size, writer_timeout=writer_timeout
+            rank_writer, flush_seconds=flush_seconds, queue_size=queue_size, writer_timeout=writer_timeout, tap=tap
         )
         self._anchor: str | None = None
         self._recorded: set[str] = set()  # optional columns recorded at least once

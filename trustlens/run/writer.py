@@ -460,8 +460,20 @@ def _describe(err: BaseException) -> str:
 class BackgroundWriter:
     """A thread that writes one rank of a run through a `RankWriter` (see the module docstring)."""
 
-    def __init__(self, writer: RankWriter, *, flush_seconds: float, queue_size: int, writer_timeout: float) -> None:
+    def __init__(
+        self,
+        writer: RankWriter,
+        *,
+        flush_seconds: float,
+        queue_size: int,
+        writer_timeout: float,
+        tap: Any | None = None,
+    ) -> None:
+        """`tap`: an object with `add(table, batch)` and `close()` that sees every batch of rows
+        this thread writes, on this thread, and is closed when the writer stops (the live
+        mirror of trustlens.export)."""
         self.writer, self.path = writer, writer.path
+        self.tap = tap
         self.flush_seconds, self.writer_timeout = flush_seconds, writer_timeout
         self.error: BaseException | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -599,6 +611,7 @@ class BackgroundWriter:
                     continue
                 if kind == "stop":
                     self._write_all()
+                    self._close_tap()
                     return
                 self._handle(kind, payload)
         except BaseException as err:  # kept and raised in the caller's thread
@@ -624,6 +637,7 @@ class BackgroundWriter:
             if kind != "stop":
                 self._handle(kind, payload)
         self._write_all()
+        self._close_tap()
 
     def _buffer(self, table: str, payload: TokenBatch | Callable[[], TokenBatch] | pa.RecordBatch) -> None:
         if callable(payload):
@@ -633,9 +647,15 @@ class BackgroundWriter:
         if payload.num_rows and self._oldest is None:
             self._oldest = time.monotonic()
         self.writer.append(table, payload)
+        if self.tap is not None:
+            self.tap.add(table, payload)
         if not self.writer.buffered:
             self._oldest = None
 
     def _write_all(self) -> None:
         self.writer.write_all()
         self._oldest = None
+
+    def _close_tap(self) -> None:
+        if self.tap is not None:
+            self.tap.close()

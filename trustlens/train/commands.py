@@ -52,7 +52,16 @@ _CONFIG_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("checkpoint", str, "warm-start checkpoint folder; 'random' starts from a random model"),
     ("threads", int, "torch CPU threads per process"),
     ("sample_every", int, "record prompts and responses every this many steps"),
+    ("mirror", str, "stream each step's scalars live from rank 0: tensorboard:LOGDIR, wandb or wandb:PROJECT"),
 )
+
+# how --help shows the defaults that are not a value of their own
+_SHOWN_DEFAULTS = {
+    "checkpoint": "the shipped data/warmstart",
+    "low": "the rule's own",
+    "high": "the rule's own",
+    "mirror": "none",
+}
 
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
@@ -154,10 +163,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, skip: set[str]) -> None:
         if name in skip:
             continue
         flag = "--" + name.replace("_", "-")
-        default = defaults[name].default
-        shown = (
-            "the shipped data/warmstart" if name == "checkpoint" else "the rule's own" if default is None else default
-        )
+        shown = _SHOWN_DEFAULTS.get(name, defaults[name].default)
         group.add_argument(flag, dest=name, type=kind, default=None, help=f"{text} [{shown}]")
     group.add_argument(
         "--no-scale-advantages",

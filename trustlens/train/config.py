@@ -42,6 +42,7 @@ class TrainConfig:
     threads: int = 1  # torch CPU threads per process
     record: bool = True  # False: NullRecorder (nothing written; for overhead measurements)
     sample_every: int = 1  # log prompts and responses every this many steps
+    mirror: str | None = None  # live scalars from rank 0: "tensorboard:LOGDIR", "wandb" or "wandb:PROJECT"
 
     def __post_init__(self) -> None:
         from trustlens.loss import LOSS_AGG_MODES

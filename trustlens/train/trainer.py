@@ -52,7 +52,7 @@ import torch.distributed as dist
 
 from trustlens.divergence import topk_divergence
 from trustlens.loss import policy_loss
-from trustlens.recorder import NullRecorder, TokenRecorder, entropy_from_logits
+from trustlens.recorder import NullRecorder, TokenRecorder, distributed_rank, entropy_from_logits
 from trustlens.rules import RULES, evaluate_all
 from trustlens.train.config import RANDOM_INIT, TrainConfig
 from trustlens.train.rollout import Rollout, RolloutEngine, response_logits
@@ -240,7 +240,10 @@ def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict
     """The run's TokenRecorder, or a NullRecorder when nothing is to be written."""
     if not cfg.record or run_dir is None:
         return NullRecorder()
-    return TokenRecorder(run_dir, rules=rules, active_rule=cfg.rule, tokenizer=tokenizer, config=asdict(cfg))
+    mirror = cfg.mirror if distributed_rank()[0] == 0 else None  # one rank's shard is streamed
+    return TokenRecorder(
+        run_dir, rules=rules, active_rule=cfg.rule, tokenizer=tokenizer, config=asdict(cfg), mirror=mirror
+    )
 
 
 # ---------------------------------------------------------------------------------------------

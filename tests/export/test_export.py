@@ -1,0 +1,237 @@
+"""trustlens export and the live mirror: scalars computed once (trustlens.export.scalars), read
+back with TensorBoard's own reader and from W&B's offline run file."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+from s3_server import BUCKET
+from wandb_log import history
+
+from trustlens import TokenRecorder, load_run
+from trustlens.analysis import detect_collapse, mismatch_per_step
+from trustlens.export import (
+    StepMirror,
+    alert_text,
+    export_tensorboard,
+    export_wandb,
+    make_mirror,
+    step_scalars,
+    token_scalars,
+)
+from trustlens.export.sinks import require
+from trustlens.synthetic import write_synthetic_run
+
+event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample_run"
+HOSTILE = "rule <img src=x onerror=alert(1)> [a](javascript:alert(2)) blocks"
+
+
+def scalars_of(logdir: Path) -> dict[str, dict[int, float]]:
+    acc = event_accumulator.EventAccumulator(str(logdir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def test_token_scalars_by_hand():
+    """Block rates over A > 0 and A < 0 tokens; A = 0 tokens count only in zero_adv_frac."""
+    tokens = pl.DataFrame(
+        {
+            "step": [0, 0, 0, 0, 0, 1],
+            "advantage": [1.0, 1.0, -2.0, 0.0, 0.0, -1.0],
+            "blocked_ppo": [True, False, True, False, False, False],
+        }
+    )
+    got = {(s, n): v for s, n, v in token_scalars(tokens).rows()}
+    assert got == {
+        (0, "blocked/ppo/pos"): 0.5,
+        (0, "blocked/ppo/neg"): 1.0,
+        (0, "zero_adv_frac"): 0.4,
+        (1, "blocked/ppo/neg"): 0.0,
+        (1, "zero_adv_frac"): 0.0,
+    }
+
+
+def test_step_scalars_of_a_trainer_run_match_the_analyses():
+    run = load_run(SAMPLE / "pg_is")
+    scalars = step_scalars(run)
+    value = {(s, n): v for s, n, v in scalars.rows()}
+    mismatch = mismatch_per_step(run.tokens)
+    for row in mismatch.iter_rows(named=True):
+        assert value[(row["step"], "k3_kl")] == pytest.approx(row["k3_kl"], rel=1e-6)
+    logged = run.metrics.filter(pl.col("name") == "eval/accuracy").collect()
+    for step, v in logged.select("step", "value").rows():
+        assert value[(step, "eval/accuracy")] == v
+    # the trainer's logged block rates win, and equal the rows' (tests/test_sample_run.py)
+    assert scalars.filter(pl.col("name") == "blocked/ppo/pos").height == 40
+    assert scalars.group_by("step", "name").len()["len"].max() == 1
+
+
+def test_tensorboard_export_reads_back_with_tensorboards_reader(tmp_path):
+    done = export_tensorboard([SAMPLE / "pg_is", SAMPLE / "ppo"], tmp_path / "tb")
+    assert done == {"pg_is": 41, "ppo": 41}  # steps 0–39 and the final evaluation at step 40
+    for name in ("pg_is", "ppo"):
+        read = scalars_of(tmp_path / "tb" / name)
+        expected = step_scalars(load_run(SAMPLE / name))
+        assert set(read) == set(expected["name"].unique())
+        for step, metric, v in expected.rows():
+            assert read[metric][step] == pytest.approx(v, rel=1e-6, abs=1e-12), (metric, step)
+
+
+def test_alerts_are_escaped_text_in_tensorboard(tmp_path):
+    run_dir = write_synthetic_run(tmp_path / "run", steps=12, samples_per_step=16, seq_len=16, seed=1, collapse_at=6)
+    run = load_run(run_dir)
+    alerts = detect_collapse(run)
+    assert alerts.height > 0
+    export_tensorboard([run_dir], tmp_path / "tb")
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "tb" / "run"), size_guidance={"tensors": 0})
+    acc.Reload()
+    texts = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors("alerts/text_summary")}
+    assert sorted(texts) == sorted(set(alerts["step"].to_list()))
+    first = alerts.row(0, named=True)
+    assert first["severity"] in texts[first["step"]]
+
+
+def test_alert_text_stays_text_in_tensorboards_markdown():
+    from tensorboard import plugin_util
+
+    alerts = pl.DataFrame(
+        {"step": [3], "end_step": [5], "kind": ["blocked_drift"], "severity": ["critical"], "message": [HOSTILE]}
+    )
+    html = plugin_util.markdown_to_safe_html(alert_text(alerts)[3])
+    assert "<img" not in html and "<a " not in html and "href" not in html
+    assert "onerror" in html  # shown, as text
+
+
+def test_wandb_offline_export(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = write_synthetic_run(tmp_path / "run", steps=12, samples_per_step=16, seq_len=16, seed=1, collapse_at=6)
+    done = export_wandb([run_dir], project="trustlens-test", dir=str(tmp_path))
+    assert done == {"run": 12}
+    (offline,) = (tmp_path / "wandb").glob("offline-run-*")
+    logged = history(offline)
+    expected = step_scalars(load_run(run_dir))
+    for step, metric, v in expected.rows():
+        assert logged[step][metric] == pytest.approx(v, rel=1e-9), (metric, step)
+    tables = {p.name.split("_")[0] for p in (offline / "files" / "media" / "table").glob("*.table.json")}
+    assert tables >= {"alerts", "driving"}
+
+
+class ListSink:
+    """A sink that keeps what it is given."""
+
+    def __init__(self):
+        self.steps, self.closed = {}, False
+
+    def log_step(self, step, scalars):
+        self.steps[step] = scalars
+
+    def close(self):
+        self.closed = True
+
+
+def record_steps(rec, steps: int, gen: torch.Generator) -> None:
+    for step in range(steps):
+        mu = -torch.rand(4, 6, generator=gen) - 0.05
+        pi = mu + 0.3 * torch.randn(4, 6, generator=gen)
+        for update in range(2):
+            rec.record(
+                step,
+                update=update,
+                token_ids=torch.randint(0, 50, (4, 6), generator=gen),
+                response_mask=torch.ones(4, 6),
+                pi_logp=pi.clamp(max=0),
+                mu_logp=mu,
+                old_logp=(mu + 0.01).clamp(max=0),
+                advantages=torch.tensor([1.0, -1.0, 0.0, 2.0]),
+            )
+        rec.log_metrics(step, {"reward/mean": float(step)})
+
+
+def test_mirror_streams_the_scalars_of_each_step(tmp_path, gen):
+    sink = ListSink()
+    with TokenRecorder(tmp_path / "run", rules=["ppo", "dppo_binary_tv"], mirror=sink) as rec:
+        record_steps(rec, 3, gen)
+    assert sink.closed and sorted(sink.steps) == [0, 1, 2]
+    expected = step_scalars(load_run(tmp_path / "run"))
+    for step, metric, v in expected.rows():
+        assert sink.steps[step][metric] == pytest.approx(v, rel=1e-9), (metric, step)
+    assert sink.steps[2]["reward/mean"] == 2.0
+
+
+def test_mirror_to_tensorboard_during_a_training_run(tmp_path):
+    from trustlens.train.config import config_from_preset
+    from trustlens.train.trainer import train
+
+    cfg = config_from_preset("quick", mirror=f"tensorboard:{tmp_path / 'tb'}")
+    train(cfg, tmp_path / "run")
+    read = scalars_of(tmp_path / "tb")
+    expected = step_scalars(load_run(tmp_path / "run"))
+    assert set(read) == set(expected["name"].unique())
+    for step, metric, v in expected.rows():
+        assert read[metric][step] == pytest.approx(v, rel=1e-6, abs=1e-12)
+
+
+def test_a_failing_mirror_warns_and_the_recording_goes_on(tmp_path, gen):
+    class Broken(ListSink):
+        def log_step(self, step, scalars):
+            raise OSError("disk of the mirror is full")
+
+    with (
+        pytest.warns(UserWarning, match="disk of the mirror is full"),
+        TokenRecorder(tmp_path / "run", rules=["ppo"], mirror=Broken()) as rec,
+    ):
+        record_steps(rec, 3, gen)
+    run = load_run(tmp_path / "run")
+    assert run.status == "finished" and run.tokens.select(pl.len()).collect().item() == 3 * 2 * 24
+
+
+def test_mirror_arguments_are_checked(tmp_path):
+    for bad in ("tensorboard", "tensorboard:", "mlflow:x", 3):
+        with pytest.raises(ValueError, match="mirror must be"):
+            make_mirror(bad)
+    assert isinstance(make_mirror(f"tensorboard:{tmp_path}"), StepMirror)
+    with pytest.raises(ValueError, match="mirror must be"):
+        TokenRecorder(tmp_path / "run", mirror="nope")
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
+def test_missing_extra_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    with pytest.raises(ImportError, match=r'pip install "trustlens\[tensorboard\]"'):
+        require("tensorboardX")
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ImportError, match=r'pip install "trustlens\[wandb\]"'):
+        require("wandb")
+
+
+def test_export_a_run_on_s3(s3, tmp_path):
+    url = f"s3://{BUCKET}/runs/exp"
+    write_synthetic_run(url, steps=4, samples_per_step=8, seq_len=8, seed=3)
+    export_tensorboard([url], tmp_path / "tb")
+    read = scalars_of(tmp_path / "tb" / "exp")
+    expected = step_scalars(load_run(url))
+    assert {m for _, m, _ in expected.rows()} == set(read)
+    assert all(math.isclose(read[m][s], v, rel_tol=1e-6, abs_tol=1e-12) for s, m, v in expected.rows())
+
+
+def test_cli(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "trustlens.cli", "export", str(SAMPLE / "ppo"), "--to", "tensorboard", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "ppo: 41 steps exported to tensorboard" in out.stdout
+    assert "eval/accuracy" in scalars_of(tmp_path / "ppo")
+    bad = subprocess.run(
+        [sys.executable, "-m", "trustlens.cli", "export", str(SAMPLE / "ppo"), "--to", "tensorboard"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0 and "--to must be" in bad.stderr

@@ -1,0 +1,152 @@
+"""`trustlens export`: recorded runs to TensorBoard event files or W&B runs.
+
+    trustlens export RUN [RUN ...] --to tensorboard LOGDIR
+    trustlens export RUN [RUN ...] --to wandb [PROJECT]      # WANDB_MODE=offline: no network
+
+Per run: every step's scalars (trustlens.export.scalars: block rates per rule and advantage sign
+over A ≠ 0 tokens, zero_adv_frac, the mismatch metrics, reward, accuracy and every other logged
+metric) and the collapse alerts (trustlens.analysis.detect_collapse). TensorBoard gets one
+sub-directory per run (LOGDIR/<run name>) with the alerts as text under the tag `alerts`; W&B
+gets one W&B run per trustlens run, named after it, with the alerts and their driving tokens as
+tables (`alerts`, `driving_tokens`). Runs may be local paths or object-store URLs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import posixpath
+from collections.abc import Sequence
+from typing import Any
+
+import polars as pl
+
+from trustlens.analysis.collapse import detect_collapse
+from trustlens.export.scalars import step_scalars
+from trustlens.export.sinks import TensorBoardSink, WandbSink
+from trustlens.run import NoRowsError, load_run
+
+# columns of the driving-token table
+DRIVER_COLUMNS = ("alert_step", "kind", "severity", "sample", "update", "pos", "token", "mu", "pi", "advantage")
+
+
+def export_run(run, sink) -> int:
+    """Send `run`'s scalars and alerts to `sink`; the number of steps sent."""
+    scalars = step_scalars(run)
+    steps = 0
+    for (step,), part in scalars.group_by("step", maintain_order=True):
+        sink.log_step(int(step), dict(zip(part["name"].to_list(), part["value"].to_list(), strict=True)))
+        steps += 1
+    alerts = _alerts(run)
+    if alerts.height:
+        sink.log_alerts(alerts)
+        if hasattr(sink, "log_table"):
+            sink.log_table("driving_tokens", driving_tokens(run, alerts))
+    sink.flush()
+    return steps
+
+
+def export_tensorboard(runs: Sequence[Any], logdir: str | os.PathLike) -> dict[str, int]:
+    """Each run (a Run or a path) into LOGDIR/<run name>; {run name: steps written}."""
+    done = {}
+    for run in _runs(runs):
+        sink = TensorBoardSink(_join(os.fspath(logdir), run.name))
+        try:
+            done[run.name] = export_run(run, sink)
+        finally:
+            sink.close()
+    return done
+
+
+def export_wandb(runs: Sequence[Any], *, project: str | None = None, **init: Any) -> dict[str, int]:
+    """Each run into a W&B run of its own (named after it, its config as the W&B config);
+    `init` goes to wandb.init (e.g. dir=, mode="offline", entity=). {run name: steps logged}."""
+    done = {}
+    for run in _runs(runs):
+        config = run.manifest.get("config") or {}
+        sink = WandbSink(project=project, name=run.name, config=config, reinit="finish_previous", **init)
+        try:
+            done[run.name] = export_run(run, sink)
+        finally:
+            sink.close()
+    return done
+
+
+def driving_tokens(run, alerts: pl.DataFrame) -> pl.DataFrame:
+    """The tokens behind each alert (its `tokens` list, strongest first) with their text, μ, π
+    and advantage: columns DRIVER_COLUMNS. Token text is untrusted: shown as text."""
+    keys = (
+        alerts.select(pl.col("step").alias("alert_step"), "kind", "severity", pl.col("tokens"))
+        .explode("tokens")
+        .drop_nulls("tokens")
+        .unnest("tokens")
+    )
+    if keys.is_empty():
+        return pl.DataFrame(schema=dict.fromkeys(DRIVER_COLUMNS, pl.String))
+    rows = run.tokens.filter(pl.col("step").is_in(keys["alert_step"].unique().implode())).select(
+        pl.col("step").alias("alert_step"),
+        "sample",
+        "update",
+        "pos",
+        pl.col("token").cast(pl.String),
+        pl.col("mu_logp").exp().alias("mu"),
+        pl.col("pi_logp").exp().alias("pi"),
+        "advantage",
+    )
+    joined = keys.lazy().join(
+        rows.with_columns(
+            pl.col("sample").cast(pl.Int64), pl.col("update").cast(pl.Int64), pl.col("pos").cast(pl.Int64)
+        ),
+        on=["alert_step", "sample", "update", "pos"],
+        how="left",
+    )
+    return joined.select(DRIVER_COLUMNS).collect()
+
+
+def configure(name: str, parser: argparse.ArgumentParser) -> None:
+    """Flags of `trustlens export`."""
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="recorded runs (folders or object-store URLs)")
+    parser.add_argument(
+        "--to",
+        nargs="+",
+        required=True,
+        metavar=("KIND", "DEST"),
+        help="tensorboard LOGDIR (one sub-directory per run), or wandb [PROJECT] (W&B settings from "
+        "its environment, e.g. WANDB_MODE=offline)",
+    )
+    parser.epilog = "What is exported and under which names: docs/export.md"
+    parser.set_defaults(func=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    kind, *dest = args.to
+    if kind == "tensorboard" and len(dest) == 1:
+        done = export_tensorboard(args.runs, dest[0])
+    elif kind == "wandb" and len(dest) <= 1:
+        done = export_wandb(args.runs, project=dest[0] if dest else None)
+    else:
+        raise SystemExit(f"trustlens export: --to must be 'tensorboard LOGDIR' or 'wandb [PROJECT]', got {args.to}")
+    for name, steps in done.items():
+        print(f"{name}: {steps} steps exported to {kind}{' ' + dest[0] if dest else ''}")
+    return 0
+
+
+def _alerts(run) -> pl.DataFrame:
+    try:
+        return detect_collapse(run)
+    except NoRowsError:
+        return pl.DataFrame()
+
+
+def _runs(runs: Sequence[Any]):
+    if isinstance(runs, (str, os.PathLike)) or not runs:
+        raise ValueError("runs must be a non-empty list of runs or run paths")
+    for run in runs:
+        yield load_run(run) if isinstance(run, (str, os.PathLike)) else run
+
+
+def _join(base: str, name: str) -> str:
+    return posixpath.join(base, name) if "://" in base else os.path.join(base, name)
+
+
+__all__ = ["DRIVER_COLUMNS", "driving_tokens", "export_run", "export_tensorboard", "export_wandb"]

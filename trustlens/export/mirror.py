@@ -1,0 +1,107 @@
+"""Live export while training: `TokenRecorder(..., mirror=...)` streams each step's scalars
+(the same ones `trustlens export` writes, trustlens.export.scalars) to TensorBoard or W&B.
+
+The recorder's writer thread hands every batch of token rows and metrics it writes to a
+`StepMirror`; when rows of a later step arrive (or the recorder closes), the earlier steps are
+complete and their scalars go to the sink. It runs off the training step's path, and a failing
+sink never stops the recording: it warns once and the mirror turns itself off. Each rank mirrors
+the rows it records (its shard): give `mirror` on rank 0 only, or a log directory per rank.
+Collapse alerts need the whole run: they are not mirrored (`trustlens export` writes them).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Protocol
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from trustlens.export.scalars import step_scalars
+from trustlens.export.sinks import TensorBoardSink, WandbSink
+
+
+class Sink(Protocol):
+    def log_step(self, step: int, scalars: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Rows:
+    """The rows of some steps, in the shape `step_scalars` reads (like a Run's tables)."""
+
+    tokens: pl.LazyFrame
+    metrics: pl.LazyFrame
+
+
+class StepMirror:
+    """Collects the rows the writer writes, per step, and sends each complete step's scalars to
+    `sink` (anything with `log_step(step, scalars)` and `close()`)."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self._pending: dict[int, dict[str, list[pa.RecordBatch]]] = {}
+        self._failed = False
+
+    def add(self, table: str, batch: pa.RecordBatch) -> None:
+        """Called by the writer thread with each batch of `tokens` or `metrics` rows it writes."""
+        if self._failed or table not in ("tokens", "metrics") or batch.num_rows == 0:
+            return
+        steps = batch.column("step")
+        present = sorted(set(pc.unique(steps).to_pylist()))
+        self._emit(before=present[0])
+        for step in present:
+            part = batch if len(present) == 1 else batch.filter(pc.equal(steps, step))
+            self._pending.setdefault(int(step), {"tokens": [], "metrics": []})[table].append(part)
+
+    def close(self) -> None:
+        """Send every step still pending and close the sink."""
+        self._emit(before=None)
+        if not self._failed:
+            self._guard(self.sink.close)
+
+    def _emit(self, before: int | None) -> None:
+        for step in sorted(s for s in self._pending if before is None or s < before):
+            rows = self._pending.pop(step)
+            if self._failed:
+                continue
+            scalars = step_scalars(_Rows(_frame(rows["tokens"]), _frame(rows["metrics"])))
+            values = dict(zip(scalars["name"].to_list(), scalars["value"].to_list(), strict=True))
+            self._guard(lambda values=values, step=step: self.sink.log_step(step, values))
+
+    def _guard(self, call) -> None:
+        try:
+            call()
+        except Exception as err:  # the recording goes on without the mirror
+            self._failed = True
+            warnings.warn(f"trustlens mirror to {self.sink!r} failed and is switched off: {err}", stacklevel=2)
+
+
+def make_mirror(mirror: str | Sink | StepMirror) -> StepMirror:
+    """The StepMirror of a `mirror=` argument: a sink object, or a string
+    "tensorboard:LOGDIR", "wandb" or "wandb:PROJECT" (W&B settings from its environment, e.g.
+    WANDB_MODE=offline)."""
+    if isinstance(mirror, StepMirror):
+        return mirror
+    if isinstance(mirror, str):
+        kind, _, target = mirror.partition(":")
+        if kind == "tensorboard" and target:
+            return StepMirror(TensorBoardSink(target))
+        if kind == "wandb":
+            return StepMirror(WandbSink(project=target or None))
+        raise ValueError(f"mirror must be 'tensorboard:LOGDIR', 'wandb' or 'wandb:PROJECT', got {mirror!r}")
+    if not callable(getattr(mirror, "log_step", None)) or not callable(getattr(mirror, "close", None)):
+        raise ValueError(f"mirror must be a string or have log_step(step, scalars) and close(), got {mirror!r}")
+    return StepMirror(mirror)
+
+
+def _frame(batches: list[pa.RecordBatch]) -> pl.LazyFrame:
+    if not batches:
+        return pl.LazyFrame(schema={"step": pl.Int32, "name": pl.String, "value": pl.Float64})
+    return pl.from_arrow(pa.Table.from_batches(batches)).lazy()  # type: ignore[union-attr]
+
+
+__all__ = ["Sink", "StepMirror", "make_mirror"]

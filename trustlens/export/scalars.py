@@ -1,0 +1,98 @@
+"""The per-step scalars an export or a live mirror sends to TensorBoard or W&B.
+
+One function computes them for both: `token_scalars` from token rows (a finished run's, or the
+rows of one step seen by a mirror while training), `step_scalars` for a recorded run (its
+logged metrics, then what its token rows add). Names follow the registry (`trustlens.metrics`,
+docs/metrics.md):
+
+    blocked/<rule>/pos, blocked/<rule>/neg   share of the step's A > 0 (A < 0) tokens the rule
+                                             blocks; A = 0 tokens are never blocked and not counted
+    zero_adv_frac                            share of the step's tokens with A = 0
+    mismatch_kl, k3_kl, ... prob_pearson     the training–inference mismatch of μ vs π_old
+                                             (trustlens.analysis.mismatch_per_step)
+    reward/mean, eval/accuracy, ...          every metric the run logged (mean over ranks)
+
+A logged metric wins over the same name computed from token rows (the built-in trainer logs
+the block rates itself; they agree with the rows: tests/test_sample_run.py).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from trustlens.analysis.buckets import zero_advantage_frac
+from trustlens.analysis.mismatch import mismatch_per_step
+from trustlens.metrics import MISMATCH_METRICS, blocked_rate
+from trustlens.render import escape_markdown
+from trustlens.run import BLOCKED_PREFIX, NoRowsError
+
+SCHEMA = {"step": pl.Int64, "name": pl.String, "value": pl.Float64}
+
+
+def token_scalars(tokens: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:
+    """Per-step scalars from token rows: step, name, value (block rates by sign, zero_adv_frac,
+    mismatch metrics where μ and π_old are both recorded), sorted by step then name."""
+    tokens = tokens.lazy()
+    names = tokens.collect_schema().names()
+    if "advantage" not in names:
+        return pl.DataFrame(schema=SCHEMA)
+    rules = [c.removeprefix(BLOCKED_PREFIX) for c in names if c.startswith(BLOCKED_PREFIX)]
+    adv = pl.col("advantage")
+    sign = pl.when(adv > 0).then(pl.lit("pos")).otherwise(pl.lit("neg")).alias("sign")
+    rates = (
+        tokens.filter(adv.is_not_null() & (adv != 0))
+        .group_by("step", sign)
+        .agg(pl.col(BLOCKED_PREFIX + r).cast(pl.Float64).mean().alias(r) for r in rules)
+        .unpivot(index=["step", "sign"], variable_name="rule", value_name="value")
+        .collect(engine="streaming")
+    )
+    parts = [
+        rates.select(
+            "step",
+            pl.struct("rule", "sign")
+            .map_elements(lambda s: blocked_rate(s["rule"], s["sign"]), pl.String)
+            .alias("name"),
+            "value",
+        ),
+        tokens.group_by("step").agg(zero_advantage_frac()).collect(engine="streaming"),
+    ]
+    parts[1] = parts[1].unpivot(index="step", variable_name="name", value_name="value")
+    if {"mu_logp", "old_logp"} <= set(names):
+        mismatch = mismatch_per_step(tokens).select("step", *MISMATCH_METRICS)
+        parts.append(mismatch.unpivot(index="step", variable_name="name", value_name="value"))
+    return _long(parts)
+
+
+def step_scalars(run) -> pl.DataFrame:
+    """Per-step scalars of a recorded run (module docstring): step, name, value."""
+    logged = (
+        run.metrics.group_by("step", "name").agg(pl.col("value").cast(pl.Float64).mean()).collect(engine="streaming")
+    )
+    try:
+        computed = token_scalars(run.tokens)
+    except NoRowsError:
+        computed = pl.DataFrame(schema=SCHEMA)
+    computed = computed.join(logged.select("name").unique(), on="name", how="anti")
+    return _long([logged, computed])
+
+
+def alert_text(alerts: pl.DataFrame) -> dict[int, str]:
+    """The collapse alerts (trustlens.analysis.detect_collapse) as Markdown, one text per step.
+    Alert messages name rules read from the run: escaped, so that they render as text."""
+    lines: dict[int, list[str]] = {}
+    for a in alerts.iter_rows(named=True):
+        line = f"**{a['severity']}** {escape_markdown(a['kind'])} (steps {a['step']}–{a['end_step']}): "
+        lines.setdefault(int(a["step"]), []).append(line + escape_markdown(a["message"]))
+    return {step: "\n\n".join(text) for step, text in sorted(lines.items())}
+
+
+def _long(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    frames = [
+        p.select(pl.col("step").cast(pl.Int64), pl.col("name").cast(pl.String), pl.col("value").cast(pl.Float64))
+        for p in parts
+    ]
+    out = pl.concat(frames) if frames else pl.DataFrame(schema=SCHEMA)
+    return out.filter(pl.col("value").is_not_null()).sort("step", "name")
+
+
+__all__ = ["SCHEMA", "alert_text", "step_scalars", "token_scalars"]
