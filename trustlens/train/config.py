@@ -17,7 +17,7 @@ class TrainConfig:
     rule: str = "dppo_binary_tv"  # trust-region rule that gates the updates (docs/rules.md)
     low: float | None = None  # the rule's threshold when A ≤ 0; None = the rule's default
     high: float | None = None  # the rule's threshold when A > 0; None = the rule's default
-    steps: int = 100  # training steps; each is one rollout batch and `minibatches × epochs` updates
+    steps: int = 80  # training steps; each is one rollout batch and `minibatches × epochs` updates
     prompts_per_step: int = 16  # problems per step, summed over all ranks
     group_size: int = 8  # G: responses sampled per problem (the GRPO group)
     minibatches: int = 4  # optimizer updates per pass over the rollout batch
@@ -28,7 +28,7 @@ class TrainConfig:
     clip_ratio_c: float = 10.0  # C: cap of the importance weight min(π/μ, C)
     loss_agg_mode: str = "token-mean"  # "token-mean" or "seq-mean-token-sum-norm"
     scale_advantages: bool = True  # divide by the group std (GRPO); False = Dr. GRPO
-    temperature: float = 1.0  # sampling temperature τ of the rollouts
+    temperature: float = 0.5  # sampling temperature τ of the rollouts (μ and π both use logits / τ)
     max_new_tokens: int = 24  # response length cap, in tokens
     topk: int = 20  # K of μ's recorded top-K
     rollout_precision: str = "bf16"  # rollout engine precision: "bf16", "fp32" or "fp8" (W8A8 float8_e4m3fn)
@@ -90,22 +90,24 @@ class TrainConfig:
 
 # Named settings; explicit flags override them. "default" is what `trustlens train` runs.
 PRESETS: dict[str, dict] = {
+    # what `trustlens train` and `trustlens demo` run: the TrainConfig defaults (τ = 0.5 rollouts)
     "default": {},
     # seconds: a smoke test of the whole pipeline
     "quick": dict(steps=3, prompts_per_step=4, group_size=4, minibatches=2, eval_every=3, eval_size=16),
     # the shipped sample run (data/sample_run): small files; π moves far enough from μ in a step
     # for the rules to block and disagree (and for pg_is to start collapsing)
-    "sample": dict(steps=40, prompts_per_step=8, minibatches=8, lr=5e-5, eval_every=10, eval_size=100),
+    "sample": dict(steps=40, prompts_per_step=8, minibatches=8, lr=5e-5, temperature=1.0, eval_every=10, eval_size=100),
     # asynchronous RL: rollouts come from weights two steps old; the mismatch grows with how far
-    # the policy moves in two steps
-    "stale": dict(rollout_lag=2),
+    # the policy moves in two steps (this and the presets below sample at τ = 1, as measured)
+    "stale": dict(rollout_lag=2, temperature=1.0),
     # a W8A8 float8 inference engine (weights and activations of the blocks' linear layers)
-    "fp8": dict(rollout_precision="fp8"),
+    "fp8": dict(rollout_precision="fp8", temperature=1.0),
     # the no-trust-region story: a stale fp8 engine and large, many updates per rollout batch, so
     # the policy moves fast, the mismatch grows and unconstrained rules (pg_is, cispo) collapse
     "collapse": dict(
         rollout_precision="fp8",
         rollout_lag=2,
+        temperature=1.0,
         steps=40,
         prompts_per_step=8,
         minibatches=8,
@@ -113,7 +115,7 @@ PRESETS: dict[str, dict] = {
         eval_every=10,
     ),
     # more updates per rollout batch and a larger step: π drifts far from μ, rules disagree most
-    "offpolicy": dict(minibatches=8, epochs=2, lr=1e-4),
+    "offpolicy": dict(minibatches=8, epochs=2, lr=1e-4, temperature=1.0),
 }
 
 
