@@ -29,6 +29,7 @@ from trustlens.analysis import (
     step_summary,
 )
 from trustlens.analysis import tokens as tq
+from trustlens.analysis.clipping import default_rule_pair
 
 _LOG = logging.getLogger(__name__)
 _warmed: set[tuple] = set()  # (path, signature, query) already warmed in this process
@@ -48,15 +49,6 @@ def _matching_samples(path: str, signature: tuple, query: tq.TokenQuery, anchor:
 def matching_samples(ctx: ui.Context, query: tq.TokenQuery) -> pl.DataFrame:
     """The samples with rows passing `query`, most matching rows first (token inspector)."""
     return _matching_samples(*ctx.key, query, ctx.anchor)
-
-
-def rule_pair(rules: list[str]) -> tuple[str, str]:
-    """The two rules compared by default: the first ratio rule and the first DPPO rule (else the
-    first two rules). Needs at least two rules."""
-    ratio = [r for r in rules if not r.startswith("dppo")]
-    a = ratio[0] if ratio else rules[0]
-    b = next((r for r in rules if r.startswith("dppo") and r != a), next(r for r in rules if r != a))
-    return a, b
 
 
 def ppo_vs_dppo(ctx: ui.Context, rule_a: str, rule_b: str) -> dict[str, pl.DataFrame]:
@@ -90,7 +82,7 @@ def _warm(ctx: ui.Context) -> None:
         matching_samples(ctx, ctx.query)
         mismatch(ctx)
         if len(ctx.rules) >= 2:
-            ppo_vs_dppo(ctx, *rule_pair(ctx.rules))
+            ppo_vs_dppo(ctx, *default_rule_pair(ctx.rules))
     except Exception:  # only a warmer: the page that needs the result reports the error
         _LOG.debug("warming the dashboard caches failed", exc_info=True)
     finally:

@@ -7,6 +7,7 @@ import streamlit as st
 import trustlens_ui as ui
 
 from trustlens import plots
+from trustlens.analysis.clipping import default_rule_pair
 
 ctx = ui.need_tokens(ui.context())
 ui.header("PPO vs DPPO", ctx)
@@ -21,7 +22,7 @@ def rule_label(rule: str) -> str:
     return rule if rule in ctx.rules else f"{rule} (decided on the recorded columns)"
 
 
-default_a, default_b = page_data.rule_pair(choices)
+default_a, default_b = default_rule_pair(choices)
 c1, c2 = st.columns(2)
 rule_a = c1.selectbox("Rule A", choices, index=choices.index(default_a), key="pv_a", format_func=rule_label)
 rule_b = c2.selectbox("Rule B", choices, index=choices.index(default_b), key="pv_b", format_func=rule_label)

@@ -126,6 +126,15 @@ def blocked_by_bucket(
     return long_by_rule(wide, ["bucket", "p_lo", "p_hi", "label"], rules)
 
 
+def default_rule_pair(rules: list[str]) -> tuple[str, str]:
+    """The two rules compared by default (PPO vs DPPO page, report): the first ratio rule and
+    the first DPPO rule, else the first two rules. Needs at least two rules."""
+    ratio = [r for r in rules if not r.startswith("dppo")]
+    a = ratio[0] if ratio else rules[0]
+    b = next((r for r in rules if r.startswith("dppo") and r != a), next(r for r in rules if r != a))
+    return a, b
+
+
 def blocked_by_advantage_sign(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
     """Per advantage sign (pos A > 0, neg A < 0, zero A = 0) and rule: sign, rule, count, blocked,
     blocked_frac. Rows with a null advantage are left out. The zero row counts the A = 0 tokens
@@ -374,6 +383,7 @@ __all__ = [
     "blocked_by_token",
     "blocked_per_step",
     "confusion_matrix",
+    "default_rule_pair",
     "figure1_density",
     "rule_boundaries",
     "rule_confusion",
