@@ -417,6 +417,14 @@ def header(title: str, ctx: Context) -> None:
             "μ (the rollout policy) was not recorded in this run: the anchor is π_old, "
             "so ratios, divergences and buckets compare π with π_old."
         )
+    if ctx.run.sampled:
+        keep = ctx.run.manifest.get("keep") or {}
+        st.info(
+            f"Sampled run: the token rows are every token that matters (blocked by a rule, μ < "
+            f"{number(keep.get('low_mu'))}, non-finite or top divergences) plus a {number(keep.get('rate'))} share "
+            "of the rest, each with its `weight`. The views here are drawn from those kept rows; the exact "
+            "per-step numbers of all tokens are in the run's aggregates (`trustlens export`, docs/run-format.md)."
+        )
 
 
 def need_tokens(ctx: Context | None) -> Context:

@@ -442,3 +442,30 @@ def test_mismatch_tiles_start_with_a_non_negative_kl(monkeypatch, runs):
 def test_numbers_show_infinity(ui):
     assert ui.number(float("inf")) == "∞" and ui.number(float("-inf")) == "−∞"
     assert ui.number(0.123456) == "0.1235" and ui.number(None) == "n/a"
+
+
+def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
+    import torch
+
+    from trustlens import Keep, TokenRecorder
+
+    g = torch.Generator().manual_seed(0)
+    with TokenRecorder(tmp_path / "sampled", rules=["ppo", "dppo_binary_tv"], keep=Keep(rate=0.1)) as rec:
+        for step in range(4):
+            mu = -3 * torch.rand(8, 12, generator=g)
+            rec.record(
+                step,
+                token_ids=torch.randint(0, 30, (8, 12), generator=g),
+                response_mask=torch.ones(8, 12),
+                pi_logp=(mu + 0.3 * torch.randn(8, 12, generator=g)).clamp(max=0),
+                mu_logp=mu,
+                old_logp=mu,
+                advantages=torch.randn(8, generator=g),
+            )
+            rec.log_metrics(step, {"reward/mean": 0.5})
+    at = _app(monkeypatch, tmp_path).run()
+    for page in PAGES:
+        at = _open(at, page)
+        assert not at.error, [e.value for e in at.error]
+        if page != "views/compare.py":
+            assert any("Sampled run" in i.value and "0.1 share" in i.value for i in at.info), page

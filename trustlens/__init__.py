@@ -20,6 +20,7 @@ _EXPORTS = {
     "Run": "trustlens.run",
     "NotARunError": "trustlens.run",
     "NoRowsError": "trustlens.run",
+    "Keep": "trustlens.run.aggregates",
     "RULES": "trustlens.rules",
     "Rule": "trustlens.rules",
     "evaluate": "trustlens.rules",
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from trustlens.recorder import NullRecorder, TokenRecorder
     from trustlens.rules import RULES, Rule, evaluate, evaluate_all
     from trustlens.run import NoRowsError, NotARunError, Run, load_run, load_runs
+    from trustlens.run.aggregates import Keep
 
 
 # packages of the optional extras -> the extra that installs them

@@ -57,6 +57,7 @@ from trustlens._checks import (
 from trustlens.divergence import topk_divergence
 from trustlens.rules import RULES, RuleSpec, TokenInputs, resolve_rules
 from trustlens.run import blocked_column, signals, table_schema
+from trustlens.run.aggregates import Keep, keep_rows
 from trustlens.run.manifest import new_manifest
 from trustlens.run.storage import Remote
 from trustlens.run.writer import BackgroundWriter, RankWriter, TokenBatch, WriterStats
@@ -168,6 +169,9 @@ class TokenRecorder:
     overwrite: replace this rank's rows (and, on rank 0, run.json) of a run written before.
     writer_timeout: the most seconds a call waits on the writer (full queue, flush, close)
         before raising WriterError.
+    keep: a `Keep` (trustlens.run.aggregates): record every token that matters and a seeded
+        random share of the rest, with sampling weights, plus the exact `aggregates` table of
+        all tokens (docs/run-format.md). None (default): record every token.
     mirror: stream each step's scalars live to TensorBoard or W&B: "tensorboard:LOGDIR",
         "wandb", "wandb:PROJECT" or a sink object (trustlens.export.mirror; docs/export.md).
         The scalars are those of this rank's rows. None: no mirror.
@@ -196,10 +200,15 @@ class TokenRecorder:
         overwrite: bool = False,
         writer_timeout: float = 60.0,
         mirror: Any | None = None,
+        keep: Keep | None = None,
     ) -> None:
+        if keep is not None and not isinstance(keep, Keep):
+            raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
+        self.keep = keep
         self.rules = resolve_rules(list(RULES) if rules is None else rules)
         self._rules_given = rules is not None
         names = [r.name for r in self.rules]
+        self._rule_names = names
         if active_rule is not None and active_rule not in names:
             raise ValueError(f"active_rule {active_rule!r} is not among the evaluated rules {names}")
         _int_arg("rows_per_file", rows_per_file, 1, 2**31)
@@ -239,6 +248,8 @@ class TokenRecorder:
         self._writer = BackgroundWriter(
             rank_writer, flush_seconds=flush_seconds, queue_size=queue_size, writer_timeout=writer_timeout, tap=tap
         )
+        if keep is not None:  # run.json says the token rows are a sample, and how it was drawn
+            self._writer.put_manifest({"keep": dataclasses.asdict(keep)})
         self._anchor: str | None = None
         self._recorded: set[str] = set()  # optional columns recorded at least once
         self._next_sample: dict[tuple[Any, ...], int] = {}  # default sample-id counters
@@ -369,9 +380,10 @@ class TokenRecorder:
         evaluable = [r for r in self.rules if r.name in decided or all(inputs.given[a] is not None for a in r.needs)]
         ids_of_rows = (samples, groups, b, t, ids)
         decisions = {name: take(d) for name, d in decided.items()}
-        job = functools.partial(
+        derive = functools.partial(
             _derive, step, update, ids_of_rows, inputs, mu_logp is not None, ent, self.rules, evaluable, decisions
         )
+        job = derive if self.keep is None else functools.partial(_kept, derive, self.keep, self._rule_names, self.rank)
         recorded = {
             k
             for k, v in (
@@ -682,6 +694,11 @@ def _derive(
         r.name: decided[r.name] if r.name in decided else inputs.blocked(r) if r in evaluable else None for r in rules
     }
     return _to_cpu(step, update, ints, floats, blocked)
+
+
+def _kept(derive, keep: Keep, rules: list[str], rank: int) -> TokenBatch:
+    """The rows `derive()` computes, sampled under `keep`, carrying the aggregates of all."""
+    return keep_rows(derive(), keep, rules, rank)
 
 
 def _check_unique(name: str, ids: torch.Tensor | list) -> None:

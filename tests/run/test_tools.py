@@ -7,7 +7,7 @@ import pyarrow.dataset as ds
 import pytest
 import torch
 
-from trustlens import TokenRecorder, load_run
+from trustlens import Keep, TokenRecorder, load_run
 from trustlens.recorder import SAMPLE_RANK, SAMPLE_STEP
 from trustlens.run import TABLES
 
@@ -16,9 +16,10 @@ B, T = 3, 5
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """Ranks 0 and 1 (both in this process), 2 steps each; rank 1 logs one more sample per step."""
+    """Ranks 0 and 1 (both in this process), 2 steps each; rank 1 logs one more sample per step.
+    Recorded with Keep(rate=1): every token kept, and the aggregates table written too."""
     path = tmp_path_factory.mktemp("tools") / "run"
-    recorders = [TokenRecorder(path, rules=["ppo"], rank=r, world_size=2) for r in (0, 1)]
+    recorders = [TokenRecorder(path, rules=["ppo"], rank=r, world_size=2, keep=Keep(rate=1.0)) for r in (0, 1)]
     g = torch.Generator().manual_seed(0)
     for step in range(2):
         for rank, rec in enumerate(recorders):
@@ -39,16 +40,18 @@ def run(tmp_path_factory):
 
 
 # rows per rank of each table
-EXPECTED = {"tokens": [2 * B * T, 2 * B * T], "samples": [2 * B, 2 * (B + 1)], "metrics": [2, 2]}
+EXPECTED = {"tokens": [2 * B * T, 2 * B * T], "samples": [2 * B, 2 * (B + 1)], "metrics": [2, 2], "aggregates": [2, 2]}
 
 
 def _check(frame: pd.DataFrame, table: str) -> None:
     frame = frame.astype({"rank": "int64"})
     assert frame.groupby("rank").size().to_dict() == dict(enumerate(EXPECTED[table]))
-    if table != "metrics":  # default sample ids carry the rank: step·10⁹ + rank·10⁶ + index
+    if table in ("tokens", "samples"):  # default sample ids carry the rank: step·10⁹ + rank·10⁶ + index
         assert ((frame["sample"] % SAMPLE_STEP) // SAMPLE_RANK == frame["rank"]).all()
-    else:
+    elif table == "metrics":
         assert (frame["value"] == frame["rank"]).all()
+    else:  # one aggregate row per record call: B·T tokens each
+        assert (frame["tokens"] == B * T).all()
 
 
 @pytest.mark.parametrize("table", TABLES)

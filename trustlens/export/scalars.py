@@ -13,7 +13,10 @@ docs/metrics.md):
     reward/mean, eval/accuracy, ...          every metric the run logged (mean over ranks)
 
 A logged metric wins over the same name computed from token rows (the built-in trainer logs
-the block rates itself; they agree with the rows: tests/test_sample_run.py).
+the block rates itself; they agree with the rows: tests/test_sample_run.py). A run recorded
+with `Keep` (sampled token rows) gets them from its exact aggregates instead
+(trustlens.run.aggregates.per_step_scalars); the sequence-level mismatch metrics need every
+token of a response and are left out there.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from trustlens.analysis.mismatch import mismatch_per_step
 from trustlens.metrics import MISMATCH_METRICS, blocked_rate
 from trustlens.render import escape_markdown
 from trustlens.run import BLOCKED_PREFIX, NoRowsError
+from trustlens.run.aggregates import per_step_scalars
 
 SCHEMA = {"step": pl.Int64, "name": pl.String, "value": pl.Float64}
 
@@ -68,10 +72,18 @@ def step_scalars(run) -> pl.DataFrame:
     logged = (
         run.metrics.group_by("step", "name").agg(pl.col("value").cast(pl.Float64).mean()).collect(engine="streaming")
     )
-    try:
-        computed = token_scalars(run.tokens)
-    except NoRowsError:
-        computed = pl.DataFrame(schema=SCHEMA)
+    if getattr(run, "sampled", False):  # exact, from the aggregates of all tokens
+        exact = per_step_scalars(run.aggregates)
+        computed = pl.DataFrame(
+            [(step, name, value) for step, values in exact.items() for name, value in values.items()],
+            schema=SCHEMA,
+            orient="row",
+        )
+    else:
+        try:
+            computed = token_scalars(run.tokens)
+        except NoRowsError:
+            computed = pl.DataFrame(schema=SCHEMA)
     computed = computed.join(logged.select("name").unique(), on="name", how="anti")
     return _long([logged, computed])
 

@@ -114,10 +114,21 @@ class Run:
         """Long-format metrics (step, rank, name, value), all ranks; empty when none were logged."""
         return self._scan("metrics")
 
+    @property
+    def aggregates(self) -> pl.LazyFrame:
+        """Exact per-call aggregates of all tokens (step, update, rank and the columns of
+        trustlens.run.aggregates) of a run recorded with `Keep`; empty otherwise."""
+        return self._scan("aggregates")
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the token rows are a sample (recorded with `Keep`; weights in `weight`)."""
+        return bool(self.parts.get("aggregates"))
+
     def _scan(self, table: str) -> pl.LazyFrame:
         parts = self.parts[table]
         if not parts:
-            rules = list(self.rules) if table == "tokens" else []
+            rules = list(self.rules) if table in ("tokens", "aggregates") else []
             return pl.from_arrow(frame_schema(table, rules).empty_table()).lazy()  # type: ignore[union-attr]
         groups: dict[tuple[int, bool], list[Location]] = {}
         for p in parts:
@@ -127,7 +138,7 @@ class Run:
             frame = _scan_files(files)
             if not in_file:
                 names = frame.collect_schema().names()
-                at = names.index("update" if table == "tokens" else "step") + 1
+                at = names.index("step" if table in ("samples", "metrics") else "update") + 1
                 frame = frame.select(*names[:at], pl.lit(rank, pl.Int16).alias(RANK), *names[at:])
             frames.append(frame)
         return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")

@@ -62,6 +62,7 @@ TOKEN_COLUMNS: tuple[Column, ...] = (
     Column("topk_kl", _F, True, "KL(μ‖π) over μ's top-K ids plus the rest bucket, nats"),
     Column("entropy", _F, True, "entropy of π at this position, nats"),
     Column("advantage", _F, True, "advantage of the token (sequence advantages broadcast)"),
+    Column("weight", _F, True, "sampling weight of a run recorded with Keep: 1/rate for the random share, else 1"),
 )
 
 SAMPLE_COLUMNS: tuple[Column, ...] = (
@@ -81,10 +82,16 @@ METRIC_COLUMNS: tuple[Column, ...] = (
     Column("value", pa.float64(), True, "metric value"),
 )
 
+AGGREGATE_KEYS: tuple[Column, ...] = (
+    Column("step", pa.int32(), False, "training step"),
+    Column("update", pa.int16(), False, "minibatch update within the step"),
+)
+
 TABLES: dict[str, tuple[Column, ...]] = {
     "tokens": TOKEN_COLUMNS,
     "samples": SAMPLE_COLUMNS,
     "metrics": METRIC_COLUMNS,
+    "aggregates": AGGREGATE_KEYS,  # plus aggregate_columns(rules): trustlens.run.aggregates
 }
 
 
@@ -126,13 +133,29 @@ def column_doc(name: str) -> str:
     rule = rule_of_column(name)
     if rule is not None:
         return f"True where rule {rule!r} blocks the update"
-    raise KeyError(f"unknown column {name!r}")
+    from trustlens.run.aggregates import aggregate_doc
+
+    doc = aggregate_doc(name)
+    if doc is None:
+        raise KeyError(f"unknown column {name!r}")
+    return doc
+
+
+def aggregate_columns(rules: list[str] | tuple[str, ...]) -> tuple[Column, ...]:
+    """All columns of the aggregates table of a run that evaluates `rules` (a sampled run)."""
+    from trustlens.run.aggregates import aggregate_doc, aggregate_names
+
+    return AGGREGATE_KEYS + tuple(
+        Column(name, kind, True, aggregate_doc(name) or "") for name, kind in aggregate_names(rules)
+    )
 
 
 def _columns(table: str, rules: list[str] | tuple[str, ...]) -> tuple[Column, ...]:
     if table not in TABLES:
         raise KeyError(f"unknown table {table!r}; known: {', '.join(TABLES)}")
-    return token_columns(rules) if table == "tokens" else TABLES[table]
+    if table == "tokens":
+        return token_columns(rules)
+    return aggregate_columns(rules) if table == "aggregates" else TABLES[table]
 
 
 def table_schema(table: str, rules: list[str] | tuple[str, ...] = ()) -> pa.Schema:
@@ -146,7 +169,7 @@ def frame_schema(table: str, rules: list[str] | tuple[str, ...] = ()) -> pa.Sche
     """The Arrow schema of `table` as `load_run` returns it: the file columns plus `rank`,
     placed after `update` (tokens) or `step` (samples, metrics)."""
     columns = list(_columns(table, rules))
-    at = [c.name for c in columns].index("update" if table == "tokens" else "step") + 1
+    at = [c.name for c in columns].index("step" if table in ("samples", "metrics") else "update") + 1
     columns.insert(at, Column(RANK, RANK_TYPE, False, RANK_DOC))
     return arrow_schema(tuple(columns))
 

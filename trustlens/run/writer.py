@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from trustlens.run.aggregates import aggregates_batch
 from trustlens.run.errors import RunLockedError, WriterError
 from trustlens.run.manifest import MANIFEST, STATUSES, read_manifest, utc_now, write_json_atomic
 from trustlens.run.schema import RANK_DIR_PREFIX, TABLES, part_index, part_name, table_schema
@@ -60,6 +61,9 @@ DICTIONARY_COLUMNS = ("step", "update", "sample", "group", "pos", "token_id", "t
 POLL_SECONDS = 0.05
 
 
+STATISTICS_COLUMNS = ("step", "update", "sample", "group", "pos")
+
+
 def write_options(schema: pa.Schema) -> dict[str, Any]:
     """The `pq.write_table` options of a part file with `schema` (page checksums on)."""
     return {
@@ -67,6 +71,9 @@ def write_options(schema: pa.Schema) -> dict[str, Any]:
         "use_dictionary": [c for c in DICTIONARY_COLUMNS if c in schema.names],
         "write_page_checksum": True,
         "row_group_size": ROW_GROUP_ROWS,
+        # min/max statistics of the key columns only: readers prune row groups by step (and
+        # sample); statistics of every other column would only grow each file's footer
+        "write_statistics": [c for c in STATISTICS_COLUMNS if c in schema.names],
     }
 
 
@@ -113,6 +120,7 @@ class TokenBatch:
     token_id: np.ndarray  # (N,) int sampled token ids (cast to int32 by the writer)
     floats: dict[str, np.ndarray | None]  # float column -> (N,) float32; None = null column
     blocked: dict[str, np.ndarray | None]  # rule -> (N,) bool; None = rule not evaluable
+    aggregates: dict[str, Any] | None = None  # a sampled recording: the aggregates of all the call's rows
 
     def __len__(self) -> int:
         return len(self.pos)
@@ -214,6 +222,9 @@ class PartFiles:
         if self.table == "tokens" and "token" not in table.column_names:
             token = decoder.dictionary_column(table.column("token_id"))
             table = table.add_column(self.schema.get_field_index("token"), "token", token)
+        for field in self.schema:  # a nullable column the rows do not carry (e.g. `weight`) is null
+            if field.nullable and field.name not in table.column_names:
+                table = table.append_column(field.name, pa.nulls(table.num_rows, field.type))
         table = table.select(self.schema.names).cast(self.schema)
         path = write_part(table, rank_folder(self.run_dir, self.table, self.rank), self.next_index)
         self.next_index += 1
@@ -643,6 +654,13 @@ class BackgroundWriter:
         if callable(payload):
             payload = payload()
         if isinstance(payload, TokenBatch):
+            if payload.aggregates is not None:
+                self._buffer(
+                    "aggregates",
+                    aggregates_batch(
+                        payload.aggregates, payload.step, payload.update, self.writer._parts["aggregates"].schema
+                    ),
+                )
             payload = token_record_batch(payload, self.writer._parts["tokens"].schema)
         if payload.num_rows and self._oldest is None:
             self._oldest = time.monotonic()

@@ -52,6 +52,11 @@ _CONFIG_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("checkpoint", str, "warm-start checkpoint folder; 'random' starts from a random model"),
     ("threads", int, "torch CPU threads per process"),
     ("sample_every", int, "record prompts and responses every this many steps"),
+    (
+        "keep_rate",
+        float,
+        "sampled recording: every token that matters and this share of the rest, with exact aggregates",
+    ),
     ("mirror", str, "stream each step's scalars live from rank 0: tensorboard:LOGDIR, wandb or wandb:PROJECT"),
 )
 
@@ -61,6 +66,7 @@ _SHOWN_DEFAULTS = {
     "low": "the rule's own",
     "high": "the rule's own",
     "mirror": "none",
+    "keep_rate": "every token",
 }
 
 

@@ -42,6 +42,7 @@ class TrainConfig:
     threads: int = 1  # torch CPU threads per process
     record: bool = True  # False: NullRecorder (nothing written; for overhead measurements)
     sample_every: int = 1  # log prompts and responses every this many steps
+    keep_rate: float | None = None  # record every token that matters and this share of the rest (Keep); None = all
     mirror: str | None = None  # live scalars from rank 0: "tensorboard:LOGDIR", "wandb" or "wandb:PROJECT"
 
     def __post_init__(self) -> None:
@@ -72,6 +73,8 @@ class TrainConfig:
             raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}")
         if not self.lr > 0 or not self.grad_clip > 0:
             raise ValueError(f"lr and grad_clip must be > 0, got lr={self.lr} grad_clip={self.grad_clip}")
+        if self.keep_rate is not None and not 0 < self.keep_rate <= 1:
+            raise ValueError(f"keep_rate must be in (0, 1], got {self.keep_rate}")
         self.rollout_config()  # validates temperature, precision, noise, lag
 
     def rollout_config(self):

@@ -54,6 +54,7 @@ from trustlens.divergence import topk_divergence
 from trustlens.loss import policy_loss
 from trustlens.recorder import NullRecorder, TokenRecorder, distributed_rank, entropy_from_logits
 from trustlens.rules import RULES, evaluate_all
+from trustlens.run.aggregates import Keep
 from trustlens.train.config import RANDOM_INIT, TrainConfig
 from trustlens.train.rollout import Rollout, RolloutEngine, response_logits
 from trustlens.train.tasks import ArithmeticTask, Problem
@@ -241,8 +242,9 @@ def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict
     if not cfg.record or run_dir is None:
         return NullRecorder()
     mirror = cfg.mirror if distributed_rank()[0] == 0 else None  # one rank's shard is streamed
+    keep = None if cfg.keep_rate is None else Keep(rate=cfg.keep_rate, seed=cfg.seed)
     return TokenRecorder(
-        run_dir, rules=rules, active_rule=cfg.rule, tokenizer=tokenizer, config=asdict(cfg), mirror=mirror
+        run_dir, rules=rules, active_rule=cfg.rule, tokenizer=tokenizer, config=asdict(cfg), mirror=mirror, keep=keep
     )
 
 

@@ -1,0 +1,154 @@
+"""Record-time sampling (Keep) and the exact aggregates table (trustlens.run.aggregates)."""
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from trustlens import Keep, TokenRecorder, load_run
+from trustlens.export import token_scalars
+from trustlens.run.aggregates import _uniform, per_step_scalars
+
+RULES = ["ppo", "dppo_binary_tv", "dppo_topk_kl"]
+SEQUENCE_LEVEL = {"log_ppl_diff", "log_ppl_abs_diff", "chi2_seq"}
+
+
+def feed(rec, seed: int = 0, steps: int = 3) -> None:
+    """The same tokens whatever the recorder: μ with a long tail, π moved from it, top-K given."""
+    g = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        for update in range(2):
+            mu = -torch.distributions.Exponential(torch.tensor(1.5)).sample((12, 20)).clamp(min=1e-7)
+            mu = mu.to(torch.float32)
+            pi = (mu + 0.3 * torch.randn(12, 20, generator=g)).clamp(max=0)
+            topk_tv = (pi.exp() - mu.exp()).abs() + 0.01 * torch.rand(12, 20, generator=g)
+            topk_kl = 0.05 * torch.rand(12, 20, generator=g)
+            topk_kl[0, 3] = float("inf")  # π gives 0 to one of μ's top-K: valid, and always kept
+            rec.record(
+                step,
+                update=update,
+                token_ids=torch.randint(0, 50, (12, 20), generator=g),
+                response_mask=torch.arange(20)[None, :] < torch.randint(5, 21, (12, 1), generator=g),
+                pi_logp=pi,
+                mu_logp=mu,
+                old_logp=(mu + 0.05 * torch.randn(12, 20, generator=g)).clamp(max=0),
+                advantages=torch.randn(12, generator=g).round(),
+                topk_tv=topk_tv,
+                topk_kl=topk_kl,
+            )
+
+
+def record(path, keep, seed: int = 0):
+    torch.manual_seed(seed)  # the Exponential sampler draws from the global generator
+    with TokenRecorder(path, rules=RULES, keep=keep) as rec:
+        feed(rec, seed)
+    return load_run(path)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("keep")
+    return {
+        "full": record(root / "full", None),
+        "all": record(root / "all", Keep(rate=1.0)),
+        "sampled": record(root / "sampled", Keep(rate=0.05, seed=3)),
+    }
+
+
+def test_keep_is_validated():
+    for bad in (
+        dict(rate=0),
+        dict(rate=1.5),
+        dict(rate=float("nan")),
+        dict(low_mu=0),
+        dict(top_share=2),
+        dict(seed=-1),
+    ):
+        with pytest.raises(ValueError, match="Keep"):
+            Keep(**bad)
+    with pytest.raises(ValueError, match="keep must be"):
+        TokenRecorder("unused", keep=0.01)
+
+
+def test_aggregates_do_not_depend_on_the_rate(runs):
+    full_rows = runs["full"].tokens.select(pl.len()).collect().item()
+    a, b = runs["all"].aggregates.collect(), runs["sampled"].aggregates.collect()
+    assert a.equals(b) and a["tokens"].sum() == full_rows
+    assert not runs["full"].sampled and runs["all"].sampled and runs["sampled"].sampled
+    assert runs["full"].aggregates.collect().is_empty()
+    kept = runs["sampled"].tokens.select(pl.len()).collect().item()
+    assert kept < full_rows / 3 and runs["sampled"].manifest["keep"]["rate"] == 0.05
+
+
+def test_aggregates_are_the_full_rows_counts_and_sums(runs):
+    rows = runs["full"].tokens.collect()
+    agg = runs["sampled"].aggregates.collect()
+    for rule in RULES:
+        for sign, side in (("pos", rows["advantage"] > 0), ("neg", rows["advantage"] < 0)):
+            assert agg[f"n_{rule}_{sign}"].sum() == side.sum()
+            assert agg[f"k_{rule}_{sign}"].sum() == (rows[f"blocked_{rule}"] & side).sum()
+    assert agg["tokens_zero"].sum() == (rows["advantage"] == 0).sum()
+    mu = rows["mu_logp"].cast(pl.Float64).exp().to_numpy()
+    assert agg["mu_decade_0"].sum() == (mu >= 0.1).sum()
+    assert agg[[f"mu_decade_{i}" for i in range(7)]].sum_horizontal().sum() == rows.height
+    log_rho = (rows["old_logp"].cast(pl.Float64) - rows["mu_logp"].cast(pl.Float64)).to_numpy()
+    assert agg["sum_k3"].sum() == pytest.approx(float((np.exp(log_rho) - 1 - log_rho).sum()), rel=1e-12)
+    assert agg["sum_topk_kl"].sum() == float("inf")
+
+
+def test_exact_scalars_of_a_sampled_run_equal_the_full_runs(runs):
+    exact = per_step_scalars(runs["sampled"].aggregates)
+    truth = token_scalars(runs["full"].tokens).filter(~pl.col("name").is_in(list(SEQUENCE_LEVEL)))
+    assert truth.height > 30
+    for step, name, value in truth.rows():
+        assert exact[step][name] == pytest.approx(value, rel=1e-9, abs=1e-12), (step, name)
+
+
+def test_every_token_that_matters_is_kept_with_weight_one(runs):
+    full = runs["full"].tokens.collect()
+    blocked = pl.any_horizontal([pl.col(f"blocked_{r}").fill_null(False) for r in RULES])
+    low_mu = pl.col("mu_logp") < np.log(0.1)
+    infinite = pl.col("topk_kl").is_infinite()
+    matters = full.filter(blocked | low_mu | infinite).select("step", "update", "sample", "pos")
+    kept = runs["sampled"].tokens.collect()
+    joined = matters.join(kept, on=["step", "update", "sample", "pos"], how="left")
+    assert matters.height > 0 and joined["weight"].null_count() == 0
+    assert (joined["weight"] == 1).all()
+    assert set(kept["weight"].unique().to_list()) == {1.0, 20.0}
+
+
+def test_weighted_rows_estimate_the_token_count(tmp_path):
+    """Unbiased: Σ weight over kept rows estimates the number of tokens (here within 4 SE)."""
+    keep = Keep(rate=0.2, seed=11, low_mu=1e-9, top_share=1e-6)
+    run = record(tmp_path / "run", keep, seed=5)
+    agg = run.aggregates.collect()
+    kept = run.tokens.collect()
+    random = kept.filter(pl.col("weight") > 1).height
+    others = agg["tokens"].sum() - kept.filter(pl.col("weight") == 1).height
+    assert kept["weight"].sum() == pytest.approx(agg["tokens"].sum(), abs=4 * np.sqrt(others * 0.8 / 0.2))
+    assert 0 < random < others
+
+
+def test_the_random_share_does_not_depend_on_batching():
+    sample, pos = np.arange(100, dtype=np.int64), np.arange(100, dtype=np.int64) % 7
+    whole = _uniform(4, 2, 1, 0, sample, pos)
+    halves = np.concatenate([_uniform(4, 2, 1, 0, sample[:37], pos[:37]), _uniform(4, 2, 1, 0, sample[37:], pos[37:])])
+    assert np.array_equal(whole, halves) and whole.min() >= 0 and whole.max() < 1
+    assert not np.array_equal(whole, _uniform(5, 2, 1, 0, sample, pos))
+    assert abs(_uniform(0, 0, 0, 0, np.arange(20_000), np.zeros(20_000, np.int64)).mean() - 0.5) < 0.01
+
+
+def test_built_in_run_with_keep_rate(tmp_path):
+    from trustlens.train.config import config_from_preset
+    from trustlens.train.trainer import train
+
+    for name, rate in (("full", None), ("sampled", 0.01)):
+        train(config_from_preset("quick", eval_size=0, keep_rate=rate), tmp_path / name, progress=False)
+    full, sampled = load_run(tmp_path / "full"), load_run(tmp_path / "sampled")
+    assert sampled.manifest["keep"] == {"rate": 0.01, "seed": 0, "low_mu": 0.1, "top_share": 0.01}
+    exact = per_step_scalars(sampled.aggregates)
+    truth = token_scalars(full.tokens).filter(~pl.col("name").is_in(list(SEQUENCE_LEVEL)))
+    for step, name, value in truth.rows():
+        assert exact[step][name] == pytest.approx(value, rel=1e-9, abs=1e-12), (step, name)
+    with pytest.raises(ValueError, match="keep_rate"):
+        config_from_preset("quick", keep_rate=0.0)

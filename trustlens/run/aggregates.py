@@ -1,0 +1,296 @@
+"""Record-time sampling (`Keep`) and the exact aggregates table of a run.
+
+A run recorded with `TokenRecorder(..., keep=Keep(rate=0.01))` stores every token that matters
+and a seeded random share of the rest, each with its sampling weight, and beside them the
+`aggregates` table, written from **all** tokens before any is dropped: one row per `record`
+call (a step, update and rank), summed per (step, update, rank) when read. Overview numbers
+(block rates, mismatch means) come from the aggregates exactly; token-level views use the kept
+rows, weighted by `weight` where they estimate a rate.
+
+Kept because they matter (weight 1):
+    blocked by any rule (so every disagreement between rules too), μ(a_t) < `low_mu`,
+    a non-finite value (e.g. topk_kl = +inf), and the `top_share` of the call's tokens with the
+    largest divergence max(binary_tv, topk_tv) (a per-call quantile: decidable without future
+    data).
+Kept at random (weight 1/rate): each other token with probability `rate`, decided by a hash of
+    (seed, step, update, rank, sample, position) — reproducible, and independent of how the
+    tokens were batched.
+
+Aggregate columns (counts are int64, sums float64; "pairs" are tokens with finite μ and π_old):
+    tokens, tokens_pos, tokens_neg, tokens_zero       rows by advantage sign
+    n_<rule>_<sign>, k_<rule>_<sign>                  A > 0 / A < 0 tokens where the rule was
+                                                      evaluated, and those it blocks
+    pairs, sum_k1, sum_k3, sum_prob_diff, max_prob_diff, sum_mu, sum_old, sum_mu2, sum_old2,
+    sum_mu_old, sum_rho2                              the token-level mismatch sums: k1 = log μ −
+                                                      log π_old, k3 = ρ − 1 − log ρ (ρ = π_old/μ),
+                                                      |π_old − μ|, moments for the Pearson
+                                                      correlation, ρ² with log ρ clamped to ±20
+    topk_n, sum_topk_tv, max_topk_tv, sum_topk_kl     top-K divergences (sum_topk_kl may be +inf)
+    mu_decade_0 … mu_decade_6                         tokens with μ in [10⁻¹, 1], [10⁻², 10⁻¹), …,
+                                                      [10⁻⁶, 10⁻⁵), below 10⁻⁶
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pyarrow as pa
+
+from trustlens.metrics import SIGNS
+
+LOG_RATIO_BOUND = 20.0  # |log ρ| bound before exp in ρ² (as verl's chi² metrics)
+MU_DECADES = 7
+COUNT_BASE = ("tokens", "tokens_pos", "tokens_neg", "tokens_zero", "pairs", "topk_n")
+SUMS = ("sum_k1", "sum_k3", "sum_prob_diff", "sum_mu", "sum_old", "sum_mu2", "sum_old2", "sum_mu_old", "sum_rho2")
+MAXES = ("max_prob_diff", "max_topk_tv")
+TOPK_SUMS = ("sum_topk_tv", "sum_topk_kl")
+SIGNS_SUFFIXES = tuple(f"_{s}" for s in SIGNS)  # column suffixes of the per-rule counts
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Which token rows a sampled recording keeps (module docstring)."""
+
+    rate: float = 0.01  # probability of keeping a token that does not matter; its weight is 1/rate
+    seed: int = 0  # seeds the random share (with step, update, rank, sample, position)
+    low_mu: float = 0.1  # tokens with μ(a_t) below this always kept (the rare tokens)
+    top_share: float = 0.01  # share of each record call's tokens with the largest divergence, always kept
+
+    def __post_init__(self) -> None:
+        for name, low, high in (("rate", 0.0, 1.0), ("low_mu", 0.0, 1.0), ("top_share", 0.0, 1.0)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not low < value <= high or math.isnan(value):
+                raise ValueError(f"Keep.{name} must be in ({low:g}, {high:g}], got {value!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"Keep.seed must be an integer ≥ 0, got {self.seed!r}")
+
+
+def aggregate_names(rules: list[str] | tuple[str, ...]) -> list[tuple[str, pa.DataType]]:
+    """(column, type) of the aggregates table of a run evaluating `rules`, after step and update."""
+    out = [(c, pa.int64()) for c in COUNT_BASE]
+    out += [(f"{k}_{r}_{s}", pa.int64()) for r in rules for k in ("n", "k") for s in SIGNS]
+    out += [(c, pa.float64()) for c in (*SUMS, *MAXES, *TOPK_SUMS)]
+    out += [(f"mu_decade_{i}", pa.int64()) for i in range(MU_DECADES)]
+    return out
+
+
+_DOCS = {
+    "tokens": "token rows of the record call (all of them, kept or not)",
+    "tokens_pos": "tokens with A > 0",
+    "tokens_neg": "tokens with A < 0",
+    "tokens_zero": "tokens with A = 0 (no gradient, never blocked)",
+    "pairs": "tokens with finite log μ and log π_old (the mismatch sums are over them)",
+    "sum_k1": "Σ (log μ − log π_old), nats",
+    "sum_k3": "Σ (ρ − 1 − log ρ), ρ = π_old/μ, nats",
+    "sum_prob_diff": "Σ |π_old − μ|, probability",
+    "max_prob_diff": "max |π_old − μ|, probability",
+    "sum_mu": "Σ μ(a_t)",
+    "sum_old": "Σ π_old(a_t)",
+    "sum_mu2": "Σ μ(a_t)²",
+    "sum_old2": "Σ π_old(a_t)²",
+    "sum_mu_old": "Σ μ(a_t) π_old(a_t)",
+    "sum_rho2": "Σ ρ², log ρ clamped to ±20",
+    "topk_n": "tokens with a recorded top-K divergence",
+    "sum_topk_tv": "Σ topk_tv, probability",
+    "max_topk_tv": "max topk_tv, probability",
+    "sum_topk_kl": "Σ topk_kl, nats (+inf when one is)",
+}
+
+
+def aggregate_doc(name: str) -> str | None:
+    """The meaning of aggregate column `name`, or None when it is not one."""
+    if name in _DOCS:
+        return _DOCS[name]
+    if name.startswith("mu_decade_") and name[10:].isdigit():
+        i = int(name[10:])
+        return f"tokens with μ in [10^-{i + 1}, 10^-{i})" if i < MU_DECADES - 1 else f"tokens with μ below 10^-{i}"
+    for kind, what in (("n_", "tokens where the rule was evaluated"), ("k_", "tokens the rule blocks")):
+        if name.startswith(kind) and name.endswith(SIGNS_SUFFIXES):
+            rule, sign = name[2:].rsplit("_", 1)
+            return f"A {'>' if sign == 'pos' else '<'} 0 {what}: rule {rule!r}"
+    return None
+
+
+def aggregate_row(batch, rules: list[str]) -> dict[str, object]:
+    """The aggregates of the rows of one TokenBatch (all of them: before sampling)."""
+    f = batch.floats
+    adv = f["advantage"]
+    pos, neg = adv > 0, adv < 0
+    row: dict[str, object] = {
+        "tokens": len(adv),
+        "tokens_pos": int(pos.sum()),
+        "tokens_neg": int(neg.sum()),
+        "tokens_zero": int((adv == 0).sum()),
+    }
+    for r in rules:
+        decided = batch.blocked.get(r)
+        for sign, side in (("pos", pos), ("neg", neg)):
+            row[f"n_{r}_{sign}"] = int(side.sum()) if decided is not None else 0
+            row[f"k_{r}_{sign}"] = int((decided & side).sum()) if decided is not None else 0
+    mu_logp, old_logp = f.get("mu_logp"), f.get("old_logp")
+    if mu_logp is not None and old_logp is not None:
+        lm, lo = mu_logp.astype(np.float64), old_logp.astype(np.float64)
+        ok = np.isfinite(lm) & np.isfinite(lo)
+        lm, lo = lm[ok], lo[ok]
+        mu, old = np.exp(lm), np.exp(lo)
+        log_rho = lo - lm
+        diff = np.abs(old - mu)
+        row |= {
+            "pairs": int(ok.sum()),
+            "sum_k1": float((lm - lo).sum()),
+            "sum_k3": float((np.exp(log_rho) - 1 - log_rho).sum()),
+            "sum_prob_diff": float(diff.sum()),
+            "max_prob_diff": float(diff.max()) if diff.size else None,
+            "sum_mu": float(mu.sum()),
+            "sum_old": float(old.sum()),
+            "sum_mu2": float((mu * mu).sum()),
+            "sum_old2": float((old * old).sum()),
+            "sum_mu_old": float((mu * old).sum()),
+            "sum_rho2": float(np.exp(2 * np.clip(log_rho, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)).sum()),
+        }
+    else:
+        row |= {"pairs": 0, **dict.fromkeys(SUMS, 0.0), "max_prob_diff": None}
+    tv, kl = f.get("topk_tv"), f.get("topk_kl")
+    if tv is not None and kl is not None:
+        present = ~np.isnan(tv)
+        row |= {
+            "topk_n": int(present.sum()),
+            "sum_topk_tv": float(tv[present].astype(np.float64).sum()),
+            "max_topk_tv": float(tv[present].max()) if present.any() else None,
+            "sum_topk_kl": float(kl[present].astype(np.float64).sum()),
+        }
+    else:
+        row |= {"topk_n": 0, "sum_topk_tv": 0.0, "max_topk_tv": None, "sum_topk_kl": 0.0}
+    anchor = mu_logp if mu_logp is not None else f["pi_logp"]
+    decade = np.clip(np.floor(-anchor.astype(np.float64) / math.log(10)), 0, MU_DECADES - 1)
+    counts = np.bincount(decade[np.isfinite(decade)].astype(np.int64), minlength=MU_DECADES)
+    row |= {f"mu_decade_{i}": int(counts[i]) for i in range(MU_DECADES)}
+    return row
+
+
+def aggregates_batch(row: dict[str, object], step: int, update: int, schema: pa.Schema) -> pa.RecordBatch:
+    """One aggregate row (`aggregate_row`) as a RecordBatch of the table's `schema`."""
+    return pa.RecordBatch.from_pylist([{"step": step, "update": update, **row}], schema=schema)
+
+
+def keep_rows(batch, keep: Keep | None, rules: list[str], rank: int):
+    """The TokenBatch to write for `batch` under `keep` (None: `batch` itself, no aggregates):
+    the kept rows with their weights, carrying the aggregates of all rows."""
+    if keep is None:
+        return batch
+    kept, weight = keep_mask(batch, keep, rank)
+    return replace(sampled(batch, kept, weight), aggregates=aggregate_row(batch, rules))
+
+
+def keep_mask(batch, keep: Keep, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kept (N,) bool, weight (N,) float32) of a TokenBatch's rows under `keep`."""
+    f = batch.floats
+    n = len(batch)
+    matters = np.zeros(n, bool)
+    for decided in batch.blocked.values():
+        if decided is not None:
+            matters |= decided
+    anchor = f.get("mu_logp") if f.get("mu_logp") is not None else f["pi_logp"]
+    matters |= anchor < math.log(keep.low_mu)
+    for values in f.values():
+        if values is not None:
+            matters |= np.isinf(values)  # non-finite (NaN means "not recorded")
+    divergence = np.fmax(f["binary_tv"], f["topk_tv"]) if f.get("topk_tv") is not None else f["binary_tv"]
+    if n and divergence is not None:
+        finite = divergence[np.isfinite(divergence)]
+        if finite.size:
+            threshold = np.quantile(finite, 1 - keep.top_share)
+            matters |= (divergence >= threshold) & (divergence > 0)
+    chance = _uniform(keep.seed, batch.step, batch.update, rank, batch.sample, batch.pos)
+    random = ~matters & (chance < keep.rate)
+    weight = np.where(matters, 1.0, 1.0 / keep.rate).astype(np.float32)
+    return matters | random, weight
+
+
+def sampled(batch, kept: np.ndarray, weight: np.ndarray):
+    """The TokenBatch of the kept rows, with their weights."""
+    floats = {k: None if v is None else v[kept] for k, v in batch.floats.items()}
+    floats["weight"] = weight[kept]
+    return replace(
+        batch,
+        sample=batch.sample[kept],
+        group=batch.group[kept],
+        pos=batch.pos[kept],
+        token_id=batch.token_id[kept],
+        floats=floats,
+        blocked={k: None if v is None else v[kept] for k, v in batch.blocked.items()},
+    )
+
+
+_MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser: a well-spread 64-bit hash of `x` (uint64, wraps)."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _uniform(seed: int, step: int, update: int, rank: int, sample: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """A uniform [0, 1) number per (seed, step, update, rank, sample, position)."""
+    with np.errstate(over="ignore"):
+        key = _mix(np.full(1, seed * 1_000_003 + step, np.uint64))
+        key = _mix(key ^ np.uint64(update * 65_537 + rank))
+        h = _mix(key ^ sample.astype(np.uint64))
+        h = _mix(h ^ pos.astype(np.uint64))
+    return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def per_step_scalars(aggregates) -> dict[int, dict[str, float]]:
+    """Per-step scalars from an aggregates table (a polars LazyFrame or DataFrame, all ranks):
+    {step: {name: value}} under the names of trustlens.metrics — blocked/<rule>/<sign> over A ≠ 0
+    tokens, zero_adv_frac, and the token-level mismatch means (mismatch_kl, k3_kl, chi2_token,
+    prob_diff_mean, prob_diff_max, prob_pearson, topk_tv_mean, topk_tv_max, topk_kl_mean). Exact
+    for all tokens, however few rows were kept. Sequence-level metrics (log_ppl_*, chi2_seq) need
+    whole responses and are not among them."""
+    import polars as pl
+
+    frame = aggregates.lazy().collect() if hasattr(aggregates, "lazy") else aggregates
+    if frame.is_empty():
+        return {}
+    maxes = [c for c in frame.columns if c.startswith("max_")]
+    sums = [c for c in frame.columns if c not in ("step", "update", "rank", *maxes)]
+    steps = frame.group_by("step").agg(*(pl.col(c).sum() for c in sums), *(pl.col(c).max() for c in maxes))
+    rules = sorted({c[2:-4] for c in frame.columns if c.startswith("n_") and c.endswith(SIGNS_SUFFIXES)})
+    out: dict[int, dict[str, float]] = {}
+    for row in steps.sort("step").iter_rows(named=True):
+        values: dict[str, float] = {}
+        for rule in rules:
+            for sign in SIGNS:
+                n = row[f"n_{rule}_{sign}"]
+                if n:
+                    values[f"blocked/{rule}/{sign}"] = row[f"k_{rule}_{sign}"] / n
+        if row["tokens"]:
+            values["zero_adv_frac"] = row["tokens_zero"] / row["tokens"]
+        pairs = row["pairs"]
+        if pairs:
+            mean_mu, mean_old = row["sum_mu"] / pairs, row["sum_old"] / pairs
+            var_mu = row["sum_mu2"] / pairs - mean_mu**2
+            var_old = row["sum_old2"] / pairs - mean_old**2
+            cov = row["sum_mu_old"] / pairs - mean_mu * mean_old
+            values |= {
+                "mismatch_kl": row["sum_k1"] / pairs,
+                "k3_kl": row["sum_k3"] / pairs,
+                "chi2_token": row["sum_rho2"] / pairs - 1,
+                "prob_diff_mean": row["sum_prob_diff"] / pairs,
+                "prob_diff_max": row["max_prob_diff"],
+            }
+            if var_mu > 0 and var_old > 0:
+                values["prob_pearson"] = cov / math.sqrt(var_mu * var_old)
+        if row["topk_n"]:
+            values |= {
+                "topk_tv_mean": row["sum_topk_tv"] / row["topk_n"],
+                "topk_tv_max": row["max_topk_tv"],
+                "topk_kl_mean": row["sum_topk_kl"] / row["topk_n"],
+            }
+        out[int(row["step"])] = values
+    return out
