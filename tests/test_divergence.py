@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.distributions import Categorical, kl_divergence
 
@@ -523,6 +523,7 @@ def test_binary_kl_reads_rounded_pi_one_as_half_epsilon():
 
 
 @settings(max_examples=60, deadline=None)
+@example(seed=3190, v=2, k=1, spread=4.5, sampled_rank=0)
 @given(
     seed=st.integers(0, 2**31 - 1),
     v=st.integers(2, 40),
@@ -544,9 +545,11 @@ def test_topk_at_least_binary_with_the_sampled_token_forced_in(seed, v, k, sprea
     mu_logp = mu_logp_all.gather(-1, sampled[:, None])[:, 0]
     pi_logp = pi_logp_all.gather(-1, sampled[:, None])[:, 0]
     tv, kl = topk_divergence(pi_logits, ids, mu_logp_all.gather(-1, ids), sampled_ids=sampled, sampled_logp=mu_logp)
-    # equal when S = {a_t} (k = 1): up to the rounding of two formulas
-    assert torch.all(tv >= binary_tv(pi_logp, mu_logp) * (1 - 1e-9) - 1e-12)
-    assert torch.all(kl >= binary_kl(pi_logp, mu_logp) * (1 - 1e-9) - 1e-12)
+    # equal when S = {a_t} (k = 1): up to the rounding of two formulas, which reaches ~2e-9
+    # relative where π(a_t) is within 1e-8 of 1 (1 − π then carries the log-softmax's rounding;
+    # found by hypothesis: seed=3190, v=2, k=1, spread=4.5, sampled_rank=0)
+    assert torch.all(tv >= binary_tv(pi_logp, mu_logp) * (1 - 1e-6) - 1e-12)
+    assert torch.all(kl >= binary_kl(pi_logp, mu_logp) * (1 - 1e-6) - 1e-12)
     # the same as passing the forced set itself (what topk_from_logits records)
     forced_ids, forced_logp = topk_from_logits(mu_logits, sampled, k)
     tv2, kl2 = topk_divergence(pi_logits, forced_ids, forced_logp)

@@ -85,8 +85,9 @@ def test_aggregates_are_the_full_rows_counts_and_sums(runs):
     agg = runs["sampled"].aggregates.collect()
     for rule in RULES:
         for sign, side in (("pos", rows["advantage"] > 0), ("neg", rows["advantage"] < 0)):
-            assert agg[f"n_{rule}_{sign}"].sum() == side.sum()
+            assert agg[f"k_{rule}_{sign}"].null_count() == 0  # every call evaluated every rule
             assert agg[f"k_{rule}_{sign}"].sum() == (rows[f"blocked_{rule}"] & side).sum()
+            assert agg[f"tokens_{sign}"].sum() == side.sum()
     assert agg["tokens_zero"].sum() == (rows["advantage"] == 0).sum()
     mu = rows["mu_logp"].cast(pl.Float64).exp().to_numpy()
     assert agg["mu_decade_0"].sum() == (mu >= 0.1).sum()
@@ -152,3 +153,23 @@ def test_built_in_run_with_keep_rate(tmp_path):
         assert exact[step][name] == pytest.approx(value, rel=1e-9, abs=1e-12), (step, name)
     with pytest.raises(ValueError, match="keep_rate"):
         config_from_preset("quick", keep_rate=0.0)
+
+
+def test_a_rule_a_call_could_not_decide_has_no_count(tmp_path):
+    """Without π_old, π_old-anchored rules (minirl) are not evaluated: null counts, no rate."""
+    g = torch.Generator().manual_seed(1)
+    with TokenRecorder(tmp_path / "run", keep=Keep(rate=0.5)) as rec:
+        mu = -torch.rand(4, 6, generator=g) - 0.05
+        rec.record(
+            0,
+            token_ids=torch.zeros(4, 6, dtype=torch.long),
+            response_mask=torch.ones(4, 6),
+            pi_logp=(mu + 0.2).clamp(max=0),
+            mu_logp=mu,
+            advantages=torch.tensor([1.0, -1.0, 2.0, 0.0]),
+        )
+    agg = load_run(tmp_path / "run").aggregates.collect()
+    assert agg["k_minirl_pos"].null_count() == 1 and agg["k_ppo_pos"].null_count() == 0
+    scalars = per_step_scalars(agg)[0]
+    assert "blocked/ppo/pos" in scalars and "blocked/minirl/pos" not in scalars
+    assert scalars["zero_adv_frac"] == 0.25

@@ -18,8 +18,10 @@ Kept at random (weight 1/rate): each other token with probability `rate`, decide
 
 Aggregate columns (counts are int64, sums float64; "pairs" are tokens with finite μ and π_old):
     tokens, tokens_pos, tokens_neg, tokens_zero       rows by advantage sign
-    n_<rule>_<sign>, k_<rule>_<sign>                  A > 0 / A < 0 tokens where the rule was
-                                                      evaluated, and those it blocks
+    k_<rule>_<sign>                                   A > 0 / A < 0 tokens the rule blocks; null
+                                                      when the call did not evaluate the rule
+                                                      (a rule is evaluated on all of a call's
+                                                      tokens or on none)
     pairs, sum_k1, sum_k3, sum_prob_diff, max_prob_diff, sum_mu, sum_old, sum_mu2, sum_old2,
     sum_mu_old, sum_rho2                              the token-level mismatch sums: k1 = log μ −
                                                       log π_old, k3 = ρ − 1 − log ρ (ρ = π_old/μ),
@@ -70,7 +72,7 @@ class Keep:
 def aggregate_names(rules: list[str] | tuple[str, ...]) -> list[tuple[str, pa.DataType]]:
     """(column, type) of the aggregates table of a run evaluating `rules`, after step and update."""
     out = [(c, pa.int64()) for c in COUNT_BASE]
-    out += [(f"{k}_{r}_{s}", pa.int64()) for r in rules for k in ("n", "k") for s in SIGNS]
+    out += [(f"k_{r}_{s}", pa.int64()) for r in rules for s in SIGNS]
     out += [(c, pa.float64()) for c in (*SUMS, *MAXES, *TOPK_SUMS)]
     out += [(f"mu_decade_{i}", pa.int64()) for i in range(MU_DECADES)]
     return out
@@ -106,10 +108,10 @@ def aggregate_doc(name: str) -> str | None:
     if name.startswith("mu_decade_") and name[10:].isdigit():
         i = int(name[10:])
         return f"tokens with μ in [10^-{i + 1}, 10^-{i})" if i < MU_DECADES - 1 else f"tokens with μ below 10^-{i}"
-    for kind, what in (("n_", "tokens where the rule was evaluated"), ("k_", "tokens the rule blocks")):
-        if name.startswith(kind) and name.endswith(SIGNS_SUFFIXES):
-            rule, sign = name[2:].rsplit("_", 1)
-            return f"A {'>' if sign == 'pos' else '<'} 0 {what}: rule {rule!r}"
+    if name.startswith("k_") and name.endswith(SIGNS_SUFFIXES):
+        rule, sign = name[2:].rsplit("_", 1)
+        side = ">" if sign == "pos" else "<"
+        return f"A {side} 0 tokens rule {rule!r} blocks (null: the rule was not evaluated)"
     return None
 
 
@@ -127,8 +129,7 @@ def aggregate_row(batch, rules: list[str]) -> dict[str, object]:
     for r in rules:
         decided = batch.blocked.get(r)
         for sign, side in (("pos", pos), ("neg", neg)):
-            row[f"n_{r}_{sign}"] = int(side.sum()) if decided is not None else 0
-            row[f"k_{r}_{sign}"] = int((decided & side).sum()) if decided is not None else 0
+            row[f"k_{r}_{sign}"] = int((decided & side).sum()) if decided is not None else None
     mu_logp, old_logp = f.get("mu_logp"), f.get("old_logp")
     if mu_logp is not None and old_logp is not None:
         lm, lo = mu_logp.astype(np.float64), old_logp.astype(np.float64)
@@ -257,10 +258,16 @@ def per_step_scalars(aggregates) -> dict[int, dict[str, float]]:
     frame = aggregates.lazy().collect() if hasattr(aggregates, "lazy") else aggregates
     if frame.is_empty():
         return {}
+    rules = sorted({c[2:-4] for c in frame.columns if c.startswith("k_") and c.endswith(SIGNS_SUFFIXES)})
+    # the tokens each rule decided: the sign's tokens of the calls that evaluated it
+    frame = frame.with_columns(
+        pl.when(pl.col(f"k_{r}_{s}").is_not_null()).then(pl.col(f"tokens_{s}")).otherwise(0).alias(f"n_{r}_{s}")
+        for r in rules
+        for s in SIGNS
+    )
     maxes = [c for c in frame.columns if c.startswith("max_")]
     sums = [c for c in frame.columns if c not in ("step", "update", "rank", *maxes)]
     steps = frame.group_by("step").agg(*(pl.col(c).sum() for c in sums), *(pl.col(c).max() for c in maxes))
-    rules = sorted({c[2:-4] for c in frame.columns if c.startswith("n_") and c.endswith(SIGNS_SUFFIXES)})
     out: dict[int, dict[str, float]] = {}
     for row in steps.sort("step").iter_rows(named=True):
         values: dict[str, float] = {}
