@@ -173,3 +173,22 @@ def test_a_rule_a_call_could_not_decide_has_no_count(tmp_path):
     scalars = per_step_scalars(agg)[0]
     assert "blocked/ppo/pos" in scalars and "blocked/minirl/pos" not in scalars
     assert scalars["zero_adv_frac"] == 0.25
+
+
+def test_sampled_rows_store_no_derivable_columns_and_read_them_back(runs):
+    """ratio, binary_tv and binary_kl are not stored in a sampled run; the reader computes them
+    (float32, the recorder's definition) equal to what the full run stored."""
+    import pyarrow.parquet as pq
+
+    part = next((runs["all"].path / "tokens").glob("rank=0/part-*.parquet"))
+    stored = pq.read_table(part, columns=["ratio", "binary_tv", "binary_kl"])
+    assert all(stored.column(c).null_count == stored.num_rows for c in stored.column_names)
+    keys = ["step", "update", "sample", "pos"]
+    full = runs["full"].tokens.select(*keys, "ratio", "binary_tv", "binary_kl").collect()
+    read = runs["all"].tokens.select(*keys, "ratio", "binary_tv", "binary_kl").collect()
+    both = full.join(read, on=keys, suffix="_read")
+    assert both.height == full.height
+    for c in ("ratio", "binary_tv", "binary_kl"):
+        assert both[f"{c}_read"].dtype == pl.Float32
+        a, b = both[c].to_numpy().astype(np.float64), both[f"{c}_read"].to_numpy().astype(np.float64)
+        assert np.allclose(a, b, rtol=1e-5, atol=1e-7, equal_nan=True), c

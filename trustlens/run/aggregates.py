@@ -182,7 +182,10 @@ def keep_rows(batch, keep: Keep | None, rules: list[str], rank: int):
     if keep is None:
         return batch
     kept, weight = keep_mask(batch, keep, rank)
-    return replace(sampled(batch, kept, weight), aggregates=aggregate_row(batch, rules))
+    rows = sampled(batch, kept, weight)
+    # ratio and the binary divergences follow from the log-probs: the reader computes them
+    floats = {k: None if k in ("ratio", "binary_tv", "binary_kl") else v for k, v in rows.floats.items()}
+    return replace(rows, floats=floats, aggregates=aggregate_row(batch, rules))
 
 
 def keep_mask(batch, keep: Keep, rank: int) -> tuple[np.ndarray, np.ndarray]:

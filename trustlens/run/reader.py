@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
+from trustlens import _logspace
 from trustlens.run.errors import CorruptPartWarning, NoRowsError, NotARunError, RunWarning
 from trustlens.run.manifest import MANIFEST, read_manifest
 from trustlens.run.schema import (
@@ -141,7 +143,37 @@ class Run:
                 at = names.index("step" if table in ("samples", "metrics") else "update") + 1
                 frame = frame.select(*names[:at], pl.lit(rank, pl.Int16).alias(RANK), *names[at:])
             frames.append(frame)
-        return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
+        out = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
+        return _with_derived(out) if table == "tokens" and self.sampled else out
+
+
+# token columns a sampled run does not store: they follow from the log-probabilities
+DERIVED = ("ratio", "binary_tv", "binary_kl")
+
+
+def _with_derived(tokens: pl.LazyFrame) -> pl.LazyFrame:
+    """`tokens` with ratio, binary_tv and binary_kl computed from pi_logp and the anchor (μ, else
+    π_old) as the recorder computes them: float32, by the one definition (trustlens._logspace)."""
+    eps = float(np.finfo(np.float32).eps)
+
+    def derive(both: pl.Series) -> pl.Series:
+        pi = both.struct.field("pi").to_numpy().astype(np.float32)
+        anchor = both.struct.field("anchor").to_numpy().astype(np.float32)
+        with np.errstate(all="ignore"):
+            values = {
+                "ratio": np.exp(pi - anchor),
+                "binary_tv": _logspace.abs_diff_exp(pi, anchor, np),
+                "binary_kl": _logspace.binary_kl(pi, anchor, eps, np),
+            }
+        return pl.DataFrame({k: v.astype(np.float32) for k, v in values.items()}).to_struct("derived")
+
+    kind = pl.Struct({name: pl.Float32 for name in DERIVED})
+    pair = pl.struct(pi=pl.col("pi_logp"), anchor=pl.coalesce("mu_logp", "old_logp"))
+    return (
+        tokens.with_columns(pair.map_batches(derive, return_dtype=kind).alias("_derived"))
+        .with_columns(*(pl.col("_derived").struct.field(name).alias(name) for name in DERIVED))
+        .drop("_derived")
+    )
 
 
 def _scan_files(files: list[Location]) -> pl.LazyFrame:
