@@ -38,7 +38,7 @@ _warming = threading.Lock()  # held while a warmer runs: at most one at a time
 
 def overview(ctx: ui.Context) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """Per-step summary and blocked fractions (filtered), collapse signals and alerts (whole run)."""
-    return (ui.on_tokens(step_summary, ctx), ui.on_tokens(blocked_per_step, ctx), *ui.signals_and_alerts(*ctx.key))
+    return (ui.on_steps(step_summary, ctx), ui.on_steps(blocked_per_step, ctx), *ui.signals_and_alerts(*ctx.key))
 
 
 @st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)
@@ -73,7 +73,7 @@ def mismatch(ctx: ui.Context) -> tuple[str | None, pl.DataFrame | None, pl.DataF
     reason = ui.on_tokens(mismatch_unavailable, ctx)
     if reason is not None:
         return reason, None, None
-    return None, ui.on_tokens(mismatch_per_step, ctx), ui.on_tokens(mismatch_by_bucket, ctx)
+    return None, ui.on_steps(mismatch_per_step, ctx), ui.on_tokens(mismatch_by_bucket, ctx)
 
 
 def _warm(ctx: ui.Context) -> None:

@@ -27,6 +27,7 @@ from trustlens.analysis import tokens as tq
 from trustlens.analysis.buckets import bucket_table
 from trustlens.analysis.clipping import with_rules
 from trustlens.analysis.collapse import detect_collapse, step_signals
+from trustlens.analysis.summary import exact_aggregates
 from trustlens.dashboard import RUNS_ENV
 from trustlens.render import FORMULA_START, escape_markdown, visible_token
 from trustlens.run import MANIFEST, PART_GLOB, NoRowsError, Run, load_run, load_runs
@@ -188,6 +189,7 @@ def _on_tokens(
     anchor: str,
     kwargs: tuple,
     decided: tuple[str, ...] = (),
+    exact: bool = False,
 ):
     module, func = name.rsplit(".", 1)
     fn = getattr(importlib.import_module(module), func)
@@ -197,7 +199,10 @@ def _on_tokens(
         tokens = with_rules(tokens, decided, base=run.rules)
     if query is not None:
         tokens = tq.filter_tokens(tokens, query, anchor=anchor)
-    return fn(tokens, **dict(kwargs))
+    options = dict(kwargs)
+    if exact:
+        options["aggregates"] = exact_aggregates(run, None if query is None else query.steps)
+    return fn(tokens, **options)
 
 
 def on_tokens(fn, ctx: Context, *, filtered: bool = True, decided: tuple[str, ...] = (), **kwargs):
@@ -207,6 +212,16 @@ def on_tokens(fn, ctx: Context, *, filtered: bool = True, decided: tuple[str, ..
     query = ctx.query if filtered and ctx.query != tq.TokenQuery() else None
     name = f"{fn.__module__}.{fn.__qualname__}"
     return _on_tokens(name, *ctx.key, query, ctx.anchor, tuple(sorted(kwargs.items())), tuple(decided))
+
+
+def on_steps(fn, ctx: Context):
+    """`fn(tokens, aggregates=...)` for a per-step analysis taking a sampled run's exact aggregates
+    (step_summary, blocked_per_step, mismatch_per_step), on the filtered token rows: exact for all
+    tokens while the sidebar filters steps only (`Context.exact`), else estimated from the kept
+    rows. A run that recorded every token is exact either way."""
+    query = ctx.query if ctx.query != tq.TokenQuery() else None
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    return _on_tokens(name, *ctx.key, query, ctx.anchor, (), (), ctx.exact)
 
 
 def decidable_rules(ctx: Context) -> list[str]:
@@ -257,6 +272,12 @@ class Context:
         if steps is None:
             raise NoRowsError(f"run {self.path.name} has no token rows yet")
         return steps
+
+    @property
+    def exact(self) -> bool:
+        """Whether per-step numbers of a sampled run come from its exact aggregates: the sidebar
+        filters steps only (a token filter leaves only the kept rows to count)."""
+        return self.run.sampled and replace(self.query, steps=None) == tq.TokenQuery()
 
     @property
     def key(self) -> tuple[str, tuple]:
@@ -419,11 +440,17 @@ def header(title: str, ctx: Context) -> None:
         )
     if ctx.run.sampled:
         keep = ctx.run.manifest.get("keep") or {}
+        numbers = (
+            "The per-step numbers (token counts, block rates, A = 0 share, token-level mismatch) are exact, "
+            "from the run's aggregates of all tokens; token-level views are drawn from the kept rows"
+            if ctx.exact
+            else "With a token filter in the sidebar, every number here is an estimate from the kept rows"
+        )
         st.info(
             f"Sampled run: the token rows are every token that matters (blocked by a rule, μ < "
             f"{number(keep.get('low_mu'))}, non-finite or top divergences) plus a {number(keep.get('rate'))} share "
-            "of the rest, each with its `weight`. The views here are drawn from those kept rows; the exact "
-            "per-step numbers of all tokens are in the run's aggregates (`trustlens export`, docs/run-format.md)."
+            f"of the rest, each with its `weight`. {numbers}, where rates and counts weigh each row by its "
+            "`weight` (docs/run-format.md)."
         )
 
 

@@ -1,7 +1,11 @@
 """Write a large synthetic run (10M token rows by default) for the scale benchmarks and the
 dashboard's scale check.
 
-    python benchmarks/synthetic_run.py [--out DIR] [--tokens N] [--collapse-at STEP]
+    python benchmarks/synthetic_run.py [--out DIR] [--tokens N] [--collapse-at STEP] [--keep-rate R]
+
+With --keep-rate the run is recorded sampled, as `TokenRecorder(keep=Keep(rate=R))` records it:
+every token that matters and an R share of the rest, plus the exact aggregates of all tokens
+(`--tokens 1e9 --keep-rate 0.01` writes the run of benchmarks/out_of_core.py).
 
 Prints the rows written, the time taken, rows/s, the size on disk, the peak resident memory
 of the generator (it streams step by step, so memory does not grow with the run), and what
@@ -19,8 +23,10 @@ import shutil
 import time
 from pathlib import Path
 
+import polars as pl
 import torch
 
+from trustlens import Keep
 from trustlens.run import load_run
 from trustlens.synthetic import DEFAULT_RULES, expected_token_rows, write_synthetic_run
 
@@ -30,7 +36,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "synthetic-10m"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="run directory (replaced if it exists)")
-    parser.add_argument("--tokens", type=int, default=10_000_000, help="approximate token rows")
+    parser.add_argument("--tokens", type=float, default=10_000_000, help="approximate tokens trained (1e9 works)")
     parser.add_argument("--samples-per-step", type=int, default=512)
     parser.add_argument("--seq-len", type=int, default=256, help="longest response; lengths are 50–100%% of it")
     parser.add_argument("--world-size", type=int, default=2)
@@ -38,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         "--collapse-at", type=float, default=0.75, help="collapse from this fraction of the steps on (negative: none)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--keep-rate", type=float, default=None, help="record sampled: Keep(rate=R) (default: every row)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -57,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         collapse_at=collapse_at,
         seed=args.seed,
         progress=True,
+        keep=None if args.keep_rate is None else Keep(rate=args.keep_rate, seed=args.seed),
     )
     seconds = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -68,11 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     rows = run.tokens.collect().height
     read_seconds = time.perf_counter() - t
+    trained = int(run.aggregates.select(pl.col("tokens").sum()).collect().item()) if run.sampled else rows
     size = sum(f.stat().st_size for f in args.out.rglob("*.parquet"))
+    token_size = sum(
+        f.stat().st_size for table in ("tokens", "aggregates") for f in (args.out / table).rglob("*.parquet")
+    )
     print(f"run:        {args.out}")
-    print(f"token rows: {rows:,} over {steps} steps ({args.world_size} ranks, collapse at {collapse_at})")
-    print(f"time:       {seconds:.1f} s ({rows / seconds:,.0f} rows/s)")
-    print(f"on disk:    {size / 2**20:.0f} MiB ({size / rows:.1f} bytes/row)")
+    print(f"tokens:     {trained:,} trained over {steps} steps ({args.world_size} ranks, collapse at {collapse_at})")
+    print(f"token rows: {rows:,} ({rows / trained:.2%} of the tokens)")
+    print(f"time:       {seconds:.1f} s ({trained / seconds:,.0f} tokens/s)")
+    print(
+        f"on disk:    {size / 2**20:,.0f} MiB; token rows + aggregates {token_size / 2**20:,.0f} MiB "
+        f"({token_size / trained:.2f} bytes per trained token)"
+    )
     print(f"peak RSS:   {peak_mb:.0f} MiB (writing)")
     print(
         f"load_run:   first (verifies every part's page checksums) {load_seconds[0]:.2f} s; again in this "

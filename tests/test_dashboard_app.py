@@ -469,3 +469,6 @@ def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
         assert not at.error, [e.value for e in at.error]
         if page != "views/compare.py":
             assert any("Sampled run" in i.value and "0.1 share" in i.value for i in at.info), page
+            assert any("are exact, from the run's aggregates" in i.value for i in at.info), page
+        if page == "views/overview.py":  # every token of the run, not the kept rows
+            assert next(m for m in at.metric if m.label == "Tokens").value == f"{4 * 8 * 12:,}"

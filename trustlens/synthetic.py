@@ -21,17 +21,20 @@ needs only a few steps of rows in memory.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trustlens.run import RANK, STATUSES, blocked_column, table_schema, token_columns
+from trustlens.run import RANK, STATUSES, table_schema, token_columns
+from trustlens.run.aggregates import Keep, keep_rows
 from trustlens.run.manifest import new_manifest
-from trustlens.run.writer import Location, RankWriter
+from trustlens.run.writer import Location, RankWriter, TokenBatch
 
 DEFAULT_RULES: tuple[str, ...] = (
     "ppo",
@@ -259,9 +262,13 @@ def _write_ranks(
     manifest: dict,
     rows_per_part: int,
     status: str,
+    keep: Keep | None = None,
+    tokenizer: Any | None = None,
 ) -> Location:
-    """Write `tables` (an iterable of {table: rows with a `rank` column}) through one
-    `RankWriter` per rank; rank 0 holds `manifest`. Ends the run with `status`."""
+    """Write `tables` (an iterable of {table: rows with a `rank` column}, or "batches": a list of
+    (rank, TokenBatch) for the token rows, kept under `keep` and decoded with `tokenizer` as the
+    recorder does) through one `RankWriter` per rank; rank 0 holds `manifest`. Ends the run with
+    `status`."""
     writers = [
         RankWriter(
             path,
@@ -270,12 +277,19 @@ def _write_ranks(
             rules=rules,
             manifest=manifest if rank == 0 else None,
             rows_per_file=rows_per_part,
+            tokenizer=tokenizer,
         )
         for rank in range(world_size)
     ]
     try:
         for step_tables in tables:
             for kind, table in step_tables.items():
+                if kind == "batches":  # [(rank, TokenBatch)]: written as the recorder writes them
+                    for rank, batch in table:
+                        rows = batch if keep is None else keep_rows(batch, keep, rules, rank)
+                        for name, part in writers[rank].token_batches(rows):
+                            writers[rank].append(name, part)
+                    continue
                 ranks = table[RANK].to_numpy()
                 if np.any(ranks[1:] < ranks[:-1]):  # generated tables are rank-major already
                     table = table.take(pc.sort_indices(table, [(RANK, "ascending")]))
@@ -396,6 +410,7 @@ def write_synthetic_run(
     status: str = "finished",
     rows_per_part: int = 1_000_000,
     progress: bool = False,
+    keep: Keep | None = None,
 ) -> Location:
     """Write a synthetic run to `path` (created; must not hold a run already) and return it.
 
@@ -412,6 +427,9 @@ def write_synthetic_run(
     vocab: token texts by id, most frequent first (HOSTILE_VOCAB tests untrusted text).
     status: the manifest status (`running` imitates a run still being written).
     rows_per_part: token rows per part file and rank.
+    progress: show a progress bar over the steps.
+    keep: record a sample of the token rows and the exact aggregates of all, as
+        `TokenRecorder(keep=...)` does (trustlens.run.aggregates); None keeps every row.
     """
     shape = _Shape(steps, samples_per_step, seq_len, group_size, updates, world_size)
     _check_shape(shape)
@@ -456,6 +474,10 @@ def write_synthetic_run(
             if not present
         ],
     )
+    if keep is not None:
+        if not isinstance(keep, Keep):
+            raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
+        manifest["keep"] = dataclasses.asdict(keep)
     gen = _Generator(shape, np.random.default_rng(seed), list(vocab), rules, collapse_at, with_mu, with_old, with_topk)
     step_iter: Iterable[int] = range(steps)
     if progress:
@@ -470,7 +492,19 @@ def write_synthetic_run(
         manifest=manifest,
         rows_per_part=rows_per_part,
         status=status,
+        keep=keep,
+        tokenizer=_Vocab(vocab),
     )
+
+
+class _Vocab:
+    """Decodes a synthetic run's token ids: id i is `vocab[i]` (a tokenizer for the run writer)."""
+
+    def __init__(self, vocab: Sequence[str]) -> None:
+        self.vocab = list(vocab)
+
+    def batch_decode(self, ids: list[list[int]]) -> list[str]:
+        return [self.vocab[i[0]] for i in ids]
 
 
 class _Generator:
@@ -548,18 +582,10 @@ class _Generator:
             topk_kl if self.with_topk else None,
         )
 
-        def col(x: np.ndarray, present: bool = True) -> pa.Array:
-            return pa.array(x.astype(np.float32)) if present else pa.nulls(total, pa.float32())
+        def col(x: np.ndarray, present: bool = True) -> np.ndarray | None:
+            return x.astype(np.float32) if present else None
 
-        tokens = {
-            "step": pa.array(np.full(total, step, np.int32)),
-            "update": pa.array(updates[owner]),
-            "rank": pa.array(ranks[owner]),
-            "sample": pa.array(sample_ids[owner]),
-            "group": pa.array(groups[owner]),
-            "pos": pa.array(pos),
-            "token_id": pa.array(token_ids),
-            "token": pa.DictionaryArray.from_arrays(pa.array(token_ids), self.vocab_arrow),
+        floats = {
             "mu_logp": col(mu_logp, self.with_mu),
             "old_logp": col(old_logp, self.with_old),
             "pi_logp": col(pi_logp),
@@ -571,8 +597,21 @@ class _Generator:
             "entropy": col(entropy),
             "advantage": col(adv),
         }
-        for rule, mask in blocked.items():
-            tokens[blocked_column(rule)] = pa.nulls(total, pa.bool_()) if mask is None else pa.array(mask)
+        # one TokenBatch per (rank, update), as each rank's recorder sees one record call per update
+        batches = []
+        for key in np.unique(ranks.astype(np.int64) * s.updates + updates):
+            rows = np.flatnonzero((ranks[owner].astype(np.int64) * s.updates + updates[owner]) == key)
+            batch = TokenBatch(
+                step=step,
+                update=int(key % s.updates),
+                sample=sample_ids[owner[rows]],
+                group=groups[owner[rows]],
+                pos=pos[rows],
+                token_id=token_ids[rows],
+                floats={k: None if v is None else v[rows] for k, v in floats.items()},
+                blocked={r: None if m is None else m[rows] for r, m in blocked.items()},
+            )
+            batches.append((int(key // s.updates), batch))
 
         text = self.vocab[token_ids]
         responses = ["".join(text[a : a + m]) for a, m in zip(starts, lengths, strict=True)]
@@ -588,7 +627,7 @@ class _Generator:
             "length": pa.array(lengths),
         }
         metrics = self._metrics(step, c, ranks, owner, rewards, entropy, lengths, blocked)
-        return {"tokens": pa.table(tokens), "samples": pa.table(samples), "metrics": metrics}
+        return {"batches": batches, "samples": pa.table(samples), "metrics": metrics}
 
     def _metrics(
         self,

@@ -22,8 +22,13 @@ critical = alerts.filter(alerts["severity"] == "critical").height
 
 cols = st.columns(7)
 cols[0].metric("Steps", f"{summary.height}", help=f"steps {summary['step'][0]}–{last['step']} in the filters")
-cols[1].metric("Token rows", f"{int(summary['tokens'].sum()):,}")
-cols[2].metric("Samples", f"{int(summary['samples'].sum()):,}")
+cols[1].metric(
+    "Tokens",
+    f"{int(summary['tokens'].sum()):,}",
+    help="tokens in the filters (a sampled run: exact from its aggregates while only steps are filtered, "
+    "else Σ weight of the kept rows)",
+)
+cols[2].metric("Samples", f"{int(summary['samples'].sum()):,}", help="distinct samples among the token rows")
 if active is not None:
     frac = last.get(f"blocked_{active}")
     cols[3].metric(

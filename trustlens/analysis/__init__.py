@@ -9,7 +9,12 @@ Modules, each documenting its return columns:
     collapse   per-step signals, collapse alerts with the tokens and samples behind them, and
                the collapse itself (collapse_onset)
     seeds      per-run outcomes and their mean ± standard error over seeds (trustlens compare)
-    summary    the per-step summary of a run (the dashboard's overview table)
+    summary    the per-step summary of a run (the dashboard's overview table); a sampled run's
+               exact aggregates (exact_aggregates) for the `aggregates` argument
+
+A sampled run (recorded with `Keep`): queries on its token rows count each row with its sampling
+weight, so rates and means estimate those of all tokens; `step_summary`, `blocked_per_step` and
+`mismatch_per_step` take `aggregates=` for the exact per-step numbers of all tokens.
     tokens     token-inspector filters and one sample's tokens
     buckets    log-spaced probability buckets and shared helpers
 
@@ -39,7 +44,7 @@ from trustlens.analysis.mismatch import (
     mismatch_unavailable,
 )
 from trustlens.analysis.seeds import run_outcomes, seed_table
-from trustlens.analysis.summary import step_summary
+from trustlens.analysis.summary import exact_aggregates, step_summary
 
 __all__ = [
     "MISMATCH_COLUMNS",
@@ -53,6 +58,7 @@ __all__ = [
     "collapse_onset",
     "confusion_matrix",
     "detect_collapse",
+    "exact_aggregates",
     "figure1_density",
     "mismatch_by_bucket",
     "mismatch_per_step",

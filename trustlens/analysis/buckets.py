@@ -84,29 +84,66 @@ def nonzero_advantage() -> pl.Expr:
     return pl.col("advantage").is_null() | (pl.col("advantage") != 0)
 
 
-def zero_advantage_frac() -> pl.Expr:
-    """The share of rows with A = 0 (of rows with a known advantage), as `zero_adv_frac`."""
+def row_weight() -> pl.Expr:
+    """Each row's sampling weight (Float64): `weight` of a run recorded with `Keep`, 1 for a row
+    of a full run (null weight). Σ weight estimates the number of tokens the rows stand for."""
+    return pl.col("weight").cast(pl.Float64).fill_null(1.0)
+
+
+def weighted(tokens: pl.LazyFrame) -> bool:
+    """Whether the token table carries sampling weights (a `weight` column, schema ≥ 2)."""
+    return "weight" in tokens.collect_schema().names()
+
+
+def weighted_count(keep: pl.Expr | None = None) -> pl.Expr:
+    """Σ weight of the rows where `keep` holds (None: all rows): the number of tokens they stand
+    for."""
+    return row_weight().sum() if keep is None else row_weight().filter(keep).sum()
+
+
+def weighted_mean(x: pl.Expr, where: pl.Expr | None = None, *, weights: bool = True) -> pl.Expr:
+    """Σ w·x / Σ w over the rows where `where` holds (None: all) and x is not null: the mean of x
+    over the tokens the rows stand for (the plain mean without `weights`); null without rows."""
+    x = x.cast(pl.Float64)
+    w = row_weight() if weights else pl.lit(1.0, pl.Float64)
+    if where is not None:
+        x, w = x.filter(where), w.filter(where)
+    if not weights:
+        return x.mean()
+    total = w.filter(x.is_not_null()).sum()
+    return pl.when(total > 0).then((x * w).sum() / total)
+
+
+def zero_advantage_frac(*, weights: bool = False) -> pl.Expr:
+    """The share of tokens with A = 0 (of those with a known advantage), as `zero_adv_frac`;
+    with `weights`, each row counts its sampling weight."""
     adv = pl.col("advantage")
-    return ((adv == 0).sum() / adv.count()).cast(pl.Float64).alias("zero_adv_frac")
+    return weighted_mean(adv == 0, weights=weights).alias("zero_adv_frac")
 
 
-def blocked_aggs(rules: list[str], *, with_zero: bool = False) -> list[pl.Expr]:
+def blocked_aggs(rules: list[str], *, with_zero: bool = False, weights: bool = False) -> list[pl.Expr]:
     """Per rule: `n_<rule>` (A ≠ 0 rows where the rule was evaluated) and `k_<rule>` (rows it
-    blocks). With `with_zero`, A = 0 rows count in `n_` too (for a table split by sign)."""
+    blocks). With `with_zero`, A = 0 rows count in `n_` too (for a table split by sign). With
+    `weights`, each row counts its sampling weight (estimated token counts, Float64)."""
     out: list[pl.Expr] = []
     for r in rules:
         col = pl.col(blocked_column(r))
-        if not with_zero:
-            col = col.filter(nonzero_advantage())
-        out += [col.count().alias(f"n_{r}"), col.cast(pl.Int64).sum().alias(f"k_{r}")]
+        keep = col.is_not_null() if with_zero else col.is_not_null() & nonzero_advantage()
+        if weights:
+            n = weighted_count(keep)
+            k = weighted_count(keep & col)
+        else:
+            n = col.filter(keep).count()
+            k = col.filter(keep).cast(pl.Int64).sum()
+        out += [n.alias(f"n_{r}"), k.alias(f"k_{r}")]
     return out
 
 
-def blocked_rate(rule: str) -> pl.Expr:
-    """The fraction of A ≠ 0 rows (where `rule` was evaluated) that `rule` blocks, as
-    blocked_<rule>; null when there is none."""
-    col = pl.col(blocked_column(rule)).filter(nonzero_advantage())
-    return col.mean().cast(pl.Float64).alias(blocked_column(rule))
+def blocked_rate(rule: str, *, weights: bool = False) -> pl.Expr:
+    """The fraction of A ≠ 0 tokens (where `rule` was evaluated) that `rule` blocks, as
+    blocked_<rule>; null when there is none. With `weights`, rows count their sampling weight."""
+    col = pl.col(blocked_column(rule))
+    return weighted_mean(col, nonzero_advantage(), weights=weights).alias(blocked_column(rule))
 
 
 def long_by_rule(wide: pl.DataFrame, keys: list[str], rules: list[str]) -> pl.DataFrame:
@@ -116,8 +153,8 @@ def long_by_rule(wide: pl.DataFrame, keys: list[str], rules: list[str]) -> pl.Da
         wide.select(
             *keys,
             pl.lit(r).alias("rule"),
-            pl.col(f"n_{r}").cast(pl.Int64).alias("count"),
-            pl.col(f"k_{r}").fill_null(0).cast(pl.Int64).alias("blocked"),
+            pl.col(f"n_{r}").round().cast(pl.Int64).alias("count"),
+            pl.col(f"k_{r}").fill_null(0).round().cast(pl.Int64).alias("blocked"),
         )
         for r in rules
     ]
@@ -150,6 +187,10 @@ __all__ = [
     "collect",
     "long_by_rule",
     "nonzero_advantage",
+    "row_weight",
     "rules_of",
+    "weighted",
+    "weighted_count",
+    "weighted_mean",
     "zero_advantage_frac",
 ]

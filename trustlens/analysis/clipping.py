@@ -33,9 +33,12 @@ from trustlens.analysis.buckets import (
     collect,
     long_by_rule,
     nonzero_advantage,
+    weighted,
+    weighted_count,
 )
 from trustlens.analysis.tokens import ADVANTAGE_SIGNS
 from trustlens.run import blocked_column
+from trustlens.run.aggregates import step_aggregates
 
 Rules = str | Sequence[str] | None
 
@@ -74,10 +77,19 @@ def with_rules(
     return tokens.with_columns(added) if added else tokens
 
 
-def blocked_per_step(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
-    """Per step and rule: step, rule, count, blocked, blocked_frac; sorted by step, rule order."""
+def blocked_per_step(
+    tokens: pl.LazyFrame, rules: Rules = None, *, aggregates: pl.LazyFrame | None = None
+) -> pl.DataFrame:
+    """Per step and rule: step, rule, count, blocked, blocked_frac; sorted by step, rule order.
+
+    aggregates: the exact aggregates of all tokens (`Run.aggregates` of a sampled run, limited to
+        the steps wanted): counts from them, not from the kept rows. Otherwise a sampled run's
+        rows count with their weights (estimates)."""
     rules = checked_rules(tokens, rules)
-    wide = collect(tokens.group_by("step").agg(blocked_aggs(rules)).sort("step"))
+    if aggregates is not None:
+        wide = step_aggregates(aggregates)
+    else:
+        wide = collect(tokens.group_by("step").agg(blocked_aggs(rules, weights=weighted(tokens))).sort("step"))
     return long_by_rule(wide, ["step"], rules).sort("step", maintain_order=True)
 
 
@@ -93,7 +105,7 @@ def blocked_by_token(tokens: pl.LazyFrame, rules: Rules = None, *, top: int = 20
     # grouping on the (categorical) column itself is ~5× faster than on its text; two categories
     # with one text (parts written with different dictionaries) are summed after the cast
     sums = [pl.col(c).sum() for r in rules for c in (f"n_{r}", f"k_{r}")]
-    wide = collect(tokens.group_by("token").agg(blocked_aggs(rules)))
+    wide = collect(tokens.group_by("token").agg(blocked_aggs(rules, weights=weighted(tokens))))
     wide = wide.with_columns(pl.col("token").cast(pl.String)).group_by("token").agg(sums)
     long = long_by_rule(wide, ["token"], rules)
     order = pl.col("rule").replace_strict({r: i for i, r in enumerate(rules)}, return_dtype=pl.Int32)
@@ -119,7 +131,7 @@ def blocked_by_bucket(
     wide = collect(
         tokens.filter(pl.col(anchor).is_not_null())
         .group_by(bucket_expr(anchor, min_p, per_decade).alias("bucket"))
-        .agg(blocked_aggs(rules))
+        .agg(blocked_aggs(rules, weights=weighted(tokens)))
     )
     wide = bucket_table(min_p, per_decade).join(wide, on="bucket", how="left", maintain_order="left")
     wide = wide.with_columns(pl.col(f"n_{r}").fill_null(0) for r in rules)
@@ -143,7 +155,9 @@ def blocked_by_advantage_sign(tokens: pl.LazyFrame, rules: Rules = None) -> pl.D
     adv = pl.col("advantage")
     sign = pl.when(adv > 0).then(pl.lit("pos")).when(adv < 0).then(pl.lit("neg")).otherwise(pl.lit("zero"))
     wide = collect(
-        tokens.filter(adv.is_not_null()).group_by(sign.alias("sign")).agg(blocked_aggs(rules, with_zero=True))
+        tokens.filter(adv.is_not_null())
+        .group_by(sign.alias("sign"))
+        .agg(blocked_aggs(rules, with_zero=True, weights=weighted(tokens)))
     )
     signs = pl.DataFrame({"sign": list(ADVANTAGE_SIGNS)})
     wide = signs.join(wide, on="sign", how="left", maintain_order="left")
@@ -157,17 +171,18 @@ def rule_confusion(tokens: pl.LazyFrame, rule_a: str, rule_b: str, *, per_step: 
     Columns: [step,] count (A ≠ 0 rows where both rules were evaluated), both, only_a (blocked by
     `rule_a`, not by `rule_b`), only_b, neither, only_a_frac, only_b_frac (of count), agreement
     ((both + neither) / count). A = 0 tokens are left out: no rule blocks them, so counting them
-    would inflate the agreement.
+    would inflate the agreement. A sampled run's rows count with their weights (estimates).
     """
     checked_rules(tokens, [rule_a, rule_b])
+    count = _counter(tokens)
     tokens = tokens.filter(nonzero_advantage())
     a, b = pl.col(blocked_column(rule_a)), pl.col(blocked_column(rule_b))
     aggs = [
-        pl.len().alias("count"),
-        (a & b).sum().cast(pl.Int64).alias("both"),
-        (a & ~b).sum().cast(pl.Int64).alias("only_a"),
-        (~a & b).sum().cast(pl.Int64).alias("only_b"),
-        (~a & ~b).sum().cast(pl.Int64).alias("neither"),
+        count(None).alias("count"),
+        count(a & b).alias("both"),
+        count(a & ~b).alias("only_a"),
+        count(~a & b).alias("only_b"),
+        count(~a & ~b).alias("neither"),
     ]
     lf = tokens.filter(a.is_not_null() & b.is_not_null())
     df = collect(lf.group_by("step").agg(aggs).sort("step") if per_step else lf.select(aggs))
@@ -182,18 +197,19 @@ def rule_confusion(tokens: pl.LazyFrame, rule_a: str, rule_b: str, *, per_step: 
 def confusion_matrix(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
     """For every ordered pair of rules: rule_a, rule_b, count, only_a, only_a_frac — the tokens
     `rule_a` blocks and `rule_b` lets through (rule_a == rule_b gives 0), among the A ≠ 0 tokens
-    where both were evaluated. One pass over the table.
+    where both were evaluated (a sampled run's rows count with their weights). One pass over the
+    table.
     """
     rules = checked_rules(tokens, rules)
+    count = _counter(tokens)
     tokens = tokens.filter(nonzero_advantage())
     aggs = []
     for ra in rules:
         for rb in rules:
             a, b = pl.col(blocked_column(ra)), pl.col(blocked_column(rb))
-            both_known = a.is_not_null() & b.is_not_null()
             aggs += [
-                both_known.sum().cast(pl.Int64).alias(f"n|{ra}|{rb}"),
-                (a & ~b).fill_null(False).sum().cast(pl.Int64).alias(f"k|{ra}|{rb}"),
+                count(a.is_not_null() & b.is_not_null()).alias(f"n|{ra}|{rb}"),
+                count((a & ~b).fill_null(False)).alias(f"k|{ra}|{rb}"),
             ]
     row = collect(tokens.select(aggs)).row(0, named=True) if aggs else {}
     records = [
@@ -203,6 +219,14 @@ def confusion_matrix(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
     ]
     df = pl.DataFrame(records, schema={"rule_a": pl.String, "rule_b": pl.String, "count": pl.Int64, "only_a": pl.Int64})
     return df.with_columns(pl.when(pl.col("count") > 0).then(pl.col("only_a") / pl.col("count")).alias("only_a_frac"))
+
+
+def _counter(tokens: pl.LazyFrame):
+    """count(cond) → Int64 number of tokens where `cond` holds (None: every row): rows, or for a
+    table with sampling weights Σ weight rounded (the tokens the rows stand for)."""
+    if weighted(tokens):
+        return lambda cond: weighted_count(cond).round().cast(pl.Int64)
+    return lambda cond: (pl.len() if cond is None else cond.sum()).cast(pl.Int64)
 
 
 # ---------------------------------------------------------------- Figure 1 of the DPPO paper

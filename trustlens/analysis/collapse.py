@@ -54,8 +54,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import polars as pl
 
-from trustlens.analysis.buckets import blocked_rate, checked_rules, collect
+from trustlens.analysis.buckets import checked_rules, collect
 from trustlens.analysis.mismatch import mismatch_per_step
+from trustlens.analysis.summary import exact_aggregates, step_summary
 from trustlens.run import blocked_column
 
 ALERT_KINDS = (
@@ -148,16 +149,15 @@ def _metric_per_step(metrics: pl.LazyFrame, name: str) -> pl.LazyFrame:
 def step_signals(run) -> pl.DataFrame:
     """One row per step (see the module docstring): step, entropy, k3_kl, prob_diff_mean, reward,
     grad_norm, blocked_<rule>…; null where a run lacks the source. `run` has .tokens, .samples
-    and .metrics LazyFrames (a `trustlens.run.Run`)."""
+    and .metrics LazyFrames (a `trustlens.run.Run`); a sampled run's block rates and mismatch
+    come from its exact aggregates."""
     tokens = run.tokens
     rules = checked_rules(tokens, None)
-    per_step = collect(
-        tokens.group_by("step").agg(
-            pl.col("entropy").mean().cast(pl.Float64).alias("entropy"),
-            *(blocked_rate(r) for r in rules),
-        )
+    aggregates = exact_aggregates(run)
+    per_step = step_summary(tokens, aggregates=aggregates).select(
+        "step", "entropy", *(blocked_column(r) for r in rules)
     )
-    mm = mismatch_per_step(tokens).select("step", "k3_kl", "prob_diff_mean")
+    mm = mismatch_per_step(tokens, aggregates=aggregates).select("step", "k3_kl", "prob_diff_mean")
     reward = collect(run.samples.group_by("step").agg(pl.col("reward").mean().cast(pl.Float64)))
     grad = collect(_metric_per_step(run.metrics, "grad_norm"))
     out = per_step

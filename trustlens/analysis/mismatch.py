@@ -36,8 +36,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from trustlens.analysis.buckets import MIN_P, PER_DECADE, bucket_expr, bucket_table, collect
+from trustlens.analysis.buckets import MIN_P, PER_DECADE, bucket_expr, bucket_table, collect, row_weight, weighted
 from trustlens.metrics import MISMATCH_METRICS, describe
+from trustlens.run.aggregates import mismatch_stats, step_aggregates
 
 # log ρ (chi2_token) and Σ_t log ρ_t (chi2_seq) are clamped to ±this before exponentiating
 # (verl's SAFETY_BOUND); no other statistic is clamped.
@@ -57,7 +58,8 @@ def _trainer_logp() -> pl.Expr:
 
 
 def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
-    """Rows with both μ and π_old, with the per-token terms every statistic sums."""
+    """Rows with both μ and π_old, with their sampling weight `w` (1 in a full run) and the
+    per-token terms every statistic sums."""
     log_rho = pl.col("old") - pl.col("mu")
     lr = log_rho.clip(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     return (
@@ -67,6 +69,7 @@ def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
             "sample",
             pl.col("mu_logp").cast(pl.Float64).alias("mu"),
             _trainer_logp().cast(pl.Float64).alias("old"),
+            (row_weight() if weighted(tokens) else pl.lit(1.0, pl.Float64)).alias("w"),
         )
         .filter(pl.col("mu").is_not_null() & pl.col("old").is_not_null())
         .with_columns(
@@ -79,20 +82,22 @@ def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-# Sums that every statistic is a function of; summing them per sequence first and then per step
-# (or bucket) reads the table once.
+# Weighted sums that every statistic is a function of (weights: 1 in a full run, the sampling
+# weights in a sampled one); summing them per sequence first and then per step (or bucket) reads
+# the table once.
+_W = pl.col("w")
 _SUMS = {
-    "n": pl.len(),
-    "s_k1": -pl.col("log_rho").sum(),
-    "s_k3": (pl.col("rho") - 1 - pl.col("log_rho")).sum(),
-    "s_rho2": (pl.col("rho_safe") * pl.col("rho_safe")).sum(),
-    "s_dp": (pl.col("y") - pl.col("x")).abs().sum(),
+    "n": _W.sum(),
+    "s_k1": (-pl.col("log_rho") * _W).sum(),
+    "s_k3": ((pl.col("rho") - 1 - pl.col("log_rho")) * _W).sum(),
+    "s_rho2": (pl.col("rho_safe") * pl.col("rho_safe") * _W).sum(),
+    "s_dp": ((pl.col("y") - pl.col("x")).abs() * _W).sum(),
     "m_dp": (pl.col("y") - pl.col("x")).abs().max(),
-    "s_x": pl.col("x").sum(),
-    "s_y": pl.col("y").sum(),
-    "s_xx": (pl.col("x") * pl.col("x")).sum(),
-    "s_yy": (pl.col("y") * pl.col("y")).sum(),
-    "s_xy": (pl.col("x") * pl.col("y")).sum(),
+    "s_x": (pl.col("x") * _W).sum(),
+    "s_y": (pl.col("y") * _W).sum(),
+    "s_xx": (pl.col("x") * pl.col("x") * _W).sum(),
+    "s_yy": (pl.col("y") * pl.col("y") * _W).sum(),
+    "s_xy": (pl.col("x") * pl.col("y") * _W).sum(),
 }
 
 
@@ -109,7 +114,7 @@ def _token_stats() -> list[pl.Expr]:
     var_y = mean["s_yy"] - mean["s_y"] * mean["s_y"]
     pearson = pl.when((n > 1) & (var_x > 0) & (var_y > 0)).then(cov / (var_x * var_y).sqrt())
     return [
-        n.cast(pl.Int64).alias("tokens"),
+        n.round().cast(pl.Int64).alias("tokens"),
         mean["s_k1"].alias("mismatch_kl"),
         mean["s_k3"].alias("k3_kl"),
         (mean["s_rho2"] - 1).alias("chi2_token"),
@@ -149,11 +154,16 @@ def mismatch_unavailable(tokens: pl.LazyFrame) -> str | None:
     return None
 
 
-def mismatch_per_step(tokens: pl.LazyFrame) -> pl.DataFrame:
+def mismatch_per_step(tokens: pl.LazyFrame, *, aggregates: pl.LazyFrame | None = None) -> pl.DataFrame:
     """Per step: step, tokens and the `trustlens.metrics.MISMATCH_METRICS` (mismatch_kl, k3_kl,
     log_ppl_diff, log_ppl_abs_diff, chi2_token, chi2_seq, prob_diff_mean, prob_diff_max,
     prob_pearson; see the module docstring); sorted by step, only steps with both μ and π_old.
-    Empty (same columns) when `mismatch_unavailable` gives a reason."""
+    Empty (same columns) when `mismatch_unavailable` gives a reason.
+
+    A sampled run's rows count with their sampling weights (estimates; a sequence-level metric
+    of a sampled run is an estimate from its kept tokens). aggregates: the exact aggregates of
+    all tokens (`Run.aggregates`, limited to the same steps): tokens and the token-level metrics
+    of steps whose aggregates hold μ–π_old pairs come from them."""
     out_cols = MISMATCH_METRICS
     schema = _schema({"step": pl.Int32()}, out_cols)
     if "mu_logp" not in tokens.collect_schema().names():
@@ -173,9 +183,17 @@ def mismatch_per_step(tokens: pl.LazyFrame) -> pl.DataFrame:
         )
         .sort("step")
     )
-    return df.select(
+    df = df.select(
         pl.col("step").cast(pl.Int32), pl.col("tokens").cast(pl.Int64), *(pl.col(c).cast(pl.Float64) for c in out_cols)
     )
+    if aggregates is None:
+        return df
+    steps = step_aggregates(aggregates).filter(pl.col("pairs") > 0)
+    exact = mismatch_stats(steps).select(
+        pl.col("step").cast(pl.Int32), *(pl.col(c).cast(pl.Float64) for c in _TOKEN_LEVEL)
+    )
+    exact = exact.with_columns(steps["pairs"].cast(pl.Int64).alias("tokens"))
+    return df.update(exact, on="step", how="left")
 
 
 def mismatch_by_bucket(tokens: pl.LazyFrame, *, min_p: float = MIN_P, per_decade: int = PER_DECADE) -> pl.DataFrame:

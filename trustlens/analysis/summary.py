@@ -2,8 +2,9 @@
 
 Columns:
     step            training step
-    tokens          token rows of the step
-    samples         distinct samples
+    tokens          tokens of the step (a sampled run: the exact count from its aggregates, else
+                    Σ weight of the kept rows, an estimate)
+    samples         distinct samples among the rows
     mean_advantage  mean token advantage
     entropy         mean entropy of π, nats
     ratio_mean      mean π/μ
@@ -13,39 +14,78 @@ Columns:
     zero_adv_frac   share of the step's tokens with A = 0 (no gradient, never blocked)
     blocked_<rule>  fraction of the step's A ≠ 0 tokens (where the rule was evaluated) the rule
                     blocks, per rule
+
+A sampled run (recorded with `Keep`): means count each kept row with its sampling weight
+(estimates of the means over all tokens); maxima are over the kept rows (which hold every token
+of top divergence); with `aggregates`, tokens, zero_adv_frac and blocked_<rule> are exact.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from trustlens.analysis.buckets import blocked_rate, checked_rules, collect, zero_advantage_frac
+from trustlens.analysis.buckets import (
+    blocked_rate,
+    checked_rules,
+    collect,
+    weighted,
+    weighted_count,
+    weighted_mean,
+    zero_advantage_frac,
+)
+from trustlens.run.aggregates import step_aggregates
+
+
+def exact_aggregates(run, steps: tuple[int, int] | None = None) -> pl.LazyFrame | None:
+    """The exact aggregates of all tokens of a sampled `run` (`Run.aggregates`), limited to steps
+    in [lo, hi] when `steps` is given, for the `aggregates` argument of the analyses; None for a
+    run that recorded every token (its rows are exact already)."""
+    if not getattr(run, "sampled", False):
+        return None
+    if steps is None:
+        return run.aggregates
+    return run.aggregates.filter(pl.col("step").is_between(*steps))
 
 
 def step_summary_query(tokens: pl.LazyFrame) -> pl.LazyFrame:
-    """The lazy query behind `step_summary` (for composing with other queries)."""
+    """The lazy query behind `step_summary` on the token rows alone (for composing with other
+    queries)."""
     rules = checked_rules(tokens, None)
+    w = weighted(tokens)
     return (
         tokens.group_by("step")
         .agg(
-            pl.len().cast(pl.Int64).alias("tokens"),
+            (weighted_count().round() if w else pl.len()).cast(pl.Int64).alias("tokens"),
             pl.col("sample").n_unique().cast(pl.Int64).alias("samples"),
-            pl.col("advantage").mean().cast(pl.Float64).alias("mean_advantage"),
-            pl.col("entropy").mean().cast(pl.Float64).alias("entropy"),
-            pl.col("ratio").mean().cast(pl.Float64).alias("ratio_mean"),
+            weighted_mean(pl.col("advantage"), weights=w).alias("mean_advantage"),
+            weighted_mean(pl.col("entropy"), weights=w).alias("entropy"),
+            weighted_mean(pl.col("ratio"), weights=w).alias("ratio_mean"),
             pl.col("ratio").max().cast(pl.Float64).alias("ratio_max"),
-            pl.col("binary_tv").mean().cast(pl.Float64).alias("binary_tv_mean"),
+            weighted_mean(pl.col("binary_tv"), weights=w).alias("binary_tv_mean"),
             pl.col("binary_tv").max().cast(pl.Float64).alias("binary_tv_max"),
-            zero_advantage_frac(),
-            *(blocked_rate(r) for r in rules),
+            zero_advantage_frac(weights=w),
+            *(blocked_rate(r, weights=w) for r in rules),
         )
         .sort("step")
     )
 
 
-def step_summary(tokens: pl.LazyFrame) -> pl.DataFrame:
-    """One row per step (see the module docstring), sorted by step."""
-    return collect(step_summary_query(tokens))
+def step_summary(tokens: pl.LazyFrame, *, aggregates: pl.LazyFrame | None = None) -> pl.DataFrame:
+    """One row per step (see the module docstring), sorted by step.
+
+    aggregates: the exact aggregates of all tokens (`Run.aggregates` of a sampled run, limited to
+        the same steps as `tokens`): tokens, zero_adv_frac and the block rates come from them."""
+    summary = collect(step_summary_query(tokens))
+    if aggregates is None:
+        return summary
+    rules = checked_rules(tokens, None)
+    exact = step_aggregates(aggregates).select(
+        pl.col("step").cast(summary.schema["step"]),
+        pl.col("tokens").cast(pl.Int64),
+        pl.when(pl.col("tokens") > 0).then(pl.col("tokens_zero") / pl.col("tokens")).alias("zero_adv_frac"),
+        *(pl.when(pl.col(f"n_{r}") > 0).then(pl.col(f"k_{r}") / pl.col(f"n_{r}")).alias(f"blocked_{r}") for r in rules),
+    )
+    return exact.join(summary.drop(exact.columns[1:]), on="step", how="left").select(summary.columns)
 
 
-__all__ = ["step_summary", "step_summary_query"]
+__all__ = ["exact_aggregates", "step_summary", "step_summary_query"]

@@ -20,6 +20,7 @@ from trustlens.analysis import (
     blocked_by_token,
     blocked_per_step,
     detect_collapse,
+    exact_aggregates,
     figure1_density,
     mismatch_per_step,
     mismatch_unavailable,
@@ -75,7 +76,8 @@ def rules_of(run) -> list[str]:
 def overview(run) -> str:
     """Steps, rows, accuracy and reward at the start and the end, and per rule the block rate over
     the run's A ≠ 0 tokens beside the A = 0 share; the block-rate and signal curves."""
-    summary = step_summary(run.tokens)
+    aggregates = exact_aggregates(run)
+    summary = step_summary(run.tokens, aggregates=aggregates)
     metrics = run.metrics.collect()
 
     def ends(name: str) -> str:
@@ -86,30 +88,29 @@ def overview(run) -> str:
         ("status", esc(run.status)),
         ("active rule", esc(run.active_rule or "–")),
         ("steps", f"{summary.height} (steps {summary['step'][0]}–{summary['step'][-1]})"),
-        ("token rows", f"{int(summary['tokens'].sum()):,}"),
+        (
+            "tokens",
+            f"{int(summary['tokens'].sum()):,}" + (" (sampled run: exact, from its aggregates)" if run.sampled else ""),
+        ),
         ("held-out accuracy (first → last evaluation)", ends("eval/accuracy")),
         ("mean reward (first → last step)", ends("reward/mean")),
     ]
     facts_html = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
-    rules = rules_of(run)
-    tokens = run.tokens
-    adv = pl.col("advantage")
-    rates = tokens.select(
-        *(pl.col(BLOCKED_PREFIX + r).filter(adv != 0).cast(pl.Float64).mean().alias(r) for r in rules),
-        ((adv == 0).sum() / adv.count()).cast(pl.Float64).alias("zero_adv_frac"),
-    ).collect()
-    rate_rows = pl.DataFrame(
-        {"rule": rules, "blocked over A ≠ 0 tokens": [rates[r][0] for r in rules]},
-        schema={"rule": pl.String, "blocked over A ≠ 0 tokens": pl.Float64},
+    blocked = blocked_per_step(run.tokens, aggregates=aggregates)
+    rate_rows = (
+        blocked.group_by("rule", maintain_order=True)
+        .agg((pl.col("blocked").sum() / pl.col("count").sum()).alias("blocked over A ≠ 0 tokens"))
+        .select("rule", pl.col("blocked over A ≠ 0 tokens").cast(pl.Float64))
     )
+    zero = float((summary["zero_adv_frac"] * summary["tokens"]).sum()) / float(summary["tokens"].sum())
     signals = step_signals(run)
     alerts = detect_collapse(run, signals=signals)
     return (
         f'<table class="tl-facts">{facts_html}</table>'
         f"<p>Tokens with A = 0 (no gradient, never blocked, not in the block rates): "
-        f"{number(rates['zero_adv_frac'][0], '.1%')} of the rows.</p>"
+        f"{number(zero, '.1%')} of the tokens.</p>"
         + table_html(rate_rows, {"blocked over A ≠ 0 tokens": ".3%"})
-        + figure_html(plots.blocked_per_step_lines(blocked_per_step(tokens)))
+        + figure_html(plots.blocked_per_step_lines(blocked))
         + figure_html(plots.collapse_timeline(signals, alerts, panels=("entropy", "reward")))
     )
 
@@ -151,7 +152,7 @@ def mismatch(run) -> str:
     reason = mismatch_unavailable(run.tokens)
     if reason is not None:
         return f"<p>No mismatch to show: {esc(reason)}</p>"
-    return figure_html(plots.mismatch_curves(mismatch_per_step(run.tokens)))
+    return figure_html(plots.mismatch_curves(mismatch_per_step(run.tokens, aggregates=exact_aggregates(run))))
 
 
 def alerts(run) -> str:

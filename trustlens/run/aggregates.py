@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 
 from trustlens.metrics import SIGNS
@@ -249,30 +250,73 @@ def _uniform(seed: int, step: int, update: int, rank: int, sample: np.ndarray, p
     return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
-def per_step_scalars(aggregates) -> dict[int, dict[str, float]]:
-    """Per-step scalars from an aggregates table (a polars LazyFrame or DataFrame, all ranks):
-    {step: {name: value}} under the names of trustlens.metrics — blocked/<rule>/<sign> over A ≠ 0
-    tokens, zero_adv_frac, and the token-level mismatch means (mismatch_kl, k3_kl, chi2_token,
-    prob_diff_mean, prob_diff_max, prob_pearson, topk_tv_mean, topk_tv_max, topk_kl_mean). Exact
-    for all tokens, however few rows were kept. Sequence-level metrics (log_ppl_*, chi2_seq) need
-    whole responses and are not among them."""
-    import polars as pl
-
-    frame = aggregates.lazy().collect() if hasattr(aggregates, "lazy") else aggregates
-    if frame.is_empty():
-        return {}
-    rules = sorted({c[2:-4] for c in frame.columns if c.startswith("k_") and c.endswith(SIGNS_SUFFIXES)})
-    # the tokens each rule decided: the sign's tokens of the calls that evaluated it
-    frame = frame.with_columns(
+def step_aggregates(aggregates) -> pl.DataFrame:
+    """The aggregates table (a polars LazyFrame or DataFrame, all ranks) summed per step, sorted
+    by step: its count and sum columns summed, max_ columns maxed, and per rule the tokens it
+    decided: n_<rule>_<sign> (the sign's tokens of the calls that evaluated it), n_<rule> and
+    k_<rule> (both signs: A ≠ 0)."""
+    frame = aggregates.lazy()
+    names = frame.collect_schema().names()
+    rules = sorted({c[2:-4] for c in names if c.startswith("k_") and c.endswith(SIGNS_SUFFIXES)})
+    decided = [
         pl.when(pl.col(f"k_{r}_{s}").is_not_null()).then(pl.col(f"tokens_{s}")).otherwise(0).alias(f"n_{r}_{s}")
         for r in rules
         for s in SIGNS
+    ]
+    maxes = [c for c in names if c.startswith("max_")]
+    sums = [c for c in names if c not in ("step", "update", "rank", *maxes)]
+    sums += [f"n_{r}_{s}" for r in rules for s in SIGNS]
+    steps = (
+        frame.with_columns(decided)
+        .group_by("step")
+        .agg(*(pl.col(c).sum() for c in sums), *(pl.col(c).max() for c in maxes))
+        .with_columns(
+            *(pl.sum_horizontal(f"n_{r}_{s}" for s in SIGNS).alias(f"n_{r}") for r in rules),
+            *(pl.sum_horizontal(f"k_{r}_{s}" for s in SIGNS).alias(f"k_{r}") for r in rules),
+        )
+        .sort("step")
     )
-    maxes = [c for c in frame.columns if c.startswith("max_")]
-    sums = [c for c in frame.columns if c not in ("step", "update", "rank", *maxes)]
-    steps = frame.group_by("step").agg(*(pl.col(c).sum() for c in sums), *(pl.col(c).max() for c in maxes))
+    return steps.collect()
+
+
+def mismatch_stats(steps: pl.DataFrame) -> pl.DataFrame:
+    """step and the token-level mismatch means of `step_aggregates` rows, under the names of
+    trustlens.metrics: mismatch_kl, k3_kl, chi2_token, prob_diff_mean, prob_diff_max,
+    prob_pearson over the `pairs` (null where a step has none), topk_tv_mean, topk_tv_max,
+    topk_kl_mean over `topk_n`."""
+    pairs, topk = pl.col("pairs"), pl.col("topk_n")
+
+    def mean(c: str) -> pl.Expr:
+        return pl.when(pairs > 0).then(pl.col(c) / pairs)
+
+    var_mu = mean("sum_mu2") - mean("sum_mu") ** 2
+    var_old = mean("sum_old2") - mean("sum_old") ** 2
+    cov = mean("sum_mu_old") - mean("sum_mu") * mean("sum_old")
+    return steps.select(
+        "step",
+        mean("sum_k1").alias("mismatch_kl"),
+        mean("sum_k3").alias("k3_kl"),
+        (mean("sum_rho2") - 1).alias("chi2_token"),
+        mean("sum_prob_diff").alias("prob_diff_mean"),
+        pl.when(pairs > 0).then(pl.col("max_prob_diff")).alias("prob_diff_max"),
+        pl.when((var_mu > 0) & (var_old > 0)).then(cov / (var_mu * var_old).sqrt()).alias("prob_pearson"),
+        pl.when(topk > 0).then(pl.col("sum_topk_tv") / topk).alias("topk_tv_mean"),
+        pl.when(topk > 0).then(pl.col("max_topk_tv")).alias("topk_tv_max"),
+        pl.when(topk > 0).then(pl.col("sum_topk_kl") / topk).alias("topk_kl_mean"),
+    )
+
+
+def per_step_scalars(aggregates) -> dict[int, dict[str, float]]:
+    """Per-step scalars from an aggregates table (a polars LazyFrame or DataFrame, all ranks):
+    {step: {name: value}} under the names of trustlens.metrics — blocked/<rule>/<sign> over A ≠ 0
+    tokens, zero_adv_frac, and the token-level mismatch means of `mismatch_stats`. Exact for all
+    tokens, however few rows were kept. Sequence-level metrics (log_ppl_*, chi2_seq) need whole
+    responses and are not among them."""
+    steps = step_aggregates(aggregates)
+    rules = [c[2:] for c in steps.columns if c.startswith("n_") and not c.endswith(SIGNS_SUFFIXES)]
+    stats = {row.pop("step"): row for row in mismatch_stats(steps).iter_rows(named=True)}
     out: dict[int, dict[str, float]] = {}
-    for row in steps.sort("step").iter_rows(named=True):
+    for row in steps.iter_rows(named=True):
         values: dict[str, float] = {}
         for rule in rules:
             for sign in SIGNS:
@@ -281,26 +325,6 @@ def per_step_scalars(aggregates) -> dict[int, dict[str, float]]:
                     values[f"blocked/{rule}/{sign}"] = row[f"k_{rule}_{sign}"] / n
         if row["tokens"]:
             values["zero_adv_frac"] = row["tokens_zero"] / row["tokens"]
-        pairs = row["pairs"]
-        if pairs:
-            mean_mu, mean_old = row["sum_mu"] / pairs, row["sum_old"] / pairs
-            var_mu = row["sum_mu2"] / pairs - mean_mu**2
-            var_old = row["sum_old2"] / pairs - mean_old**2
-            cov = row["sum_mu_old"] / pairs - mean_mu * mean_old
-            values |= {
-                "mismatch_kl": row["sum_k1"] / pairs,
-                "k3_kl": row["sum_k3"] / pairs,
-                "chi2_token": row["sum_rho2"] / pairs - 1,
-                "prob_diff_mean": row["sum_prob_diff"] / pairs,
-                "prob_diff_max": row["max_prob_diff"],
-            }
-            if var_mu > 0 and var_old > 0:
-                values["prob_pearson"] = cov / math.sqrt(var_mu * var_old)
-        if row["topk_n"]:
-            values |= {
-                "topk_tv_mean": row["sum_topk_tv"] / row["topk_n"],
-                "topk_tv_max": row["max_topk_tv"],
-                "topk_kl_mean": row["sum_topk_kl"] / row["topk_n"],
-            }
+        values |= {k: v for k, v in stats[row["step"]].items() if v is not None}
         out[int(row["step"])] = values
     return out

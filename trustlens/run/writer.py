@@ -411,6 +411,16 @@ class RankWriter:
             self._write(parts)
             self.write_manifest()
 
+    def token_batches(self, batch: TokenBatch) -> list[tuple[str, pa.RecordBatch]]:
+        """The (table, rows) a `record` call's TokenBatch becomes: its token rows and, for a
+        sampled recording, its row of the aggregates table. Append each with `append`."""
+        out = []
+        if batch.aggregates is not None:
+            schema = self._parts["aggregates"].schema
+            out.append(("aggregates", aggregates_batch(batch.aggregates, batch.step, batch.update, schema)))
+        out.append(("tokens", token_record_batch(batch, self._parts["tokens"].schema)))
+        return out
+
     @property
     def buffered(self) -> bool:
         return any(p.rows for p in self._parts.values())
@@ -653,20 +663,13 @@ class BackgroundWriter:
     def _buffer(self, table: str, payload: TokenBatch | Callable[[], TokenBatch] | pa.RecordBatch) -> None:
         if callable(payload):
             payload = payload()
-        if isinstance(payload, TokenBatch):
-            if payload.aggregates is not None:
-                self._buffer(
-                    "aggregates",
-                    aggregates_batch(
-                        payload.aggregates, payload.step, payload.update, self.writer._parts["aggregates"].schema
-                    ),
-                )
-            payload = token_record_batch(payload, self.writer._parts["tokens"].schema)
-        if payload.num_rows and self._oldest is None:
-            self._oldest = time.monotonic()
-        self.writer.append(table, payload)
-        if self.tap is not None:
-            self.tap.add(table, payload)
+        batches = self.writer.token_batches(payload) if isinstance(payload, TokenBatch) else [(table, payload)]
+        for name, rows in batches:
+            if rows.num_rows and self._oldest is None:
+                self._oldest = time.monotonic()
+            self.writer.append(name, rows)
+            if self.tap is not None:
+                self.tap.add(name, rows)
         if not self.writer.buffered:
             self._oldest = None
 

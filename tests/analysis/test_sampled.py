@@ -1,0 +1,124 @@
+"""Analyses of a sampled run (recorded with Keep): exact per-step numbers from its aggregates, equal
+to those of the same run recorded in full; weighted estimates from its kept rows alone; a weighted
+query on a hand-built table checked by hand."""
+
+import math
+
+import polars as pl
+import pytest
+
+from trustlens import Keep
+from trustlens.analysis import (
+    blocked_by_advantage_sign,
+    blocked_per_step,
+    exact_aggregates,
+    mismatch_per_step,
+    rule_confusion,
+    step_signals,
+    step_summary,
+)
+from trustlens.run import load_run
+from trustlens.synthetic import write_run, write_synthetic_run
+
+SIZES = {"steps": 6, "samples_per_step": 64, "seq_len": 48, "updates": 2, "world_size": 2, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(full, sampled): one synthetic run recorded in full and with Keep(rate=0.05)."""
+    root = tmp_path_factory.mktemp("sampled")
+    full = load_run(write_synthetic_run(root / "full", **SIZES))
+    sampled = load_run(write_synthetic_run(root / "sampled", **SIZES, keep=Keep(rate=0.05, seed=1)))
+    return full, sampled
+
+
+def test_the_sample_keeps_few_rows(pair):
+    full, sampled = pair
+    assert sampled.sampled and not full.sampled
+    rows, all_rows = sampled.tokens.collect().height, full.tokens.collect().height
+    assert rows < 0.6 * all_rows  # the synthetic tail (μ < 0.1) is large: many rows matter
+    assert exact_aggregates(full) is None
+    assert sampled.aggregates.select(pl.col("tokens").sum()).collect().item() == all_rows
+
+
+def test_step_summary_is_exact_with_the_aggregates(pair):
+    full, sampled = pair
+    want = step_summary(full.tokens)
+    got = step_summary(sampled.tokens, aggregates=exact_aggregates(sampled))
+    assert got.columns == want.columns and got["step"].to_list() == want["step"].to_list()
+    assert got["tokens"].to_list() == want["tokens"].to_list()
+    exact = ["zero_adv_frac", *(c for c in want.columns if c.startswith("blocked_"))]
+    for column in exact:
+        assert got[column].to_list() == pytest.approx(want[column].to_list(), abs=1e-12), column
+
+
+def test_blocked_per_step_is_exact_with_the_aggregates(pair):
+    full, sampled = pair
+    want = blocked_per_step(full.tokens)
+    got = blocked_per_step(sampled.tokens, aggregates=exact_aggregates(sampled))
+    assert got.select("step", "rule", "count", "blocked").equals(want.select("step", "rule", "count", "blocked"))
+
+
+def test_a_step_range_limits_the_aggregates(pair):
+    _, sampled = pair
+    got = blocked_per_step(sampled.tokens.filter(pl.col("step") <= 2), aggregates=exact_aggregates(sampled, (1, 2)))
+    assert sorted(set(got["step"])) == [1, 2]
+
+
+def test_token_level_mismatch_is_exact_with_the_aggregates(pair):
+    full, sampled = pair
+    want = mismatch_per_step(full.tokens)
+    got = mismatch_per_step(sampled.tokens, aggregates=exact_aggregates(sampled))
+    assert got["tokens"].to_list() == want["tokens"].to_list()
+    for column in ("mismatch_kl", "k3_kl", "chi2_token", "prob_diff_mean", "prob_diff_max", "prob_pearson"):
+        assert got[column].to_list() == pytest.approx(want[column].to_list(), rel=1e-9, abs=1e-12), column
+
+
+def test_collapse_signals_of_a_sampled_run_are_its_exact_ones(pair):
+    full, sampled = pair
+    want, got = step_signals(full), step_signals(sampled)
+    for column in ("k3_kl", "prob_diff_mean", "blocked_ppo", "blocked_dppo_binary_tv"):
+        assert got[column].to_list() == pytest.approx(want[column].to_list(), rel=1e-9, abs=1e-12), column
+    # the mean entropy is an estimate from the weighted rows
+    assert got["entropy"].to_list() == pytest.approx(want["entropy"].to_list(), rel=0.1)
+
+
+def test_weighted_rows_estimate_the_full_numbers(pair):
+    full, sampled = pair
+    want = step_summary(full.tokens)
+    guess = step_summary(sampled.tokens)  # no aggregates: Σ weight and weighted means
+    # ~1,000 random-share tokens a step at rate 0.05, weight 20: σ ≈ 20·√(1000·0.05·0.95) ≈ 140 a
+    # step, ≈ 340 over the run's ~13,700 tokens
+    assert guess["tokens"].sum() == pytest.approx(want["tokens"].sum(), abs=4 * 340)
+    for column in ("zero_adv_frac", "blocked_ppo", "blocked_dppo_binary_tv"):
+        assert guess[column].to_list() == pytest.approx(want[column].to_list(), abs=0.05), column
+    # unweighted, the kept rows overstate the block rate: every blocked token is kept
+    kept_rate = sampled.tokens.filter(pl.col("advantage") != 0).select(pl.col("blocked_ppo").mean()).collect().item()
+    full_rate = full.tokens.filter(pl.col("advantage") != 0).select(pl.col("blocked_ppo").mean()).collect().item()
+    assert kept_rate > full_rate + 0.05
+
+
+def test_weights_count_by_hand(tmp_path):
+    """Four kept rows: two that matter (weight 1, one blocked) and two of the random share
+    (weight 10): they stand for 22 tokens, 1 blocked."""
+    tokens = {
+        "step": [0, 0, 0, 0],
+        "sample": [0, 0, 1, 1],
+        "pos": [0, 1, 0, 1],
+        "pi_logp": [math.log(0.9)] * 4,
+        "mu_logp": [math.log(0.5), math.log(0.9), math.log(0.9), math.log(0.9)],
+        "advantage": [1.0, 1.0, -1.0, 0.0],
+        "weight": [1.0, 1.0, 10.0, 10.0],
+        "entropy": [1.0, 2.0, 3.0, 4.0],
+        "blocked_ppo": [True, False, False, False],
+    }
+    run = load_run(write_run(tmp_path / "r", tokens=tokens))
+    summary = step_summary(run.tokens).row(0, named=True)
+    assert summary["tokens"] == 22
+    assert summary["zero_adv_frac"] == pytest.approx(10 / 22)
+    assert summary["blocked_ppo"] == pytest.approx(1 / 12)  # of the 12 A ≠ 0 tokens
+    assert summary["entropy"] == pytest.approx((1 + 2 + 30 + 40) / 22)
+    by_sign = {r["sign"]: (r["count"], r["blocked"]) for r in blocked_by_advantage_sign(run.tokens).to_dicts()}
+    assert by_sign == {"pos": (2, 1), "neg": (10, 0), "zero": (10, 0)}
+    pair = rule_confusion(run.tokens, "ppo", "ppo", per_step=False).row(0, named=True)
+    assert (pair["count"], pair["both"], pair["neither"]) == (12, 1, 11)
