@@ -98,20 +98,20 @@ def weighted(tokens: pl.LazyFrame) -> bool:
 def weighted_count(keep: pl.Expr | None = None) -> pl.Expr:
     """Σ weight of the rows where `keep` holds (None: all rows): the number of tokens they stand
     for."""
-    return row_weight().sum() if keep is None else row_weight().filter(keep).sum()
+    return row_weight().sum() if keep is None else pl.when(keep).then(row_weight()).sum()
 
 
 def weighted_mean(x: pl.Expr, where: pl.Expr | None = None, *, weights: bool = True) -> pl.Expr:
     """Σ w·x / Σ w over the rows where `where` holds (None: all) and x is not null: the mean of x
-    over the tokens the rows stand for (the plain mean without `weights`); null without rows."""
+    over the tokens the rows stand for (the plain mean without `weights`); null without rows.
+    Masks, not filters, so that polars' streaming engine aggregates it in bounded memory."""
     x = x.cast(pl.Float64)
-    w = row_weight() if weights else pl.lit(1.0, pl.Float64)
     if where is not None:
-        x, w = x.filter(where), w.filter(where)
+        x = pl.when(where).then(x)
     if not weights:
         return x.mean()
-    total = w.filter(x.is_not_null()).sum()
-    return pl.when(total > 0).then((x * w).sum() / total)
+    total = pl.when(x.is_not_null()).then(row_weight()).sum()
+    return pl.when(total > 0).then((x * row_weight()).sum() / total)
 
 
 def zero_advantage_frac(*, weights: bool = False) -> pl.Expr:
@@ -133,8 +133,8 @@ def blocked_aggs(rules: list[str], *, with_zero: bool = False, weights: bool = F
             n = weighted_count(keep)
             k = weighted_count(keep & col)
         else:
-            n = col.filter(keep).count()
-            k = col.filter(keep).cast(pl.Int64).sum()
+            n = keep.cast(pl.Int64).sum()
+            k = (keep & col).cast(pl.Int64).sum()
         out += [n.alias(f"n_{r}"), k.alias(f"k_{r}")]
     return out
 
