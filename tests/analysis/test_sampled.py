@@ -122,3 +122,14 @@ def test_weights_count_by_hand(tmp_path):
     assert by_sign == {"pos": (2, 1), "neg": (10, 0), "zero": (10, 0)}
     pair = rule_confusion(run.tokens, "ppo", "ppo", per_step=False).row(0, named=True)
     assert (pair["count"], pair["both"], pair["neither"]) == (12, 1, 11)
+
+
+def test_run_outcomes_of_a_sampled_run_are_exact(pair):
+    from trustlens.analysis import run_outcomes
+
+    full, sampled = pair
+    want, got = run_outcomes([full]).row(0, named=True), run_outcomes([sampled]).row(0, named=True)
+    for column, value in want.items():
+        if column.startswith(("block", "k3", "tv")):
+            assert value is not None, column
+            assert got[column] == pytest.approx(value, rel=1e-9, abs=1e-12), column

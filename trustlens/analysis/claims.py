@@ -37,7 +37,7 @@ from typing import Any
 
 import polars as pl
 
-from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage
+from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage, weighted, weighted_mean
 from trustlens.analysis.findings import over_updates_per_step
 from trustlens.analysis.mismatch import mismatch_per_step
 from trustlens.analysis.seeds import LOW_MU, accuracy_per_step, format_mean_se, mean_se, run_outcome
@@ -116,10 +116,11 @@ def _low_high_rates(run, rule: str) -> tuple[float | None, float | None]:
     if blocked_column(rule) not in tokens.collect_schema().names():
         return None, None
     low = pl.col(anchor_column(tokens)).cast(pl.Float64) < math.log(LOW_MU)
-    col = pl.col(blocked_column(rule))
+    col, w = pl.col(blocked_column(rule)), weighted(tokens)
     row = collect(
-        tokens.filter(nonzero_advantage()).select(
-            col.filter(low).mean().cast(pl.Float64), col.filter(~low).mean().cast(pl.Float64).alias("h")
+        tokens.select(
+            weighted_mean(col, nonzero_advantage() & low, weights=w).alias("low"),
+            weighted_mean(col, nonzero_advantage() & ~low, weights=w).alias("high"),
         )
     ).row(0)
     return row[0], row[1]

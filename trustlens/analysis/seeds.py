@@ -33,9 +33,11 @@ from collections.abc import Iterable
 
 import polars as pl
 
-from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage
+from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage, weighted, weighted_mean
+from trustlens.analysis.clipping import blocked_per_step
 from trustlens.analysis.collapse import collapse_onset, collapse_window, detect_collapse
 from trustlens.analysis.mismatch import mismatch_per_step
+from trustlens.analysis.summary import exact_aggregates
 from trustlens.run import blocked_column
 
 LOW_MU = 0.1  # μ below this is a "low-μ" token in block_rate_low_mu
@@ -84,17 +86,17 @@ def reward_per_step(run) -> list[tuple[int, float]]:
     return list(zip(df["step"].to_list(), df["reward"].to_list(), strict=True))
 
 
-def _block_rates(tokens: pl.LazyFrame, rule: str | None) -> tuple[float | None, float | None]:
+def _block_rates(run, rule: str | None) -> tuple[float | None, float | None]:
+    """(share of A ≠ 0 tokens `rule` blocks, the same among tokens with μ < LOW_MU): exact for a
+    sampled run too (the first from its aggregates; every μ < 0.1 token is kept)."""
+    tokens = run.tokens
     if rule is None or blocked_column(rule) not in tokens.collect_schema().names():
         return None, None
-    col = pl.col(blocked_column(rule))
+    per_step = blocked_per_step(tokens, [rule], aggregates=exact_aggregates(run))
+    counted = int(per_step["count"].sum())
     low = pl.col(anchor_column(tokens)).cast(pl.Float64) < math.log(LOW_MU)
-    row = collect(
-        tokens.filter(nonzero_advantage()).select(
-            col.mean().cast(pl.Float64).alias("all"), col.filter(low).mean().cast(pl.Float64).alias("low")
-        )
-    ).row(0)
-    return row[0], row[1]
+    rate_low = weighted_mean(pl.col(blocked_column(rule)), nonzero_advantage() & low, weights=weighted(tokens))
+    return (int(per_step["blocked"].sum()) / counted if counted else None), collect(tokens.select(rate_low)).item()
 
 
 def _ends(values: list[float | None], w: int) -> tuple[float | None, float | None]:
@@ -114,9 +116,8 @@ def run_outcome(run) -> dict:
     steps = len(reward)
     w = collapse_window(steps)
     onset, cause = collapse_onset(acc, reward, w)
-    tokens = run.tokens
-    block, block_low = _block_rates(tokens, rule)
-    mm = mismatch_per_step(tokens).sort("step")
+    block, block_low = _block_rates(run, rule)
+    mm = mismatch_per_step(run.tokens, aggregates=exact_aggregates(run)).sort("step")
     k3 = _ends(mm["k3_kl"].to_list(), w)
     tv = _ends(mm["prob_diff_mean"].to_list(), w)
     first = reward[0][0] if reward else 0
