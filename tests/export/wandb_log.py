@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 BLOCK = 32 * 1024
@@ -40,14 +41,29 @@ def records(path: Path) -> list[bytes]:
 
 
 def history(run_dir: Path) -> dict[int, dict[str, object]]:
-    """{step: {key: value}} of every history record of the offline run in `run_dir`."""
+    """{step: {key: value}} of every history record of the offline run in `run_dir`.
+
+    W&B's service process may still be writing the file when `finish()` returns (seen under load
+    with wandb 0.31): wait for the run's `exit` record, which it writes after the history."""
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2 as pb
 
     (file,) = run_dir.glob("run-*.wandb")
+    deadline = time.monotonic() + 60
+    while True:
+        parsed = []
+        for raw in records(file):
+            record = pb.Record()
+            try:
+                record.ParseFromString(raw)
+            except DecodeError:  # a record still being written
+                break
+            parsed.append(record)
+        if any(r.WhichOneof("record_type") == "exit" for r in parsed) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     steps: dict[int, dict[str, object]] = {}
-    for raw in records(file):
-        record = pb.Record()
-        record.ParseFromString(raw)
+    for record in parsed:
         if record.WhichOneof("record_type") != "history":
             continue
         items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item}
