@@ -44,10 +44,17 @@ def seed_groups(paths: list[str]) -> list[tuple[list[str], pl.DataFrame]]:
         groups.setdefault(settings_key(run), []).append(path)
     out = []
     for members in groups.values():
+        if len({seed_of(p) for p in members}) < 2:  # no outcome (a scan of the tokens) without seeds to compare
+            continue
         rows = [o for p in members if (o := outcome(p, ui.run_signature(Path(p)))) is not None]
         if len({o["seed"] for o in rows}) >= 2:  # several seeds of at least one rule
             out.append((members, pl.DataFrame(rows, schema=OUTCOME_SCHEMA)))
     return out
+
+
+def seed_of(path: str):
+    """The seed in the run's manifest (None if it has none)."""
+    return (ui.run_at(path, ui.run_signature(Path(path))).manifest.get("config") or {}).get("seed")
 
 
 def seed_bars(table: pl.DataFrame, stat: str):
