@@ -215,3 +215,16 @@ def test_part_files_carry_page_checksums(tmp_path):
     part = tmp_path / "run" / "tokens" / "rank=0" / "part-000000.parquet"
     pq.ParquetFile(part, page_checksum_verification=True).read()  # reads
     assert "rank" not in pq.read_schema(part).names
+
+
+def test_a_buffer_of_long_sample_texts_is_written_once_it_holds_part_bytes(tmp_path, monkeypatch):
+    monkeypatch.setattr(writer_module, "PART_BYTES", 10_000)
+    long = "x" * 4000  # three samples' texts pass 10,000 bytes
+    with TokenRecorder(tmp_path / "run", rules=["ppo"], rows_per_file=10**6, flush_seconds=1000) as rec:
+        for step in range(4):
+            rec.log_samples(step, prompts=["p", "q"], responses=[long, long], rewards=[1.0, 0.0])
+        rec.flush()
+        parts = sorted((tmp_path / "run" / "samples" / "rank=0").glob("part-*.parquet"))
+        assert [pq.read_metadata(p).num_rows for p in parts] == [4, 4]  # written at 2 steps' 16 kB
+    samples = load_run(tmp_path / "run").samples.collect()
+    assert samples.height == 8 and samples["response"].str.len_chars().min() == 4000

@@ -5,9 +5,9 @@
 already holds this rank's rows unless `resume=True` (same run_id, steps continue) or
 `overwrite=True` (this rank's rows and, on rank 0, run.json are replaced), and on rank 0 writes
 run.json. It buffers rows per table and writes them as numbered part files of at most
-`rows_per_file` rows. Every part file is written under a hidden temporary name, fsynced and
-renamed (`write_part`), so a killed process leaves only complete files, and a failed write
-leaves no temporary file.
+`rows_per_file` rows, or sooner once a table's buffer holds `PART_BYTES` (long sample texts).
+Every part file is written under a hidden temporary name, fsynced and renamed (`write_part`), so
+a killed process leaves only complete files, and a failed write leaves no temporary file.
 
 `BackgroundWriter` runs a `RankWriter` in a thread behind a bounded queue: `put` returns at once
 unless the queue is full; the caller never waits longer than `writer_timeout` seconds (then a
@@ -190,6 +190,9 @@ class TokenDecoder:
         )
 
 
+PART_BYTES = 256 << 20  # a table's buffer is written as a part file once it holds this many bytes
+
+
 class PartFiles:
     """One table's rows of one rank: a buffer of record batches written as numbered part files."""
 
@@ -197,11 +200,13 @@ class PartFiles:
         self.run_dir, self.table, self.rank, self.schema = run_dir, table, rank, schema
         self.batches: list[pa.RecordBatch] = []
         self.rows = 0
+        self.nbytes = 0  # Arrow buffer bytes of the buffered batches
         self.next_index = next_index
 
     def append(self, batch: pa.RecordBatch) -> None:
         self.batches.append(batch)
         self.rows += batch.num_rows
+        self.nbytes += batch.nbytes
 
     def _sorted_by_step(self) -> bool:
         """Whether the buffered rows are already in step order (the usual case: one step per
@@ -228,7 +233,7 @@ class PartFiles:
         table = table.select(self.schema.names).cast(self.schema)
         path = write_part(table, rank_folder(self.run_dir, self.table, self.rank), self.next_index)
         self.next_index += 1
-        self.batches, self.rows = [], 0
+        self.batches, self.rows, self.nbytes = [], 0, 0
         return path
 
 
@@ -312,7 +317,7 @@ class RankWriter:
     rules: rule names of the `blocked_<rule>` token columns.
     manifest: rank 0: run.json for a new run (`trustlens.run.manifest.new_manifest`); other
         ranks: None (they never write run.json).
-    rows_per_file: rows of one table per part file (the bound of the buffer).
+    rows_per_file: rows of one table per part file (the bound of the buffer, with PART_BYTES).
     tokenizer: decodes `token_id` to the `token` column when rows come without it.
     resume / overwrite: how to open a run that already holds rows of this rank.
     """
@@ -407,7 +412,7 @@ class RankWriter:
             parts.append(b)
         if table == "tokens":
             self.stats.peak_buffered_rows = max(self.stats.peak_buffered_rows, parts.rows)
-        if parts.rows >= self.rows_per_file:
+        if parts.rows >= self.rows_per_file or parts.nbytes >= PART_BYTES:
             self._write(parts)
             self.write_manifest()
 
