@@ -17,7 +17,7 @@ class TrainConfig:
     rule: str = "dppo_binary_tv"  # trust-region rule that gates the updates (docs/rules.md)
     low: float | None = None  # the rule's threshold when A ≤ 0; None = the rule's default
     high: float | None = None  # the rule's threshold when A > 0; None = the rule's default
-    steps: int = 80  # training steps; each is one rollout batch and `minibatches × epochs` updates
+    steps: int = 160  # training steps; each is one rollout batch and `minibatches × epochs` updates
     prompts_per_step: int = 16  # problems per step, summed over all ranks
     group_size: int = 8  # G: responses sampled per problem (the GRPO group)
     minibatches: int = 4  # optimizer updates per pass over the rollout batch
