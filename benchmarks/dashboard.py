@@ -18,6 +18,7 @@ docs/run-format.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import subprocess
@@ -77,10 +78,8 @@ def _settle(page, title: str) -> None:
 def _rerun(page, action) -> None:
     """Do `action` and wait until Streamlit has started the rerun it causes."""
     action()
-    try:
+    with contextlib.suppress(Exception):  # the rerun may finish before its status widget shows
         page.wait_for_selector('[data-testid="stStatusWidget"]', timeout=3000)
-    except Exception:  # the rerun finished before the status widget could be seen
-        pass
 
 
 def _wait_idle(pid: int, quiet: float = 0.05) -> Timing:
@@ -122,12 +121,13 @@ def measure(run: Path) -> tuple[dict[str, tuple[Timing, Timing]], float]:
             first = {"": _timed(lambda: page.goto(url), page, PAGES[""], proc.pid)}
             warm_up = _wait_idle(proc.pid)
             first |= {
-                path: _timed(lambda: page.goto(f"{url}/{path}"), page, title, proc.pid)
+                path: _timed(lambda p=path: page.goto(f"{url}/{p}"), page, title, proc.pid)
                 for path, title in PAGES.items()
                 if path
             }
             again = {
-                path: _timed(lambda: page.goto(f"{url}/{path}"), page, title, proc.pid) for path, title in PAGES.items()
+                path: _timed(lambda p=path: page.goto(f"{url}/{p}"), page, title, proc.pid)
+                for path, title in PAGES.items()
             }
             times = {PAGES[path]: (first[path], again[path]) for path in PAGES}
             times["background warm-up after the first page"] = (warm_up, nan)

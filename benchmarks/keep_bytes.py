@@ -56,7 +56,8 @@ def main() -> None:
         both = exact.join(truth, on=["step", "name"], how="inner").filter(~pl.col("name").str.starts_with("time/"))
         worst = both.select((pl.col("exact") - pl.col("rows")).abs().max()).item()
         print(
-            f"per-step scalars (wall times aside) of the sampled run vs the full run: {both.height} compared, largest difference {worst:.3g}"
+            "per-step scalars (wall times aside) of the sampled run vs the full run: "
+            f"{both.height} compared, largest difference {worst:.3g}"
         )
 
 

@@ -114,12 +114,16 @@ def main() -> None:
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+                # fmt: off
                 rec.record(step, update=update, token_ids=response, response_mask=mask,  # trustlens
                            pi_logp=pi, mu_logp=mu, old_logp=old, advantages=adv, group_ids=groups,  # trustlens
                            logits=logits, mu_topk_ids=mu_top_ids, mu_topk_logp=mu_top_logp)  # trustlens
+                # fmt: on
             prompt_texts = tok.batch_decode(prompts, skip_special_tokens=True)
+            # fmt: off
             rec.log_samples(step, prompts=prompt_texts, responses=texts, rewards=rewards,  # trustlens
                             advantages=adv, lengths=mask.sum(1), group_ids=groups)  # trustlens
+            # fmt: on
             rec.log_metrics(step, {"reward/mean": rewards.mean(), "loss": loss.detach()})  # trustlens
             print(f"rank {rank} step {step}: reward {rewards.mean():.3f}")
     if distributed:

@@ -20,12 +20,12 @@ import random
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental
 
-import torch  # noqa: E402
-from datasets import Dataset  # noqa: E402
-from trl import GRPOConfig  # noqa: E402
+import torch
+from datasets import Dataset
+from trl import GRPOConfig
 
-from trustlens.integrations.trl import TrustLensGRPOTrainer, engine_rollout  # noqa: E402
-from trustlens.train.model import ModelConfig, build_model, build_tokenizer  # noqa: E402
+from trustlens.integrations.trl import TrustLensGRPOTrainer, engine_rollout
+from trustlens.train.model import ModelConfig, build_model, build_tokenizer
 
 
 def above_50(completions: list[str], **kwargs) -> list[float]:
@@ -41,8 +41,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="run directory to create")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps (TRL max_steps)")
-    p.add_argument("--engine", choices=["bf16", "fp32", "none"], default="bf16",
-                   help="precision of the sampling copy; none: TRL generates (no μ)")
+    p.add_argument(
+        "--engine",
+        choices=["bf16", "fp32", "none"],
+        default="bf16",
+        help="precision of the sampling copy; none: TRL generates (no μ)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed")
     args = p.parse_args()
     torch.set_num_threads(1)

@@ -29,7 +29,7 @@ ROWS = [
 
 
 def table(rows=ROWS) -> pl.LazyFrame:
-    step, token, mu, pi, adv, ppo, tv = zip(*rows)
+    step, token, mu, pi, adv, ppo, tv = zip(*rows, strict=True)
     return pl.LazyFrame(
         {
             "step": list(step),
@@ -39,7 +39,7 @@ def table(rows=ROWS) -> pl.LazyFrame:
             "token": list(token),
             "mu_logp": [L(p) for p in mu],
             "pi_logp": [L(p) for p in pi],
-            "binary_tv": [abs(p - m) for m, p in zip(mu, pi)],
+            "binary_tv": [abs(p - m) for m, p in zip(mu, pi, strict=True)],
             "advantage": list(adv),
             "blocked_ppo": list(ppo),
             "blocked_dppo_binary_tv": list(tv),

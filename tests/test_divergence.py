@@ -10,11 +10,11 @@ from torch.distributions import Categorical, kl_divergence
 
 import trustlens.divergence as divergence
 from trustlens.divergence import (
-    topk_divergence_from_logp,
     binary_kl,
     binary_tv,
     exact_divergence,
     topk_divergence,
+    topk_divergence_from_logp,
     topk_from_logits,
 )
 
@@ -174,7 +174,7 @@ def test_topk_every_exp_shift_path(offset, outlier, temperature, gen):
     pi, _, _, ids, logp = random_case(8, (4,), 200, 10, 3.0, 1.0, temperature)
     pi = pi + offset
     if outlier is not None:
-        free = [v for v in range(200) if v not in ids[0].tolist()][0]
+        free = next(v for v in range(200) if v not in ids[0].tolist())
         pi[0, free] = offset + outlier
     tv, kl = topk_divergence(pi.double(), ids, logp, temperature=temperature)
     tv32, kl32 = topk_divergence(pi, ids, logp, temperature=temperature)
@@ -298,14 +298,14 @@ def test_topk_from_logits_forces_the_sampled_token():
 
 def test_topk_from_logits_keeps_probabilities_near_one():
     """π = 1 − 2e^-30: a float32 log-softmax says log π = 0, the record keeps −1.87e-13."""
-    ids, logp = topk_from_logits(torch.tensor([[30.0, 0.0, 0.0]]), torch.tensor([0]), 1)
+    _, logp = topk_from_logits(torch.tensor([[30.0, 0.0, 0.0]]), torch.tensor([0]), 1)
     assert float(logp[0, 0]) == pytest.approx(-math.log1p(2 * math.exp(-30)), rel=1e-6)
 
 
 @FEW
 @given(cases)
 def test_topk_from_logits_records_the_top_k(case):
-    pi, mu, sampled, ids, logp = build(case)
+    _, mu, sampled, ids, logp = build(case)
     k = ids.shape[-1]
     assert bool((ids == sampled.unsqueeze(-1)).any(-1).all())
     expected = torch.log_softmax(mu.double() / case["temperature"], -1)
@@ -590,7 +590,7 @@ def test_topk_from_logp_equals_topk_from_logits(gen):
     assert tv.dtype == torch.float64 and tv.shape == (4, 7)
     assert torch.allclose(tv, tv_ref, rtol=1e-10, atol=1e-13) and torch.allclose(kl, kl_ref, rtol=1e-10, atol=1e-13)
     # float32 in, float32 out; π = 0 on an id μ gave mass to: KL +inf
-    tv32, kl32 = topk_divergence_from_logp(pi_logp.float(), mu_logp.float())
+    tv32, _ = topk_divergence_from_logp(pi_logp.float(), mu_logp.float())
     assert tv32.dtype == torch.float32 and torch.allclose(tv32.double(), tv_ref, atol=1e-5)
     pi_zero = pi_logp.clone()
     pi_zero[0, 0, 1] = -math.inf

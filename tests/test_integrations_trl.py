@@ -167,7 +167,7 @@ def test_trl_run_records_trl_batches(no_mu):
     assert tokens.select("step", "update", "sample", "pos").is_duplicated().sum() == 0
 
     template = tiny()[0]
-    for (batch, state), (step, update) in zip(spied, keys):
+    for (batch, state), (step, update) in zip(spied, keys, strict=True):
         rows = tokens.filter((pl.col("step") == step) & (pl.col("update") == update))
         mask = batch["completion_mask"].bool()
         for i, sample in enumerate(batch[tl_trl.SAMPLE_KEY].tolist()):
@@ -223,7 +223,7 @@ def test_trl_run_records_trl_batches(no_mu):
 
 
 def test_trl_rollout_func_supplies_mu(with_mu):
-    trainer, tok, run = with_mu
+    trainer, _, run = with_mu
     tokens = tokens_of(run)
     assert run.manifest["config"]["mu_source"] == "rollout_func"
     assert run.manifest["anchor"] == "mu" and "mu_logp" not in run.manifest["missing"]
@@ -328,7 +328,7 @@ def test_unsupported_trl_is_named(monkeypatch):
     ):
         with_trustlens(Broken)
     monkeypatch.setattr(tl_trl.trl, "__version__", "0.19.0")
-    with pytest.raises(UnsupportedTRLVersion, match="trl 0.19.0 is older"):
+    with pytest.raises(UnsupportedTRLVersion, match=r"trl 0\.19\.0 is older"):
         with_trustlens(type("Old", (GRPOTrainer,), {}))
     with pytest.raises(TypeError, match="GRPOTrainer or a subclass"):
         with_trustlens(dict)

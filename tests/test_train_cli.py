@@ -113,7 +113,7 @@ def test_out_that_is_not_a_run_is_never_replaced(capsys, tmp_path):
 
 
 def test_compare_trains_each_rule_into_its_own_run(capsys, tmp_path):
-    code, out, _ = run_cli(capsys, "compare", "--rules", "ppo,pg_is", "--steps", "2", *QUICK, "--out", str(tmp_path))
+    code, _, _ = run_cli(capsys, "compare", "--rules", "ppo,pg_is", "--steps", "2", *QUICK, "--out", str(tmp_path))
     assert code == 0
     runs = {r.manifest["active_rule"]: r for r in (trustlens.load_run(tmp_path / n) for n in ("ppo", "pg_is"))}
     assert set(runs) == {"ppo", "pg_is"}
