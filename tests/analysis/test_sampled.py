@@ -52,6 +52,15 @@ def test_step_summary_is_exact_with_the_aggregates(pair):
         assert got[column].to_list() == pytest.approx(want[column].to_list(), abs=1e-12), column
 
 
+def test_step_summary_computes_only_the_columns_asked_for(pair):
+    full, sampled = pair
+    for run, aggregates in ((full, None), (sampled, exact_aggregates(sampled))):
+        whole = step_summary(run.tokens, aggregates=aggregates)
+        some = step_summary(run.tokens, aggregates=aggregates, columns=("blocked_ppo", "entropy", "no_such"))
+        assert some.columns == ["step", "entropy", "blocked_ppo"]  # the summary's order
+        assert some.equals(whole.select(some.columns))
+
+
 def test_blocked_per_step_is_exact_with_the_aggregates(pair):
     full, sampled = pair
     want = blocked_per_step(full.tokens)

@@ -154,9 +154,7 @@ def step_signals(run) -> pl.DataFrame:
     tokens = run.tokens
     rules = checked_rules(tokens, None)
     aggregates = exact_aggregates(run)
-    per_step = step_summary(tokens, aggregates=aggregates).select(
-        "step", "entropy", *(blocked_column(r) for r in rules)
-    )
+    per_step = step_summary(tokens, aggregates=aggregates, columns=("entropy", *(blocked_column(r) for r in rules)))
     mm = mismatch_per_step(tokens, aggregates=aggregates).select("step", "k3_kl", "prob_diff_mean")
     reward = collect(run.samples.group_by("step").agg(pl.col("reward").mean().cast(pl.Float64)))
     grad = collect(_metric_per_step(run.metrics, "grad_norm"))

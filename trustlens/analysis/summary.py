@@ -47,15 +47,21 @@ def exact_aggregates(run, steps: tuple[int, int] | None = None) -> pl.LazyFrame 
     return run.aggregates.filter(pl.col("step").is_between(*steps))
 
 
-def step_summary_query(tokens: pl.LazyFrame) -> pl.LazyFrame:
+def step_summary_query(tokens: pl.LazyFrame, *, counts: bool = True) -> pl.LazyFrame:
     """The lazy query behind `step_summary` on the token rows alone (for composing with other
-    queries)."""
+    queries). counts=False leaves out what exact aggregates give (tokens, zero_adv_frac,
+    blocked_<rule>), sparing a sampled run's scan those columns."""
     rules = checked_rules(tokens, None)
     w = weighted(tokens)
+    counted = [
+        (weighted_count().round() if w else pl.len()).cast(pl.Int64).alias("tokens"),
+        zero_advantage_frac(weights=w),
+        *(blocked_rate(r, weights=w) for r in rules),
+    ]
     return (
         tokens.group_by("step")
         .agg(
-            (weighted_count().round() if w else pl.len()).cast(pl.Int64).alias("tokens"),
+            *(counted[:1] if counts else ()),
             pl.col("sample").n_unique().cast(pl.Int64).alias("samples"),
             weighted_mean(pl.col("advantage"), weights=w).alias("mean_advantage"),
             weighted_mean(pl.col("entropy"), weights=w).alias("entropy"),
@@ -63,19 +69,27 @@ def step_summary_query(tokens: pl.LazyFrame) -> pl.LazyFrame:
             pl.col("ratio").max().cast(pl.Float64).alias("ratio_max"),
             weighted_mean(pl.col("binary_tv"), weights=w).alias("binary_tv_mean"),
             pl.col("binary_tv").max().cast(pl.Float64).alias("binary_tv_max"),
-            zero_advantage_frac(weights=w),
-            *(blocked_rate(r, weights=w) for r in rules),
+            *(counted[1:] if counts else ()),
         )
         .sort("step")
     )
 
 
-def step_summary(tokens: pl.LazyFrame, *, aggregates: pl.LazyFrame | None = None) -> pl.DataFrame:
+def step_summary(
+    tokens: pl.LazyFrame, *, aggregates: pl.LazyFrame | None = None, columns: tuple[str, ...] | None = None
+) -> pl.DataFrame:
     """One row per step (see the module docstring), sorted by step.
 
     aggregates: the exact aggregates of all tokens (`Run.aggregates` of a sampled run, limited to
-        the same steps as `tokens`): tokens, zero_adv_frac and the block rates come from them."""
-    summary = collect(step_summary_query(tokens))
+        the same steps as `tokens`): tokens, zero_adv_frac and the block rates come from them
+        (and are not computed from the rows).
+    columns: only these columns besides step (the others are not computed)."""
+    full = step_summary_query(tokens)
+    order = full.collect_schema().names()
+    wanted = order[1:] if columns is None else [c for c in order if c in columns]
+    query = full if aggregates is None else step_summary_query(tokens, counts=False)
+    rows = [c for c in wanted if c in query.collect_schema().names()]
+    summary = collect(query.select("step", *rows))
     if aggregates is None:
         return summary
     rules = checked_rules(tokens, None)
@@ -85,7 +99,8 @@ def step_summary(tokens: pl.LazyFrame, *, aggregates: pl.LazyFrame | None = None
         pl.when(pl.col("tokens") > 0).then(pl.col("tokens_zero") / pl.col("tokens")).alias("zero_adv_frac"),
         *(pl.when(pl.col(f"n_{r}") > 0).then(pl.col(f"k_{r}") / pl.col(f"n_{r}")).alias(f"blocked_{r}") for r in rules),
     )
-    return exact.join(summary.drop(exact.columns[1:]), on="step", how="left").select(summary.columns)
+    joined = exact.join(summary, on="step", how="left")
+    return joined.select("step", *(c for c in wanted if c in joined.columns))
 
 
 __all__ = ["exact_aggregates", "step_summary", "step_summary_query"]
