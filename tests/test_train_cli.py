@@ -42,6 +42,14 @@ def test_help_documents_every_flag(capsys):
     assert "dppo_binary_tv" in text and "offpolicy" in text
 
 
+@pytest.mark.parametrize(("command", "preset"), [("train", "default"), ("compare", "default"), ("claims", "collapse")])
+def test_help_names_the_preset_each_command_uses(capsys, command, preset):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(listed at the end) [{preset}]" in text
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -149,11 +149,12 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
     else:
         raise ValueError(f"trustlens.train.commands has no command {name!r}")
     if name != "make-sample":
+        preset = "collapse" if name == "claims" else "default"
         parser.add_argument(
             "--preset",
             choices=list(PRESETS),
-            default="collapse" if name == "claims" else "default",
-            help="named settings that the flags below override (listed at the end) [default]",
+            default=preset,
+            help=f"named settings that the flags below override (listed at the end) [{preset}]",
         )
     parser.add_argument("--overwrite", action="store_true", help="replace existing run directories instead of refusing")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
