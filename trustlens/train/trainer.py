@@ -286,6 +286,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
     result = TrainResult(run_dir)
     bar = _progress_bar(cfg.steps, progress and world.main)
     with make_recorder(cfg, run_dir, tokenizer, rules) as recorder:
+        recording = not isinstance(recorder, NullRecorder)  # the entropy below is for the record only
         for step in range(cfg.steps + 1):
             metrics: dict[str, float] = {}
             if cfg.eval_size and (step % cfg.eval_every == 0 or step == cfg.steps):
@@ -362,22 +363,23 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                         blocked = evaluate_all(rules, pi_logp=pi_logp, **token_inputs)
                         counter.add(blocked, advantages[rows][:, None], mb.response_mask)
                         active_blocked.append(float(out.blocked_frac))
-                        recorder.record(
-                            step,
-                            update=epoch * cfg.minibatches + m,
-                            token_ids=mb.response_ids,
-                            response_mask=mb.response_mask,
-                            pi_logp=pi_logp,
-                            advantages=advantages[rows],
-                            mu_logp=mb.mu_logp,
-                            old_logp=old_logp[rows],
-                            entropy=entropy_from_logits(logits.detach()),  # (b, T) π's entropy, nats
-                            topk_tv=topk_tv,  # computed once above, as are the rule decisions
-                            topk_kl=topk_kl,
-                            blocked=blocked,
-                            sample_ids=sample_ids[rows],
-                            group_ids=group_ids[rows],
-                        )
+                        if recording:
+                            recorder.record(
+                                step,
+                                update=epoch * cfg.minibatches + m,
+                                token_ids=mb.response_ids,
+                                response_mask=mb.response_mask,
+                                pi_logp=pi_logp,
+                                advantages=advantages[rows],
+                                mu_logp=mb.mu_logp,
+                                old_logp=old_logp[rows],
+                                entropy=entropy_from_logits(logits.detach()),  # (b, T) π's entropy, nats
+                                topk_tv=topk_tv,  # computed once above, as are the rule decisions
+                                topk_kl=topk_kl,
+                                blocked=blocked,
+                                sample_ids=sample_ids[rows],
+                                group_ids=group_ids[rows],
+                            )
 
             # 6. the engine serves the new weights
             engine.sync_weights(model)
