@@ -39,22 +39,20 @@ def settings_key(run) -> str:
 def seed_groups(paths: list[str]) -> list[tuple[list[str], pl.DataFrame]]:
     """Groups of ≥ 2 runs with equal settings but different seeds, with their outcome rows."""
     groups: dict[str, list[str]] = {}
+    seeds: dict[str, set] = {}
     for path in paths:
         run = ui.run_at(path, ui.run_signature(Path(path)))
-        groups.setdefault(settings_key(run), []).append(path)
+        key = settings_key(run)
+        groups.setdefault(key, []).append(path)
+        seeds.setdefault(key, set()).add((run.manifest.get("config") or {}).get("seed"))
     out = []
-    for members in groups.values():
-        if len({seed_of(p) for p in members}) < 2:  # no outcome (a scan of the tokens) without seeds to compare
+    for key, members in groups.items():
+        if len(seeds[key]) < 2:  # no outcomes (a scan of each run's tokens) without seeds to compare
             continue
         rows = [o for p in members if (o := outcome(p, ui.run_signature(Path(p)))) is not None]
         if len({o["seed"] for o in rows}) >= 2:  # several seeds of at least one rule
             out.append((members, pl.DataFrame(rows, schema=OUTCOME_SCHEMA)))
     return out
-
-
-def seed_of(path: str):
-    """The seed in the run's manifest (None if it has none)."""
-    return (ui.run_at(path, ui.run_signature(Path(path))).manifest.get("config") or {}).get("seed")
 
 
 def seed_bars(table: pl.DataFrame, stat: str):
