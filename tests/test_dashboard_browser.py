@@ -4,6 +4,9 @@ Debian Chromium (driven by Playwright), no error box, hostile run text shown and
 Screenshots go to artifacts/browser/ at the repository root (git-ignored).
 """
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -90,7 +93,8 @@ def _hostile_run(root: Path) -> Path:
 
 class _served:
     """`trustlens dashboard RUNS --port P [flags]` in the background, as a context manager
-    yielding its URL; the server is stopped on exit."""
+    yielding its URL; the server is stopped on exit: the CLI and its Streamlit child, as one
+    process group (a child left behind by a CLI killed after the timeout outlived its test)."""
 
     def __init__(self, runs: Path, logdir: Path, *flags: str):
         self.runs, self.logdir, self.flags = runs, logdir, flags
@@ -104,6 +108,7 @@ class _served:
             [*cli, "dashboard", str(self.runs), "--port", str(port), *self.flags],
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.url = f"http://127.0.0.1:{port}"
         try:
@@ -116,11 +121,12 @@ class _served:
         return self.url
 
     def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # then SIGKILL, below
             self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        with contextlib.suppress(ProcessLookupError):  # the group's stragglers, if any
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
         self.log.close()
 
 
