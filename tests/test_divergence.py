@@ -12,6 +12,7 @@ import trustlens.divergence as divergence
 from trustlens.divergence import (
     binary_kl,
     binary_tv,
+    entropy_from_logits,
     exact_divergence,
     topk_divergence,
     topk_divergence_from_logp,
@@ -390,6 +391,66 @@ def test_exact_half_precision(dtype, gen):
     assert tv.dtype == torch.float32
     p, q = Categorical(logits=mu.double()), Categorical(logits=pi.double())
     torch.testing.assert_close(kl.double(), kl_divergence(p, q), atol=1e-6, rtol=1e-5)
+
+
+# ---- entropy -------------------------------------------------------------------------------
+
+
+@FEW
+@given(cases)
+def test_entropy_matches_torch_distributions(case):
+    pi, _, _, _, _ = build(case)
+    tau = case["temperature"]
+    h = entropy_from_logits(pi, temperature=tau)
+    assert h.shape == pi.shape[:-1] and h.dtype == torch.float32
+    torch.testing.assert_close(h.double(), Categorical(logits=pi.double() / tau).entropy(), atol=2e-6, rtol=1e-5)
+
+
+def test_entropy_closed_forms():
+    """Uniform over V: log V; one-hot (the rest −inf): 0; float64 in, float64 out."""
+    uniform = torch.zeros(2, 7, dtype=torch.float64)
+    assert entropy_from_logits(uniform).tolist() == pytest.approx([math.log(7)] * 2, abs=1e-15)
+    one_hot = torch.full((3, 5), -math.inf, dtype=torch.float64)
+    one_hot[torch.arange(3), torch.tensor([0, 2, 4])] = 1.0
+    assert entropy_from_logits(one_hot).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_entropy_masked_tokens_add_nothing(gen):
+    """A −inf logit is a token of probability 0: the entropy is that of the other tokens."""
+    logits = torch.randn(4, 9, generator=gen, dtype=torch.float64)
+    logits[1, 3] = logits[2, :5] = -math.inf
+    expected = [float(Categorical(logits=row[torch.isfinite(row)]).entropy()) for row in logits]
+    assert entropy_from_logits(logits).tolist() == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_entropy_half_precision(dtype, gen):
+    logits = (torch.randn(3, 5, 300, generator=gen) * 3).to(dtype)
+    h = entropy_from_logits(logits)
+    assert h.dtype == torch.float32
+    torch.testing.assert_close(h.double(), Categorical(logits=logits.double()).entropy(), atol=1e-6, rtol=1e-5)
+
+
+def test_entropy_over_many_chunks(monkeypatch, gen):
+    """Chunks of 2 rows (a last partial one), non-contiguous input: the same as one pass."""
+    monkeypatch.setattr(divergence, "ENTROPY_CHUNK_ELEMENTS", 2 * 50)
+    logits = torch.randn(7, 5, 50, generator=gen)[:, ::2]
+    torch.testing.assert_close(
+        entropy_from_logits(logits).double(), Categorical(logits=logits.double()).entropy(), atol=2e-6, rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "message"), [(math.nan, "NaN"), (math.inf, "inf"), (-math.inf, "a row of only -inf")]
+)
+def test_entropy_bad_logits_name_the_index(value, message):
+    logits = torch.zeros(2, 3, 4)
+    if value == -math.inf:
+        logits[1, 2] = value
+    else:
+        logits[1, 2, 3] = value
+    with pytest.raises(ValueError, match=rf"logits contains {message}.*\(1, 2, \d\)"):
+        entropy_from_logits(logits)
 
 
 # ---- bad input -----------------------------------------------------------------------------

@@ -32,6 +32,7 @@ _EXPORTS = {
     "topk_divergence": "trustlens.divergence",
     "exact_divergence": "trustlens.divergence",
     "topk_from_logits": "trustlens.divergence",
+    "entropy_from_logits": "trustlens.divergence",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from trustlens.divergence import (
         binary_kl,
         binary_tv,
+        entropy_from_logits,
         exact_divergence,
         topk_divergence,
         topk_from_logits,

@@ -47,6 +47,9 @@ from trustlens._torch import torch
 # Elements of one chunk of rows (1 MiB of float32): small enough to stay in a core's L2 cache.
 # A row longer than this is processed alone.
 CHUNK_ELEMENTS = 1 << 18
+# `entropy_from_logits` works on three chunk-sized tensors at once (input, log-softmax, exp):
+# chunks a quarter as large keep them together in cache (fastest of 2^14…2^18 when measured).
+ENTROPY_CHUNK_ELEMENTS = CHUNK_ELEMENTS // 4
 
 # When the largest logit/τ among μ's top-K ids lies in this range, π's exps are taken without a
 # shift: their total is ≥ e^-20, far above float32's underflow, and a logit up to 88 fits.
@@ -189,10 +192,10 @@ def _row_blocks(*tensors: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
         yield from _row_blocks(*parts)
 
 
-def _row_chunks(*tensors: torch.Tensor) -> Iterator[tuple[int, tuple[torch.Tensor, ...]]]:
-    """(first row, aligned chunks of at most max(1, CHUNK_ELEMENTS // V) rows) over the rows of
-    tensors of one shape (..., V)."""
-    rows = max(1, CHUNK_ELEMENTS // tensors[0].shape[-1])
+def _row_chunks(*tensors: torch.Tensor, rows: int = 0) -> Iterator[tuple[int, tuple[torch.Tensor, ...]]]:
+    """(first row, aligned chunks of at most `rows` rows, by default max(1, CHUNK_ELEMENTS // V))
+    over the rows of tensors of one shape (..., V)."""
+    rows = rows or max(1, CHUNK_ELEMENTS // tensors[0].shape[-1])
     first = 0
     for block in _row_blocks(*tensors):
         for start in range(0, block[0].shape[0], rows):
@@ -493,6 +496,38 @@ def exact_divergence(
             _check_row_maxima(name, logits, _rows(logits, bad).amax(-1), bad)
     lead = pi_logits.shape[:-1]
     return tv.mul_(0.5).clamp_(0.0, 1.0).reshape(lead), kl.clamp_(min=0.0).reshape(lead)
+
+
+def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy H(π) = −Σ_v π_v log π_v of π = softmax(logits / temperature) per position, nats.
+
+    logits (..., V), any float dtype; returns (...) in float32 (float64 when logits are). A −inf
+    logit (probability 0) adds 0. Rows are processed in chunks with two scratch chunks reused
+    throughout: no (N, V) log-softmax is built, and each chunk is worked on while in cache (on
+    (768, 1010) float32 logits this is ~4× faster than one whole-tensor log-softmax). NaN, +inf
+    and rows of only −inf raise.
+    """
+    temperature = _check_temperature(temperature)
+    logits = _check_logits("logits", logits)
+    dtype = _result_dtype(logits)
+    n = math.prod(logits.shape[:-1])
+    out = torch.empty(n, dtype=dtype, device=logits.device)
+    rows = min(n, max(1, ENTROPY_CHUNK_ELEMENTS // logits.shape[-1]))
+    logp, work = (torch.empty(rows, logits.shape[-1], dtype=dtype, device=logits.device) for _ in range(2))
+    for first, (chunk,) in _row_chunks(logits, rows=rows):
+        r = chunk.shape[0]
+        if chunk.dtype != dtype:
+            chunk = work[:r].copy_(chunk)  # upcast once, in cache
+        if temperature != 1.0:
+            chunk = torch.div(chunk, temperature, out=work[:r])
+        torch.log_softmax(chunk, -1, out=logp[:r])
+        p = torch.exp(logp[:r], out=work[:r])
+        logp[:r].clamp_(min=torch.finfo(dtype).min)  # π_v = 0 terms: 0 · (−inf) → 0 · finite = 0
+        torch.linalg.vecdot(p, logp[:r], out=out[first : first + r])
+    bad = torch.nonzero(out.isnan())[:1, 0]  # NaN/+inf or a row of only −inf: find the culprit
+    if bad.numel():
+        _check_row_maxima("logits", logits, _rows(logits, bad).amax(-1), bad)
+    return out.neg_().clamp_(min=0.0).reshape(logits.shape[:-1])
 
 
 def topk_from_logits(

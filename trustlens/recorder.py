@@ -54,7 +54,7 @@ from trustlens._checks import (
     check_nonnegative,
     check_tensor,
 )
-from trustlens.divergence import topk_divergence
+from trustlens.divergence import entropy_from_logits, topk_divergence
 from trustlens.rules import RULES, RuleSpec, TokenInputs, resolve_rules
 from trustlens.run import blocked_column, signals, table_schema
 from trustlens.run.aggregates import Keep, keep_rows
@@ -101,15 +101,6 @@ def _positive_seconds(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
     return float(value)
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy −Σ_v p_v log p_v of softmax(logits) over the last dim, in nats, float32 or wider.
-
-    `logits` (..., V) may hold −inf (tokens the policy cannot emit); they contribute 0.
-    """
-    logp = torch.log_softmax(logits.float() if logits.dtype != torch.float64 else logits, dim=-1)
-    return -(torch.exp(logp) * logp.nan_to_num(neginf=0.0)).sum(-1)
 
 
 def _config_dict(config: Any) -> dict[str, Any] | None:
@@ -633,7 +624,7 @@ class TokenRecorder:
                 if bool(bad.any()):
                     row = int(chunk_index[torch.nonzero(bad.any(-1))[0, 0]])
                     raise ValueError(f"logits hold NaN or +inf at (b, t) = {divmod(row, mask.shape[1])}")
-                ent.append(entropy_from_logits(chunk / temperature if temperature != 1.0 else chunk))
+                ent.append(entropy_from_logits(chunk, temperature=temperature))
             if with_topk:
                 sl = slice(start, start + rows)
                 try:

@@ -50,9 +50,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trustlens.divergence import topk_divergence
+from trustlens.divergence import entropy_from_logits, topk_divergence
 from trustlens.loss import policy_loss
-from trustlens.recorder import NullRecorder, TokenRecorder, distributed_rank, entropy_from_logits
+from trustlens.recorder import NullRecorder, TokenRecorder, distributed_rank
 from trustlens.rules import RULES, evaluate_all
 from trustlens.run.aggregates import Keep
 from trustlens.train.config import RANDOM_INIT, TrainConfig
