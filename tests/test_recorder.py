@@ -290,7 +290,7 @@ BAD_INPUTS = [
     (
         "id outside vocab",
         lambda b: _bad(b, token_ids=b["token_ids"].index_put((torch.tensor(1), torch.tensor(0)), torch.tensor(V))),
-        r"token_ids holds id 11 ≥ the vocabulary size 11",
+        r"token_ids holds id 11 at \(b, t\) = \(1, 0\), a valid position; ids must be in \[0, 11\) \(the vocabulary",
     ),
     ("no anchor", lambda b: _bad(b, mu_logp=None, old_logp=None), r"needs mu_logp or old_logp"),
     ("topk half", lambda b: _bad(b, mu_topk_ids=torch.zeros(B, T, K, dtype=torch.long)), r"must be given together"),

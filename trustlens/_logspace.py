@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 LN2 = 0.6931471805599453
 
 # Log-probabilities above this are rejected; those in (0, LOGP_TOLERANCE] are rounding noise of
@@ -50,3 +52,19 @@ def binary_kl(pi_logp: Any, mu_logp: Any, eps: float, xp: Any) -> Any:
     on_token = xp.where(mu > 0, mu * (mu_logp - pi_logp), xp.zeros_like(mu))
     rest = xp.where(rest_mu > 0, rest_mu * (log1mexp(mu_logp, xp) - log1mexp(pi_logp, xp)), xp.zeros_like(mu))
     return xp.maximum(on_token + rest, xp.zeros_like(mu))
+
+
+def derived_columns(pi_logp: np.ndarray, anchor_logp: np.ndarray) -> dict[str, np.ndarray]:
+    """The token columns that follow from the sampled token's float32 log-probs under π and its
+    anchor (μ, else π_old): ratio π/anchor, binary_tv and binary_kl (nats), float32, computed in
+    float32 with numpy. One computation for the recorder (full runs store them) and the reader
+    (sampled runs derive them), so that both give the same bits from the same stored columns."""
+    pi, anchor = pi_logp.astype(np.float32, copy=False), anchor_logp.astype(np.float32, copy=False)
+    eps = float(np.finfo(np.float32).eps)
+    with np.errstate(all="ignore"):
+        values = {
+            "ratio": np.exp(pi - anchor),
+            "binary_tv": abs_diff_exp(pi, anchor, np),
+            "binary_kl": binary_kl(pi, anchor, eps, np),
+        }
+    return {k: v.astype(np.float32, copy=False) for k, v in values.items()}

@@ -7,19 +7,19 @@
                        old_logp=old, advantages=adv)
             rec.log_metrics(step, {"reward/mean": r})
 
-`record` computes, on the device of its tensors, for every valid (response_mask) position: the
-ratio π/anchor, the binary TV and KL, the top-K TV and KL (when π's logits and μ's top-K are
-given), the entropy of π (from the logits when not given) and the decision of every evaluated
-rule (`blocked_<rule>`, trustlens.rules). It then copies the compact per-row arrays to the CPU and
-hands them to the run's background writer (trustlens.run.writer): the training step does not wait on disk
-unless the writer's bounded queue is full.
+`record` computes, for every valid (response_mask) position: the ratio π/anchor, the binary TV
+and KL, the top-K TV and KL (when π's logits and μ's top-K are given), the entropy of π (from the
+logits when not given) and the decision of every evaluated rule (`blocked_<rule>`,
+trustlens.rules), and hands the rows to the run's background writer (trustlens.run.writer): the
+training step does not wait on disk unless the writer's bounded queue is full.
 
-Where the work happens: the caller's thread checks every input (so bad input raises from
-`record` and records nothing), selects the valid positions and derives what needs π's logits
-(entropy, top-K), on the tensors' device. The rest (ratio, binary divergences, rule decisions)
-is derived on that device too: by the caller for accelerator tensors, so that only compact rows
-leave the device; by the writer thread for CPU tensors, so that on a CPU the training step pays
-only for the checks and the selection (the writer thread runs torch ops without holding the GIL).
+Where the work happens (trustlens.token_rows): the caller's thread checks every input (so bad
+input raises from `record` and records nothing) while copying the per-token inputs into one
+snapshot, and derives what needs π's logits (entropy, top-K), on the tensors' device. Taking the
+valid positions and deriving the rest (rule decisions on the device; ratio and binary divergences
+from the float32 log-probs with numpy, as the reader derives them) happen by the caller for
+accelerator tensors, so that only compact rows leave the device, and by the writer thread for CPU
+tensors, so that on a CPU the training step pays only for the copy and the checks.
 
 The anchor of ratio and divergences is μ. When μ is not given (an external trainer without the
 rollout engine's log-probs), they are anchored on π_old, `mu_logp` is null and the manifest
@@ -39,7 +39,7 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,20 +47,15 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from trustlens._checks import (
-    _first_index,
-    check_logp,
-    check_mask,
-    check_nonnegative,
-    check_tensor,
-)
+from trustlens._checks import check_mask, check_tensor
 from trustlens.divergence import entropy_from_logits, topk_divergence
-from trustlens.rules import RULES, RuleSpec, TokenInputs, resolve_rules
+from trustlens.rules import RULES, RuleSpec, require_inputs, resolve_rules
 from trustlens.run import blocked_column, signals, table_schema
-from trustlens.run.aggregates import Keep, keep_rows
+from trustlens.run.aggregates import Keep
 from trustlens.run.manifest import new_manifest
 from trustlens.run.storage import Remote
-from trustlens.run.writer import BackgroundWriter, RankWriter, TokenBatch, WriterStats
+from trustlens.run.writer import BackgroundWriter, RankWriter, WriterStats
+from trustlens.token_rows import TokenRows, check_token_range, checked_token_ids, checked_values, derive_rows
 
 # token columns a caller may leave null; the manifest's "missing" lists those never recorded
 OPTIONAL_COLUMNS = ("mu_logp", "old_logp", "topk_tv", "topk_kl", "entropy")
@@ -312,89 +307,59 @@ class TokenRecorder:
             raise ValueError("topk_tv and topk_kl must be given together")
         decided = self._check_blocked(blocked, shape)
         device = pi_logp.device
-        mask = check_mask("response_mask", response_mask, token_ids).to(device)
+        mask = check_mask("response_mask", response_mask, token_ids).to(device, copy=True)
         id_key = ("tokens", step, update)
         samples = self._ids("sample_ids", sample_ids, shape[0], device, id_key)
         groups = samples if group_ids is None else self._ids("group_ids", group_ids, shape[0], device, None)
-
-        b, t = torch.nonzero(mask, as_tuple=True)  # (N,) each: the valid positions
-        index = b * shape[1] + t  # (N,) their flat index
-
-        def take(x: torch.Tensor) -> torch.Tensor:  # (B, T) -> (N,) at the valid positions
-            return x.to(device).reshape(-1).index_select(0, index)
-
-        ids = take(token_ids)
-        if ids.numel():
-            lo, hi = torch.aminmax(ids)
-            if int(lo) < 0 or int(hi) >= 2**31:
-                bad = mask & ((token_ids.to(device) < 0) | (token_ids.to(device) >= 2**31))
-                raise ValueError(f"token_ids must be in [0, 2³¹) at valid positions; first bad at {_first_index(bad)}")
-        ent_from_logits = None
-        given_topk = topk_tv is not None and topk_kl is not None
-        if topk_tv is not None and topk_kl is not None:
-            topk_tv, topk_kl = take(topk_tv), take(topk_kl)
+        ids = checked_token_ids(token_ids, mask)
+        columns = {k: v for k, v in per_token.items() if v is not None}
+        per_sequence = None  # (B,) advantages per sequence, checked and copied (not per token: no (B, T) copy)
+        if _checked_advantages(advantages, shape).dim() == 2:
+            columns["advantages"] = advantages
+        else:
+            per_sequence = check_tensor("advantages", advantages).detach().to(device, copy=True)
         if logits is not None:
-            ent_from_logits, logit_tv, logit_kl = self._logit_quantities(
-                logits,
-                mask,
-                index,
-                ids,
-                None if given_topk else mu_topk_ids,
-                None if given_topk else mu_topk_logp,
-                temperature,
-                want_entropy=entropy is None,
+            given_topk = topk_tv is not None
+            columns.update(
+                self._logit_quantities(
+                    logits,
+                    mask,
+                    ids,
+                    None if given_topk else mu_topk_ids,
+                    None if given_topk else mu_topk_logp,
+                    temperature,
+                    want_entropy=entropy is None,
+                )
             )
-            if not given_topk:
-                topk_tv, topk_kl = logit_tv, logit_kl
-        anchor_logp = mu_logp if mu_logp is not None else old_logp
-        assert anchor_logp is not None  # _check_arguments checked it
-        try:
-            adv = _advantages_at(advantages, shape, b, take)
-            inputs = TokenInputs(
-                pi_logp=take(pi_logp),
-                mu_logp=take(anchor_logp),
-                advantages=adv,
-                old_logp=None if old_logp is None else take(old_logp),
-                topk_tv=topk_tv,
-                topk_kl=topk_kl,
-            )
-            ent = ent_from_logits if entropy is None else check_nonnegative("entropy", take(entropy))
-            if given_topk:
-                topk_tv = check_nonnegative("topk_tv", topk_tv)
-                topk_kl = check_nonnegative("topk_kl", topk_kl, allow_inf=True)
-        except ValueError:
-            _locate_error(mask, advantages=advantages, **per_token)
-            raise
+        present = {k: k in columns for k in ("old_logp", "topk_tv", "topk_kl")}
         if self._rules_given:  # the caller asked for these rules: each must be decidable
             for rule in self.rules:
-                inputs.require(rule)
-        evaluable = [r for r in self.rules if r.name in decided or all(inputs.given[a] is not None for a in r.needs)]
-        ids_of_rows = (samples, groups, b, t, ids)
-        decisions = {name: take(d) for name, d in decided.items()}
-        derive = functools.partial(
-            _derive, step, update, ids_of_rows, inputs, mu_logp is not None, ent, self.rules, evaluable, decisions
+                require_inputs(rule, present)
+        evaluable = [r for r in self.rules if r.name in decided or all(present[a] for a in r.needs)]
+        rows = TokenRows(
+            mask=mask,
+            token_ids=ids,
+            samples=samples,
+            groups=groups,
+            names=list(columns),
+            values=checked_values(columns, mask),
+            sequence_advantages=per_sequence,
+            decided_rules=list(decided),
+            decided=torch.stack([d.to(device) for d in decided.values()]) if decided else None,
         )
-        job = derive if self.keep is None else functools.partial(_kept, derive, self.keep, self._rule_names, self.rank)
-        recorded = {
-            k
-            for k, v in (
-                ("mu_logp", mu_logp),
-                ("old_logp", old_logp),
-                ("topk_tv", topk_tv),
-                ("topk_kl", topk_kl),
-                ("entropy", ent),
-            )
-            if v is not None
-        }
         self._note_anchor(
-            "mu" if mu_logp is not None else "old", recorded | {blocked_column(r.name) for r in evaluable}
+            "mu" if mu_logp is not None else "old",
+            {k for k in columns if k in OPTIONAL_COLUMNS} | {blocked_column(r.name) for r in evaluable},
         )
-        # on the CPU the derived columns are computed by the writer thread (same device, off the
-        # training step's path); elsewhere here, so that only compact rows leave the device
+        n_rows = int(mask.count_nonzero())
+        job = functools.partial(derive_rows, step, update, rows, self.rules, evaluable, self.keep, self.rank)
+        # on the CPU the rows are taken and derived by the writer thread (same device, off the
+        # training step's path); elsewhere here, so that only compact rows leave the device.
+        # Last: the writer thread wakes up to it and would compete for the GIL with any torch op after.
         self._writer.put_tokens(job if device.type == "cpu" else job())
         if sample_ids is None:
             self._count_ids(id_key, shape[0])
-        return len(b)
+        return n_rows
 
     def log_metrics(self, step: int, metrics: Mapping[str, float | int | torch.Tensor]) -> None:
         """Record scalar metrics of `step` (long format: one row per name)."""
@@ -591,18 +556,19 @@ class TokenRecorder:
             _check_unique(name, ids)
         return ids
 
-    def _logit_quantities(self, logits, mask, index, ids, topk_ids, topk_logp, temperature, *, want_entropy):
-        """Entropy and top-K TV/KL at the valid positions (flat `index` (N,), sampled `ids` (N,)),
-        from π's logits (B, T, V) gathered a chunk of rows at a time, so that no (N, V) copy is
-        made. Returns (entropy | None, topk_tv | None, topk_kl | None), each (N,)."""
+    def _logit_quantities(self, logits, mask, ids, topk_ids, topk_logp, temperature, *, want_entropy):
+        """{"entropy": …, "topk_tv": …, "topk_kl": …} (B, T), 0 in the padding: the entropy (when
+        `want_entropy`) and the top-K TV/KL (when μ's top-K is given) at the valid positions, from
+        π's logits (B, T, V) gathered a chunk of rows at a time, so that no (N, V) copy is made.
+        `ids` (B, T): the sampled ids (checked here against the vocabulary at valid positions)."""
         if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(mask.shape):
             got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
             raise ValueError(f"logits must be a (B, T, V) tensor with (B, T) = {tuple(mask.shape)}, got {got}")
         if not logits.is_floating_point():
             raise ValueError(f"logits must be a floating-point tensor, got dtype {logits.dtype}")
         vocab = logits.shape[-1]
-        if ids.numel() and int(ids.max()) >= vocab:
-            raise ValueError(f"token_ids holds id {int(ids.max())} ≥ the vocabulary size {vocab} of logits")
+        check_token_range(ids, mask, vocab, " (the vocabulary of logits)")
+        index = torch.nonzero(mask.reshape(-1))[:, 0]  # (N,) the valid positions, flat
         with_topk = topk_ids is not None
         if with_topk:
             k = topk_ids.shape[-1] if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 3 else -1
@@ -610,11 +576,11 @@ class TokenRecorder:
             check_tensor_shape("mu_topk_logp", topk_logp, (*mask.shape, k))
             topk_ids = topk_ids.to(mask.device).reshape(-1, k).index_select(0, index)
             topk_logp = topk_logp.to(mask.device).reshape(-1, k).index_select(0, index)
-        if not (want_entropy or with_topk):
-            return None, None, None
+        wanted = (["entropy"] if want_entropy else []) + (["topk_tv", "topk_kl"] if with_topk else [])
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        out = {name: torch.zeros(mask.numel(), dtype=dtype, device=mask.device) for name in wanted}  # (B·T,)
         flat = logits.reshape(-1, vocab)
         rows = max(1, LOGIT_CHUNK_ELEMENTS // vocab)
-        ent, tv, kl = [], [], []
         for start in range(0, len(index), rows):
             chunk_index = index[start : start + rows]
             chunk = flat.index_select(0, chunk_index)  # (n, V)
@@ -624,20 +590,16 @@ class TokenRecorder:
                 if bool(bad.any()):
                     row = int(chunk_index[torch.nonzero(bad.any(-1))[0, 0]])
                     raise ValueError(f"logits hold NaN or +inf at (b, t) = {divmod(row, mask.shape[1])}")
-                ent.append(entropy_from_logits(chunk, temperature=temperature))
+                out["entropy"][chunk_index] = entropy_from_logits(chunk, temperature=temperature).to(dtype)
             if with_topk:
                 sl = slice(start, start + rows)
                 try:
                     chunk_tv, chunk_kl = topk_divergence(chunk, topk_ids[sl], topk_logp[sl], temperature=temperature)
                 except ValueError as err:
                     raise ValueError(f"{err} ({where}; index counted over them)") from err
-                tv.append(chunk_tv)
-                kl.append(chunk_kl)
-
-        def cat(parts: list[torch.Tensor]) -> torch.Tensor:
-            return torch.cat(parts) if parts else torch.zeros(0, device=logits.device)
-
-        return cat(ent) if want_entropy else None, cat(tv) if with_topk else None, cat(kl) if with_topk else None
+                out["topk_tv"][chunk_index] = chunk_tv.to(dtype)
+                out["topk_kl"][chunk_index] = chunk_kl.to(dtype)
+        return {name: t.reshape(mask.shape) for name, t in out.items()}
 
     def _note_anchor(self, anchor: str, recorded: set[str]) -> None:
         """Keep the manifest's anchor and list of missing quantities current; `recorded` holds
@@ -649,47 +611,6 @@ class TokenRecorder:
         self._recorded |= recorded
         wanted = list(OPTIONAL_COLUMNS) + [blocked_column(r.name) for r in self.rules]
         self._writer.put_manifest({"anchor": new_anchor, "missing": [k for k in wanted if k not in self._recorded]})
-
-
-@torch.no_grad()
-def _derive(
-    step: int,
-    update: int,
-    ids_of_rows: tuple[torch.Tensor, ...],
-    inputs: TokenInputs,
-    mu_given: bool,
-    entropy: torch.Tensor | None,
-    rules: list,
-    evaluable: list,
-    decided: dict[str, torch.Tensor],
-) -> TokenBatch:
-    """The rows of one `record` call from its checked inputs (N,): their ids, ratio π/anchor,
-    binary TV and KL, and the decision of every evaluable rule (the others stay null), as CPU
-    arrays. `ids_of_rows` = (sample ids (B,), group ids (B,), b (N,), t (N,), token ids (N,));
-    `decided` holds the caller's own decisions (N,) of some rules, used as they are."""
-    samples, groups, b, t, token_ids = ids_of_rows
-    ints = [samples.index_select(0, b), groups.index_select(0, b), t, token_ids.long()]
-    floats = {
-        "mu_logp": inputs.mu_logp if mu_given else None,
-        "old_logp": inputs.old_logp,
-        "pi_logp": inputs.pi_logp,
-        "ratio": torch.exp(inputs.pi_logp - inputs.mu_logp),
-        "binary_tv": inputs.distance(RULES["dppo_binary_tv"]),
-        "binary_kl": inputs.distance(RULES["dppo_binary_kl"]),
-        "topk_tv": inputs.given["topk_tv"],
-        "topk_kl": inputs.given["topk_kl"],
-        "entropy": entropy,
-        "advantage": inputs.advantages,
-    }
-    blocked = {
-        r.name: decided[r.name] if r.name in decided else inputs.blocked(r) if r in evaluable else None for r in rules
-    }
-    return _to_cpu(step, update, ints, floats, blocked)
-
-
-def _kept(derive, keep: Keep, rules: list[str], rank: int) -> TokenBatch:
-    """The rows `derive()` computes, sampled under `keep`, carrying the aggregates of all."""
-    return keep_rows(derive(), keep, rules, rank)
 
 
 def _check_unique(name: str, ids: torch.Tensor | list) -> None:
@@ -737,52 +658,16 @@ def _check_arguments(
     return shape
 
 
-def _advantages_at(advantages: object, shape: tuple[int, int], b: torch.Tensor, take) -> torch.Tensor:
-    """Advantages (B,) or (B, T) at the valid positions (N,), given their batch rows `b`."""
-    if isinstance(advantages, torch.Tensor) and tuple(advantages.shape) == shape:
-        return take(advantages)
-    if isinstance(advantages, torch.Tensor) and tuple(advantages.shape) == shape[:1]:
-        return check_tensor("advantages", advantages).to(b.device).index_select(0, b)
+def _checked_advantages(advantages: object, shape: tuple[int, int]) -> torch.Tensor:
+    """Advantages per sequence (B,) or per token (B, T), as a floating-point tensor (values are
+    checked with the other inputs)."""
+    if isinstance(advantages, torch.Tensor) and tuple(advantages.shape) in (shape, shape[:1]):
+        if not advantages.is_floating_point():
+            raise ValueError(f"advantages must be a floating-point tensor, got dtype {advantages.dtype}")
+        return advantages
     raise ValueError(
         f"advantages has shape {tuple(getattr(advantages, 'shape', ()))}; expected per-sequence "
         f"({shape[0]},) or per-token {shape}"
-    )
-
-
-def _locate_error(mask: torch.Tensor, **tensors: torch.Tensor | None) -> None:
-    """Re-run the checks of the (B, T) `tensors` on their valid positions (padding set to 0), so
-    that the error raised names the argument and its (b, t) index."""
-    checks: dict[str, Callable[..., torch.Tensor]] = {
-        "advantages": check_tensor,
-        "entropy": check_nonnegative,
-        "topk_tv": check_nonnegative,
-        "topk_kl": functools.partial(check_nonnegative, allow_inf=True),
-    }
-    for name, t in tensors.items():
-        if isinstance(t, torch.Tensor) and t.shape == mask.shape:
-            checks.get(name, check_logp)(name, t.to(mask.device).masked_fill(~mask, 0))
-
-
-def _to_cpu(step: int, update: int, ints: list[torch.Tensor], floats: dict, blocked: dict) -> TokenBatch:
-    """The rows as CPU numpy arrays. Every tensor here was computed by `record` (none aliases
-    the caller's), so on the CPU they are handed over without a copy; from another device they
-    move in three transfers: ints (sample, group, pos, token_id), floats, rule decisions."""
-    present = [k for k, v in floats.items() if v is not None]
-    decided = [k for k, v in blocked.items() if v is not None]
-    columns = [ints, [floats[k].float() for k in present], [blocked[k] for k in decided]]
-    if ints[0].device.type == "cpu":
-        arrays, values, bools = ([t.numpy() for t in group] for group in columns)
-    else:
-        arrays, values, bools = ([*torch.stack(group).cpu().numpy()] if group else [] for group in columns)
-    return TokenBatch(
-        step=step,
-        update=update,
-        sample=arrays[0],
-        group=arrays[1],
-        pos=arrays[2],
-        token_id=arrays[3],
-        floats={k: values[present.index(k)] if k in present else None for k in floats},
-        blocked={k: bools[decided.index(k)] if k in decided else None for k in blocked},
     )
 
 

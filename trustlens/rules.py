@@ -339,9 +339,7 @@ class TokenInputs:
 
     def require(self, rule: Rule) -> None:
         """ValueError naming the rule and the argument when an input `rule` needs is missing."""
-        for arg in rule.needs:
-            if self.given[arg] is None:
-                raise ValueError(f"rule {rule.name!r} needs {arg} ({_INPUT_DOCS[arg]}), which was not given")
+        require_inputs(rule, {k: v is not None for k, v in self.given.items()})
 
     def anchor_logp(self, anchor: Anchor) -> torch.Tensor:
         out = self.mu_logp if anchor == "mu" else self.old_logp
@@ -367,6 +365,14 @@ class TokenInputs:
         if not rule.blocks:
             return decide(rule, None, self.pi_logp, None, None)
         return decide(rule, self.distance(rule), self.pi_logp, self.anchor_logp(rule.anchor), self.advantages)
+
+
+def require_inputs(rule: Rule, given: Mapping[str, bool]) -> None:
+    """ValueError naming the rule and the argument when an input `rule` needs is not `given`
+    ({"old_logp" | "topk_tv" | "topk_kl": whether it is given})."""
+    for arg in rule.needs:
+        if not given[arg]:
+            raise ValueError(f"rule {rule.name!r} needs {arg} ({_INPUT_DOCS[arg]}), which was not given")
 
 
 def _eps(float64: bool) -> float:

@@ -1,0 +1,121 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from trustlens import _logspace
+from trustlens.rules import RULES
+from trustlens.token_rows import TokenRows, checked_token_ids, checked_values, derive_rows
+
+MASK = torch.tensor([[True, True, False], [True, False, False]])
+
+
+def columns(**changes):
+    """Valid (2, 3) inputs at MASK, with `changes` {name: {(b, t): value}} applied."""
+    out = {
+        "pi_logp": torch.tensor([[-0.1, -2.0, 0.0], [-0.5, 0.0, 0.0]]),
+        "mu_logp": torch.tensor([[-0.2, -1.0, 0.0], [-0.4, 0.0, 0.0]]),
+        "topk_kl": torch.tensor([[0.01, 0.2, 0.0], [0.0, 0.0, 0.0]]),
+        "advantages": torch.tensor([[-1.0, -1.0, -1.0], [2.0, 2.0, 2.0]]),
+    }
+    for name, cells in changes.items():
+        for index, value in cells.items():
+            out[name][index] = value
+    return out
+
+
+def test_values_are_one_copy_and_the_padding_may_hold_anything():
+    given = columns(pi_logp={(0, 2): math.nan, (1, 1): math.inf}, advantages={(1, 2): -math.inf})
+    given["topk_kl"][1, 1] = -3.0
+    values = checked_values(given, MASK)
+    assert values.shape == (4, 2, 3) and values.dtype == torch.float32
+    for row, t in zip(values, given.values(), strict=True):
+        assert torch.equal(row[MASK], t[MASK])
+    given["pi_logp"][0, 0] = -9.0  # the copy does not alias the caller's tensors
+    assert float(values[0, 0, 0]) == pytest.approx(-0.1)
+
+
+def test_allowed_extremes_and_rounding_clamps():
+    """−inf log-probabilities and +inf KL are values; log-probs up to +1e-4 and divergences down
+    to −1e-4 are rounding, clamped to 0; float64 in, float64 out."""
+    given = columns(pi_logp={(0, 1): -math.inf, (1, 0): 5e-5}, topk_kl={(0, 0): math.inf, (0, 1): -5e-5})
+    given = {k: v.double() for k, v in given.items()}
+    values = checked_values(given, MASK)
+    assert values.dtype == torch.float64
+    assert values[0][MASK].tolist() == [float(np.float32(-0.1)), -math.inf, 0.0]
+    assert values[2][MASK].tolist() == [math.inf, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("pi_logp", math.nan, r"pi_logp contains NaN .*first at index \(0, 1\)"),
+        ("mu_logp", 0.5, r"mu_logp holds positive log-probabilities \(e\.g\. 0\.5 at index \(0, 1\)\)"),
+        ("mu_logp", math.inf, r"mu_logp contains inf"),
+        ("topk_kl", -0.5, r"topk_kl holds negative values \(e\.g\. -0\.5 at index \(0, 1\)\)"),
+        ("topk_kl", -math.inf, r"topk_kl contains -inf"),
+        ("advantages", math.inf, r"advantages contains inf"),
+    ],
+)
+def test_a_bad_value_at_a_valid_position_names_argument_and_index(name, value, message):
+    with pytest.raises(ValueError, match=message):
+        checked_values(columns(**{name: {(0, 1): value}}), MASK)
+
+
+def test_token_ids_are_checked_at_valid_positions_only():
+    ids = torch.tensor([[5, 7, -1], [2**31, 3, 9]])
+    with pytest.raises(ValueError, match=r"token_ids holds id 2147483648 at \(b, t\) = \(1, 0\), a valid position"):
+        checked_token_ids(ids, MASK)
+    ids[1, 0] = 4  # the padding may hold any id
+    assert checked_token_ids(ids, MASK).tolist() == [[5, 7, -1], [4, 3, 9]]
+
+
+def test_derive_rows_takes_the_valid_positions_and_derives_as_the_reader():
+    given = columns()
+    rules = [RULES["ppo"], RULES["dppo_binary_tv"], RULES["dppo_topk_kl"]]
+    decided = torch.tensor([[[True, False, True], [False, True, True]]])  # ppo's
+    rows = TokenRows(
+        mask=MASK,
+        token_ids=torch.tensor([[5, 7, 0], [4, 0, 0]]),
+        samples=torch.tensor([10, 11]),
+        groups=torch.tensor([1, 1]),
+        names=list(given),
+        values=checked_values(given, MASK),
+        decided_rules=["ppo"],
+        decided=decided,
+        sequence_advantages=None,
+    )
+    batch = derive_rows(3, 1, rows, rules, [RULES["ppo"], RULES["dppo_binary_tv"]], None, 0)
+    assert (batch.step, batch.update) == (3, 1)
+    assert batch.sample.tolist() == [10, 10, 11] and batch.pos.tolist() == [0, 1, 0]
+    assert batch.token_id.tolist() == [5, 7, 4]
+    assert batch.blocked["ppo"].tolist() == [True, False, False]  # the caller's decisions, as given
+    assert batch.blocked["dppo_topk_kl"] is None  # not evaluable: no top-K TV given
+    # dppo_binary_tv evaluated here: |π − μ| = 0.086, 0.233, 0.064; only the second is beyond
+    # δ = 0.15, and its A < 0 pushes π further below μ: blocked
+    pi, mu = np.array([-0.1, -2.0, -0.5], np.float32), np.array([-0.2, -1.0, -0.4], np.float32)
+    assert batch.blocked["dppo_binary_tv"].tolist() == [False, True, False]
+    assert batch.floats["advantage"].tolist() == [-1.0, -1.0, 2.0]
+    assert batch.floats["old_logp"] is None and batch.floats["entropy"] is None
+    for name, expected in _logspace.derived_columns(pi, mu).items():
+        np.testing.assert_array_equal(batch.floats[name], expected)
+    np.testing.assert_allclose(batch.floats["ratio"], np.exp(pi.astype(np.float64) - mu), rtol=1e-6)
+
+
+def test_per_sequence_advantages_are_taken_per_row():
+    given = columns()
+    del given["advantages"]
+    rows = TokenRows(
+        mask=MASK,
+        token_ids=torch.zeros(2, 3, dtype=torch.int64),
+        samples=torch.tensor([0, 1]),
+        groups=torch.tensor([0, 1]),
+        names=list(given),
+        values=checked_values(given, MASK),
+        decided_rules=[],
+        decided=None,
+        sequence_advantages=torch.tensor([0.5, -1.5]),
+    )
+    batch = derive_rows(0, 0, rows, [RULES["ppo"]], [RULES["ppo"]], None, 0)
+    assert batch.floats["advantage"].tolist() == [0.5, 0.5, -1.5]
