@@ -98,3 +98,13 @@ def test_over_updates_per_step():
     assert s1["over_frac_pos"] is None and s1["over_frac_neg"] == 0.0
     with pytest.raises(ValueError, match="dppo_binary_kl"):
         over_updates_per_step(table(), "dppo_binary_kl")
+
+
+def test_over_updates_per_step_weighs_a_sampled_run():
+    """Kept rows stand for 1/rate tokens: step 0's first two A > 0 rows with weight 10 (the
+    random share of a Keep(0.1) run), the blocked one with weight 1."""
+    sampled = table().with_columns(weight=pl.Series([10.0, 10.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], dtype=pl.Float32))
+    s0 = over_updates_per_step(sampled).row(0, named=True)
+    assert (s0["count_pos"], s0["over_pos"]) == (21, 1)
+    assert s0["over_frac_pos"] == pytest.approx(1 / 21)
+    assert s0["tv_mean_pos"] == pytest.approx((10 * 4e-4 + 10 * 0.01 + 0.6) / 21)

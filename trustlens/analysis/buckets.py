@@ -101,6 +101,14 @@ def weighted_count(keep: pl.Expr | None = None) -> pl.Expr:
     return row_weight().sum() if keep is None else pl.when(keep).then(row_weight()).sum()
 
 
+def token_counter(tokens: pl.LazyFrame):
+    """count(cond) → Int64 number of tokens where `cond` holds (None: every row): rows, or for a
+    table with sampling weights Σ weight rounded (the tokens the rows stand for)."""
+    if weighted(tokens):
+        return lambda cond: weighted_count(cond).round().cast(pl.Int64)
+    return lambda cond: (pl.len() if cond is None else cond.sum()).cast(pl.Int64)
+
+
 def weighted_mean(x: pl.Expr, where: pl.Expr | None = None, *, weights: bool = True) -> pl.Expr:
     """Σ w·x / Σ w over the rows where `where` holds (None: all) and x is not null: the mean of x
     over the tokens the rows stand for (the plain mean without `weights`); null without rows.
@@ -189,6 +197,7 @@ __all__ = [
     "nonzero_advantage",
     "row_weight",
     "rules_of",
+    "token_counter",
     "weighted",
     "weighted_count",
     "weighted_mean",

@@ -33,8 +33,8 @@ from trustlens.analysis.buckets import (
     collect,
     long_by_rule,
     nonzero_advantage,
+    token_counter,
     weighted,
-    weighted_count,
 )
 from trustlens.analysis.tokens import ADVANTAGE_SIGNS
 from trustlens.run import blocked_column
@@ -174,7 +174,7 @@ def rule_confusion(tokens: pl.LazyFrame, rule_a: str, rule_b: str, *, per_step: 
     would inflate the agreement. A sampled run's rows count with their weights (estimates).
     """
     checked_rules(tokens, [rule_a, rule_b])
-    count = _counter(tokens)
+    count = token_counter(tokens)
     tokens = tokens.filter(nonzero_advantage())
     a, b = pl.col(blocked_column(rule_a)), pl.col(blocked_column(rule_b))
     aggs = [
@@ -201,7 +201,7 @@ def confusion_matrix(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
     table.
     """
     rules = checked_rules(tokens, rules)
-    count = _counter(tokens)
+    count = token_counter(tokens)
     tokens = tokens.filter(nonzero_advantage())
     aggs = []
     for ra in rules:
@@ -219,14 +219,6 @@ def confusion_matrix(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
     ]
     df = pl.DataFrame(records, schema={"rule_a": pl.String, "rule_b": pl.String, "count": pl.Int64, "only_a": pl.Int64})
     return df.with_columns(pl.when(pl.col("count") > 0).then(pl.col("only_a") / pl.col("count")).alias("only_a_frac"))
-
-
-def _counter(tokens: pl.LazyFrame):
-    """count(cond) → Int64 number of tokens where `cond` holds (None: every row): rows, or for a
-    table with sampling weights Σ weight rounded (the tokens the rows stand for)."""
-    if weighted(tokens):
-        return lambda cond: weighted_count(cond).round().cast(pl.Int64)
-    return lambda cond: (pl.len() if cond is None else cond.sum()).cast(pl.Int64)
 
 
 # ---------------------------------------------------------------- Figure 1 of the DPPO paper

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from trustlens.analysis.buckets import anchor_column, checked_rules, collect
+from trustlens.analysis.buckets import anchor_column, checked_rules, collect, token_counter, weighted, weighted_mean
 from trustlens.analysis.clipping import blocked_by_token
 from trustlens.run import blocked_column
 
@@ -155,17 +155,19 @@ def over_updates_per_step(tokens: pl.LazyFrame, rule: str = "dppo_binary_tv") ->
 
     Columns: step, count_pos, over_pos, over_frac_pos, tv_mean_pos (mean |π − μ| of the A > 0
     tokens), then the same with _neg for A < 0; sorted by step. A = 0 and rows where `rule` was
-    not evaluated are left out.
+    not evaluated are left out. In a sampled run (`Keep`) counts and means are over the tokens
+    the kept rows stand for (weighted).
     """
     checked_rules(tokens, [rule])
     over, adv = pl.col(blocked_column(rule)), pl.col("advantage")
+    count, weights = token_counter(tokens), weighted(tokens)
     parts = []
     for side, where in (("pos", adv > 0), ("neg", adv < 0)):
         sel = where & over.is_not_null()
         parts += [
-            sel.sum().cast(pl.Int64).alias(f"count_{side}"),
-            (sel & over).sum().cast(pl.Int64).alias(f"over_{side}"),
-            pl.col("binary_tv").filter(sel).mean().cast(pl.Float64).alias(f"tv_mean_{side}"),
+            count(sel).alias(f"count_{side}"),
+            count(sel & over).alias(f"over_{side}"),
+            weighted_mean(pl.col("binary_tv"), sel, weights=weights).alias(f"tv_mean_{side}"),
         ]
     df = collect(tokens.group_by("step").agg(parts).sort("step"))
     return df.select(
