@@ -8,6 +8,7 @@ Modules, each documenting its return columns:
                (names from trustlens.metrics, which maps them to verl's)
     collapse   per-step signals, collapse alerts with the tokens and samples behind them, and
                the collapse itself (collapse_onset)
+    drivers    the tokens and samples that drove a collapse alert
     seeds      per-run outcomes and their mean ± standard error over seeds (trustlens compare)
     summary    the per-step summary of a run (the dashboard's overview table); a sampled run's
                exact aggregates (exact_aggregates) for the `aggregates` argument

@@ -20,25 +20,27 @@ after the baseline is judged on x̄, the median of the signal over the `smooth` 
     detector          signal            warning when                  critical when
     entropy_collapse  entropy           x̄ < (1 − entropy_drop)·m      x̄ < (1 − 2·entropy_drop)·m
     entropy_surge     entropy           x̄ > (1 + entropy_surge)·m     x̄ > (1 + 2·entropy_surge)·m
-    mismatch_growth   k3_kl             x̄ > mismatch_growth·m         x̄ > 2·mismatch_growth·m
+    mismatch_growth   k3_kl             x̄ > mismatch_growth·m         never
     grad_norm_spike   grad_norm         x > grad_spike·m              x > 2·grad_spike·m
-    reward_drop       reward            x̄ < (1 − reward_drop)·m       x̄ < (1 − 2·reward_drop)·m
+    reward_drop       reward            x̄ < (1 − reward_drop)·m       r̄ < (1 − reward_critical)·m
     blocked_drift     blocked_<active>  x̄ ≥ f·m or x̄ ≤ m/f            the same with f²
 
-and, for every detector, |z| > z_warning (blocked_drift also needs |x̄ − m| > blocked_drift, its
-f = blocked_factor). Only the run's active rule (`Run.active_rule`) is watched for blocked_drift:
+and, for every x̄ test, |z| > z_warning (blocked_drift also needs |x̄ − m| > blocked_drift, its
+f = blocked_factor). r̄ is the mean reward over the last `baseline_steps` steps, the statistic of
+the reward collapse (`collapse_onset`: a fall to half), with no z test, as there; a step is
+flagged when its warning or its critical test holds. Only a falling reward or an extreme entropy,
+gradient or block rate is critical: on the runs of benchmarks/collapse_alerts.py the mismatch grew
+(k3 past 4× its baseline) in many runs that kept learning and rarely before a collapse, alone or
+with a reward or entropy signal, while the reward fell before most collapses.
+Only the run's active rule (`Run.active_rule`) is watched for blocked_drift:
 the other rules' blocked columns are counterfactual (what they would have blocked), context for
 reading a run, not alarms; a run that does not name its rule has every rule watched.
 Flagged steps of one detector at most `smooth` steps apart merge into one alert that starts at
-the first of them (`step`) and ends at `end_step`, carrying the most extreme value; an alert is
-critical when any of its steps is.
+the first of them (`step`) and ends at `end_step`, carrying the most extreme value (a critical
+reward_drop step's value is r̄); an alert is critical from its first critical step on
+(`critical_step`), which may come after `step`.
 
-Driving tokens, at the alert's first step, ranked by a score (highest first): entropy alerts the
-tokens of lowest (collapse) or highest (surge) entropy; mismatch_growth |log μ − log π_old|;
-grad_norm_spike |A|·π/μ; reward_drop the tokens of negative-advantage samples pushed down the
-furthest, |A|·max(μ − π, 0) (over-updates on negative samples, the paper's collapse driver);
-blocked_drift the active rule's blocked tokens with the largest binary TV |π − μ|. Samples are
-ranked by the mean score of their tokens (reward_drop: lowest reward first).
+Each alert's driving tokens and samples: `trustlens.analysis.drivers`.
 
 `collapse_onset` is the collapse itself, for measuring how early the alerts came: the first
 evaluation below half the first evaluation's accuracy, or the first step whose trailing mean
@@ -55,6 +57,7 @@ import numpy as np
 import polars as pl
 
 from trustlens.analysis.buckets import checked_rules, collect
+from trustlens.analysis.drivers import alert_drivers
 from trustlens.analysis.mismatch import mismatch_per_step
 from trustlens.analysis.summary import exact_aggregates, step_summary
 from trustlens.run import blocked_column
@@ -74,7 +77,8 @@ ALERT_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "kind": pl.String,  # one of ALERT_KINDS
     "signal": pl.String,  # the step_signals column it watched (e.g. blocked_ppo)
     "severity": pl.String,  # "warning" or "critical"
-    "value": pl.Float64,  # the signal at its most extreme step of the episode
+    "critical_step": pl.Int32,  # the episode's first critical step (null for a warning)
+    "value": pl.Float64,  # x̄ at the episode's most extreme step (a critical reward_drop step: r̄)
     "baseline": pl.Float64,  # the baseline median m at the first step
     "z": pl.Float64,  # robust z-score at the most extreme step
     "message": pl.String,  # one line for people
@@ -93,9 +97,10 @@ class CollapseConfig:
     rel_floor: float = 0.05  # the baseline scale is at least this fraction of |median|
     entropy_drop: float = 0.3  # entropy collapse: fell by this fraction (critical: twice it)
     entropy_surge: float = 0.25  # entropy surge: rose by this fraction (critical: twice it)
-    mismatch_growth: float = 2.0  # mismatch growth: k3_kl this multiple of the baseline (critical: twice it)
+    mismatch_growth: float = 2.0  # mismatch growth: k3_kl this multiple of the baseline (a warning only)
     grad_spike: float = 4.0  # grad-norm spike: this multiple of the baseline (critical: twice it)
-    reward_drop: float = 0.25  # reward drop: fell by this fraction (critical: twice it)
+    reward_drop: float = 0.25  # reward drop: x̄ fell by this fraction (a warning)
+    reward_critical: float = 0.4  # ... critical: the mean over the last baseline_steps steps fell by this fraction
     blocked_drift: float = 0.01  # blocked-rate drift: moved by at least this much (absolute)
     blocked_factor: float = 2.0  # ... and by this factor up or down (critical: its square)
     top_tokens: int = 10  # driving tokens listed per alert
@@ -196,15 +201,17 @@ class _Flag:
 @dataclass(frozen=True)
 class _Detector:
     """A signal judged against its baseline: `up` (rises) or not (falls) by the ratios
-    `warn` and `crit` of x̄ to m, with |x̄ − m| > `min_abs`."""
+    `warn` and `crit` of x̄ to m (`crit` None: never critical; `crit_window`: the critical test
+    is on the mean over the baseline window instead), with |x̄ − m| > `min_abs`."""
 
     kind: str
     signal: str
     up: bool
     warn: float
-    crit: float
+    crit: float | None
     smooth: bool = True
     min_abs: float = 0.0
+    crit_window: bool = False
 
 
 def _detectors(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> list[_Detector]:
@@ -212,9 +219,9 @@ def _detectors(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> 
     out = [
         _Detector("entropy_collapse", "entropy", False, 1 - cfg.entropy_drop, 1 - 2 * cfg.entropy_drop),
         _Detector("entropy_surge", "entropy", True, 1 + cfg.entropy_surge, 1 + 2 * cfg.entropy_surge),
-        _Detector("mismatch_growth", "k3_kl", True, cfg.mismatch_growth, 2 * cfg.mismatch_growth),
+        _Detector("mismatch_growth", "k3_kl", True, cfg.mismatch_growth, None),
         _Detector("grad_norm_spike", "grad_norm", True, cfg.grad_spike, 2 * cfg.grad_spike, smooth=False),
-        _Detector("reward_drop", "reward", False, 1 - cfg.reward_drop, 1 - 2 * cfg.reward_drop),
+        _Detector("reward_drop", "reward", False, 1 - cfg.reward_drop, 1 - cfg.reward_critical, crit_window=True),
     ]
     watched = [blocked_column(rule)] if rule is not None else [c for c in signals.columns if c.startswith("blocked_")]
     for col in watched:
@@ -230,6 +237,13 @@ def _passes(d: _Detector, v: float, m: float, ratio: float) -> bool:
     if abs(v - m) <= d.min_abs:
         return False
     return v > ratio * m if d.up else v < ratio * m
+
+
+def _trailing(x: np.ndarray, i: int, k: int, stat) -> float:
+    """`stat` (np.median or np.mean) of the finite values among the k steps ending at step i."""
+    recent = x[max(0, i - k + 1) : i + 1]
+    recent = recent[np.isfinite(recent)]
+    return float(stat(recent)) if len(recent) else math.nan
 
 
 def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> list[_Flag]:
@@ -248,14 +262,22 @@ def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> list
             continue  # nothing to fall from
         k = cfg.smooth if d.smooth else 1
         for i in range(n_base, len(x)):
-            recent = x[max(0, i - k + 1) : i + 1]
-            recent = recent[np.isfinite(recent)]
-            if not np.isfinite(x[i]) or len(recent) == 0:
+            if not np.isfinite(x[i]):
                 continue
-            v = float(np.median(recent))
+            v = _trailing(x, i, k, np.median)
             z = (v - m) / s
-            if abs(z) > cfg.z_warning and _passes(d, v, m, d.warn):
-                flags.append(_Flag(d.kind, d.signal, int(steps[i]), v, m, float(z), _passes(d, v, m, d.crit)))
+            warn = abs(z) > cfg.z_warning and _passes(d, v, m, d.warn)
+            if d.crit is None:
+                crit = False
+            elif d.crit_window:
+                window = _trailing(x, i, n_base, np.mean)
+                crit = _passes(d, window, m, d.crit)
+                if crit:
+                    v, z = window, (window - m) / s
+            else:
+                crit = warn and _passes(d, v, m, d.crit)
+            if warn or crit:
+                flags.append(_Flag(d.kind, d.signal, int(steps[i]), v, m, float(z), crit))
     return flags
 
 
@@ -270,11 +292,12 @@ def _merge(flags: list[_Flag], steps: list[int], gap: int) -> list[dict]:
         ep = open_.get(key)
         if ep is not None and index[f.step] <= index[ep["end_step"]] + gap:
             ep["end_step"] = f.step
-            ep["critical"] |= f.critical
+            if f.critical and not ep["critical"]:
+                ep["critical"], ep["critical_step"] = True, f.step
             if abs(f.z) > abs(ep["z"]):
                 ep["value"], ep["z"] = f.value, f.z
             continue
-        ep = {**asdict(f), "end_step": f.step}
+        ep = {**asdict(f), "end_step": f.step, "critical_step": f.step if f.critical else None}
         open_[key] = ep
         episodes.append(ep)
     return episodes
@@ -294,47 +317,6 @@ def _message(ep: dict) -> str:
     span = f"step {ep['step']}" if ep["step"] == ep["end_step"] else f"steps {ep['step']}–{ep['end_step']}"
     factor = f" ({ep['value'] / ep['baseline']:.2g}× baseline)" if ep["baseline"] else ""
     return f"{span}: {what} to {ep['value']:.4g} from a baseline of {ep['baseline']:.4g}{factor}"
-
-
-def _drivers(run, ep: dict, cfg: CollapseConfig) -> tuple[list[int], list[dict]]:
-    """The samples and tokens at the alert's first step that drove it."""
-    step = ep["step"]
-    tokens = run.tokens.filter(pl.col("step") == step)
-    kind, signal = ep["kind"], ep["signal"]
-    mu, pi = pl.col("mu_logp").cast(pl.Float64), pl.col("pi_logp").cast(pl.Float64)
-    if kind == "reward_drop":
-        worst = collect(run.samples.filter(pl.col("step") == step).sort("reward", "sample").head(cfg.top_samples))
-        samples = worst["sample"].to_list()
-        # over-updates on negative samples: A < 0 tokens whose probability fell furthest below μ
-        tokens = tokens.filter(pl.col("advantage") < 0)
-        score = pl.col("advantage").abs().cast(pl.Float64) * (mu.exp() - pi.exp()).clip(lower_bound=0.0)
-    elif kind in ("entropy_collapse", "entropy_surge"):
-        score = pl.col("entropy") * (1 if kind == "entropy_surge" else -1)
-        samples = None
-    elif kind == "mismatch_growth":
-        score = (mu - pl.coalesce(pl.col("old_logp"), pl.col("pi_logp")).cast(pl.Float64)).abs()
-        samples = None
-    elif kind == "grad_norm_spike":
-        # the policy-gradient weight |A| · π/μ of the tokens the update did not block
-        score = (pl.col("advantage").abs() * pl.col("ratio")).cast(pl.Float64)
-        samples = None
-    else:  # blocked_drift: the blocked tokens that moved furthest
-        tokens = tokens.filter(pl.col(signal))
-        score = pl.col("binary_tv").cast(pl.Float64)
-        samples = None
-    scored = tokens.select("sample", "update", "pos", score.alias("score")).filter(pl.col("score").is_not_null())
-    top = collect(
-        scored.sort(["score", "sample", "update", "pos"], descending=[True, False, False, False]).head(cfg.top_tokens)
-    )
-    if samples is None:
-        per_sample = collect(
-            scored.group_by("sample")
-            .agg(pl.col("score").mean())
-            .sort(["score", "sample"], descending=[True, False])
-            .head(cfg.top_samples)
-        )
-        samples = per_sample["sample"].to_list()
-    return samples, top.select("sample", "update", "pos").to_dicts()
 
 
 def detect_collapse(
@@ -361,7 +343,7 @@ def detect_collapse(
     episodes = _merge(_flags(signals, config, rule), signals["step"].to_list(), config.smooth)
     rows = []
     for ep in episodes:
-        samples, tokens = _drivers(run, ep, config)
+        samples, tokens = alert_drivers(run, ep, config.top_tokens, config.top_samples)
         rows.append(
             {
                 "step": ep["step"],
@@ -369,6 +351,7 @@ def detect_collapse(
                 "kind": ep["kind"],
                 "signal": ep["signal"],
                 "severity": "critical" if ep["critical"] else "warning",
+                "critical_step": ep["critical_step"],
                 "value": ep["value"],
                 "baseline": ep["baseline"],
                 "z": ep["z"],

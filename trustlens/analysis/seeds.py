@@ -11,7 +11,8 @@ Per run (`run_outcome`), with steps numbered as recorded:
     block_rate_low_mu                the same among A ≠ 0 tokens with μ < 0.1 (LOW_MU)
     k3_start, k3_end                 k3_kl (nats), mean over the first and the last `window` steps
     tv_start, tv_end                 prob_diff_mean = mean |π_old − μ| (the binary TV), likewise
-    first_critical                   step of the first critical collapse alert (`detect_collapse`)
+    first_critical                   the first step at which a collapse alert was critical
+                                     (`detect_collapse`, its critical_step)
     lead                             collapse_step − first_critical: how many steps the first
                                      critical alert came before the collapse (null without both)
 
@@ -122,7 +123,7 @@ def run_outcome(run) -> dict:
     tv = _ends(mm["prob_diff_mean"].to_list(), w)
     first = reward[0][0] if reward else 0
     alerts = detect_collapse(run)
-    critical = alerts.filter(pl.col("severity") == "critical")["step"]
+    critical = alerts["critical_step"].drop_nulls()
     first_critical = int(critical.min()) if len(critical) else None  # type: ignore[arg-type]
     return {
         "run": run.name,
