@@ -15,6 +15,14 @@ alert at least one step before the collapse, their leads, and runs that did not 
 a critical alert.
 `--config` overrides a `CollapseConfig` field (e.g. `--config reward_drop=0.3`) to try a
 threshold on the same runs.
+
+`--signals` adds, per run, how far each signal of `step_signals` moved from its early baseline
+m (the median of the first collapse_window(steps) steps) after the baseline and before the
+collapse (the whole run without one), as the alerts see it: the extremes of x̄/m, x̄ the median
+of the 3 steps ending at a step (grad_norm: the step's own value), and the lowest r̄/m, r̄ the
+mean reward over the last collapse_window(steps) steps; per set, the range of each over the
+collapsing runs and over the others. A signal that separates the two moves further in every
+collapsing run than in any other.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from pathlib import Path
 import polars as pl
 
 from trustlens.analysis.claims import alert_leads
-from trustlens.analysis.collapse import CollapseConfig, collapse_onset, collapse_window, detect_collapse
+from trustlens.analysis.collapse import CollapseConfig, collapse_onset, collapse_window, detect_collapse, step_signals
 from trustlens.analysis.seeds import accuracy_per_step, reward_per_step
 from trustlens.run import load_runs
 
@@ -76,6 +84,53 @@ def run_alerts(run, config: CollapseConfig) -> dict:
     }
 
 
+# (name, signal column, statistic, extreme) of the --signals table; "blocked" is the active rule's
+MOVES = (
+    ("k3_max", "k3_kl", "median", "max"),
+    ("entropy_min", "entropy", "median", "min"),
+    ("entropy_max", "entropy", "median", "max"),
+    ("grad_max", "grad_norm", "step", "max"),
+    ("blocked_max", "blocked", "median", "max"),
+    ("reward_min", "reward", "window", "min"),
+)
+
+
+def signal_moves(run, collapse_step: int | None) -> dict[str, float | None]:
+    """The extremes of x̄/m (r̄/m for the reward) of each signal before the collapse (module
+    docstring); None where the run lacks the signal or its baseline is 0."""
+    signals = step_signals(run)
+    n = collapse_window(signals.height)
+    blocked = f"blocked_{run.active_rule}"
+    out: dict[str, float | None] = {}
+    for name, column, stat, extreme in MOVES:
+        column = blocked if column == "blocked" else column
+        if column not in signals.columns:
+            out[name] = None
+            continue
+        x = pl.col(column)
+        smoothed = {"median": x.rolling_median(3, min_samples=1), "step": x, "window": x.rolling_mean(n, min_samples=1)}
+        df = signals.select("step", x.alias("x"), smoothed[stat].alias("s"))
+        m = df["x"].head(n).median()
+        after = df.slice(n).filter(pl.col("step") < collapse_step) if collapse_step is not None else df.slice(n)
+        value = getattr(after["s"], extreme)() if after.height else None
+        out[name] = value / m if value is not None and m else None  # type: ignore[operator]
+    return out
+
+
+def _range(values: list[float | None]) -> str:
+    xs = sorted(v for v in values if v is not None)
+    return f"{xs[0]:.2f}–{xs[-1]:.2f} (n={len(xs)})" if xs else "–"
+
+
+def print_moves(rows: list[dict]) -> None:
+    for label, part in (
+        ("collapsing", [r for r in rows if r["collapse_step"] is not None]),
+        ("other", [r for r in rows if r["collapse_step"] is None]),
+    ):
+        cells = [f"{name} {_range([r['moves'][name] for r in part])}" for name, *_ in MOVES]
+        print(f"  signals before the collapse, {label} runs: " + "; ".join(cells))
+
+
 def _alert_text(a: dict) -> str:
     span = f"{a['step']}" if a["step"] == a["end_step"] else f"{a['step']}–{a['end_step']}"
     signal = "" if a["signal"] in ("entropy", "k3_kl", "reward", "grad_norm") else f"[{a['signal']}]"
@@ -89,6 +144,8 @@ def print_run(row: dict) -> None:
     )
     lead = "" if row["lead"] is None else f", lead {row['lead']}"
     print(f"  {row['run']:<32} {row['rule'] or '?':<26} {row['steps']:>4} steps  {collapse}{lead}")
+    if "moves" in row:
+        print("      x̄/m " + " ".join(f"{k}={'–' if v is None else f'{v:.2f}'}" for k, v in row["moves"].items()))
     for a in row["alerts"]:
         print(f"      {_alert_text(a)}")
 
@@ -106,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sets", nargs="+", metavar="NAME=FOLDER")
     parser.add_argument("--config", action="append", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--quiet", action="store_true", help="the summary lines only")
+    parser.add_argument("--signals", action="store_true", help="how far each signal moved before the collapse")
     args = parser.parse_args(argv)
     types = {f.name: f.type for f in dataclasses.fields(CollapseConfig)}
     overrides: dict[str, float | int] = {}
@@ -118,12 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     every: list[dict] = []
     for name, runs in run_sets(args.sets).items():
         rows = [run_alerts(run, config) for run in runs]
+        if args.signals:
+            for run, row in zip(runs, rows, strict=True):
+                row["moves"] = signal_moves(run, row["collapse_step"])
         every += rows
         if not args.quiet:
             print(f"== {name}: {len(rows)} runs")
             for row in rows:
                 print_run(row)
         print(f"{name}: {summary(rows)}")
+        if args.signals:
+            print_moves(rows)
     print(f"all: {summary(every)}")
     return 0
 

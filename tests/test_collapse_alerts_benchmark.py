@@ -1,0 +1,51 @@
+"""benchmarks/collapse_alerts.py: the per-run listing and the per-set lines, on a synthetic
+collapse beside a healthy run, and on the shipped sample runs."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from trustlens.synthetic import write_synthetic_run
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = dict(steps=24, samples_per_step=32, seq_len=24)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("collapse_alerts", ROOT / "benchmarks" / "collapse_alerts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_alerts_against_collapses(bench, tmp_path, capsys):
+    write_synthetic_run(tmp_path / "syn" / "collapse", **SIZES, rules=["ppo", "dppo_binary_tv"], collapse_at=16)
+    write_synthetic_run(tmp_path / "syn" / "healthy", **SIZES, rules=["ppo"], seed=3)
+    # the deeper folder takes its runs: `all` holds only what is outside syn/
+    assert bench.main([f"all={tmp_path}", f"synthetic={tmp_path / 'syn'}", "--signals"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "== all: 0 runs" in out and "== synthetic: 2 runs" in out
+    at = out.index("== synthetic: 2 runs")
+    # the synthetic collapse: injected at step 16, the reward collapse test fires at 23
+    assert out[at + 1].split() == ["collapse", "ppo", "24", "steps", "collapse", "@23", "(reward),", "lead", "7"]
+    assert out[at + 3].split() == ["grad_norm_spike", "@16–23", "critical", "from", "16"]
+    summary = next(line for line in out if line.startswith("synthetic: "))
+    assert summary.startswith(
+        "synthetic: 1/1 collapsing runs had a critical alert before the collapse (lead in steps: 7"
+    )
+    assert summary.endswith("0/1 runs that did not collapse had a critical alert")
+    assert out[-1].startswith("all: 1/1 collapsing runs")  # over every set
+
+
+def test_the_sample_runs_carry_no_critical_alert(bench, capsys):
+    bench.main([f"sample={ROOT / 'data' / 'sample_run'}", "--quiet"])
+    assert capsys.readouterr().out.splitlines()[0].endswith("0/3 runs that did not collapse had a critical alert")
+
+
+def test_config_overrides(bench):
+    with pytest.raises(SystemExit, match="unknown CollapseConfig field"):
+        bench.main(["x=.", "--config", "nope=1"])
+    with pytest.raises(SystemExit, match="NAME=FOLDER"):
+        bench.main(["just-a-folder"])
