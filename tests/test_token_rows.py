@@ -67,8 +67,11 @@ def test_token_ids_are_checked_at_valid_positions_only():
     ids = torch.tensor([[5, 7, -1], [2**31, 3, 9]])
     with pytest.raises(ValueError, match=r"token_ids holds id 2147483648 at \(b, t\) = \(1, 0\), a valid position"):
         checked_token_ids(ids, MASK)
-    ids[1, 0] = 4  # the padding may hold any id
+    ids[1, 0] = 4  # the padding may hold any id: as it is where it fits int32, else as 0
     assert checked_token_ids(ids, MASK).tolist() == [[5, 7, -1], [4, 3, 9]]
+    ids[1, 2] = 2**40
+    out = checked_token_ids(ids, MASK)
+    assert out.dtype == torch.int32 and out.tolist() == [[5, 7, 0], [4, 0, 0]]
 
 
 def test_derive_rows_takes_the_valid_positions_and_derives_as_the_reader():

@@ -53,7 +53,7 @@ class TokenRows:
     """One `record` call's checked inputs, copied: nothing here aliases the caller's tensors."""
 
     mask: torch.Tensor  # (B, T) bool: the valid positions
-    token_ids: torch.Tensor  # (B, T) int64
+    token_ids: torch.Tensor  # (B, T) int32
     samples: torch.Tensor  # (B,) int64 sample ids
     groups: torch.Tensor  # (B,) int64 group ids
     names: list[str]  # the per-token inputs in `values`, among the keys of _ALLOWED
@@ -90,26 +90,31 @@ def checked_values(columns: Mapping[str, torch.Tensor], mask: torch.Tensor) -> t
     return values
 
 
-def checked_token_ids(token_ids: torch.Tensor, mask: torch.Tensor, high: int = 2**31) -> torch.Tensor:
-    """`token_ids` (B, T) as an int64 copy on the mask's device; ValueError when a valid position
-    holds an id outside [0, `high`) (the padding may hold any id)."""
-    ids = token_ids.to(mask.device, torch.int64, copy=True)
-    check_token_range(ids, mask, high)
-    return ids
+def checked_token_ids(token_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`token_ids` (B, T) as an int32 copy on the mask's device (the run stores int32 ids);
+    ValueError when a valid position holds an id outside [0, 2³¹). The padding may hold any id:
+    copied as it is, or as 0 where it does not fit int32."""
+    ids = token_ids.to(mask.device)
+    lo, hi = check_token_range(ids, mask, 2**31)
+    if lo < -(2**31) or hi >= 2**31:
+        ids = ids.masked_fill(~mask, 0)
+    return ids.to(torch.int32, copy=True)
 
 
-def check_token_range(ids: torch.Tensor, mask: torch.Tensor, high: int, why: str = "") -> None:
+def check_token_range(ids: torch.Tensor, mask: torch.Tensor, high: int, why: str = "") -> tuple[int, int]:
     """ValueError when a valid position of `ids` (B, T) holds an id outside [0, `high`) (`why`:
-    where that bound comes from, for the message)."""
-    if ids.numel():
-        lo, hi = (int(v) for v in torch.aminmax(ids))
-        if lo < 0 or hi >= high:  # somewhere: at a valid position?
-            bad = mask & ((ids < 0) | (ids >= high))
-            if bool(bad.any()):
-                raise ValueError(
-                    f"token_ids holds id {int(ids[bad][0])} at (b, t) = {_first_index(bad)}, a valid "
-                    f"position; ids must be in [0, {high}){why}"
-                )
+    where that bound comes from, for the message). Returns (min, max) over every position."""
+    if not ids.numel():
+        return 0, 0
+    lo, hi = (int(v) for v in torch.aminmax(ids))
+    if lo < 0 or hi >= high:  # somewhere: at a valid position?
+        bad = mask & ((ids < 0) | (ids >= high))
+        if bool(bad.any()):
+            raise ValueError(
+                f"token_ids holds id {int(ids[bad][0])} at (b, t) = {_first_index(bad)}, a valid "
+                f"position; ids must be in [0, {high}){why}"
+            )
+    return lo, hi
 
 
 @torch.no_grad()
@@ -144,7 +149,12 @@ def derive_rows(
             topk_kl=values.get("topk_kl"),
         )
         decisions.update({r.name: inputs.blocked(r) for r in pending})
-    ints = [rows.samples.index_select(0, b), rows.groups.index_select(0, b), t, rows.token_ids.reshape(-1)[index]]
+    ints = [
+        rows.samples.index_select(0, b),
+        rows.groups.index_select(0, b),
+        t,
+        rows.token_ids.reshape(-1)[index].long(),
+    ]
     names = ("mu_logp", "old_logp", "pi_logp", "topk_tv", "topk_kl", "entropy")
     floats = {**{k: values.get(k) for k in names}, "advantage": values["advantages"]}
     batch = _to_cpu(step, update, ints, floats, {r.name: decisions.get(r.name) for r in rules})
