@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 
 from trustlens import load_run
+from trustlens.analysis.seeds import run_outcome
 from trustlens.train.config import PRESETS
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample_run"
@@ -50,3 +51,13 @@ def test_token_rows_give_the_block_rates_the_trainer_logged(name):
     both = rows.join(logged.select("step", "name", "value"), on=["step", "name"], how="inner")
     assert both.height == rows.height, "a block rate of the token rows was not logged by the trainer"
     assert (both["from_tokens"] - both["value"]).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_sample_carries_only_alerts_that_matter(name):
+    # a sample run that collapses gets a critical alert before it; one that does not gets none
+    outcome = run_outcome(load_run(SAMPLE / name))
+    if outcome["collapse_step"] is None:
+        assert outcome["first_critical"] is None
+    else:
+        assert outcome["lead"] is not None and outcome["lead"] >= 1
