@@ -5,9 +5,10 @@
         +ray_kwargs.ray_init.runtime_env.env_vars.TRUSTLENS_DIR=runs/verl \\
         +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=trustlens.integrations.verl.setup
 
-verl imports `external_lib` in every training worker; Ray's `worker_process_setup_hook` runs
-`setup` in every Ray process, the driver (TaskRunner) included. Importing this module (or calling
-`setup`) patches verl in that process, once; with TRUSTLENS_DIR unset nothing is recorded.
+verl imports `external_lib` in every training worker (verl 0.9 in its driver, the TaskRunner,
+too); Ray's `worker_process_setup_hook` runs `setup` in every Ray process, the driver included.
+Importing this module (or calling `setup`) patches verl in that process, once; with TRUSTLENS_DIR
+unset nothing is recorded.
 
 Where the tensors meet (one hook per micro-batch of the policy loss, training passes only: passes
 without gradient, such as verl's log-prob recomputation, record nothing):
@@ -27,13 +28,15 @@ What is recorded, per response token verl trains on (response_mask):
 
 Every rule but the top-K ones is evaluated counterfactually. verl's loss is mapped to the rule
 that blocks the same tokens (`verl_active_rule`); where none does, run.json says so instead of
-naming a wrong rule. The driver records each step's samples (prompt and response text, reward,
-sequence advantage, length) and every number verl logs (as `verl/<name>`), and marks the run
-finished, or failed with the error, when `fit` returns.
+naming a wrong rule. The driver (`_update_actor` and `fit` of `RayPPOTrainer` and of verl 0.9's
+default v1 `PPOTrainer`) records each step's samples (prompt and response text, reward, sequence
+advantage, length) and every number verl logs (as `verl/<name>`), and marks the run finished, or
+failed with the error, when `fit` returns.
 
 Ranks: rank 0 is the driver; the worker of verl data-parallel rank r writes tokens as rank r + 1
 (one rank per tensor- or sequence-parallel group records: verl's model-parallel source rank).
-Tested on verl 0.9.1 (engine workers) and 0.7.1 (legacy workers); docs/attach.md says how.
+Tested on verl 0.9.1 (`main_ppo` end to end, and engine workers) and 0.7.1 (legacy workers);
+docs/attach.md says how.
 Steps: verl's global step (sent by the driver with the batch), else the count of the worker's
 update calls. `update`: the mini-batch update within the step. Sample ids:
 `trustlens.integrations._external`.
@@ -153,17 +156,20 @@ def _wrap_ppo_loss(ppo_loss):
         out = ppo_loss(config, model_output, data, dp_group)
         if torch.is_grad_enabled() and run_dir_from_env():
             with torch.no_grad():
+                # padded (B, R) as ppo_loss pads them: verl's trainer sends them as nested tensors
+                fields = ("response_mask", "old_log_probs", "advantages", "rollout_log_probs")
+                padded = data.select(*[k for k in fields if k in data]).to_padded_tensor()
                 entropy = model_output.get("entropy")
-                seqs, prompt_lengths, responses = _engine_sequences(data)
+                seqs, prompt_lengths, responses = _engine_sequences(data, tuple(padded["response_mask"].shape))
                 _record_micro_batch(
                     seqs,
                     prompt_lengths,
                     token_ids=responses,
-                    response_mask=data["response_mask"],
+                    response_mask=padded["response_mask"],
                     pi_logp=no_padding_2_padding(model_output["log_probs"], data).detach().float(),
-                    old_logp=data["old_log_probs"].float(),
-                    mu_logp=_float(data.get("rollout_log_probs", None)),
-                    advantages=data["advantages"].float(),
+                    old_logp=padded["old_log_probs"].float(),
+                    mu_logp=_float(padded.get("rollout_log_probs", None)),
+                    advantages=padded["advantages"].float(),
                     entropy=None if entropy is None else _float(no_padding_2_padding(entropy, data)),
                 )
         return out
@@ -175,9 +181,9 @@ def _float(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.detach().float()
 
 
-def _engine_sequences(data: Any) -> tuple[list[torch.Tensor], list[int], torch.Tensor]:
+def _engine_sequences(data: Any, shape: tuple[int, ...]) -> tuple[list[torch.Tensor], list[int], torch.Tensor]:
     """From an engine micro-batch (no-padding `input_ids`): each sample's valid token ids, its
-    prompt length, and the responses padded (B, R) like `response_mask`."""
+    prompt length, and the responses padded to `shape` (B, R), the padded response mask's."""
     nested = data["input_ids"]
     offsets = nested.offsets().tolist()
     values = nested.values()
@@ -185,7 +191,7 @@ def _engine_sequences(data: Any) -> tuple[list[torch.Tensor], list[int], torch.T
     prompts, responses = data["prompts"], data["responses"]
     if prompts.is_nested:
         prompt_lengths = prompts.offsets().diff().tolist()
-        responses = responses.to_padded_tensor(0, output_size=tuple(data["response_mask"].shape))
+        responses = responses.to_padded_tensor(0, output_size=shape)
     else:
         prompt_lengths = data["attention_mask"][:, : prompts.shape[1]].sum(1).tolist()
     return seqs, prompt_lengths, responses
@@ -341,16 +347,46 @@ def _log_samples(trainer: Any, batch: Any) -> None:
     )
 
 
+def _log_samples_v1(trainer: Any, batch: Any) -> None:
+    """`_log_samples` for verl ≥ 0.9's v1 trainer, whose batch (a `KVBatchMeta`) names rows kept in
+    TransferQueue: the columns are read from there, as nested (per-sample) tensors."""
+    recorder = _driver(trainer)
+    if recorder is None:
+        return
+    import transfer_queue as tq
+
+    step = int(trainer.global_steps)
+    batch.extra_info[_STEP_KEY] = step
+    fields = ["prompts", "responses", "response_mask", "advantages", "rm_scores"]
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+    prompts = list(data["prompts"].unbind())
+    padded = data.select("responses", "response_mask", "advantages", "rm_scores").to_padded_tensor()
+    responses = padded["responses"]
+    mask = padded["response_mask"].bool()
+    seqs = [torch.cat([p, r[m]]) for p, r, m in zip(prompts, responses, mask, strict=True)]
+    recorder.log_samples(
+        step,
+        rewards=padded["rm_scores"].sum(-1).float(),
+        **sample_columns(trainer.tokenizer, seqs, [len(p) for p in prompts], responses, mask, padded["advantages"]),
+    )
+
+
 def _patch_driver() -> None:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.utils.tracking import Tracking
 
-    update_actor, fit, log = RayPPOTrainer._update_actor, RayPPOTrainer.fit, Tracking.log
+    log = Tracking.log
 
-    @functools.wraps(update_actor)
-    def hooked_update(self, batch):
-        _log_samples(self, batch)
-        return update_actor(self, batch)
+    def hook_trainer(trainer_cls: Any, log_samples: Any) -> None:
+        update_actor = trainer_cls._update_actor
+
+        @functools.wraps(update_actor)
+        def hooked_update(self, batch, *args, **kwargs):
+            log_samples(self, batch)
+            return update_actor(self, batch, *args, **kwargs)
+
+        trainer_cls._update_actor = hooked_update
+        trainer_cls.fit = closing_run(trainer_cls.fit, _state)
 
     @functools.wraps(log)
     def hooked_log(self, data, step, *args, **kwargs):
@@ -358,8 +394,11 @@ def _patch_driver() -> None:
             _state["driver"].log_metrics(int(step), numeric_metrics(data, "verl/"))
         return log(self, data, step, *args, **kwargs)
 
-    RayPPOTrainer._update_actor = hooked_update
-    RayPPOTrainer.fit = closing_run(fit, _state)
+    hook_trainer(RayPPOTrainer, _log_samples)
+    with contextlib.suppress(ImportError):  # verl ≥ 0.9's default trainer (trainer.use_v1)
+        from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+        hook_trainer(PPOTrainer, _log_samples_v1)
     Tracking.log = hooked_log
 
 
