@@ -1,5 +1,6 @@
-"""verl with trustlens attached, on a CPU: two GRPO-style steps through verl's own actor code on
-2 gloo ranks, recorded by `trustlens.integrations.verl`, then `trustlens dashboard`.
+"""verl's own trainer with trustlens attached by configuration alone, on a CPU: two GRPO steps of
+`python -m verl.trainer.main_ppo` (verl 0.9) on 2 Ray workers, recorded, checked, then
+`trustlens dashboard`.
 
     python examples/verl_grpo.py --out runs/verl_cpu
 
@@ -11,367 +12,177 @@ On a GPU machine a verl run is recorded by configuration alone (docs/attach.md):
         +ray_kwargs.ray_init.runtime_env.env_vars.TRUSTLENS_DIR=$TRUSTLENS_DIR \\
         +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=trustlens.integrations.verl.setup
 
-`main_ppo` itself does not run here: verl rolls out only through vLLM, SGLang or TensorRT-LLM,
-none of which installs on a CPU machine. This script runs, on each rank, what `main_ppo`'s actor
-workers run once the rollout is done (verl imports the hook as `external_lib`):
+This script runs that `main_ppo` (the first two trustlens lines; verl 0.9 imports `external_lib`
+in its trainer process too, so the setup hook is not needed) with verl's default trainer (v1,
+engine workers, FSDP2, TransferQueue, agent loop, GRPO advantages, PPO loss, weight sync). What
+is not verl's is test-only, in examples/verl_cpu (verl imports its `plugin` in every process
+through `VERL_USE_EXTERNAL_MODULES`):
 
-- verl 0.9 (engine workers): `TrainingWorker.train_mini_batch` → `train_batch` → the FSDP
-  engine's `forward_backward_batch` / `forward_step` / `prepare_model_inputs` /
-  `prepare_model_outputs` → `losses.ppo_loss`. The engine is verl's `FSDPEngineWithLMHead`
-  without its constructor (no FSDP sharding on a CPU: the model is a plain module, and
-  `optimizer_step` averages the gradients over gloo), on a CPU device platform of its own.
-- verl 0.7 (legacy FSDP workers): `DataParallelPPOActor.update_policy` on a `DataProto`.
+    platform  a CPU device platform (gloo); Ray counts 2 fake GPUs as the workers' slots
+    rollout   `rollout.name=hf_cpu`: HuggingFace `generate` on the CPU in place of vLLM/SGLang,
+              returning the sampled tokens' log-probs (μ); weights are copied to it every step
+    data      a 2-layer Llama with random weights, a word-level tokenizer, 16 prompts
+              "repeat the digit d"; reward: the share of response words that are d
 
-The batches stand in for a rollout: random prompts and responses of a tiny Qwen2 built from a
-config, π_old from the model, μ = π_old + noise, per-sequence advantages. This process then plays
-verl's driver: the samples of each step, verl-style metrics, and the run's final status.
+It writes OUT/model, OUT/train.parquet, OUT/main_ppo.log and the recorded run OUT/run, checks the
+run against what verl trained, and prints the dashboard command.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
-from contextlib import nullcontext
-from functools import partial
+import time
 from pathlib import Path
-from types import SimpleNamespace
 
-import torch
-import torch.distributed as dist
-
-B, P, R, V = 8, 5, 6, 97  # samples per rank, prompt and response widths, vocabulary
-STEPS, MINI, MICRO = 2, 4, 2  # training steps; mini- and micro-batch sizes per rank
+EXAMPLES = Path(__file__).resolve().parent
+PROMPTS, N, STEPS, WORKERS = 4, 4, 2, 2  # prompts per step, responses per prompt, steps, Ray workers
+MINI = 2  # prompts per mini-batch: 2 updates per step, N * MINI / WORKERS samples per update and rank
 
 
-def tiny_qwen2():
-    """A 2-layer Qwen2 built from a config (no hub), float32, seeded: the same on every rank."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation="sdpa",
-    )
-    return Qwen2ForCausalLM(cfg).float()
-
-
-def make_batch(model, rank: int, step: int):
-    """A left-padded prompt / right-padded response batch (B, P + R) of distinct samples, with
-    π_old from the model, μ = π_old + noise and per-sequence advantages (two of them 0)."""
-    from verl import DataProto
-
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    prompt_len = torch.randint(2, P + 1, (B,), generator=g)
-    resp_len = torch.randint(2, R + 1, (B,), generator=g)
-    input_ids = torch.zeros(B, P + R, dtype=torch.long)
-    attention = torch.zeros(B, P + R, dtype=torch.long)
-    for i in range(B):
-        input_ids[i, P - prompt_len[i] : P] = torch.randint(1, V, (int(prompt_len[i]),), generator=g)
-        input_ids[i, P : P + resp_len[i]] = torch.randint(1, V, (int(resp_len[i]),), generator=g)
-        attention[i, P - prompt_len[i] : P + resp_len[i]] = 1
-    position_ids = (attention.cumsum(1) - 1).clamp(min=0)
-    responses = input_ids[:, P:]
-    response_mask = attention[:, P:].clone()
-    with torch.no_grad():
-        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids).logits
-        logp = torch.log_softmax(logits[:, P - 1 : -1].float(), -1).gather(-1, responses[..., None])[..., 0]
-    old = logp * response_mask
-    mu = (old + 0.05 * torch.randn(old.shape, generator=g)).clamp(max=0) * response_mask
-    adv = torch.randn(B, generator=g)
-    adv[:2] = 0.0
-    batch = DataProto.from_dict(
-        tensors={
-            "input_ids": input_ids,
-            "attention_mask": attention,
-            "position_ids": position_ids,
-            "prompts": input_ids[:, :P],
-            "responses": responses,
-            "response_mask": response_mask,
-            "old_log_probs": old,
-            "rollout_log_probs": mu,
-            "advantages": adv[:, None] * response_mask,
-        },
-        meta_info={"temperature": 1.0, "trustlens_step": step},
-    )
-    return batch
-
-
-def actor_config(strategy: str):
-    from omegaconf import OmegaConf
-    from verl.workers.config import FSDPActorConfig
-
-    return FSDPActorConfig(
-        strategy=strategy,
-        ppo_mini_batch_size=MINI,
-        ppo_micro_batch_size_per_gpu=MICRO,
-        use_dynamic_bsz=False,
-        ppo_epochs=1,
-        rollout_n=1,
-        clip_ratio=0.2,
-        clip_ratio_high=0.28,
-        entropy_coeff=0.0,
-        calculate_entropy=True,
-        use_kl_loss=False,
-        policy_loss=OmegaConf.create({"loss_mode": "vanilla"}),
-    )
-
-
-def use_cpu_platform() -> None:
-    """verl ≥ 0.8 picks a device platform (CUDA, NPU, ...); a test-only one for the CPU."""
-    from verl.plugin.platform.platform_base import PlatformBase
-    from verl.plugin.platform.platform_manager import set_platform
-
-    class CPUPlatform(PlatformBase):
-        device_name = "cpu"
-        vendor_name = "cpu"
-        # torch.cpu, plus the memory statistics verl reports per update (none on a CPU)
-        device_module = SimpleNamespace(
-            **{k: getattr(torch.cpu, k) for k in dir(torch.cpu) if not k.startswith("_")},
-            max_memory_allocated=lambda *args: 0,
-            max_memory_reserved=lambda *args: 0,
-            memory_allocated=lambda *args: 0,
-            memory_reserved=lambda *args: 0,
-            reset_peak_memory_stats=lambda *args: None,
-        )
-
-        def is_available(self):
-            return True
-
-        def current_device(self):
-            return "cpu"
-
-        def device_count(self):
-            return 1
-
-        def set_device(self, device_index):
-            pass
-
-        def synchronize(self, device_index=None):
-            pass
-
-        def manual_seed(self, seed):
-            torch.manual_seed(seed)
-
-        def manual_seed_all(self, seed):
-            torch.manual_seed(seed)
-
-        def empty_cache(self):
-            pass
-
-        def communication_backend_name(self):
-            return "gloo"
-
-    # the rest of the device interface is never reached on this path
-    unused = ("cudart", "get_device_capability", "is_ipc_supported", "nvtx_range", "profiler_start", "profiler_stop")
-    unused += ("ray_noset_envvars", "ray_resource_name", "set_allocator_settings", "visible_devices_envvar")
-    for name in unused:
-        setattr(CPUPlatform, name, lambda self, *args, **kwargs: None)
-    CPUPlatform.__abstractmethods__ = frozenset()
-    set_platform(CPUPlatform())
-
-
-def run_engine(model, rank: int, world: int) -> None:
-    """The engine worker path."""
-    from verl.utils import tensordict_utils as tu
-    from verl.workers import engine_workers
-    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
-    from verl.workers.utils.padding import left_right_2_no_padding
-
-    class CPUEngine(FSDPEngineWithLMHead):  # verl's engine code without FSDP sharding
-        def __init__(self, module, optimizer):
-            self.module, self.optimizer = module, optimizer
-            self.ulysses_sequence_parallel_size = 1
-            self.pad_to_length = None
-            self._autocast_dtype = torch.float32
-            self.use_ulysses_sp = False
-            self.engine_config = SimpleNamespace(
-                use_no_sync_for_gradient_accumulation=False,
-                entropy_checkpointing=False,
-                entropy_from_logits_with_chunking=False,
-                entropy_from_logits_chunk_size=2048,
-            )
-
-        def train_mode(self, **kwargs):
-            return nullcontext()
-
-        def get_data_parallel_group(self):
-            return None
-
-        def get_data_parallel_size(self):
-            return world
-
-        def get_data_parallel_rank(self):
-            return rank
-
-        def is_mp_src_rank_with_outputs(self):
-            return True  # no model parallelism: every rank returns its outputs
-
-        def optimizer_step(self):
-            for p in self.module.parameters():
-                if p.grad is not None:
-                    dist.all_reduce(p.grad)
-                    p.grad /= world
-            self.optimizer.step()
-            return 0.0
-
-        def lr_scheduler_step(self):
-            return 0.0
-
-    use_cpu_platform()
-    config = actor_config("fsdp2")
-    engine = CPUEngine(model, torch.optim.SGD(model.parameters(), lr=0.5))
-    worker = object.__new__(engine_workers.TrainingWorker)
-    worker.engine = engine
-    worker.engine_config = SimpleNamespace(
-        use_dynamic_bsz=False,
-        max_token_len_per_gpu=None,
-        micro_batch_size_per_gpu=MICRO,
-        use_fused_kernels=False,
-        forward_only=False,
-    )
-    worker.model_config = {"use_remove_padding": False}
-    off = lambda: False  # noqa: E731
-    worker.profiler = SimpleNamespace(step=lambda: None, rank=rank, check_enable=off)  # profiling off
-    worker.flops_counter = SimpleNamespace(estimate_flops=lambda *args, **kwargs: (0.0, 1.0))  # no MFU on a CPU
-    worker.device_name = "cpu"
-    worker.loss_fn = partial(engine_workers.ppo_loss, config=config)  # as ActorRolloutRefWorker.init_model binds it
-    for step in range(1, STEPS + 1):
-        td = left_right_2_no_padding(make_batch(model, rank, step).to_tensordict())
-        tu.assign_non_tensor(
-            td,
-            calculate_entropy=True,
-            global_batch_size=MINI * world,
-            mini_batch_size=MINI * world,
-            epochs=1,
-            seed=1,
-            dataloader_kwargs={"shuffle": True},
-            compute_loss=True,
-        )
-        worker.train_mini_batch(td)
-
-
-def run_dp_actor(model, rank: int, world: int) -> None:
-    """The legacy worker path: DataParallelPPOActor.update_policy."""
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
-
-    config = actor_config("fsdp")
-    actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=0.5))
-    for step in range(1, STEPS + 1):
-        actor.update_policy(make_batch(model, rank, step))
-
-
-def run_rank(rank: int, world: int, port: str, run_dir: str, path: str) -> None:
-    """One training rank: its gloo group, the hook imported as verl imports `external_lib`, and
-    STEPS steps through verl's `path` ("engine" or "dp_actor")."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TRUSTLENS_DIR=run_dir)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    from verl.utils.import_utils import import_external_libs
-
-    import_external_libs("trustlens.integrations.verl")  # what verl does with model.external_lib
-    model = tiny_qwen2()
-    {"engine": run_engine, "dp_actor": run_dp_actor}[path](model, rank, world)
-    from trustlens.integrations import verl as hook
-
-    hook._state["worker"].close()
-    dist.destroy_process_group()
-
-
-def default_path() -> str:
-    """verl 0.9 trains through engine workers; 0.7's default is the legacy DataParallelPPOActor."""
-    import verl
-    from packaging.version import Version
-
-    return "engine" if Version(verl.__version__) >= Version("0.8") else "dp_actor"
-
-
-class Tokenizer:
-    """Token ids as words "t<id>" (the tiny model has no tokenizer)."""
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(f"t{i}" for i in ids)
-
-
-def drive(run_dir: str, world: int) -> None:
-    """verl's driver's part, through the hooks RayPPOTrainer gets: the samples of each step's batch
-    (every rank's share), a metric per step, and the final status."""
-    import verl
-    from omegaconf import OmegaConf
-    from verl.utils.tracking import Tracking
-
-    from trustlens.integrations import verl as hook
-    from trustlens.integrations._external import finish
-
-    os.environ["TRUSTLENS_DIR"] = run_dir
-    actor = {"clip_ratio": 0.2, "clip_ratio_high": 0.28, "policy_loss": {}}
-    config = OmegaConf.create({"actor_rollout_ref": {"actor": actor}, "algorithm": {}})
-    trainer = SimpleNamespace(
-        config=config, tokenizer=Tokenizer(), actor_rollout_wg=SimpleNamespace(world_size=world), global_steps=0
-    )
-    model = tiny_qwen2()
-    tracking = Tracking(project_name="verl_cpu", experiment_name="grpo", default_backend=[])
-    for step in range(1, STEPS + 1):
-        trainer.global_steps = step
-        batch = verl.DataProto.concat([make_batch(model, r, step) for r in range(world)])
-        batch.batch["token_level_scores"] = torch.zeros_like(batch.batch["old_log_probs"])
-        hook._log_samples(trainer, batch)
-        tracking.log({"actor/pg_loss": 0.5 * step, "note": "text is left out"}, step=step)
-    finish(hook._state, None)
-
-
-def launch(run_dir: str, path: str, world: int = 2, port: str = "29533") -> None:
-    """Start the `world` training ranks (subprocesses of this script) and wait for them."""
-    script = str(Path(__file__).resolve())
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                script,
-                "--rank",
-                str(r),
-                "--world",
-                str(world),
-                "--port",
-                port,
-                "--out",
-                run_dir,
-                "--path",
-                path,
-            ]
-        )
-        for r in range(world)
+def main_ppo_args(out: Path) -> list[str]:
+    """`main_ppo`'s Hydra overrides: the trustlens lines, then the tiny CPU run."""
+    run_dir = out / "run"
+    return [
+        "actor_rollout_ref.model.external_lib=trustlens.integrations.verl",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.TRUSTLENS_DIR={run_dir}",
+        "algorithm.adv_estimator=grpo",
+        f"data.train_files={out / 'train.parquet'}",
+        f"data.val_files={out / 'train.parquet'}",
+        f"data.train_batch_size={PROMPTS}",
+        "data.max_prompt_length=16",
+        "data.max_response_length=8",
+        "data.dataloader_num_workers=0",
+        f"actor_rollout_ref.model.path={out / 'model'}",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.calculate_entropy=True",
+        "actor_rollout_ref.actor.use_torch_compile=False",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
+        "actor_rollout_ref.rollout.name=hf_cpu",
+        f"actor_rollout_ref.rollout.n={N}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        f"reward.custom_reward_function.path={EXAMPLES / 'verl_cpu' / 'reward.py'}",
+        f"trainer.n_gpus_per_node={WORKERS}",
+        "trainer.nnodes=1",
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.logger=[console]",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        f"trainer.default_local_dir={out / 'checkpoints'}",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        f"+ray_kwargs.ray_init.num_gpus={WORKERS}",  # fake GPUs: the workers' slots
+        "+ray_kwargs.ray_init.num_cpus=8",
+        "+ray_kwargs.ray_init.include_dashboard=False",
     ]
-    codes = [p.wait() for p in procs]
-    if codes != [0] * world:
-        raise SystemExit(f"a training rank failed: exit codes {codes}")
+
+
+def environment(run_dir: Path) -> dict[str, str]:
+    """The environment of `main_ppo` (Ray's workers inherit it): verl_cpu plugged in and selected."""
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)  # a cluster of its own
+    env.update(
+        PYTHONPATH=os.pathsep.join(p for p in (str(EXAMPLES), env.get("PYTHONPATH")) if p),
+        VERL_USE_EXTERNAL_MODULES="verl_cpu.plugin",
+        VERL_PLATFORM="trustlens_cpu",
+        VERL_ENGINE_DEVICE="cuda",  # verl's FSDP engine is registered for "cuda" only
+        TRUSTLENS_DIR=str(run_dir),
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env
+
+
+def train(out: Path, timeout: float = 900) -> Path:
+    """Build the model and data in `out`, run `main_ppo` on them; returns the recorded run."""
+    sys.path.insert(0, str(EXAMPLES))
+    from verl_cpu import data
+
+    data.build(out, prompts=4 * PROMPTS)
+    run_dir = out / "run"
+    with open(out / "main_ppo.log", "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "verl.trainer.main_ppo", *main_ppo_args(out)],
+            cwd=out,
+            env=environment(run_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)  # main_ppo stops the Ray cluster it started on exit
+            time.sleep(1)
+            code = proc.wait(timeout=60)
+    if code != 0:
+        raise SystemExit(f"main_ppo failed (exit {code}); see {out / 'main_ppo.log'}")
+    return run_dir
+
+
+def check(run_dir: Path) -> dict[str, int]:
+    """The recorded run against what verl trained; raises AssertionError naming what is wrong.
+    Returns token rows and samples per step."""
+    import polars as pl
+
+    from trustlens import load_run
+
+    run = load_run(run_dir)
+    tokens, samples, metrics = run.tokens.collect(), run.samples.collect(), run.metrics.collect()
+    per_update = N * MINI // WORKERS
+    key = ["step", "update", "rank", "sample", "pos"]
+    failures = [
+        msg
+        for ok, msg in [
+            (run.manifest["status"] == "finished", f"status {run.manifest['status']!r}"),
+            (sorted(tokens["rank"].unique()) == list(range(1, WORKERS + 1)), "a worker rank is missing"),
+            (tokens.select(key).is_duplicated().sum() == 0, "duplicated token rows"),
+            (tokens["mu_logp"].null_count() == 0, "μ (rollout log-probs) missing"),
+            (tokens["entropy"].null_count() == 0, "entropy missing"),
+            (sorted(samples["step"].unique()) == list(range(1, STEPS + 1)), "steps of the samples"),
+            (len(samples) == STEPS * PROMPTS * N, f"{len(samples)} samples"),
+        ]
+        if not ok
+    ]
+    # each sample trained once per step, on one rank in one update, N * MINI / WORKERS per update
+    trained = tokens.group_by("step", "sample").agg(pl.len(), pl.col("update", "rank").n_unique())
+    joined = trained.join(samples, on=["step", "sample"], how="left")
+    if joined["length"].null_count() or (joined["len"] != joined["length"]).any():
+        failures.append("token rows differ from the samples' response lengths")
+    if (joined["update"] != 1).any() or (joined["rank"] != 1).any():
+        failures.append("a sample trained in more than one update or rank")
+    shares = tokens.group_by("step", "update", "rank").agg(pl.col("sample").n_unique())
+    if (shares["sample"] != per_update).any() or len(shares) != STEPS * 2 * WORKERS:
+        failures.append(f"not {per_update} samples per step, update and rank")
+    # verl's own count: response_length/mean over the step's samples
+    lengths = metrics.filter(pl.col("name") == "verl/response_length/mean").sort("step")["value"] * PROMPTS * N
+    rows = tokens.group_by("step").len().sort("step")["len"]
+    if lengths.round().cast(pl.Int64).to_list() != rows.to_list():
+        failures.append(f"token rows per step {rows.to_list()}, verl trained {lengths.to_list()}")
+    if failures:
+        raise AssertionError("; ".join(failures))
+    return {"token_rows": len(tokens), "samples": len(samples)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="run directory to create")
-    parser.add_argument(
-        "--path", choices=["engine", "dp_actor"], help="verl's actor code (default: the installed verl's default)"
-    )
-    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)  # set for the training ranks
-    parser.add_argument("--world", type=int, default=2, help=argparse.SUPPRESS)
-    parser.add_argument("--port", default="29533", help="local port of the gloo group")
-    args = parser.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    run_dir = str(Path(args.out).resolve())
-    path = args.path or default_path()
-    if args.rank is not None:
-        run_rank(args.rank, args.world, args.port, run_dir, path)
-        return
-    launch(run_dir, path, args.world, args.port)
-    drive(run_dir, args.world)
-    print(f"recorded {run_dir}; open it with:  trustlens dashboard {Path(run_dir).parent}")
+    parser.add_argument("--out", required=True, help="directory to create (model, data, log, run)")
+    out = Path(parser.parse_args().out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    run_dir = train(out)
+    counts = check(run_dir)
+    print(f"main_ppo: {STEPS} steps in {time.monotonic() - start:.0f} s; recorded {counts} in {run_dir}")
+    print(f"open it with:  trustlens dashboard {run_dir}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from packaging.version import Version
 
 verl = pytest.importorskip("verl")
 pytestmark = pytest.mark.slow
@@ -28,10 +29,11 @@ from trustlens.integrations import verl as hook  # noqa: E402
 
 RANK_SCRIPT = Path(__file__).with_name("verl_rank.py")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import verl_actor  # noqa: E402
 import verl_grpo  # noqa: E402
 
 WORLD = 2
-PATHS = [verl_grpo.default_path()]
+PATHS = [verl_actor.default_path()]
 
 
 def _free_port() -> str:
@@ -60,7 +62,7 @@ def verl_run(request, tmp_path_factory):
     calls = _train(run_dir, request.param, tmp)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRUSTLENS_DIR", str(run_dir))  # drive() sets it for this process
-        verl_grpo.drive(str(run_dir), WORLD)
+        verl_actor.drive(str(run_dir), WORLD)
     return run_dir, calls
 
 
@@ -100,14 +102,45 @@ def test_samples_and_metrics_join_the_tokens(verl_run):
     assert "verl/note" not in metrics["name"].to_list()
 
 
-def test_dashboard_opens_the_verl_run_on_every_page(verl_run, monkeypatch):
+def _opens_on_every_page(run_dir: Path, monkeypatch) -> None:
     from test_dashboard_app import PAGES, _app, _open, _pick_run
 
-    at = _pick_run(_app(monkeypatch, verl_run[0].parent).run(), "run")
+    at = _pick_run(_app(monkeypatch, run_dir.parent).run(), run_dir.name)
     for page, title in PAGES.items():
         at = _open(at, page)
         assert title in [t.value for t in at.title]
         assert not at.error, [e.value for e in at.error]
+
+
+def test_dashboard_opens_the_verl_run_on_every_page(verl_run, monkeypatch):
+    _opens_on_every_page(verl_run[0], monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def main_ppo_run(tmp_path_factory):
+    """examples/verl_grpo.py: verl's own `main_ppo` (2 GRPO steps, 2 Ray workers) on the CPU
+    stand-ins of examples/verl_cpu, trustlens attached by `external_lib`; the run checked."""
+    if Version(verl.__version__) < Version("0.9"):
+        pytest.skip("the CPU stand-ins plug into verl ≥ 0.9's platform and rollout registries")
+    run_dir = verl_grpo.train(tmp_path_factory.mktemp("main_ppo"))
+    return run_dir, verl_grpo.check(run_dir)
+
+
+def test_main_ppo_run_is_recorded_from_every_worker_and_the_driver(main_ppo_run):
+    run_dir, counts = main_ppo_run  # check(): rows = verl's response tokens per step, rank, update
+    run = load_run(run_dir)
+    tokens = run.tokens.collect()
+    assert counts["samples"] == verl_grpo.STEPS * verl_grpo.PROMPTS * verl_grpo.N
+    assert run.manifest["active_rule"] == "minirl" and run.manifest["config"]["verl_version"] == verl.__version__
+    assert run.samples.collect()["rank"].unique().to_list() == [0]  # the driver's
+    assert "verl/actor/pg_loss" in run.metrics.collect()["name"].to_list()
+    # μ is the rollout's own (fp32 HF generate), π_old verl's recomputation (bf16 compute)
+    gap = (tokens["old_logp"] - tokens["mu_logp"]).abs()
+    assert 0 < gap.max() < 0.1
+
+
+def test_dashboard_opens_the_main_ppo_run_on_every_page(main_ppo_run, monkeypatch):
+    _opens_on_every_page(main_ppo_run[0], monkeypatch)
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
     python verl_rank.py RANK WORLD PORT RUN_DIR OUT_JSON PATH
 
-It runs examples/verl_grpo.py's rank (verl's own actor code, PATH `engine` or `dp_actor`) with
+It runs verl_actor.py's rank (verl's own actor code, PATH `engine` or `dp_actor`) with
 every call of verl's policy loss spied on (its registry entry wrapped): the tensors the loss got
 (log π, π_old and advantages at the response mask) go to OUT_JSON, for the test to compare with
 the recorded run.
@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import verl_grpo
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # verl_cpu
+import verl_actor
 
 
 def spy_policy_loss(calls: list) -> None:
@@ -40,5 +40,5 @@ if __name__ == "__main__":
     rank, world, port, run_dir, out, path = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:7]
     calls: list = []
     spy_policy_loss(calls)
-    verl_grpo.run_rank(rank, world, port, run_dir, path)
+    verl_actor.run_rank(rank, world, port, run_dir, path)
     Path(out).write_text(json.dumps(calls))

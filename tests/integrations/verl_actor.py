@@ -1,0 +1,256 @@
+"""verl's own actor code on 2 gloo ranks (CPU) with trustlens.integrations.verl attached: the
+actor-level layer of tests/integrations/test_verl.py (examples/verl_grpo.py runs verl's whole
+trainer instead). Each rank runs, for two GRPO-style steps, what `main_ppo`'s actor workers run
+once the rollout is done (verl imports the hook as `external_lib`):
+
+- verl 0.9 (engine workers): `TrainingWorker.train_mini_batch` → `train_batch` → the FSDP
+  engine's `forward_backward_batch` / `forward_step` / `prepare_model_inputs` /
+  `prepare_model_outputs` → `losses.ppo_loss`. The engine is verl's `FSDPEngineWithLMHead`
+  without its constructor (no FSDP sharding: the model is a plain module, and `optimizer_step`
+  averages the gradients over gloo), on the CPU platform of examples/verl_cpu.
+- verl 0.7 (legacy FSDP workers): `DataParallelPPOActor.update_policy` on a `DataProto`.
+
+The batches stand in for a rollout: random prompts and responses of a tiny Qwen2 built from a
+config, π_old from the model, μ = π_old + noise, per-sequence advantages. `drive` plays verl's
+driver: the samples of each step, verl-style metrics, and the run's final status.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from functools import partial
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+from verl_cpu.data import TINY
+
+B, P, R, V = 8, 5, 6, 97  # samples per rank, prompt and response widths, vocabulary
+STEPS, MINI, MICRO = 2, 4, 2  # training steps; mini- and micro-batch sizes per rank
+
+
+def tiny_qwen2():
+    """A 2-layer Qwen2 built from a config (no hub), float32, seeded: the same on every rank."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=V, attn_implementation="sdpa", **TINY)
+    return Qwen2ForCausalLM(cfg).float()
+
+
+def make_batch(model, rank: int, step: int):
+    """A left-padded prompt / right-padded response batch (B, P + R) of distinct samples, with
+    π_old from the model, μ = π_old + noise and per-sequence advantages (two of them 0)."""
+    from verl import DataProto
+
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    prompt_len = torch.randint(2, P + 1, (B,), generator=g)
+    resp_len = torch.randint(2, R + 1, (B,), generator=g)
+    input_ids = torch.zeros(B, P + R, dtype=torch.long)
+    attention = torch.zeros(B, P + R, dtype=torch.long)
+    for i in range(B):
+        input_ids[i, P - prompt_len[i] : P] = torch.randint(1, V, (int(prompt_len[i]),), generator=g)
+        input_ids[i, P : P + resp_len[i]] = torch.randint(1, V, (int(resp_len[i]),), generator=g)
+        attention[i, P - prompt_len[i] : P + resp_len[i]] = 1
+    position_ids = (attention.cumsum(1) - 1).clamp(min=0)
+    responses = input_ids[:, P:]
+    response_mask = attention[:, P:].clone()
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids).logits
+        logp = torch.log_softmax(logits[:, P - 1 : -1].float(), -1).gather(-1, responses[..., None])[..., 0]
+    old = logp * response_mask
+    mu = (old + 0.05 * torch.randn(old.shape, generator=g)).clamp(max=0) * response_mask
+    adv = torch.randn(B, generator=g)
+    adv[:2] = 0.0
+    batch = DataProto.from_dict(
+        tensors={
+            "input_ids": input_ids,
+            "attention_mask": attention,
+            "position_ids": position_ids,
+            "prompts": input_ids[:, :P],
+            "responses": responses,
+            "response_mask": response_mask,
+            "old_log_probs": old,
+            "rollout_log_probs": mu,
+            "advantages": adv[:, None] * response_mask,
+        },
+        meta_info={"temperature": 1.0, "trustlens_step": step},
+    )
+    return batch
+
+
+def actor_config(strategy: str):
+    from omegaconf import OmegaConf
+    from verl.workers.config import FSDPActorConfig
+
+    return FSDPActorConfig(
+        strategy=strategy,
+        ppo_mini_batch_size=MINI,
+        ppo_micro_batch_size_per_gpu=MICRO,
+        use_dynamic_bsz=False,
+        ppo_epochs=1,
+        rollout_n=1,
+        clip_ratio=0.2,
+        clip_ratio_high=0.28,
+        entropy_coeff=0.0,
+        calculate_entropy=True,
+        use_kl_loss=False,
+        policy_loss=OmegaConf.create({"loss_mode": "vanilla"}),
+    )
+
+
+def use_cpu_platform() -> None:
+    """verl ≥ 0.8 picks a device platform (CUDA, NPU, ...): the test-only CPU one."""
+    from verl.plugin.platform.platform_manager import set_platform
+    from verl_cpu.platform import CPUPlatform
+
+    set_platform(CPUPlatform())
+
+
+def run_engine(model, rank: int, world: int) -> None:
+    """The engine worker path."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers import engine_workers
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    class CPUEngine(FSDPEngineWithLMHead):  # verl's engine code without FSDP sharding
+        def __init__(self, module, optimizer):
+            self.module, self.optimizer = module, optimizer
+            self.ulysses_sequence_parallel_size = 1
+            self.pad_to_length = None
+            self._autocast_dtype = torch.float32
+            self.use_ulysses_sp = False
+            self.engine_config = SimpleNamespace(
+                use_no_sync_for_gradient_accumulation=False,
+                entropy_checkpointing=False,
+                entropy_from_logits_with_chunking=False,
+                entropy_from_logits_chunk_size=2048,
+            )
+
+        def train_mode(self, **kwargs):
+            return nullcontext()
+
+        def get_data_parallel_group(self):
+            return None
+
+        def get_data_parallel_size(self):
+            return world
+
+        def get_data_parallel_rank(self):
+            return rank
+
+        def is_mp_src_rank_with_outputs(self):
+            return True  # no model parallelism: every rank returns its outputs
+
+        def optimizer_step(self):
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= world
+            self.optimizer.step()
+            return 0.0
+
+        def lr_scheduler_step(self):
+            return 0.0
+
+    use_cpu_platform()
+    config = actor_config("fsdp2")
+    engine = CPUEngine(model, torch.optim.SGD(model.parameters(), lr=0.5))
+    worker = object.__new__(engine_workers.TrainingWorker)
+    worker.engine = engine
+    worker.engine_config = SimpleNamespace(
+        use_dynamic_bsz=False,
+        max_token_len_per_gpu=None,
+        micro_batch_size_per_gpu=MICRO,
+        use_fused_kernels=False,
+        forward_only=False,
+    )
+    worker.model_config = {"use_remove_padding": False}
+    off = lambda: False  # noqa: E731
+    worker.profiler = SimpleNamespace(step=lambda: None, rank=rank, check_enable=off)  # profiling off
+    worker.flops_counter = SimpleNamespace(estimate_flops=lambda *args, **kwargs: (0.0, 1.0))  # no MFU on a CPU
+    worker.device_name = "cpu"
+    worker.loss_fn = partial(engine_workers.ppo_loss, config=config)  # as ActorRolloutRefWorker.init_model binds it
+    for step in range(1, STEPS + 1):
+        td = left_right_2_no_padding(make_batch(model, rank, step).to_tensordict())
+        tu.assign_non_tensor(
+            td,
+            calculate_entropy=True,
+            global_batch_size=MINI * world,
+            mini_batch_size=MINI * world,
+            epochs=1,
+            seed=1,
+            dataloader_kwargs={"shuffle": True},
+            compute_loss=True,
+        )
+        worker.train_mini_batch(td)
+
+
+def run_dp_actor(model, rank: int, world: int) -> None:
+    """The legacy worker path: DataParallelPPOActor.update_policy."""
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+
+    config = actor_config("fsdp")
+    actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=0.5))
+    for step in range(1, STEPS + 1):
+        actor.update_policy(make_batch(model, rank, step))
+
+
+def run_rank(rank: int, world: int, port: str, run_dir: str, path: str) -> None:
+    """One training rank: its gloo group, the hook imported as verl imports `external_lib`, and
+    STEPS steps through verl's `path` ("engine" or "dp_actor")."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TRUSTLENS_DIR=run_dir)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from verl.utils.import_utils import import_external_libs
+
+    import_external_libs("trustlens.integrations.verl")  # what verl does with model.external_lib
+    model = tiny_qwen2()
+    {"engine": run_engine, "dp_actor": run_dp_actor}[path](model, rank, world)
+    from trustlens.integrations import verl as hook
+
+    hook._state["worker"].close()
+    dist.destroy_process_group()
+
+
+def default_path() -> str:
+    """verl 0.9 trains through engine workers; 0.7's default is the legacy DataParallelPPOActor."""
+    import verl
+    from packaging.version import Version
+
+    return "engine" if Version(verl.__version__) >= Version("0.8") else "dp_actor"
+
+
+class Tokenizer:
+    """Token ids as words "t<id>" (the tiny model has no tokenizer)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(f"t{i}" for i in ids)
+
+
+def drive(run_dir: str, world: int) -> None:
+    """verl's driver's part, through the hooks RayPPOTrainer gets: the samples of each step's batch
+    (every rank's share), a metric per step, and the final status."""
+    import verl
+    from omegaconf import OmegaConf
+    from verl.utils.tracking import Tracking
+
+    from trustlens.integrations import verl as hook
+    from trustlens.integrations._external import finish
+
+    os.environ["TRUSTLENS_DIR"] = run_dir
+    actor = {"clip_ratio": 0.2, "clip_ratio_high": 0.28, "policy_loss": {}}
+    config = OmegaConf.create({"actor_rollout_ref": {"actor": actor}, "algorithm": {}})
+    trainer = SimpleNamespace(
+        config=config, tokenizer=Tokenizer(), actor_rollout_wg=SimpleNamespace(world_size=world), global_steps=0
+    )
+    model = tiny_qwen2()
+    tracking = Tracking(project_name="verl_cpu", experiment_name="grpo", default_backend=[])
+    for step in range(1, STEPS + 1):
+        trainer.global_steps = step
+        batch = verl.DataProto.concat([make_batch(model, r, step) for r in range(world)])
+        batch.batch["token_level_scores"] = torch.zeros_like(batch.batch["old_log_probs"])
+        hook._log_samples(trainer, batch)
+        tracking.log({"actor/pg_loss": 0.5 * step, "note": "text is left out"}, step=step)
+    finish(hook._state, None)
