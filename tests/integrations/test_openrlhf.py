@@ -33,8 +33,8 @@ from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer  # noqa: E402
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from verl_grpo import V, tiny_qwen2  # noqa: E402  (the same tiny Qwen2; no verl import)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # verl_cpu, for verl_actor
+from verl_actor import V, tiny_qwen2  # noqa: E402  (the same tiny Qwen2; no verl import)
 
 from trustlens import load_run  # noqa: E402
 from trustlens.integrations import openrlhf as hook  # noqa: E402
