@@ -122,8 +122,11 @@ def train(out: Path, timeout: float = 900) -> Path:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGINT)  # main_ppo stops the Ray cluster it started on exit
-            time.sleep(1)
-            code = proc.wait(timeout=60)
+            try:
+                code = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                code = proc.wait()
     if code != 0:
         raise SystemExit(f"main_ppo failed (exit {code}); see {out / 'main_ppo.log'}")
     return run_dir

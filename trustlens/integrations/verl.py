@@ -349,7 +349,8 @@ def _log_samples(trainer: Any, batch: Any) -> None:
 
 def _log_samples_v1(trainer: Any, batch: Any) -> None:
     """`_log_samples` for verl ≥ 0.9's v1 trainer, whose batch (a `KVBatchMeta`) names rows kept in
-    TransferQueue: the columns are read from there, as nested (per-sample) tensors."""
+    TransferQueue: the columns are read from there, as nested (per-sample) tensors. The no-op rows
+    verl appends to make the batch divisible (tag `is_padding`, nothing trained) are left out."""
     recorder = _driver(trainer)
     if recorder is None:
         return
@@ -358,7 +359,8 @@ def _log_samples_v1(trainer: Any, batch: Any) -> None:
     step = int(trainer.global_steps)
     batch.extra_info[_STEP_KEY] = step
     fields = ["prompts", "responses", "response_mask", "advantages", "rm_scores"]
-    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+    keys = [k for k, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
+    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
     prompts = list(data["prompts"].unbind())
     padded = data.select("responses", "response_mask", "advantages", "rm_scores").to_padded_tensor()
     responses = padded["responses"]
