@@ -1,9 +1,10 @@
 """Log-space math of the per-token quantities, written once for torch tensors and numpy arrays.
 
-Every function takes `xp`, the array namespace (the `torch` or the `numpy` module): both spell
-exp, expm1, log, log1p, abs, where, maximum, minimum and zeros_like alike, so the recorder (on
+The functions take `xp`, the array namespace (the `torch` or the `numpy` module): both spell
+exp, expm1, log, log1p, abs, where, maximum, minimum and zeros_like alike, so the rules (on
 tensors) and the analyses (on recorded numpy columns, without torch) compute the same numbers from
-the same lines. Inputs are log-probabilities ≤ 0; −inf (probability 0) is a valid value.
+the same lines; `derived_columns` applies them with numpy to float32 log-probs, for the recorder
+and the reader alike. Inputs are log-probabilities ≤ 0; −inf (probability 0) is a valid value.
 """
 
 from __future__ import annotations

@@ -194,7 +194,6 @@ class TokenRecorder:
         self.rules = resolve_rules(list(RULES) if rules is None else rules)
         self._rules_given = rules is not None
         names = [r.name for r in self.rules]
-        self._rule_names = names
         if active_rule is not None and active_rule not in names:
             raise ValueError(f"active_rule {active_rule!r} is not among the evaluated rules {names}")
         _int_arg("rows_per_file", rows_per_file, 1, 2**31)
