@@ -1,8 +1,8 @@
 """The `hf_cpu` rollout's server (test-only; see `verl_cpu.rollout`): one Ray actor per rollout
 replica, holding the policy model on the CPU, that samples with HuggingFace `generate` where verl
-would ask vLLM. `log_probs` are the sampled tokens' log-probs under the temperature-scaled
-distribution it samples from (top-k / top-p are not applied, so μ is that of plain temperature
-sampling).
+would ask vLLM. `log_probs` are the sampled tokens' log-probs under the distribution it samples
+from: temperature-scaled, EOS held back for the first MIN_NEW_TOKENS tokens (top-k / top-p are
+not applied).
 
 This module imports verl only inside methods: a fresh Ray worker imports it to build the actor,
 and verl's own import then imports `verl_cpu.plugin`, which imports `verl_cpu.rollout`, which
@@ -16,6 +16,11 @@ from typing import Any
 import torch
 
 NAME = "hf_cpu"
+# Responses are at least this many tokens before EOS. trustlens.integrations names a sample by a
+# hash of its tokens: two identical responses to one prompt trained on different workers share
+# that id, and a random tiny model ends a response at once (an empty response) often enough for
+# that to happen in a run (it did, one CI run in two); two identical two-word responses are rare.
+MIN_NEW_TOKENS = 2
 
 
 def server_name(replica_rank: int) -> str:
@@ -58,14 +63,16 @@ class HFServer:
                 top_k=0,
                 top_p=1.0,
                 max_new_tokens=max(1, max_tokens),
+                min_new_tokens=min(MIN_NEW_TOKENS, max(1, max_tokens)),
                 eos_token_id=self.eos,
                 pad_token_id=self.eos if isinstance(self.eos, int) else None,
-                output_logits=True,
+                output_scores=True,
                 return_dict_in_generate=True,
             )
         tokens = out.sequences[0, ids.shape[1] :]
-        logits = torch.stack(out.logits, 1)[0, : len(tokens)].float() / (temperature or 1.0)  # as verl's actor
-        log_probs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None])[:, 0]
+        # the scores generate sampled from: logits / τ, EOS held back while the response is short
+        scores = torch.stack(out.scores, 1)[0, : len(tokens)].float()
+        log_probs = torch.log_softmax(scores, -1).gather(-1, tokens[:, None])[:, 0]
         from verl.workers.rollout.replica import TokenOutput
 
         return TokenOutput(
