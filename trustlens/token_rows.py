@@ -29,16 +29,19 @@ from trustlens.run.writer import TokenBatch
 
 _LOGP = ("pi_logp", "mu_logp", "old_logp")
 _DIVERGENCES = ("entropy", "topk_tv", "topk_kl")
-# the allowed values of each per-token input at a valid position, as a test on its (min, max)
-_ALLOWED: dict[str, Callable[[float, float], bool]] = {
-    "pi_logp": lambda lo, hi: hi <= LOGP_TOLERANCE,  # log-probabilities: −inf allowed; NaN fails
-    "mu_logp": lambda lo, hi: hi <= LOGP_TOLERANCE,
-    "old_logp": lambda lo, hi: hi <= LOGP_TOLERANCE,
-    "entropy": lambda lo, hi: lo >= -LOGP_TOLERANCE and hi < math.inf,
-    "topk_tv": lambda lo, hi: lo >= -LOGP_TOLERANCE and hi < math.inf,
-    "topk_kl": lambda lo, hi: lo >= -LOGP_TOLERANCE,  # +inf allowed: π = 0 < μ
-    "advantages": lambda lo, hi: math.isfinite(lo) and math.isfinite(hi),
-}
+
+
+def _allowed(name: str, lo: float, hi: float) -> bool:
+    """Whether an input whose values span [lo, hi] holds only allowed values (NaN fails every
+    test): log-probabilities ≤ LOGP_TOLERANCE (−inf is probability 0), finite advantages, and
+    divergences ≥ −LOGP_TOLERANCE and finite, +inf allowed for topk_kl (π = 0 < μ)."""
+    if name in _LOGP:
+        return hi <= LOGP_TOLERANCE
+    if name == "advantages":
+        return math.isfinite(lo) and math.isfinite(hi)
+    return lo >= -LOGP_TOLERANCE and (name == "topk_kl" or hi < math.inf)
+
+
 # the check of each input one by one, naming the argument and the index of a bad value
 _CHECKS: dict[str, Callable[..., torch.Tensor]] = {
     "advantages": check_tensor,
@@ -56,7 +59,7 @@ class TokenRows:
     token_ids: torch.Tensor  # (B, T) int32
     samples: torch.Tensor  # (B,) int64 sample ids
     groups: torch.Tensor  # (B,) int64 group ids
-    names: list[str]  # the per-token inputs in `values`, among the keys of _ALLOWED
+    names: list[str]  # the per-token inputs in `values`: _LOGP, _DIVERGENCES, "advantages"
     values: torch.Tensor  # (F, B, T) float32 (float64 when an input is): those inputs, checked
     decided_rules: list[str]  # the rules the caller decided itself
     decided: torch.Tensor | None  # (R, B, T) bool: their decisions, in that order (None: no rule)
@@ -79,7 +82,7 @@ def checked_values(columns: Mapping[str, torch.Tensor], mask: torch.Tensor) -> t
         return values
     flat = values.reshape(len(values), -1)
     bounds = list(zip(flat.amin(1).tolist(), flat.amax(1).tolist(), strict=True))  # NaN where a NaN is
-    if not all(_ALLOWED[name](lo, hi) for name, (lo, hi) in zip(columns, bounds, strict=True)):
+    if not all(_allowed(name, lo, hi) for name, (lo, hi) in zip(columns, bounds, strict=True)):
         for name, t in columns.items():  # raises at the first bad value at a valid position
             _CHECKS.get(name, check_logp)(name, t.to(mask.device).masked_fill(~mask, 0))
     for row, name, (lo, hi) in zip(values, columns, bounds, strict=True):
