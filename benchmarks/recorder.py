@@ -16,7 +16,10 @@ advantages given, token texts decoded by a stand-in tokenizer. All measured in t
 - unpaced: `record` called back to back, then `close()`. Total wall time / floor (goal ≤ 1.5×)
   and rows/s. Here the caller outruns the writer, so `record` mostly waits on the full queue.
 - paced: between calls the "training step" sleeps 1.5× the stricter floor's time per batch (a trainer
-  whose step lasts 1.5× what it takes to write that step's rows: far faster than any real one).
+  whose step lasts 1.5× what it takes to write that step's rows: far faster than any real one)
+  and, with `--inputs fresh` (the default), makes the inputs of its next `record` call (a copy
+  of a batch), as a trainer's forward pass does: `record` then reads them from the cache. With
+  `--inputs cold` it reads inputs made long before, from memory (~30% more time in `record`).
   Time the caller is blocked inside `record` / the raw `pq.write_table` (pyarrow defaults) of the
   same rows (goal ≤ 5%), split into the caller's own work (checks, row selection) and waiting on
   the writer's full queue. Noise-dominated on a loaded machine: `--rounds` paced runs, each
@@ -84,9 +87,12 @@ def limit_mask(mask: torch.Tensor, rows: int) -> torch.Tensor:
     return mask & (mask.reshape(-1).cumsum(0).reshape(mask.shape) <= rows)
 
 
-def record_run(run_dir: Path, batches, rows: int, pace: float) -> dict[str, float]:
+def record_run(run_dir: Path, batches, rows: int, pace: float, fresh: bool = False) -> dict[str, float]:
     """Record `rows` rows. Returns wall and CPU times (CPU: of the whole process for the total,
-    of the calling thread inside record), and the time spent waiting on the writer's queue."""
+    of the calling thread inside record), and the time spent waiting on the writer's queue.
+    pace: seconds of "training step" (a sleep) between calls. fresh: the step also makes the
+    inputs of its `record` call (a copy of the next batch), as a trainer's forward pass does, so
+    they are in the cache when `record` reads them; else they were made long before (cold)."""
     inside = inside_cpu = 0.0
     recorded = step = 0
     start, start_cpu = time.perf_counter(), time.process_time()
@@ -94,6 +100,8 @@ def record_run(run_dir: Path, batches, rows: int, pace: float) -> dict[str, floa
     while recorded < rows:
         batch = batches[step % len(batches)]
         mask = limit_mask(batch["response_mask"], rows - recorded)
+        if fresh:
+            batch = {k: v.clone() for k, v in batch.items()}
         t, t_cpu = time.perf_counter(), time.thread_time()
         recorded += rec.record(step, **{**batch, "response_mask": mask})
         inside += time.perf_counter() - t
@@ -130,6 +138,13 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=1024, help="T: positions per response")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=5, help="paced rounds; the median ratio is reported")
+    parser.add_argument(
+        "--inputs",
+        choices=("fresh", "cold"),
+        default="fresh",
+        help="paced rounds: each step makes its record call's inputs (fresh, as a trainer does) or "
+        "reuses inputs made long before (cold: read from memory, not the cache)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     batches = make_batches(4, args.batch, args.seq, args.seed)
@@ -147,7 +162,8 @@ def main() -> None:
         rounds = []
         for r in range(args.rounds):
             floor = time_write(table, tmp / "floor.parquet", {})
-            rounds.append((floor, record_run(tmp / f"paced{r}", batches, args.rows, pace=pace)))
+            paced = record_run(tmp / f"paced{r}", batches, args.rows, pace=pace, fresh=args.inputs == "fresh")
+            rounds.append((floor, paced))
             shutil.rmtree(tmp / f"paced{r}")
 
     rows = args.rows
@@ -167,7 +183,10 @@ def main() -> None:
             f"  unpaced total / floor (goal ≤ 1.5×):   wall {unpaced['total'] / wall:5.2f}×   "
             f"CPU {unpaced['total_cpu'] / cpu:5.2f}×"
         )
-    print(f"paced: {pace * 1e3:.1f} ms of training step between calls; caller blocked in record / raw write_table:")
+    print(
+        f"paced: {pace * 1e3:.1f} ms of training step between calls, {args.inputs} inputs; "
+        "caller blocked in record / raw write_table:"
+    )
     ratios, cpu_ratios = [], []
     for r, ((wall, cpu), paced) in enumerate(rounds):
         work = paced["inside"] - paced["waiting"]

@@ -55,7 +55,16 @@ from trustlens.run.aggregates import Keep
 from trustlens.run.manifest import new_manifest
 from trustlens.run.storage import Remote
 from trustlens.run.writer import BackgroundWriter, RankWriter, WriterStats
-from trustlens.token_rows import TokenRows, check_token_range, checked_token_ids, checked_values, derive_rows
+from trustlens.token_rows import (
+    Buffers,
+    TokenRows,
+    check_token_range,
+    checked_token_ids,
+    checked_values,
+    derive_rows,
+    finish_rows,
+    take_rows,
+)
 
 # token columns a caller may leave null; the manifest's "missing" lists those never recorded
 OPTIONAL_COLUMNS = ("mu_logp", "old_logp", "topk_tv", "topk_kl", "entropy")
@@ -191,6 +200,7 @@ class TokenRecorder:
         if keep is not None and not isinstance(keep, Keep):
             raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
         self.keep = keep
+        self._buffers = Buffers()  # the copies of record calls, reused once their rows are taken
         self.rules = resolve_rules(list(RULES) if rules is None else rules)
         self._rules_given = rules is not None
         names = [r.name for r in self.rules]
@@ -306,11 +316,12 @@ class TokenRecorder:
             raise ValueError("topk_tv and topk_kl must be given together")
         decided = self._check_blocked(blocked, shape)
         device = pi_logp.device
-        mask = check_mask("response_mask", response_mask, token_ids).to(device, copy=True)
+        given_mask = check_mask("response_mask", response_mask, token_ids)
+        mask = self._buffers.empty(tuple(given_mask.shape), torch.bool, device).copy_(given_mask)
         id_key = ("tokens", step, update)
         samples = self._ids("sample_ids", sample_ids, shape[0], device, id_key)
         groups = samples if group_ids is None else self._ids("group_ids", group_ids, shape[0], device, None)
-        ids = checked_token_ids(token_ids, mask)
+        ids = checked_token_ids(token_ids, mask, self._buffers)
         columns = {k: v for k, v in per_token.items() if v is not None}
         per_sequence = None  # (B,) advantages per sequence, checked and copied (not per token: no (B, T) copy)
         if _checked_advantages(advantages, shape).dim() == 2:
@@ -341,21 +352,26 @@ class TokenRecorder:
             samples=samples,
             groups=groups,
             names=list(columns),
-            values=checked_values(columns, mask),
+            values=checked_values(columns, mask, self._buffers),
             sequence_advantages=per_sequence,
             decided_rules=list(decided),
             decided=torch.stack([d.to(device) for d in decided.values()]) if decided else None,
+            buffers=self._buffers,
         )
         self._note_anchor(
             "mu" if mu_logp is not None else "old",
             {k for k in columns if k in OPTIONAL_COLUMNS} | {blocked_column(r.name) for r in evaluable},
         )
         n_rows = int(mask.count_nonzero())
-        job = functools.partial(derive_rows, step, update, rows, self.rules, evaluable, self.keep, self.rank)
         # on the CPU the rows are taken and derived by the writer thread (same device, off the
-        # training step's path); elsewhere here, so that only compact rows leave the device.
-        # Last: the writer thread wakes up to it and would compete for the GIL with any torch op after.
-        self._writer.put_tokens(job if device.type == "cpu" else job())
+        # training step's path); elsewhere taken here, so that only compact rows leave the device.
+        if device.type == "cpu":
+            job = functools.partial(derive_rows, step, update, rows, self.rules, evaluable, self.keep, self.rank)
+        else:
+            taken = take_rows(step, update, rows, self.rules)
+            job = functools.partial(finish_rows, taken, self.rules, evaluable, self.keep, self.rank)
+        # last: the writer thread wakes up to it and would compete for the GIL with any torch op after
+        self._writer.put_tokens(job)
         if sample_ids is None:
             self._count_ids(id_key, shape[0])
         return n_rows
@@ -538,12 +554,12 @@ class TokenRecorder:
 
     def _ids(
         self, name: str, ids: object, batch: int, device: torch.device, key: tuple[Any, ...] | None
-    ) -> torch.Tensor:
-        """Per-sample ids (B,) as an int64 tensor on `device`; numbered by default when `key`."""
+    ) -> torch.Tensor | int:
+        """Per-sample ids (B,) as an int64 tensor on `device`; numbered by default when `key`:
+        then the first of the B consecutive ids (the rows' ids are made where they are taken)."""
         if ids is None:
             assert key is not None, "default ids need a counter key"
-            start = self._first_id(key, batch)
-            return torch.arange(start, start + batch, device=device)
+            return self._first_id(key, batch)
         if not isinstance(ids, torch.Tensor):
             try:
                 ids = torch.as_tensor(ids)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -497,27 +497,41 @@ def evaluate_columns(
         return read[name]
 
     distances: dict[tuple[str, str], np.ndarray] = {}
+    eps = _eps(frame.schema.get("pi_logp") == pl.Float64)  # binary_kl's reading of log π = 0, as the recorder's
     out = {}
-    with np.errstate(all="ignore"):  # log(0) = −inf and inf − inf = NaN are handled in the math
-        for rule in resolved:
-            names = rule_columns(rule, mu=mu)
-            got = {n: column(n, rule) for n in names}
-            valid = np.logical_and.reduce([v for _, v in got.values()])
-            pi = got["pi_logp"][0]
-            anchor_name = mu if rule.anchor == "mu" else "old_logp"
-            if not rule.blocks:
-                blocked = decide(rule, None, pi, None, None)
-            elif rule.measure in ("topk_tv", "topk_kl"):
-                blocked = decide(rule, got[rule.measure][0], pi, got[mu][0], got["advantage"][0])
-            else:
-                anchor = column(anchor_name, rule)[0]
-                key = (str(rule.measure), anchor_name)
-                if key not in distances:
-                    eps = _eps(frame["pi_logp"].dtype == pl.Float64)  # the recorder's width
-                    distances[key] = _distance(key[0], pi, anchor, eps, np)
-                blocked = decide(rule, distances[key], pi, anchor, got["advantage"][0])
-            out[rule.name] = pl.Series(rule.name, blocked, dtype=pl.Boolean).set(pl.Series(~valid), None)
+    for rule in resolved:
+        valid = np.logical_and.reduce([column(n, rule)[1] for n in rule_columns(rule, mu=mu)])  # reads them
+        blocked = decide_columns(rule, lambda name: read[name][0], mu, distances, eps)
+        out[rule.name] = pl.Series(rule.name, blocked, dtype=pl.Boolean).set(pl.Series(~valid), None)
     return pl.DataFrame(out, height=frame.height) if out else pl.DataFrame(height=frame.height)
+
+
+def decide_columns(
+    rule: Rule,
+    column: Callable[[str], np.ndarray],
+    mu: str,
+    distances: dict[tuple[str, str], np.ndarray],
+    eps: float,
+) -> np.ndarray:
+    """`decide` for `rule` on numpy columns: `column(name)` returns the run column `name`
+    (pi_logp, advantage, old_logp, topk_tv, topk_kl; μ from the column `mu`), all of one dtype.
+    Each computed distance is kept in `distances`, keyed (measure, anchor column), so that rules
+    sharing it compute it once; the caller may hand some in already computed (the recorder hands
+    in the binary TV and KL it stores). eps: as in `_logspace.binary_kl`."""
+    pi = column("pi_logp")
+    if not rule.blocks:
+        return decide(rule, None, pi, None, None)
+    anchor_name = mu if rule.anchor == "mu" else "old_logp"
+    anchor = column(anchor_name)
+    if rule.measure in ("topk_tv", "topk_kl"):
+        d = column(str(rule.measure))
+    else:
+        key = (str(rule.measure), anchor_name)
+        if key not in distances:
+            with np.errstate(all="ignore"):  # log(0) = −inf and inf − inf = NaN are handled in the math
+                distances[key] = _distance(key[0], pi, anchor, eps, np)
+        d = distances[key]
+    return decide(rule, d, pi, anchor, column("advantage"))
 
 
 def _check_column(name: str, values: np.ndarray, valid: np.ndarray) -> None:

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from trustlens import _logspace
 from trustlens._checks import LOGP_TOLERANCE, _first_index, check_logp, check_nonnegative, check_tensor
-from trustlens.rules import Rule, TokenInputs
+from trustlens.rules import Rule, decide_columns
 from trustlens.run.aggregates import Keep, keep_rows
 from trustlens.run.writer import TokenBatch
 
@@ -51,22 +53,55 @@ _CHECKS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
+class Buffers:
+    """Tensors for the copies `record` makes, reused once the writer has taken their rows.
+
+    A fresh (F, B, T) snapshot per call costs the caller its page faults as well as the copy:
+    0.41 → 0.19 ms of the caller's CPU per 64 × 1024 call with four float inputs (the float
+    copy and its check, into a fresh tensor vs a reused one; measured with the batches of
+    benchmarks/recorder.py). At most `keep` free tensors of each shape and dtype are kept."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._free: dict[tuple, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A tensor of `shape`, `dtype` on `device` with undefined values: a free one, else new."""
+        with self._lock:
+            free = self._free.get((tuple(shape), dtype, device))
+            if free:
+                return free.pop()
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    def give_back(self, *tensors: torch.Tensor) -> None:
+        """Hand tensors from `empty` back for reuse: nothing may read or write them afterwards."""
+        with self._lock:
+            for t in tensors:
+                free = self._free.setdefault((tuple(t.shape), t.dtype, t.device), [])
+                if len(free) < self.keep:
+                    free.append(t)
+
+
 @dataclass
 class TokenRows:
     """One `record` call's checked inputs, copied: nothing here aliases the caller's tensors."""
 
     mask: torch.Tensor  # (B, T) bool: the valid positions
     token_ids: torch.Tensor  # (B, T) int32
-    samples: torch.Tensor  # (B,) int64 sample ids
-    groups: torch.Tensor  # (B,) int64 group ids
+    samples: torch.Tensor | int  # (B,) int64 sample ids, or the first of B consecutive ones
+    groups: torch.Tensor | int  # (B,) int64 group ids, or the first of B consecutive ones
     names: list[str]  # the per-token inputs in `values`: _LOGP, _DIVERGENCES, "advantages"
     values: torch.Tensor  # (F, B, T) float32 (float64 when an input is): those inputs, checked
     decided_rules: list[str]  # the rules the caller decided itself
     decided: torch.Tensor | None  # (R, B, T) bool: their decisions, in that order (None: no rule)
     sequence_advantages: torch.Tensor | None  # (B,) per-sequence advantages; None: "advantages" in `values`
+    buffers: Buffers | None = None  # where mask, token_ids and values go back once their rows are taken
 
 
-def checked_values(columns: Mapping[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+def checked_values(
+    columns: Mapping[str, torch.Tensor], mask: torch.Tensor, buffers: Buffers | None = None
+) -> torch.Tensor:
     """The per-token inputs `columns` {name: (B, T) float} stacked into one (F, B, T) copy on the
     mask's device, float32 (float64 when one is); log-probabilities in (0, LOGP_TOLERANCE]
     clamped to 0 and divergences in [−LOGP_TOLERANCE, 0) to 0. Raises ValueError naming the
@@ -75,9 +110,16 @@ def checked_values(columns: Mapping[str, torch.Tensor], mask: torch.Tensor) -> t
     The padding is copied as it is (the rows are taken at the valid positions only), and the
     check looks at every position first: one min and one max per input. Only when a value is
     not allowed somewhere (bad input, or padding holding NaN, ±inf or out-of-range values) are
-    the inputs checked one by one at their valid positions."""
+    the inputs checked one by one at their valid positions. The copy is made in a tensor from
+    `buffers` when given."""
     dtype = torch.float64 if any(t.dtype == torch.float64 for t in columns.values()) else torch.float32
-    values = torch.stack([t.detach().to(mask.device, dtype) for t in columns.values()])  # (F, B, T)
+    shape = (len(columns), *mask.shape)
+    values = (buffers or Buffers(keep=0)).empty(shape, dtype, mask.device)
+    given = [
+        t.detach() if (t.device, t.dtype) == (mask.device, dtype) else t.detach().to(mask.device, dtype)
+        for t in columns.values()
+    ]
+    torch.stack(given, out=values)  # (F, B, T)
     if not values.numel():
         return values
     flat = values.reshape(len(values), -1)
@@ -85,23 +127,24 @@ def checked_values(columns: Mapping[str, torch.Tensor], mask: torch.Tensor) -> t
     if not all(_allowed(name, lo, hi) for name, (lo, hi) in zip(columns, bounds, strict=True)):
         for name, t in columns.items():  # raises at the first bad value at a valid position
             _CHECKS.get(name, check_logp)(name, t.to(mask.device).masked_fill(~mask, 0))
-    for row, name, (lo, hi) in zip(values, columns, bounds, strict=True):
+    for i, (name, (lo, hi)) in enumerate(zip(columns, bounds, strict=True)):
         if name in _LOGP and not hi <= 0:
-            row.clamp_(max=0.0)
+            values[i].clamp_(max=0.0)
         elif name in _DIVERGENCES and not lo >= 0:
-            row.clamp_(min=0.0)
+            values[i].clamp_(min=0.0)
     return values
 
 
-def checked_token_ids(token_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """`token_ids` (B, T) as an int32 copy on the mask's device (the run stores int32 ids);
-    ValueError when a valid position holds an id outside [0, 2³¹). The padding may hold any id:
-    copied as it is, or as 0 where it does not fit int32."""
+def checked_token_ids(token_ids: torch.Tensor, mask: torch.Tensor, buffers: Buffers | None = None) -> torch.Tensor:
+    """`token_ids` (B, T) as an int32 copy on the mask's device (the run stores int32 ids), in a
+    tensor from `buffers` when given; ValueError when a valid position holds an id outside
+    [0, 2³¹). The padding may hold any id: copied as it is, or as 0 where it does not fit int32."""
     ids = token_ids.to(mask.device)
-    lo, hi = check_token_range(ids, mask, 2**31)
+    out = (buffers or Buffers(keep=0)).empty(tuple(ids.shape), torch.int32, mask.device).copy_(ids)
+    lo, hi = check_token_range(ids, mask, 2**31)  # after the copy: reads `ids` from the cache
     if lo < -(2**31) or hi >= 2**31:
-        ids = ids.masked_fill(~mask, 0)
-    return ids.to(torch.int32, copy=True)
+        out.copy_(ids.masked_fill(~mask, 0))
+    return out
 
 
 def check_token_range(ids: torch.Tensor, mask: torch.Tensor, high: int, why: str = "") -> tuple[int, int]:
@@ -120,61 +163,81 @@ def check_token_range(ids: torch.Tensor, mask: torch.Tensor, high: int, why: str
     return lo, hi
 
 
-@torch.no_grad()
 def derive_rows(
     step: int, update: int, rows: TokenRows, rules: list[Rule], evaluable: list[Rule], keep: Keep | None, rank: int
 ) -> TokenBatch:
-    """The TokenBatch of `rows`: one row per valid position (N), with its ids, float columns and
-    the decision of every evaluable rule (the caller's where given, else evaluated here; the
-    others stay null), moved to the CPU; the ratio π/anchor and binary TV and KL derived from the
-    float32 log-probs with numpy (`_logspace.derived_columns`, as the reader derives them for
-    sampled runs: numpy's small-array work holds the GIL once instead of handing it over at each
-    torch op, which would slow a Python-bound training loop while this runs in the writer thread).
-    Sampled under `keep` when given."""
+    """The TokenBatch of `rows`: `take_rows` then `finish_rows` (both in the writer thread for
+    CPU tensors; for accelerator tensors `record` takes the rows itself, so that only compact
+    rows leave the device, and the writer thread finishes them)."""
+    return finish_rows(take_rows(step, update, rows, rules), rules, evaluable, keep, rank)
+
+
+@torch.no_grad()
+def take_rows(step: int, update: int, rows: TokenRows, rules: list[Rule]) -> TokenBatch:
+    """One row per valid position (N) of `rows`: its ids, its float inputs (in the dtype of
+    `rows.values`, float32 or float64; advantages under the run's column name "advantage") and
+    the caller's decisions (None for every other rule), moved to the CPU as numpy arrays."""
     b, t = torch.nonzero(rows.mask, as_tuple=True)  # (N,) each
     index = b * rows.mask.shape[1] + t  # (N,) flat positions
     taken = rows.values.reshape(len(rows.names), -1).index_select(1, index)  # (F, N)
     values = dict(zip(rows.names, taken.unbind(0), strict=True))
     if rows.sequence_advantages is not None:
-        values["advantages"] = rows.sequence_advantages.index_select(0, b)
+        values["advantages"] = rows.sequence_advantages.index_select(0, b).to(taken.dtype)
     decisions = {}
     if rows.decided is not None:
         taken_decisions = rows.decided.reshape(len(rows.decided_rules), -1).index_select(1, index)  # (R, N)
         decisions = dict(zip(rows.decided_rules, taken_decisions.unbind(0), strict=True))
-    pending = [r for r in evaluable if r.name not in decisions]
-    if pending:
-        inputs = TokenInputs(
-            pi_logp=values["pi_logp"],
-            mu_logp=values["mu_logp"] if "mu_logp" in values else values["old_logp"],
-            advantages=values["advantages"],
-            old_logp=values.get("old_logp"),
-            topk_tv=values.get("topk_tv"),
-            topk_kl=values.get("topk_kl"),
-        )
-        decisions.update({r.name: inputs.blocked(r) for r in pending})
     ints = [
-        rows.samples.index_select(0, b),
-        rows.groups.index_select(0, b),
+        *(b + ids if isinstance(ids, int) else ids.index_select(0, b) for ids in (rows.samples, rows.groups)),
         t,
         rows.token_ids.reshape(-1)[index].long(),
     ]
     names = ("mu_logp", "old_logp", "pi_logp", "topk_tv", "topk_kl", "entropy")
     floats = {**{k: values.get(k) for k in names}, "advantage": values["advantages"]}
     batch = _to_cpu(step, update, ints, floats, {r.name: decisions.get(r.name) for r in rules})
+    if rows.buffers is not None:  # every row is taken (copied) from them now
+        rows.buffers.give_back(rows.mask, rows.token_ids, rows.values)
+    return batch
+
+
+def finish_rows(
+    batch: TokenBatch, rules: list[Rule], evaluable: list[Rule], keep: Keep | None, rank: int
+) -> TokenBatch:
+    """`batch` (from `take_rows`) as the run stores it, with numpy: the decision of every
+    evaluable rule the caller did not decide (`rules.decide_columns`, in the inputs' dtype; a
+    μ-anchored rule anchors on π_old when μ is not given), the ratio π/anchor and binary TV and
+    KL derived from the float32 log-probs (`_logspace.derived_columns`, as the reader derives
+    them for sampled runs), every float column float32; sampled under `keep` when given.
+
+    numpy rather than torch: in the writer thread, numpy's work holds the GIL once per call
+    where each of ~50 small torch ops would hand it over (and a Python-bound training loop would
+    wait for it back), and it is ~2× faster at this size (benchmarks/recorder.py)."""
     f = batch.floats
-    anchor = f["mu_logp"] if f["mu_logp"] is not None else f["old_logp"]
-    assert f["pi_logp"] is not None and anchor is not None  # record requires them
-    batch.floats = {**f, **_logspace.derived_columns(f["pi_logp"], anchor)}
+    anchor = "mu_logp" if f["mu_logp"] is not None else "old_logp"
+    pi, anchor_logp = f["pi_logp"], f[anchor]
+    assert pi is not None and anchor_logp is not None  # record requires them
+    derived = _logspace.derived_columns(pi, anchor_logp)
+    # the stored binary TV and KL are the distances of the rules anchored there (same function,
+    # same float32 inputs); float64 inputs are decided in float64
+    shared = pi.dtype == np.float32
+    distances = {(k, anchor): derived[k] for k in ("binary_tv", "binary_kl")} if shared else {}
+    eps = float(np.finfo(pi.dtype).eps)
+    pending = [r for r in evaluable if batch.blocked.get(r.name) is None]
+    column = f.__getitem__
+    decided = {r.name: decide_columns(r, column, anchor, distances, eps) for r in pending}
+    floats = {k: None if v is None else v.astype(np.float32, copy=False) for k, v in f.items()}
+    batch = replace(batch, floats={**floats, **derived}, blocked={**batch.blocked, **decided})
     return keep_rows(batch, keep, [r.name for r in rules], rank)
 
 
 def _to_cpu(step: int, update: int, ints: list[torch.Tensor], floats: dict, blocked: dict) -> TokenBatch:
     """The rows as CPU numpy arrays. Every tensor here was made by `record` or `derive_rows` (none
     aliases the caller's), so on the CPU they are handed over without a copy; from another device
-    they move in three transfers: ints (sample, group, pos, token_id), floats, rule decisions."""
+    they move in three transfers: ints (sample, group, pos, token_id), floats (one dtype: they
+    were taken from one snapshot), rule decisions."""
     present = [k for k, v in floats.items() if v is not None]
     decided = [k for k, v in blocked.items() if v is not None]
-    columns = [ints, [floats[k].float() for k in present], [blocked[k] for k in decided]]
+    columns = [ints, [floats[k] for k in present], [blocked[k] for k in decided]]
     if ints[0].device.type == "cpu":
         arrays, values, bools = ([t.numpy() for t in group] for group in columns)
     else:
