@@ -538,3 +538,22 @@ def test_rules_import_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == str(tuple(RULES[r].blocks for r in RULES))
+
+
+def test_decide_columns_computes_each_distance_once_or_takes_it_given():
+    columns = {
+        "pi_logp": np.log(np.array([0.7, 0.2, 0.5], np.float32)),
+        "mu_logp": np.log(np.array([0.5, 0.4, 0.5], np.float32)),
+        "advantage": np.array([1.0, -1.0, 1.0], np.float32),
+    }
+    eps = float(np.finfo(np.float32).eps)
+    distances: dict = {}
+    tv = rules_module.decide_columns(RULES["dppo_binary_tv"], columns.__getitem__, "mu_logp", distances, eps)
+    assert tv.tolist() == [True, True, False]  # |π − μ| = 0.2, 0.2, 0 against δ = 0.15
+    assert list(distances) == [("binary_tv", "mu_logp")]
+    # a distance handed in is used as it is (the recorder hands in the binary TV it stores)
+    given = {("binary_tv", "mu_logp"): np.array([0.0, 0.0, 1.0], np.float32)}
+    tv = rules_module.decide_columns(RULES["dppo_binary_tv"], columns.__getitem__, "mu_logp", given, eps)
+    assert tv.tolist() == [False, False, False]  # the third: π = μ, no push away from μ
+    never = rules_module.decide_columns(RULES["cispo"], columns.__getitem__, "mu_logp", {}, eps)
+    assert never.tolist() == [False, False, False]

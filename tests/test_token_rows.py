@@ -6,7 +6,7 @@ import torch
 
 from trustlens import _logspace
 from trustlens.rules import RULES
-from trustlens.token_rows import TokenRows, checked_token_ids, checked_values, derive_rows
+from trustlens.token_rows import Buffers, TokenRows, checked_token_ids, checked_values, derive_rows
 
 MASK = torch.tensor([[True, True, False], [True, False, False]])
 
@@ -122,3 +122,95 @@ def test_per_sequence_advantages_are_taken_per_row():
     )
     batch = derive_rows(0, 0, rows, [RULES["ppo"]], [RULES["ppo"]], None, 0)
     assert batch.floats["advantage"].tolist() == [0.5, 0.5, -1.5]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rows_decide_every_rule_as_the_torch_rules(gen, dtype):
+    """The writer decides in numpy, in the inputs' dtype (reusing the stored binary TV and KL for
+    float32): the same decisions as `evaluate_all` on the torch tensors, at every valid position."""
+    from trustlens.rules import evaluate_all
+
+    b, t = 12, 40
+    mu = torch.log_softmax(torch.randn(b, t, 5, generator=gen, dtype=dtype) * 2, -1)[..., 0]
+    pi = (mu + 0.6 * torch.randn(b, t, generator=gen, dtype=dtype)).clamp(max=-1e-3)
+    old = (mu + 0.3 * torch.randn(b, t, generator=gen, dtype=dtype)).clamp(max=-1e-3)
+    pi[1, :3] = -math.inf  # probability 0: binary KL +inf
+    given = {
+        "pi_logp": pi,
+        "mu_logp": mu,
+        "old_logp": old,
+        "topk_tv": _logspace.abs_diff_exp(pi, mu, torch) + 0.05 * torch.rand(b, t, generator=gen, dtype=dtype),
+        "topk_kl": torch.rand(b, t, generator=gen, dtype=dtype),
+    }
+    adv = torch.randn(b, generator=gen, dtype=dtype)
+    adv[0] = 0.0
+    mask = torch.rand(b, t, generator=gen) < 0.8
+    rules = list(RULES.values())
+    rows = TokenRows(
+        mask=mask,
+        token_ids=torch.zeros(b, t, dtype=torch.int32),
+        samples=0,
+        groups=0,
+        names=list(given),
+        values=checked_values(given, mask),
+        decided_rules=[],
+        decided=None,
+        sequence_advantages=adv,
+    )
+    batch = derive_rows(0, 0, rows, rules, rules, None, 0)
+    want = evaluate_all(rules, advantages=adv, **given)
+    for rule in rules:
+        assert batch.blocked[rule.name].tolist() == want[rule.name][mask].tolist(), rule.name
+    assert all(v is None or v.dtype == np.float32 for v in batch.floats.values())
+    assert batch.sample.tolist() == torch.nonzero(mask)[:, 0].tolist()  # default ids: 0 + b
+
+
+def test_buffers_are_reused_and_bounded():
+    buffers = Buffers(keep=1)
+    first = buffers.empty((2, 3), torch.float32, torch.device("cpu"))
+    second = buffers.empty((2, 3), torch.float32, torch.device("cpu"))
+    assert first.data_ptr() != second.data_ptr()
+    buffers.give_back(first, second)  # only one of them is kept
+    assert buffers.empty((2, 3), torch.float32, torch.device("cpu")).data_ptr() == first.data_ptr()
+    fresh = buffers.empty((2, 3), torch.float32, torch.device("cpu"))
+    assert fresh.data_ptr() not in (first.data_ptr(), second.data_ptr())
+    assert buffers.empty((2, 3), torch.int32, torch.device("cpu")).dtype == torch.int32  # per dtype
+
+
+def test_recorded_rows_of_many_calls_stay_apart(tmp_path):
+    """The copies of a call go back to the pool once its rows are taken: calls made while the
+    writer is behind, with the caller overwriting its tensors after each, keep their own values."""
+    import polars as pl
+
+    from trustlens import TokenRecorder, load_run
+
+    b, t, calls = 4, 16, 12
+    inputs = {
+        "pi_logp": torch.zeros(b, t),
+        "mu_logp": torch.zeros(b, t),
+        "token_ids": torch.zeros(b, t, dtype=torch.int64),
+        "advantages": torch.zeros(b),
+    }
+    with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
+        for step in range(calls):
+            inputs["pi_logp"].fill_(-0.01 * (step + 1))
+            inputs["mu_logp"].fill_(-0.02 * (step + 1))
+            inputs["token_ids"].fill_(step)
+            inputs["advantages"].fill_(step - 5.5)
+            rec.record(step, response_mask=torch.ones(b, t, dtype=torch.bool), **inputs)
+    tokens = load_run(tmp_path / "run").tokens.collect().sort("step")
+    per_step = (
+        tokens.group_by("step")
+        .agg(
+            pl.col("pi_logp").n_unique().alias("distinct"),
+            pl.col("pi_logp").first(),
+            pl.col("token_id").first(),
+            pl.col("advantage").first(),
+            pl.len(),
+        )
+        .sort("step")
+    )
+    assert per_step["len"].to_list() == [b * t] * calls and per_step["distinct"].to_list() == [1] * calls
+    assert per_step["token_id"].to_list() == list(range(calls))
+    np.testing.assert_allclose(per_step["pi_logp"].to_numpy(), [-0.01 * (s + 1) for s in range(calls)], rtol=1e-6)
+    np.testing.assert_allclose(per_step["advantage"].to_numpy(), [s - 5.5 for s in range(calls)])

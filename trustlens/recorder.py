@@ -49,7 +49,7 @@ import torch
 
 from trustlens._checks import check_mask, check_tensor
 from trustlens.divergence import entropy_from_logits, topk_divergence
-from trustlens.rules import RULES, RuleSpec, require_inputs, resolve_rules
+from trustlens.rules import RULES, Rule, RuleSpec, require_inputs, resolve_rules
 from trustlens.run import blocked_column, signals, table_schema
 from trustlens.run.aggregates import Keep
 from trustlens.run.manifest import new_manifest
@@ -201,6 +201,7 @@ class TokenRecorder:
             raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
         self.keep = keep
         self._buffers = Buffers()  # the copies of record calls, reused once their rows are taken
+        self._evaluable_cache: dict[tuple, tuple[list[Rule], set[str]]] = {}  # see _evaluable
         self.rules = resolve_rules(list(RULES) if rules is None else rules)
         self._rules_given = rules is not None
         names = [r.name for r in self.rules]
@@ -341,11 +342,7 @@ class TokenRecorder:
                     want_entropy=entropy is None,
                 )
             )
-        present = {k: k in columns for k in ("old_logp", "topk_tv", "topk_kl")}
-        if self._rules_given:  # the caller asked for these rules: each must be decidable
-            for rule in self.rules:
-                require_inputs(rule, present)
-        evaluable = [r for r in self.rules if r.name in decided or all(present[a] for a in r.needs)]
+        evaluable, recorded = self._evaluable(tuple(columns), tuple(decided))
         rows = TokenRows(
             mask=mask,
             token_ids=ids,
@@ -358,10 +355,7 @@ class TokenRecorder:
             decided=torch.stack([d.to(device) for d in decided.values()]) if decided else None,
             buffers=self._buffers,
         )
-        self._note_anchor(
-            "mu" if mu_logp is not None else "old",
-            {k for k in columns if k in OPTIONAL_COLUMNS} | {blocked_column(r.name) for r in evaluable},
-        )
+        self._note_anchor("mu" if mu_logp is not None else "old", recorded)
         n_rows = int(mask.count_nonzero())
         # on the CPU the rows are taken and derived by the writer thread (same device, off the
         # training step's path); elsewhere taken here, so that only compact rows leave the device.
@@ -615,6 +609,22 @@ class TokenRecorder:
                 out["topk_tv"][chunk_index] = chunk_tv.to(dtype)
                 out["topk_kl"][chunk_index] = chunk_kl.to(dtype)
         return {name: t.reshape(mask.shape) for name, t in out.items()}
+
+    def _evaluable(self, columns: tuple[str, ...], decided: tuple[str, ...]) -> tuple[list[Rule], set[str]]:
+        """(the rules a call with per-token inputs `columns` and the caller's decisions of the
+        rules `decided` can decide, the optional columns and `blocked_<rule>` columns it fills).
+        ValueError when a rule the caller asked for needs an input not given. Worked out once
+        per (columns, decided)."""
+        key = (columns, decided)
+        if key not in self._evaluable_cache:
+            present = {k: k in columns for k in ("old_logp", "topk_tv", "topk_kl")}
+            if self._rules_given:  # the caller asked for these rules: each must be decidable
+                for rule in self.rules:
+                    require_inputs(rule, present)
+            evaluable = [r for r in self.rules if r.name in decided or all(present[a] for a in r.needs)]
+            recorded = {k for k in columns if k in OPTIONAL_COLUMNS} | {blocked_column(r.name) for r in evaluable}
+            self._evaluable_cache[key] = (evaluable, recorded)
+        return self._evaluable_cache[key]
 
     def _note_anchor(self, anchor: str, recorded: set[str]) -> None:
         """Keep the manifest's anchor and list of missing quantities current; `recorded` holds

@@ -3,13 +3,12 @@ at the valid positions and derived where the rows are made (the writer thread fo
 
 The caller pays for one copy and one check of its per-token inputs: the float inputs are stacked
 into one (F, B, T) tensor (the snapshot the rows are later taken from, so the caller may reuse its
-tensors as soon as `record` returns), and one min and one max per input over every position
-decide whether all values are allowed. Only when they are not (bad input, or a padding holding
-NaN, ±inf or out-of-range values) are the inputs checked one by one at the valid positions, which
-names the argument and the (b, t) index of the first bad value. Selecting the valid positions
-(nonzero, gathers) and deriving the columns happen in `derive_rows`. Measured with
-benchmarks/recorder.py's 64 × 1024 batches: this costs the caller about half of what taking the
-rows and checking each input on its own did.
+tensors as soon as `record` returns; the tensor itself is reused across calls, see `Buffers`), and
+one min and one max per input over every position decide whether all values are allowed. Only
+when they are not (bad input, or a padding holding NaN, ±inf or out-of-range values) are the
+inputs checked one by one at the valid positions, which names the argument and the (b, t) index
+of the first bad value. Selecting the valid positions (nonzero, gathers), deciding the rules and
+deriving the columns happen in `derive_rows`, in the writer thread for CPU tensors.
 """
 
 from __future__ import annotations
@@ -223,8 +222,8 @@ def finish_rows(
     distances = {(k, anchor): derived[k] for k in ("binary_tv", "binary_kl")} if shared else {}
     eps = float(np.finfo(pi.dtype).eps)
     pending = [r for r in evaluable if batch.blocked.get(r.name) is None]
-    column = f.__getitem__
-    decided = {r.name: decide_columns(r, column, anchor, distances, eps) for r in pending}
+    given = {k: v for k, v in f.items() if v is not None}  # the rules read only given columns
+    decided = {r.name: decide_columns(r, given.__getitem__, anchor, distances, eps) for r in pending}
     floats = {k: None if v is None else v.astype(np.float32, copy=False) for k, v in f.items()}
     batch = replace(batch, floats={**floats, **derived}, blocked={**batch.blocked, **decided})
     return keep_rows(batch, keep, [r.name for r in rules], rank)

@@ -228,3 +228,25 @@ def test_a_buffer_of_long_sample_texts_is_written_once_it_holds_part_bytes(tmp_p
         assert [pq.read_metadata(p).num_rows for p in parts] == [4, 4]  # written at 2 steps' 16 kB
     samples = load_run(tmp_path / "run").samples.collect()
     assert samples.height == 8 and samples["response"].str.len_chars().min() == 4000
+
+
+def test_token_decoder_decodes_each_id_once_in_dictionary_order():
+    import pyarrow as pa
+
+    class Counting:
+        def __init__(self):
+            self.calls = []
+
+        def decode(self, ids):
+            self.calls.extend(ids)
+            return f"<{ids[0]}>"
+
+    tok = Counting()
+    decoder = writer_module.TokenDecoder(tok)
+    first = decoder.dictionary_column(pa.chunked_array([[7, 3, 7], [2**31 - 1, 3]], pa.int32()))
+    assert first.to_pylist() == ["<7>", "<3>", "<7>", f"<{2**31 - 1}>", "<3>"]
+    assert first.chunk(0).dictionary.to_pylist() == ["<7>", "<3>", f"<{2**31 - 1}>"]  # one per distinct id
+    second = decoder.dictionary_column(pa.chunked_array([[3, 0, 2**31 - 1, 5]], pa.int32()))
+    assert second.to_pylist() == ["<3>", "<0>", f"<{2**31 - 1}>", "<5>"]
+    assert sorted(tok.calls) == [0, 3, 5, 7, 2**31 - 1]  # each id decoded once over both parts
+    assert decoder.dictionary_column(pa.chunked_array([], pa.int32())).to_pylist() == []

@@ -183,6 +183,7 @@ class TokenDecoder:
         return self._index[at], self._ids[at] == ids
 
     def _decode(self, ids: list[int]) -> list[str]:
+        assert self.tokenizer is not None  # dictionary_column decodes only with one
         batch_decode = getattr(self.tokenizer, "batch_decode", None)
         if batch_decode is not None:
             return batch_decode([[i] for i in ids])
