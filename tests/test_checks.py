@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from trustlens._checks import broadcast_advantages, check_logp, check_nonnegative, check_same_shape
+from trustlens._checks import broadcast_advantages, check_logp, check_nonnegative, check_same_shape, check_tensor
 from trustlens.divergence import binary_kl, binary_tv
 
 
@@ -44,3 +44,12 @@ def test_broadcast_advantages():
     assert out.tolist() == [[1.0] * 3, [-2.0] * 3]
     with pytest.raises(ValueError, match="advantages has shape"):
         broadcast_advantages(torch.zeros(3), like)
+
+
+def test_check_tensor_takes_a_tensor_with_grad_silently():
+    import warnings
+
+    x = torch.tensor([0.5, -1.0], requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. "Converting a tensor with requires_grad=True to a scalar"
+        assert check_tensor("x", x) is x

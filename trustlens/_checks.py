@@ -37,7 +37,8 @@ def check_tensor(name: str, t: object, *, finite: bool = True, allow: float | No
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
     # The sum is finite unless an element is NaN/inf (or the sum overflows): one cheap reduction
     # spares the element-wise scan on the common, clean input.
-    if finite and not math.isfinite(float(t.sum(dtype=t.dtype if t.dtype == torch.float64 else torch.float32))):
+    sum_dtype = t.dtype if t.dtype == torch.float64 else torch.float32
+    if finite and not math.isfinite(float(t.detach().sum(dtype=sum_dtype))):
         bad = ~torch.isfinite(t)
         if allow is not None:
             bad &= t != allow

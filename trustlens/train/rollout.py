@@ -33,6 +33,8 @@ response are those at positions P − 1 … P + T − 2.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 from collections import deque
 from dataclasses import dataclass
 
@@ -158,6 +160,16 @@ def _quantised_linears(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
     }
 
 
+@functools.cache
+def _cache_argument() -> str:
+    """The name of the KV-cache argument of the installed transformers' causal LMs (the built-in
+    model is a Llama): `cache` from transformers 5.2x on, where `past_key_values` is deprecated,
+    else `past_key_values`."""
+    from transformers import LlamaForCausalLM
+
+    return "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+
+
 class RolloutEngine:
     """Samples responses from its own (low-precision, possibly stale) copy of a causal LM, with a
     KV cache."""
@@ -227,16 +239,16 @@ class RolloutEngine:
         cfg = self.config
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
         B = prompt_ids.shape[0]
-        cache = DynamicCache()
+        cache = {_cache_argument(): DynamicCache()}
         mask = prompt_mask
         pos = position_ids(mask)
         out = self.model(
             input_ids=prompt_ids,
             attention_mask=mask,
             position_ids=pos,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **cache,
         )
         pos = pos[:, -1:]
         finished = torch.zeros(B, dtype=torch.bool)
@@ -260,9 +272,7 @@ class RolloutEngine:
                 break
             mask = torch.cat([mask, alive[-1].long()[:, None]], dim=1)
             pos = pos + 1
-            out = self.model(
-                input_ids=tok[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
-            )
+            out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, use_cache=True, **cache)
         response_ids = torch.stack(tokens, 1)
         response_mask = torch.stack(alive, 1)
         return Rollout(
