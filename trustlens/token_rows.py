@@ -210,7 +210,9 @@ def finish_rows(
 
     numpy rather than torch: in the writer thread, numpy's work holds the GIL once per call
     where each of ~50 small torch ops would hand it over (and a Python-bound training loop would
-    wait for it back), and it is ~2× faster at this size (benchmarks/recorder.py)."""
+    wait for it back), and it is faster at this size: the 8 rules of benchmarks/recorder.py on
+    49,000 float32 rows took 4.4 ms with torch (TokenInputs) and 2.0 ms with numpy, before
+    sharing the stored binary TV and KL (measured on one thread, 2026-11-26)."""
     f = batch.floats
     anchor = "mu_logp" if f["mu_logp"] is not None else "old_logp"
     pi, anchor_logp = f["pi_logp"], f[anchor]

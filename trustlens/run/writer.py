@@ -161,33 +161,12 @@ class WriterStats:
 
 
 class TokenDecoder:
-    """Token id -> text, decoding each id once with `tokenizer.decode` (or `batch_decode`); None
-    without a tokenizer. The text is untrusted model output: stored as is, to be rendered as text.
-
-    The texts decoded so far are one Arrow string array, found by id through a sorted id array
-    (`np.searchsorted`): a part file's dictionary of tens of thousands of distinct ids is then a
-    vectorised lookup and one `take`, where a Python loop over the ids cost ~13 ms per part
-    (benchmarks/recorder.py)."""
+    """Token id -> text, decoding each id once (a cache) with `tokenizer.decode`; None without
+    a tokenizer. The text is untrusted model output: stored as is, to be rendered as text."""
 
     def __init__(self, tokenizer: Any | None) -> None:
         self.tokenizer = tokenizer
-        self._texts = pa.array([], pa.string())  # decoded texts, in the order they were decoded
-        self._ids = np.zeros(0, np.int64)  # (M,) the ids of those texts, sorted
-        self._index = np.zeros(0, np.int64)  # (M,) the position of each of them in _texts
-
-    def _find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(position in _texts, whether decoded) of each of `ids`."""
-        if not len(self._ids):
-            return np.zeros(len(ids), np.int64), np.zeros(len(ids), bool)
-        at = np.searchsorted(self._ids, ids).clip(max=len(self._ids) - 1)
-        return self._index[at], self._ids[at] == ids
-
-    def _decode(self, ids: list[int]) -> list[str]:
-        assert self.tokenizer is not None  # dictionary_column decodes only with one
-        batch_decode = getattr(self.tokenizer, "batch_decode", None)
-        if batch_decode is not None:
-            return batch_decode([[i] for i in ids])
-        return [self.tokenizer.decode([i]) for i in ids]
+        self.cache: dict[int, str] = {}
 
     def dictionary_column(self, token_ids: pa.ChunkedArray) -> pa.ChunkedArray:
         """The `token` column for `token_ids`: dictionary-encoded, one entry per distinct id,
@@ -195,17 +174,16 @@ class TokenDecoder:
         if self.tokenizer is None:
             return pa.chunked_array([pa.nulls(len(token_ids), pa.dictionary(pa.int32(), pa.string()))])
         encoded = pc.dictionary_encode(token_ids)  # hash-based; its chunks share one dictionary
-        ids = encoded.chunk(0).dictionary.to_numpy().astype(np.int64) if encoded.num_chunks else np.zeros(0, np.int64)
-        _, found = self._find(ids)
-        if not found.all():
-            missing = ids[~found]
-            texts = pa.array(self._decode(missing.tolist()), pa.string())
-            start = len(self._texts)
-            self._texts = pa.concat_arrays([self._texts, texts])
-            order = np.argsort(np.concatenate([self._ids, missing]), kind="stable")
-            self._ids = np.concatenate([self._ids, missing])[order]
-            self._index = np.concatenate([self._index, np.arange(start, start + len(missing))])[order]
-        dictionary = self._texts.take(self._find(ids)[0])
+        ids = encoded.chunk(0).dictionary.to_pylist() if encoded.num_chunks else []
+        missing = [i for i in ids if i not in self.cache]
+        if missing:
+            batch_decode = getattr(self.tokenizer, "batch_decode", None)
+            if batch_decode is not None:
+                texts = batch_decode([[i] for i in missing])
+            else:
+                texts = [self.tokenizer.decode([i]) for i in missing]
+            self.cache.update(zip(missing, texts, strict=True))
+        dictionary = pa.array([self.cache[i] for i in ids], pa.string())
         return pa.chunked_array(
             [pa.DictionaryArray.from_arrays(c.indices, dictionary) for c in encoded.chunks],
             pa.dictionary(pa.int32(), pa.string()),
