@@ -82,6 +82,9 @@ class Buffers:
                     free.append(t)
 
 
+NO_REUSE = Buffers(keep=0)  # a fresh tensor for every copy
+
+
 @dataclass
 class TokenRows:
     """One `record` call's checked inputs, copied: nothing here aliases the caller's tensors."""
@@ -99,7 +102,7 @@ class TokenRows:
 
 
 def checked_values(
-    columns: Mapping[str, torch.Tensor], mask: torch.Tensor, buffers: Buffers | None = None
+    columns: Mapping[str, torch.Tensor], mask: torch.Tensor, buffers: Buffers = NO_REUSE
 ) -> torch.Tensor:
     """The per-token inputs `columns` {name: (B, T) float} stacked into one (F, B, T) copy on the
     mask's device, float32 (float64 when one is); log-probabilities in (0, LOGP_TOLERANCE]
@@ -110,10 +113,10 @@ def checked_values(
     check looks at every position first: one min and one max per input. Only when a value is
     not allowed somewhere (bad input, or padding holding NaN, ±inf or out-of-range values) are
     the inputs checked one by one at their valid positions. The copy is made in a tensor from
-    `buffers` when given."""
+    `buffers`."""
     dtype = torch.float64 if any(t.dtype == torch.float64 for t in columns.values()) else torch.float32
     shape = (len(columns), *mask.shape)
-    values = (buffers or Buffers(keep=0)).empty(shape, dtype, mask.device)
+    values = buffers.empty(shape, dtype, mask.device)
     given = [
         t.detach() if (t.device, t.dtype) == (mask.device, dtype) else t.detach().to(mask.device, dtype)
         for t in columns.values()
@@ -134,12 +137,12 @@ def checked_values(
     return values
 
 
-def checked_token_ids(token_ids: torch.Tensor, mask: torch.Tensor, buffers: Buffers | None = None) -> torch.Tensor:
+def checked_token_ids(token_ids: torch.Tensor, mask: torch.Tensor, buffers: Buffers = NO_REUSE) -> torch.Tensor:
     """`token_ids` (B, T) as an int32 copy on the mask's device (the run stores int32 ids), in a
-    tensor from `buffers` when given; ValueError when a valid position holds an id outside
+    tensor from `buffers`; ValueError when a valid position holds an id outside
     [0, 2³¹). The padding may hold any id: copied as it is, or as 0 where it does not fit int32."""
     ids = token_ids.to(mask.device)
-    out = (buffers or Buffers(keep=0)).empty(tuple(ids.shape), torch.int32, mask.device).copy_(ids)
+    out = buffers.empty(tuple(ids.shape), torch.int32, mask.device).copy_(ids)
     lo, hi = check_token_range(ids, mask, 2**31)  # after the copy: reads `ids` from the cache
     if lo < -(2**31) or hi >= 2**31:
         out.copy_(ids.masked_fill(~mask, 0))
@@ -187,7 +190,10 @@ def take_rows(step: int, update: int, rows: TokenRows, rules: list[Rule]) -> Tok
         taken_decisions = rows.decided.reshape(len(rows.decided_rules), -1).index_select(1, index)  # (R, N)
         decisions = dict(zip(rows.decided_rules, taken_decisions.unbind(0), strict=True))
     ints = [
-        *(b + ids if isinstance(ids, int) else ids.index_select(0, b) for ids in (rows.samples, rows.groups)),
+        *(
+            b + per_row if isinstance(per_row, int) else per_row.index_select(0, b)
+            for per_row in (rows.samples, rows.groups)
+        ),
         t,
         rows.token_ids.reshape(-1)[index].long(),
     ]
