@@ -104,6 +104,13 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
             action="store_true",
             help="keep finished runs already in OUT with the same settings instead of training them again",
         )
+        parser.add_argument(
+            "--jobs",
+            type=int,
+            default=1,
+            help="runs trained at a time, each in its own process with --threads torch threads "
+            "(e.g. 2 on a 2-core machine); not under torchrun [1]",
+        )
         parser.set_defaults(func=_compare)
     elif name == "claims":
         parser.add_argument(
@@ -120,6 +127,13 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
             "--reuse",
             action="store_true",
             help="keep finished runs already in OUT with the same settings instead of training them again",
+        )
+        parser.add_argument(
+            "--jobs",
+            type=int,
+            default=1,
+            help="runs trained at a time, each in its own process with --threads torch threads "
+            "(e.g. 2 on a 2-core machine); not under torchrun [1]",
         )
         parser.add_argument("--no-train", action="store_true", help="only measure the finished runs already in OUT")
         parser.set_defaults(func=_claims)
@@ -282,9 +296,16 @@ def compare(
     overwrite: bool = False,
     quiet: bool = False,
     reuse: bool = False,
+    jobs: int = 1,
 ) -> dict[str, Path]:
     """Train `base` under each rule and seed, same settings otherwise: {run name: run directory}.
-    With `reuse`, a finished run already at its directory with the same settings is kept."""
+    With `reuse`, a finished run already at its directory with the same settings is kept. `jobs`
+    runs are trained at a time, each in a process of its own (no progress bars then); under
+    torchrun every run uses all the ranks, one after another."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an integer ≥ 1, got {jobs!r}")
+    if jobs > 1 and "RANK" in os.environ:
+        raise ValueError("jobs > 1 trains runs in processes of their own; under torchrun every run uses all ranks")
     # every config and directory is checked before the first run starts
     configs = {
         (rule if len(seeds) == 1 else f"{rule}-seed{seed}"): replace(base, rule=rule, seed=seed)
@@ -297,13 +318,32 @@ def compare(
         for name, path in runs.items():
             if name not in kept:
                 _check_out(path, overwrite)
-    for name, cfg in configs.items():
-        if name in kept:
-            if _is_main():
-                print(f"keeping the finished run {runs[name]}")
-            continue
-        run_one(cfg, runs[name], overwrite=overwrite, quiet=quiet)
+    if _is_main():
+        for name in kept:
+            print(f"keeping the finished run {runs[name]}")
+    todo = [(cfg, runs[name]) for name, cfg in configs.items() if name not in kept]
+    if jobs == 1:
+        for cfg, path in todo:
+            run_one(cfg, path, overwrite=overwrite, quiet=quiet)
+        return runs
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch state shared
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        pending = [pool.submit(_run_in_process, cfg, path, overwrite) for cfg, path in todo]
+        try:
+            for done in concurrent.futures.as_completed(pending):
+                done.result()  # re-raises a run's error here
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return runs
+
+
+def _run_in_process(cfg, out: Path, overwrite: bool) -> None:
+    """`run_one` in a worker process of `compare(jobs > 1)`, without a progress bar."""
+    run_one(cfg, out, overwrite=overwrite, quiet=True)
 
 
 def _finished_with(path: Path, cfg) -> bool:
@@ -337,7 +377,14 @@ def _compare(args: argparse.Namespace) -> int:
     base = _config(args, seed=args.seeds[0])
     try:
         runs = compare(
-            args.rules, args.seeds, args.out, base, overwrite=args.overwrite, quiet=args.quiet, reuse=args.reuse
+            args.rules,
+            args.seeds,
+            args.out,
+            base,
+            overwrite=args.overwrite,
+            quiet=args.quiet,
+            reuse=args.reuse,
+            jobs=args.jobs,
         )
     finally:
         _finish()
@@ -360,7 +407,14 @@ def _claims(args: argparse.Namespace) -> int:
     else:
         try:
             runs = compare(
-                args.rules, args.seeds, args.out, base, overwrite=args.overwrite, quiet=args.quiet, reuse=args.reuse
+                args.rules,
+                args.seeds,
+                args.out,
+                base,
+                overwrite=args.overwrite,
+                quiet=args.quiet,
+                reuse=args.reuse,
+                jobs=args.jobs,
             )
         finally:
             _finish()
