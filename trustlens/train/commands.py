@@ -373,14 +373,14 @@ def compare_table(runs: dict[str, Path], out: Path):
     return table
 
 
-def _compare(args: argparse.Namespace) -> int:
-    base = _config(args, seed=args.seeds[0])
+def _train_runs(args: argparse.Namespace) -> dict[str, Path]:
+    """`compare` with the command line's rules, seeds, settings and options."""
     try:
-        runs = compare(
+        return compare(
             args.rules,
             args.seeds,
             args.out,
-            base,
+            _config(args, seed=args.seeds[0]),
             overwrite=args.overwrite,
             quiet=args.quiet,
             reuse=args.reuse,
@@ -388,6 +388,10 @@ def _compare(args: argparse.Namespace) -> int:
         )
     finally:
         _finish()
+
+
+def _compare(args: argparse.Namespace) -> int:
+    runs = _train_runs(args)
     if _is_main():
         compare_table(runs, args.out)
         print(f"runs in {args.out}/; open them with trustlens.load_runs or `trustlens dashboard {args.out}`")
@@ -401,23 +405,7 @@ CLAIM_RULES = ("ppo", "dppo_binary_tv", "dppo_topk_tv", "dppo_binary_tv_recomput
 def _claims(args: argparse.Namespace) -> int:
     from trustlens import load_run
 
-    base = _config(args, seed=args.seeds[0])
-    if args.no_train:
-        runs = _finished_runs(args.out)
-    else:
-        try:
-            runs = compare(
-                args.rules,
-                args.seeds,
-                args.out,
-                base,
-                overwrite=args.overwrite,
-                quiet=args.quiet,
-                reuse=args.reuse,
-                jobs=args.jobs,
-            )
-        finally:
-            _finish()
+    runs = _finished_runs(args.out) if args.no_train else _train_runs(args)
     if not _is_main():
         return 0
     if not runs:
