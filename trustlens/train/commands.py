@@ -300,8 +300,8 @@ def compare(
 ) -> dict[str, Path]:
     """Train `base` under each rule and seed, same settings otherwise: {run name: run directory}.
     With `reuse`, a finished run already at its directory with the same settings is kept. `jobs`
-    runs are trained at a time, each in a process of its own (no progress bars then); under
-    torchrun every run uses all the ranks, one after another."""
+    runs are trained at a time, each in a fresh Python process of its own (no progress bars
+    then); under torchrun every run uses all the ranks, one after another."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer ≥ 1, got {jobs!r}")
     if jobs > 1 and "RANK" in os.environ:
@@ -326,24 +326,49 @@ def compare(
         for cfg, path in todo:
             run_one(cfg, path, overwrite=overwrite, quiet=quiet)
         return runs
-    import concurrent.futures
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch state shared
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        pending = [pool.submit(_run_in_process, cfg, path, overwrite) for cfg, path in todo]
-        try:
-            for done in concurrent.futures.as_completed(pending):
-                done.result()  # re-raises a run's error here
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+    _train_in_processes(todo, overwrite, jobs)
     return runs
 
 
-def _run_in_process(cfg, out: Path, overwrite: bool) -> None:
-    """`run_one` in a worker process of `compare(jobs > 1)`, without a progress bar."""
-    run_one(cfg, out, overwrite=overwrite, quiet=True)
+def _train_in_processes(todo: list, overwrite: bool, jobs: int) -> None:
+    """Train each (config, directory) of `todo` in a fresh Python process of its own (`run_one`,
+    no progress bar), `jobs` at a time. A failed run stops the others and raises."""
+    import json
+    import subprocess
+    import sys
+    import time
+    from dataclasses import asdict
+
+    code = "import sys; from trustlens.train.commands import _run_from_json; _run_from_json(sys.argv[1])"
+    waiting = list(todo)
+    running: list[tuple[Path, subprocess.Popen]] = []
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                cfg, path = waiting.pop(0)
+                payload = json.dumps({"config": asdict(cfg), "out": str(path), "overwrite": overwrite})
+                running.append((path, subprocess.Popen([sys.executable, "-c", code, payload])))
+            time.sleep(0.2)
+            for path, proc in list(running):
+                if proc.poll() is None:
+                    continue
+                running.remove((path, proc))
+                if proc.returncode != 0:
+                    raise RuntimeError(
+                        f"training the run {path} failed (exit code {proc.returncode}; its error is above)"
+                    )
+    finally:
+        for _, proc in running:
+            proc.terminate()
+            proc.wait()
+
+
+def _run_from_json(payload: str) -> None:
+    """The entry point of a process of `_train_in_processes`: `run_one` of the given settings."""
+    import json
+
+    given = json.loads(payload)
+    run_one(TrainConfig(**given["config"]), Path(given["out"]), overwrite=given["overwrite"], quiet=True)
 
 
 def _finished_with(path: Path, cfg) -> bool:
