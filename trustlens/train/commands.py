@@ -99,18 +99,7 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
             default=Path("runs"),
             help="parent directory: one run per rule and seed, and the table OUT/compare.csv [runs]",
         )
-        parser.add_argument(
-            "--reuse",
-            action="store_true",
-            help="keep finished runs already in OUT with the same settings instead of training them again",
-        )
-        parser.add_argument(
-            "--jobs",
-            type=int,
-            default=1,
-            help="runs trained at a time, each in its own process with --threads torch threads "
-            "(e.g. 2 on a 2-core machine); not under torchrun [1]",
-        )
+        _add_run_set_options(parser)
         parser.set_defaults(func=_compare)
     elif name == "claims":
         parser.add_argument(
@@ -123,18 +112,7 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--out", type=Path, default=Path("runs/claims"), help="runs, figures and claims.md go here [runs/claims]"
         )
-        parser.add_argument(
-            "--reuse",
-            action="store_true",
-            help="keep finished runs already in OUT with the same settings instead of training them again",
-        )
-        parser.add_argument(
-            "--jobs",
-            type=int,
-            default=1,
-            help="runs trained at a time, each in its own process with --threads torch threads "
-            "(e.g. 2 on a 2-core machine); not under torchrun [1]",
-        )
+        _add_run_set_options(parser)
         parser.add_argument("--no-train", action="store_true", help="only measure the finished runs already in OUT")
         parser.set_defaults(func=_claims)
     elif name == "demo":
@@ -254,6 +232,22 @@ def run_one(cfg, out: Path, *, overwrite: bool, quiet: bool):
         mean_time = sum(result.step_times) / len(result.step_times)
         print(f"{cfg.rule}: held-out accuracy {acc} (steps {steps[0]} → {steps[-1]}), {mean_time:.2f} s/step")
     return result
+
+
+def _add_run_set_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the commands that train a set of runs (compare, claims): --reuse, --jobs."""
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep finished runs already in OUT with the same settings instead of training them again",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs trained at a time, each in its own process with --threads torch threads "
+        "(e.g. 2 on a 2-core machine); not under torchrun [1]",
+    )
 
 
 def _barrier() -> None:
