@@ -47,6 +47,22 @@ def test_allowed_extremes_and_rounding_clamps():
     assert values[2][MASK].tolist() == [math.inf, 0.0, 0.0]
 
 
+def test_bfloat16_and_strided_inputs_are_checked_and_copied_as_float32():
+    """The bounds are read from each input as given (a bf16 tensor after its exact conversion, a
+    strided view in place): the same copy, the same checks as for contiguous float32."""
+    given = columns()
+    wide = {k: torch.cat([v, torch.full_like(v, 7.0)], dim=1) for k, v in given.items()}
+    strided = {k: v[:, :3] for k, v in wide.items()}  # views whose padding columns would fail
+    halves = {**strided, "pi_logp": given["pi_logp"].bfloat16()}
+    values = checked_values(halves, MASK)
+    assert values.dtype == torch.float32
+    assert torch.equal(values[0], given["pi_logp"].bfloat16().float())
+    assert all(torch.equal(row, given[k]) for row, k in zip(values[1:], list(given)[1:], strict=True))
+    strided["mu_logp"][0, 1] = math.nan
+    with pytest.raises(ValueError, match=r"mu_logp contains NaN .*first at index \(0, 1\)"):
+        checked_values(strided, MASK)
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [

@@ -110,7 +110,7 @@ def checked_values(
     argument and the (b, t) index of the first value not allowed at a valid position.
 
     The padding is copied as it is (the rows are taken at the valid positions only), and the
-    check looks at every position first: one min and one max per input. Only when a value is
+    check looks at every position first: the min and max of each input (NaN where a NaN is). Only when a value is
     not allowed somewhere (bad input, or padding holding NaN, ±inf or out-of-range values) are
     the inputs checked one by one at their valid positions. The copy is made in a tensor from
     `buffers`."""
@@ -121,11 +121,12 @@ def checked_values(
         t.detach() if (t.device, t.dtype) == (mask.device, dtype) else t.detach().to(mask.device, dtype)
         for t in columns.values()
     ]
-    torch.stack(given, out=values)  # (F, B, T)
+    # the bounds of each input read before the copy, while a freshly computed input is still in
+    # the cache (the snapshot `values` may be cold): one pass each, no reduction over a stride
     if not values.numel():
         return values
-    flat = values.reshape(len(values), -1)
-    bounds = list(zip(flat.amin(1).tolist(), flat.amax(1).tolist(), strict=True))  # NaN where a NaN is
+    bounds = torch.stack([torch.stack(torch.aminmax(t)) for t in given]).tolist()  # (F, 2)
+    torch.stack(given, out=values)  # (F, B, T)
     if not all(_allowed(name, lo, hi) for name, (lo, hi) in zip(columns, bounds, strict=True)):
         for name, t in columns.items():  # raises at the first bad value at a valid position
             _CHECKS.get(name, check_logp)(name, t.to(mask.device).masked_fill(~mask, 0))
