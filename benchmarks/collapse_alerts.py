@@ -17,10 +17,10 @@ a critical alert.
 threshold on the same runs.
 
 `--signals` adds, per run, how far each signal of `step_signals` moved from its early baseline
-m (the median of the first collapse_window(steps) steps) after the baseline and before the
+m (the median of the first alert_window(steps) steps) after the baseline and before the
 collapse (the whole run without one), as the alerts see it: the extremes of x̄/m, x̄ the median
 of the 3 steps ending at a step (grad_norm: the step's own value), and the lowest r̄/m, r̄ the
-mean reward over the last collapse_window(steps) steps; per set, the range of each over the
+mean reward over the last alert_window(steps) steps; per set, the range of each over the
 collapsing runs and over the others. A signal that separates the two moves further in every
 collapsing run than in any other.
 """
@@ -35,7 +35,14 @@ from pathlib import Path
 import polars as pl
 
 from trustlens.analysis.claims import alert_leads
-from trustlens.analysis.collapse import CollapseConfig, collapse_onset, collapse_window, detect_collapse, step_signals
+from trustlens.analysis.collapse import (
+    CollapseConfig,
+    alert_window,
+    collapse_onset,
+    collapse_window,
+    detect_collapse,
+    step_signals,
+)
 from trustlens.analysis.seeds import accuracy_per_step, reward_per_step
 from trustlens.run import load_runs
 
@@ -99,7 +106,7 @@ def signal_moves(run, collapse_step: int | None) -> dict[str, float | None]:
     """The extremes of x̄/m (r̄/m for the reward) of each signal before the collapse (module
     docstring); None where the run lacks the signal or its baseline is 0."""
     signals = step_signals(run)
-    n = collapse_window(signals.height)
+    n = alert_window(signals.height)
     blocked = f"blocked_{run.active_rule}"
     out: dict[str, float | None] = {}
     for name, column, stat, extreme in MOVES:

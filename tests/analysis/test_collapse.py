@@ -4,7 +4,7 @@ import polars as pl
 import pytest
 
 from trustlens.analysis import CollapseConfig, detect_collapse, step_signals
-from trustlens.analysis.collapse import ALERT_SCHEMA, collapse_onset, collapse_window
+from trustlens.analysis.collapse import ALERT_SCHEMA, alert_window, collapse_onset, collapse_window
 from trustlens.run import load_run
 from trustlens.synthetic import write_run, write_synthetic_run
 
@@ -128,6 +128,33 @@ def test_only_the_active_rule_alerts(tmp_path):
     assert detect_collapse(run).filter(pl.col("kind") == "blocked_drift").is_empty()
     drift = detect_collapse(run, rule="ppo").filter(pl.col("kind") == "blocked_drift")
     assert drift["signal"].to_list() == ["blocked_ppo"] and drift["severity"].to_list() == ["critical"]
+
+
+def _reward_run(tmp_path, steps: int, fall: int):
+    """`steps` steps of one token and two samples each: reward 1 until step `fall`, then 0."""
+    tokens = {"step": list(range(steps)), "sample": [2 * s for s in range(steps)], "pos": [0] * steps}
+    tokens |= {"pi_logp": [-0.5] * steps, "mu_logp": [-0.5] * steps, "advantage": [1.0] * steps}
+    samples = {
+        "step": [s for s in range(steps) for _ in range(2)],
+        "sample": [2 * s + k for s in range(steps) for k in range(2)],
+        "reward": [1.0 if s < fall else 0.0 for s in range(steps) for _ in range(2)],
+    }
+    return load_run(write_run(tmp_path / f"run{steps}", tokens=tokens, samples=samples, rules=["ppo"]))
+
+
+def test_alert_window_is_capped_so_long_runs_alert_as_early():
+    assert [alert_window(n) for n in (12, 100, 150, 250, 10_000)] == [5, 10, 15, 15, 15]
+
+
+@pytest.mark.parametrize("steps", [150, 400])
+def test_a_reward_fall_is_critical_after_the_same_steps_in_any_long_run(tmp_path, steps):
+    # the reward falls from 1 to 0 at step 100: the critical mean over the last 15 steps is
+    # (15 − k)/15 after k steps at 0, below 0.6 from k = 7 (step 106), in a run of 150 steps as
+    # in one of 400 (with 10% of 400 = 40 steps the mean would wait until k = 17)
+    alerts = detect_collapse(_reward_run(tmp_path, steps, fall=100))
+    reward = alerts.filter(pl.col("kind") == "reward_drop").row(0, named=True)
+    assert (reward["step"], reward["critical_step"]) == (101, 106)
+    assert reward["severity"] == "critical" and reward["baseline"] == 1.0
 
 
 def test_collapse_onset_by_hand():

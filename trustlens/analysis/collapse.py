@@ -11,7 +11,9 @@ tokens and samples that drove it, ranked.
     blocked_<rule> fraction of the step's A ≠ 0 tokens each rule blocks
 
 `detect_collapse` compares each step with the run's own early baseline: the median m of the
-first `baseline_steps` steps (default: collapse_window(steps) = max(5, round(0.1·steps))), with a
+first `baseline_steps` steps (default: alert_window(steps) = min(15, max(5, round(0.1·steps))):
+10% of the steps as in the collapse test, but never more than 15, so that the alerts react within
+15 steps however long the run, and a live run's baseline stops moving at step 150), with a
 robust scale s = 1.4826 · median absolute deviation of those steps, floored at `rel_floor`·|m|.
 There is no absolute floor: a small model's signals are judged against its own start. A step
 after the baseline is judged on x̄, the median of the signal over the `smooth` steps ending at it
@@ -91,7 +93,7 @@ ALERT_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
 class CollapseConfig:
     """Thresholds of the detectors (see the module docstring)."""
 
-    baseline_steps: int | None = None  # early steps the baseline is taken from; None = collapse_window
+    baseline_steps: int | None = None  # early steps the baseline is taken from; None = alert_window
     smooth: int = 3  # steps whose median is x̄ (a trailing median) when a step is judged
     z_warning: float = 3.0  # |robust z| a flagged step must exceed
     rel_floor: float = 0.05  # the baseline scale is at least this fraction of |median|
@@ -105,6 +107,16 @@ class CollapseConfig:
     blocked_factor: float = 2.0  # ... and by this factor up or down (critical: its square)
     top_tokens: int = 10  # driving tokens listed per alert
     top_samples: int = 5  # driving samples listed per alert
+
+
+# the most steps alert_window gives: the baseline and the critical reward window of the alerts
+ALERT_WINDOW_MAX = 15
+
+
+def alert_window(steps: int) -> int:
+    """Steps of the alerts' early baseline and of their critical reward mean: collapse_window,
+    capped at ALERT_WINDOW_MAX (an alert must not wait for 10% of a long run to react)."""
+    return min(ALERT_WINDOW_MAX, collapse_window(steps))
 
 
 def collapse_window(steps: int) -> int:
@@ -248,7 +260,7 @@ def _trailing(x: np.ndarray, i: int, k: int, stat) -> float:
 
 def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> list[_Flag]:
     steps = signals["step"].to_numpy()
-    n_base = cfg.baseline_steps if cfg.baseline_steps is not None else collapse_window(len(steps))
+    n_base = cfg.baseline_steps if cfg.baseline_steps is not None else alert_window(len(steps))
     flags: list[_Flag] = []
     for d in _detectors(signals, cfg, rule):
         if d.signal not in signals.columns:
@@ -368,7 +380,9 @@ def detect_collapse(
 __all__ = [
     "ALERT_KINDS",
     "ALERT_SCHEMA",
+    "ALERT_WINDOW_MAX",
     "CollapseConfig",
+    "alert_window",
     "collapse_onset",
     "collapse_window",
     "detect_collapse",
