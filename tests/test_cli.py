@@ -66,5 +66,7 @@ def test_claims_measures_recorded_runs(tmp_path, capsys):
         assert f"## {key}" in report and f"\n{key} " in "\n" + out
     assert "untestable" in report  # no pg_is, cispo, top-K or recompute runs here
     assert (tmp_path / "figures" / "C1.html").is_file()
+    per_run = report.split("## Per run")[1]
+    assert per_run.count("\n| ppo | ") == 2 and per_run.count("\n| dppo_binary_tv | ") == 2
     table = pl.read_csv(tmp_path / "compare.csv")
     assert table["rule"].to_list() == ["dppo_binary_tv", "ppo"] and table["n"].to_list() == [2, 2]

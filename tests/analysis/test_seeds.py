@@ -92,11 +92,11 @@ def test_run_outcome_by_hand(tmp_path):
         # mean reward 1 for steps 0–5, then 0: window 5, trailing mean < 0.5 first at step 8 (2/5)
         "reward": [1.0 if s < 6 else 0.0 for s, _ in rows],
     }
-    metrics = {"step": [0, 6, 11], "name": ["eval/accuracy"] * 3, "value": [0.4, 0.3, 0.25]}
+    metrics = {"step": [0, 6, 11], "name": ["eval/accuracy"] * 3, "value": [0.4, 0.22, 0.25]}  # 0.22 ≥ 0.4 / 2
     run = load_run(write_run(tmp_path / "r", tokens=tokens, samples=samples, metrics=metrics, config={"seed": 7}))
     out = run_outcome(run)
     assert (out["rule"], out["seed"]) == ("ppo", 7)
-    assert (out["acc_start"], out["acc_final"], out["acc_best"]) == (0.4, 0.25, 0.4)
+    assert (out["acc_start"], out["acc_final"], out["acc_best"], out["acc_lowest"]) == (0.4, 0.25, 0.4, 0.22)
     assert (out["collapse_step"], out["collapse_cause"], out["steps_to_collapse"]) == (8, "reward", 8)
     assert out["block_rate"] == pytest.approx(0.5) and out["block_rate_low_mu"] == pytest.approx(1.0)
     assert out["k3_start"] == pytest.approx(0.0) and out["tv_end"] == pytest.approx(0.0)

@@ -4,6 +4,7 @@ Per run (`run_outcome`), with steps numbered as recorded:
 
     acc_start, acc_final, acc_best   held-out accuracy (`eval/accuracy`) at the first and the last
                                      evaluation, and the highest one
+    acc_lowest                       the lowest evaluation (how far a run that did not collapse dipped)
     collapse_step                    the step the run collapsed at (`collapse_onset`), null if never
     collapse_cause                   "accuracy" or "reward", null if never
     block_rate                       share of the A ≠ 0 tokens the run's active rule blocked (all
@@ -49,6 +50,7 @@ OUTCOMES: tuple[str, ...] = (
     "acc_start",
     "acc_final",
     "acc_best",
+    "acc_lowest",
     "steps_to_collapse",
     "block_rate",
     "block_rate_low_mu",
@@ -132,6 +134,7 @@ def run_outcome(run) -> dict:
         "acc_start": acc[0][1] if acc else None,
         "acc_final": acc[-1][1] if acc else None,
         "acc_best": max(a for _, a in acc) if acc else None,
+        "acc_lowest": min(a for _, a in acc) if acc else None,
         "collapse_step": onset,
         "collapse_cause": cause,
         "steps_to_collapse": None if onset is None else onset - first,
@@ -150,11 +153,10 @@ OUTCOME_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "run": pl.String,
     "rule": pl.String,
     "seed": pl.Int64,
-    **{k: pl.Float64 for k in ("acc_start", "acc_final", "acc_best")},
+    **{k: pl.Float64 for k in OUTCOMES if k.startswith("acc_")},
     "collapse_step": pl.Int64,
     "collapse_cause": pl.String,
-    "steps_to_collapse": pl.Float64,
-    **{k: pl.Float64 for k in OUTCOMES[4:]},
+    **{k: pl.Float64 for k in OUTCOMES if not k.startswith("acc_")},
     "first_critical": pl.Int64,
     "lead": pl.Int64,
 }

@@ -377,19 +377,20 @@ def _finished_with(path: Path, cfg) -> bool:
     return manifest.get("status") == "finished" and manifest.get("config") == asdict(cfg)
 
 
-def compare_table(runs: dict[str, Path], out: Path):
-    """The seed table (trustlens.analysis.seeds) of `runs`, printed and saved as OUT/compare.csv."""
-    from trustlens import load_run
+def compare_table(runs: list, out: Path):
+    """The outcomes of `runs` (loaded Runs) and their seed table (trustlens.analysis.seeds):
+    the table printed and saved as OUT/compare.csv, the outcomes as OUT/compare_runs.csv.
+    Returns (table, outcomes)."""
     from trustlens.analysis.seeds import csv_safe, format_seed_table, run_outcomes, seed_table
 
-    outcomes = run_outcomes([load_run(p) for p in runs.values()])
+    outcomes = run_outcomes(runs)
     table = seed_table(outcomes)
     print(format_seed_table(table))
     out.mkdir(parents=True, exist_ok=True)
     csv_safe(table).write_csv(out / "compare.csv")
     csv_safe(outcomes).write_csv(out / "compare_runs.csv")
     print(f"mean ± standard error over seeds; table saved to {out / 'compare.csv'} (per run: compare_runs.csv)")
-    return table
+    return table, outcomes
 
 
 def _train_runs(args: argparse.Namespace) -> dict[str, Path]:
@@ -412,7 +413,9 @@ def _train_runs(args: argparse.Namespace) -> dict[str, Path]:
 def _compare(args: argparse.Namespace) -> int:
     runs = _train_runs(args)
     if _is_main():
-        compare_table(runs, args.out)
+        from trustlens import load_run
+
+        compare_table([load_run(p) for p in runs.values()], args.out)
         print(f"runs in {args.out}/; open them with trustlens.load_runs or `trustlens dashboard {args.out}`")
     return 0
 
@@ -429,8 +432,9 @@ def _claims(args: argparse.Namespace) -> int:
         return 0
     if not runs:
         raise SystemExit(f"--out {args.out} holds no runs to measure")
-    table = compare_table(runs, args.out)
-    report = write_claims_report([load_run(p) for p in runs.values()], args.out, table, preset=args.preset)
+    loaded = [load_run(p) for p in runs.values()]
+    table, outcomes = compare_table(loaded, args.out)
+    report = write_claims_report(loaded, args.out, table, outcomes, preset=args.preset)
     print(f"claims report: {report}")
     return 0
 
@@ -450,10 +454,11 @@ def _finished_runs(folder: Path) -> dict[str, Path]:
     return runs
 
 
-def write_claims_report(runs, out: Path, table, *, preset: str) -> Path:
-    """Measure C1–C6 on `runs`, write OUT/figures/C*.html and OUT/claims.md; the report's path."""
-    from trustlens.analysis.claims import alert_leads, measure_claims
-    from trustlens.analysis.seeds import format_seed_table, run_outcomes
+def write_claims_report(runs, out: Path, table, outcomes, *, preset: str) -> Path:
+    """Measure C1–C6 on `runs`, write OUT/figures/C*.html and OUT/claims.md (`table` and
+    `outcomes` from `compare_table`); the report's path."""
+    from trustlens.analysis.claims import alert_leads, measure_claims, outcome_rows
+    from trustlens.analysis.seeds import format_seed_table
 
     claims = measure_claims(runs)
     figures = out / "figures"
@@ -472,9 +477,10 @@ def write_claims_report(runs, out: Path, table, *, preset: str) -> Path:
             path = figures / f"{c.key}.html"
             c.figure.write_html(path, include_plotlyjs="cdn")
             lines += [f"Figure: [{path.name}](figures/{path.name})", ""]
-    leads = alert_leads(run_outcomes(runs))
+    leads = alert_leads(outcomes)
     print("alerts: " + leads)
     lines += ["## Collapse alerts", "", leads, "", "## Per rule", "", "```", format_seed_table(table), "```", ""]
+    lines += ["## Per run", "", *outcome_rows(outcomes), ""]
     report = out / "claims.md"
     report.write_text("\n".join(lines))
     return report
