@@ -89,7 +89,10 @@ def main_ppo_args(out: Path) -> list[str]:
 def environment(run_dir: Path) -> dict[str, str]:
     """The environment of `main_ppo` (Ray's workers inherit it): verl_cpu plugged in and selected."""
     env = dict(os.environ)
-    env.pop("RAY_ADDRESS", None)  # a cluster of its own
+    env.pop("RAY_ADDRESS", None)  # a cluster of its own, on this machine only: with this
+    # variable at 0, Ray on Linux takes 127.0.0.1 as the node address and its servers listen on
+    # the loopback interface alone (by default they listen on every interface)
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     env.update(
         PYTHONPATH=os.pathsep.join(p for p in (str(EXAMPLES), env.get("PYTHONPATH")) if p),
         VERL_USE_EXTERNAL_MODULES="verl_cpu.plugin",

@@ -252,6 +252,7 @@ def test_ray_setup_hook_patches_openrlhf_in_every_ray_process(tmp_path):
         runtime_env={"worker_process_setup_hook": "trustlens.integrations.openrlhf.setup", "env_vars": env},
     )
     try:
+        assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}  # tests/integrations/conftest.py
 
         @ray.remote
         def patched() -> bool:

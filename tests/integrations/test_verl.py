@@ -174,6 +174,7 @@ def test_ray_setup_hook_patches_verl_in_every_ray_process(tmp_path):
         runtime_env={"worker_process_setup_hook": "trustlens.integrations.verl.setup", "env_vars": env},
     )
     try:
+        assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}  # tests/integrations/conftest.py
 
         @ray.remote
         def patched() -> tuple[bool, str | None]:
