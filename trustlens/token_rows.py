@@ -110,10 +110,10 @@ def checked_values(
     argument and the (b, t) index of the first value not allowed at a valid position.
 
     The padding is copied as it is (the rows are taken at the valid positions only), and the
-    check looks at every position first: the min and max of each input (NaN where a NaN is). Only when a value is
-    not allowed somewhere (bad input, or padding holding NaN, ±inf or out-of-range values) are
-    the inputs checked one by one at their valid positions. The copy is made in a tensor from
-    `buffers`."""
+    check looks at every position first: the min and max of each input (NaN where a NaN is).
+    Only when a value is not allowed somewhere (bad input, or padding holding NaN, ±inf or
+    out-of-range values) are the inputs checked one by one at their valid positions. The copy is
+    made in a tensor from `buffers`."""
     dtype = torch.float64 if any(t.dtype == torch.float64 for t in columns.values()) else torch.float32
     shape = (len(columns), *mask.shape)
     values = buffers.empty(shape, dtype, mask.device)

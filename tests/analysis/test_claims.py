@@ -8,19 +8,30 @@ def _outcomes() -> pl.DataFrame:
     """Three hand-made runs: pg_is seeds 1 and 0 collapse (warned 12 steps ahead; warned late),
     dppo_binary_tv seed 0 does not but has a critical alert."""
     rows = [
-        dict(rule="pg_is", seed=1, acc_final=0.1, acc_lowest=0.05, collapse_step=100, collapse_cause="accuracy"),
+        dict(
+            rule="pg_is",
+            seed=1,
+            acc_final=0.1,
+            acc_lowest=0.05,
+            collapse_step=100,
+            collapse_cause="accuracy",
+            first_critical=88,
+            lead=12,
+        ),
         dict(rule="dppo_binary_tv", seed=0, acc_final=0.4, acc_lowest=0.3, first_critical=90),
-        dict(rule="pg_is", seed=0, acc_final=0.2, acc_lowest=0.2, collapse_step=50, collapse_cause="reward"),
+        dict(
+            rule="pg_is",
+            seed=0,
+            acc_final=0.2,
+            acc_lowest=0.2,
+            collapse_step=50,
+            collapse_cause="reward",
+            first_critical=60,
+            lead=-10,
+        ),
     ]
-    alerts = {(1, "pg_is"): (88, 12), (0, "pg_is"): (60, -10)}
-    full = []
-    for r in rows:
-        first, lead = alerts.get((r["seed"], r["rule"]), (r.get("first_critical"), None))
-        full.append(
-            {**dict.fromkeys(OUTCOME_SCHEMA), "acc_start": 0.436, "acc_best": 0.45, **r}
-            | {"run": f"{r['rule']}-seed{r['seed']}", "first_critical": first, "lead": lead}
-        )
-    return pl.DataFrame(full, schema=OUTCOME_SCHEMA)
+    base = {**dict.fromkeys(OUTCOME_SCHEMA), "acc_start": 0.436, "acc_best": 0.45}
+    return pl.DataFrame([{**base, **r, "run": f"{r['rule']}-seed{r['seed']}"} for r in rows], schema=OUTCOME_SCHEMA)
 
 
 def test_alert_leads_counts_warned_collapses_and_false_alarms():
