@@ -7,31 +7,15 @@ from trustlens.analysis.seeds import OUTCOME_SCHEMA
 def _outcomes() -> pl.DataFrame:
     """Three hand-made runs: pg_is seeds 1 and 0 collapse (warned 12 steps ahead; warned late),
     dppo_binary_tv seed 0 does not but has a critical alert."""
+    names = ("rule", "seed", "acc_final", "acc_lowest", "collapse_step", "collapse_cause", "first_critical", "lead")
     rows = [
-        dict(
-            rule="pg_is",
-            seed=1,
-            acc_final=0.1,
-            acc_lowest=0.05,
-            collapse_step=100,
-            collapse_cause="accuracy",
-            first_critical=88,
-            lead=12,
-        ),
-        dict(rule="dppo_binary_tv", seed=0, acc_final=0.4, acc_lowest=0.3, first_critical=90),
-        dict(
-            rule="pg_is",
-            seed=0,
-            acc_final=0.2,
-            acc_lowest=0.2,
-            collapse_step=50,
-            collapse_cause="reward",
-            first_critical=60,
-            lead=-10,
-        ),
+        ("pg_is", 1, 0.1, 0.05, 100, "accuracy", 88, 12),
+        ("dppo_binary_tv", 0, 0.4, 0.3, None, None, 90, None),
+        ("pg_is", 0, 0.2, 0.2, 50, "reward", 60, -10),
     ]
     base = {**dict.fromkeys(OUTCOME_SCHEMA), "acc_start": 0.436, "acc_best": 0.45}
-    return pl.DataFrame([{**base, **r, "run": f"{r['rule']}-seed{r['seed']}"} for r in rows], schema=OUTCOME_SCHEMA)
+    runs = [{**base, **dict(zip(names, r, strict=True)), "run": f"{r[0]}-seed{r[1]}"} for r in rows]
+    return pl.DataFrame(runs, schema=OUTCOME_SCHEMA)
 
 
 def test_alert_leads_counts_warned_collapses_and_false_alarms():
