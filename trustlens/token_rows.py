@@ -121,10 +121,10 @@ def checked_values(
         t.detach() if (t.device, t.dtype) == (mask.device, dtype) else t.detach().to(mask.device, dtype)
         for t in columns.values()
     ]
-    # the bounds of each input read before the copy, while a freshly computed input is still in
-    # the cache (the snapshot `values` may be cold): one pass each, no reduction over a stride
     if not values.numel():
         return values
+    # the bounds of each input read before the copy, while a freshly computed input is still in
+    # the cache (the snapshot `values` may be cold): one pass each, no reduction over a stride
     bounds = torch.stack([torch.stack(torch.aminmax(t)) for t in given]).tolist()  # (F, 2)
     torch.stack(given, out=values)  # (F, B, T)
     if not all(_allowed(name, lo, hi) for name, (lo, hi) in zip(columns, bounds, strict=True)):

@@ -33,3 +33,24 @@ def test_outcome_rows_one_row_per_run_by_rule_then_seed():
         "| pg_is | 1 | 0.436 | 0.100 | 0.050 | 0.450 | 100 (accuracy) | 88 | 12 |",
         "| dppo_binary_tv | 0 | 0.436 | 0.400 | 0.300 | 0.450 | – | 90 | – |",
     ]
+
+
+def test_claims_from_given_outcomes_equal_claims_that_compute_them(tmp_path):
+    from trustlens.analysis.claims import measure_claims
+    from trustlens.analysis.seeds import run_outcomes
+    from trustlens.run import load_run
+    from trustlens.synthetic import write_synthetic_run
+
+    runs = []
+    for rule in ("ppo", "dppo_binary_tv"):
+        for seed in (0, 1):
+            path = tmp_path / f"{rule}-seed{seed}"
+            collapse = 6 if (rule, seed) == ("ppo", 1) else None
+            sizes = dict(steps=12, samples_per_step=16, seq_len=8)
+            write_synthetic_run(
+                path, **sizes, rules=["ppo", "dppo_binary_tv"], active_rule=rule, seed=seed, collapse_at=collapse
+            )
+            runs.append(load_run(path))
+    given = [c.line() for c in measure_claims(runs, run_outcomes(runs))]
+    assert given == [c.line() for c in measure_claims(runs)]
+    assert given[0].startswith("C1 ") and len(given) == 6

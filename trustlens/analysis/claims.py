@@ -129,11 +129,11 @@ def _low_high_rates(run, rule: str) -> tuple[float | None, float | None]:
 class _Runs:
     """Runs grouped by active rule, with their outcomes, keyed by seed."""
 
-    def __init__(self, runs) -> None:
+    def __init__(self, runs, outcomes: pl.DataFrame | None = None) -> None:
         self.by_rule: dict[str, dict[int, object]] = {}
         self.outcome: dict[str, dict[int, dict]] = {}
-        for run in runs:
-            out = run_outcome(run)
+        given = outcomes.iter_rows(named=True) if outcomes is not None else (run_outcome(run) for run in runs)
+        for run, out in zip(runs, given, strict=True):
             rule, seed = out["rule"], out["seed"]
             self.by_rule.setdefault(rule, {})[seed] = run
             self.outcome.setdefault(rule, {})[seed] = out
@@ -316,9 +316,10 @@ def _c6(r: _Runs) -> Claim:
     return Claim("C6", title, HOLDS if ok else FAILS, evidence, fig)
 
 
-def measure_claims(runs) -> list[Claim]:
-    """C1–C6 (module docstring) over `runs` (trustlens Runs of several rules and seeds)."""
-    r = _Runs(runs)
+def measure_claims(runs, outcomes: pl.DataFrame | None = None) -> list[Claim]:
+    """C1–C6 (module docstring) over `runs` (trustlens Runs of several rules and seeds);
+    `outcomes`: their `run_outcomes`, one row per run in the same order, when already computed."""
+    r = _Runs(list(runs), outcomes)
     return [f(r) for f in (_c1, _c2, _c3, _c4, _c5, _c6)]
 
 

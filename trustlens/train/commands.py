@@ -460,7 +460,7 @@ def write_claims_report(runs, out: Path, table, outcomes, *, preset: str) -> Pat
     from trustlens.analysis.claims import alert_leads, measure_claims, outcome_rows
     from trustlens.analysis.seeds import format_seed_table
 
-    claims = measure_claims(runs)
+    claims = measure_claims(runs, outcomes)
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     lines = [
