@@ -5,6 +5,7 @@ import math
 import polars as pl
 import pytest
 
+from trustlens.analysis.buckets import weighted_quantile
 from trustlens.analysis.findings import (
     EXAMPLE_CASES,
     blocked_anchor_quantiles,
@@ -108,3 +109,31 @@ def test_over_updates_per_step_weighs_a_sampled_run():
     assert (s0["count_pos"], s0["over_pos"]) == (21, 1)
     assert s0["over_frac_pos"] == pytest.approx(1 / 21)
     assert s0["tv_mean_pos"] == pytest.approx((10 * 4e-4 + 10 * 0.01 + 0.6) / 21)
+
+
+def test_weighted_quantile_by_hand():
+    # x 1, 2, 3, 4 counted 1, 1, 10, 10 times: cumulative weight 1, 2, 12, 22 of 22
+    df = pl.DataFrame({"x": [4.0, 1.0, None, 3.0, 2.0], "weight": [10.0, 1.0, 5.0, 10.0, 1.0]})
+    got = df.select(
+        *(weighted_quantile(pl.col("x"), q).alias(f"q{q}") for q in (0.0, 0.05, 0.1, 0.5, 0.6, 1.0)),
+        weighted_quantile(pl.col("x"), 0.5, pl.col("x") < 3.5).alias("below"),  # 1, 2, 3: 1, 2, 12 of 12
+    ).row(0)
+    assert got == (1.0, 2.0, 3.0, 3.0, 4.0, 4.0, 3.0)
+    assert pl.DataFrame({"x": [None], "weight": [1.0]}).select(weighted_quantile(pl.col("x"), 0.5)).item() is None
+
+
+def test_quantiles_and_medians_count_each_row_its_weight():
+    # a sampled run's rows: every blocked or low-μ token kept (weight 1), the rest 1 in 10
+    rows = [
+        (0, "a", 0.01, 0.05, 1.0, True, False),
+        (0, "a", 0.02, 0.02, 1.0, False, False),
+        (0, "a", 0.9, 0.9, 1.0, False, False),
+    ]
+    tokens = table(rows).with_columns(weight=pl.Series([1.0, 1.0, 10.0]))
+    df = blocked_anchor_quantiles(tokens, ["ppo"], quantiles=(0.5,))
+    assert df["tokens"].to_list() == [12, 1]
+    assert df["p50"].to_list() == pytest.approx([0.9, 0.01])  # 10 of the 12 tokens sit at μ = 0.9
+    unweighted = blocked_anchor_quantiles(table(rows), ["ppo"], quantiles=(0.5,))  # the rows alone
+    assert unweighted["tokens"].to_list() == [3, 1] and unweighted["p50"][0] == pytest.approx(0.02)
+    anchor = blocked_token_anchor(tokens, "ppo").row(0, named=True)
+    assert anchor["mu_median"] == pytest.approx(0.9) and anchor["mu_median_blocked"] == pytest.approx(0.01)

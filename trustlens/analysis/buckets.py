@@ -122,6 +122,21 @@ def weighted_mean(x: pl.Expr, where: pl.Expr | None = None, *, weights: bool = T
     return pl.when(total > 0).then((x * row_weight()).sum() / total)
 
 
+def weighted_quantile(x: pl.Expr, q: float, where: pl.Expr | None = None) -> pl.Expr:
+    """The q-quantile of x over the tokens the rows stand for (each row counted `weight` times),
+    among the rows where `where` holds (None: all) and x is not null: the smallest x whose
+    cumulative weight, rows in x order, reaches q·Σ w (the inverse of the weighted CDF); null
+    without rows."""
+    w = row_weight()
+    if where is not None:
+        x, w = x.filter(where), w.filter(where)
+    present = x.is_not_null()
+    x, w = x.filter(present), w.filter(present)
+    order = x.arg_sort()
+    cumulative = w.gather(order).cum_sum()
+    return x.gather(order).filter(cumulative >= q * cumulative.last()).first()
+
+
 def zero_advantage_frac(*, weights: bool = False) -> pl.Expr:
     """The share of tokens with A = 0 (of those with a known advantage), as `zero_adv_frac`;
     with `weights`, each row counts its sampling weight."""

@@ -246,7 +246,8 @@ def figure1_density(
     column) linearly over `y_range` (default [0, 0.5]). Values outside a range fall into its edge
     bin. Columns: x_bin, y_bin, x_lo, x_hi (probabilities), y_lo, y_hi (in y's own units), count
     (every token in the cell), count_nonzero (its A ≠ 0 tokens, the base of block rates) and
-    blocked_<rule> (blocked tokens in the cell) for each of `rules`. Only non-empty cells.
+    blocked_<rule> (blocked tokens in the cell) for each of `rules`; in a sampled run, tokens the
+    kept rows stand for (Σ weight, rounded). Only non-empty cells.
     """
     rules = checked_rules(tokens, rules)
     if n_x < 1 or n_y < 1:
@@ -264,6 +265,7 @@ def figure1_density(
     yv = pl.col(y).cast(pl.Float64)
     if log_y:
         yv = yv.log10()
+    count = token_counter(tokens)
     x_bin = ((xv - x_lo) / (-x_lo) * n_x).floor().clip(0, n_x - 1).cast(pl.Int32)
     y_bin = ((yv - lo) / (hi - lo) * n_y).floor().clip(0, n_y - 1).cast(pl.Int32)
     lf = (
@@ -271,9 +273,9 @@ def figure1_density(
         .filter(pl.col(y) > 0 if log_y else pl.lit(True))
         .group_by(x_bin.alias("x_bin"), y_bin.alias("y_bin"))
         .agg(
-            pl.len().cast(pl.Int64).alias("count"),
-            nonzero_advantage().sum().cast(pl.Int64).alias("count_nonzero"),
-            *(pl.col(blocked_column(r)).cast(pl.Int64).sum().alias(blocked_column(r)) for r in rules),
+            count(None).alias("count"),
+            count(nonzero_advantage()).alias("count_nonzero"),
+            *(count(pl.col(blocked_column(r)).fill_null(False)).alias(blocked_column(r)) for r in rules),
         )
         .sort("x_bin", "y_bin")
     )

@@ -19,7 +19,15 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from trustlens.analysis.buckets import anchor_column, checked_rules, collect, token_counter, weighted, weighted_mean
+from trustlens.analysis.buckets import (
+    anchor_column,
+    checked_rules,
+    collect,
+    token_counter,
+    weighted,
+    weighted_mean,
+    weighted_quantile,
+)
 from trustlens.analysis.clipping import blocked_by_token
 from trustlens.run import blocked_column
 
@@ -91,9 +99,12 @@ def blocked_anchor_quantiles(
 ) -> pl.DataFrame:
     """Where in μ each rule's blocked tokens sit: a first row "all tokens", then one per rule.
 
-    Columns: rule, tokens (rows counted), then p<q> for each quantile q (e.g. p50, the median
-    anchor probability of those rows; quantiles are taken on log μ and exponentiated, which is
-    exact for order statistics). Rows without an anchor are left out.
+    Columns: rule, tokens, then p<q> for each quantile q (e.g. p50, the median anchor probability
+    of those rows; quantiles are taken on log μ and exponentiated, which is exact for order
+    statistics). Rows without an anchor are left out. A table with sampling weights (schema ≥ 2;
+    a sampled run keeps every low-μ token, so its rows overstate the tail) counts each row
+    `weight` times: tokens is Σ weight and the quantiles are weighted (`weighted_quantile`);
+    otherwise tokens counts rows and quantiles are polars' nearest-rank ones.
     """
     rules = checked_rules(tokens, rules)
     qs = [float(q) for q in quantiles]
@@ -103,14 +114,20 @@ def blocked_anchor_quantiles(
     anchor = anchor_column(tokens)
     logp = pl.col(anchor).cast(pl.Float64)
 
-    def aggs(where: pl.Expr, name: str) -> list[pl.Expr]:
-        x = logp.filter(where)
+    count, weights = token_counter(tokens), weighted(tokens)
+
+    def quantile(where: pl.Expr | None, q: float) -> pl.Expr:
+        if weights:
+            return weighted_quantile(logp, q, where)
+        return (logp if where is None else logp.filter(where)).quantile(q, interpolation="nearest")
+
+    def aggs(where: pl.Expr | None, name: str) -> list[pl.Expr]:
         return [
-            x.count().cast(pl.Int64).alias(f"{name}|tokens"),
-            *(x.quantile(q, interpolation="nearest").exp().alias(f"{name}|p{round(q * 100):g}") for q in qs),
+            count(where).alias(f"{name}|tokens"),
+            *(quantile(where, q).exp().alias(f"{name}|p{round(q * 100):g}") for q in qs),
         ]
 
-    groups = {"all tokens": pl.lit(True), **{r: pl.col(blocked_column(r)).fill_null(False) for r in rules}}
+    groups = {"all tokens": None, **{r: pl.col(blocked_column(r)).fill_null(False) for r in rules}}
     row = collect(
         tokens.filter(pl.col(anchor).is_not_null()).select(
             [a for name, where in groups.items() for a in aggs(where, name)]
@@ -126,8 +143,9 @@ def blocked_anchor_quantiles(
 def blocked_token_anchor(tokens: pl.LazyFrame, rule: str = "ppo", *, top: int = 20, min_count: int = 1) -> pl.DataFrame:
     """The `top` token texts `rule` blocks most (`clipping.blocked_by_token`) with where they
     sit in μ: token, count, blocked, blocked_frac, mu_median (median anchor probability over
-    all occurrences of the text), mu_median_blocked (over the blocked ones). Token text is
-    untrusted: render it escaped."""
+    all occurrences of the text), mu_median_blocked (over the blocked ones); weighted medians
+    (`weighted_quantile`) for a table with sampling weights. Token text is untrusted: render it
+    escaped."""
     top_tokens = blocked_by_token(tokens, rule, top=top, min_count=min_count).drop("rule")
     if top_tokens.is_empty():
         return top_tokens.with_columns(
@@ -135,13 +153,15 @@ def blocked_token_anchor(tokens: pl.LazyFrame, rule: str = "ppo", *, top: int = 
         )
     anchor = anchor_column(tokens)
     logp = pl.col(anchor).cast(pl.Float64)
+    blocked = pl.col(blocked_column(rule)).fill_null(False)
+    if weighted(tokens):
+        median, median_blocked = weighted_quantile(logp, 0.5), weighted_quantile(logp, 0.5, blocked)
+    else:
+        median, median_blocked = logp.median(), logp.filter(blocked).median()
     medians = collect(
         tokens.filter(pl.col("token").cast(pl.String).is_in(top_tokens["token"].to_list()))
         .group_by(pl.col("token").cast(pl.String))
-        .agg(
-            logp.median().exp().alias("mu_median"),
-            logp.filter(pl.col(blocked_column(rule)).fill_null(False)).median().exp().alias("mu_median_blocked"),
-        )
+        .agg(median.exp().alias("mu_median"), median_blocked.exp().alias("mu_median_blocked"))
     )
     return top_tokens.join(medians, on="token", how="left", maintain_order="left")
 
