@@ -3,8 +3,10 @@ to those of the same run recorded in full; weighted estimates from its kept rows
 query on a hand-built table checked by hand."""
 
 import math
+import shutil
 
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 
 from trustlens import Keep
@@ -17,6 +19,8 @@ from trustlens.analysis import (
     step_signals,
     step_summary,
 )
+from trustlens.analysis.clipping import figure1_density
+from trustlens.analysis.findings import blocked_anchor_quantiles
 from trustlens.run import load_run
 from trustlens.synthetic import write_run, write_synthetic_run
 
@@ -50,6 +54,22 @@ def test_step_summary_is_exact_with_the_aggregates(pair):
     exact = ["zero_adv_frac", *(c for c in want.columns if c.startswith("blocked_"))]
     for column in exact:
         assert got[column].to_list() == pytest.approx(want[column].to_list(), abs=1e-12), column
+    # the mean entropy from the aggregates' float64 sum, the full run's from its float32 rows
+    assert got["entropy"].to_list() == pytest.approx(want["entropy"].to_list(), rel=1e-6)
+
+
+def test_aggregates_without_the_entropy_sum_leave_the_weighted_estimate(pair, tmp_path):
+    """A sampled run recorded before the aggregates held the entropy sum: its mean entropy per
+    step is the weighted mean of the kept rows, as it was."""
+    _, sampled = pair
+    old = tmp_path / "old"
+    shutil.copytree(sampled.path, old)
+    for part in old.glob("aggregates/rank=*/part-*.parquet"):
+        table = pq.read_table(part)
+        pq.write_table(table.drop_columns(["entropy_n", "sum_entropy"]), part)
+    run = load_run(old)
+    got = step_summary(run.tokens, aggregates=exact_aggregates(run))
+    assert got["entropy"].to_list() == step_summary(run.tokens)["entropy"].to_list()
 
 
 def test_step_summary_computes_only_the_columns_asked_for(pair):
@@ -88,8 +108,7 @@ def test_collapse_signals_of_a_sampled_run_are_its_exact_ones(pair):
     want, got = step_signals(full), step_signals(sampled)
     for column in ("k3_kl", "prob_diff_mean", "blocked_ppo", "blocked_dppo_binary_tv"):
         assert got[column].to_list() == pytest.approx(want[column].to_list(), rel=1e-9, abs=1e-12), column
-    # the mean entropy is an estimate from the weighted rows
-    assert got["entropy"].to_list() == pytest.approx(want["entropy"].to_list(), rel=0.1)
+    assert got["entropy"].to_list() == pytest.approx(want["entropy"].to_list(), rel=1e-6)
 
 
 def test_weighted_rows_estimate_the_full_numbers(pair):
@@ -142,3 +161,54 @@ def test_run_outcomes_of_a_sampled_run_are_exact(pair):
         if column.startswith(("block", "k3", "tv")):
             assert value is not None, column
             assert got[column] == pytest.approx(value, rel=1e-9, abs=1e-12), column
+
+
+def test_a_run_whose_aggregates_gained_the_entropy_sum_midway_loads(pair, tmp_path):
+    """A sampled run recorded before the aggregates held the entropy sum and resumed after: its
+    older parts (every rank's first) lack the columns; the steps they cover keep the rows'
+    weighted estimate, the others are exact."""
+    _, sampled = pair
+    mixed = tmp_path / "mixed"
+    shutil.copytree(sampled.path, mixed)
+    old_steps = {0, 1, 2}
+    for rank in (0, 1):
+        (first,) = mixed.glob(f"aggregates/rank={rank}/part-*.parquet")
+        table = pl.read_parquet(first)
+        old, new = table.filter(pl.col("step").is_in(old_steps)), table.filter(~pl.col("step").is_in(old_steps))
+        old.drop("entropy_n", "sum_entropy").write_parquet(first)
+        new.write_parquet(first.with_name("part-999999.parquet"))
+    run = load_run(mixed)
+    got = step_summary(run.tokens, aggregates=exact_aggregates(run))
+    estimate = step_summary(run.tokens)["entropy"]
+    exact = step_summary(sampled.tokens, aggregates=exact_aggregates(sampled))["entropy"]
+    assert 0 < len(old_steps) < got.height
+    for i, step in enumerate(got["step"]):
+        want = estimate[i] if step in old_steps else exact[i]
+        assert got["entropy"][i] == pytest.approx(want, rel=1e-12), step
+
+
+def test_where_blocked_tokens_sit_in_mu_is_estimated_from_the_weighted_rows(pair):
+    full, sampled = pair
+    rules = ["ppo", "dppo_binary_tv"]
+    want = blocked_anchor_quantiles(full.tokens, rules)
+    got = blocked_anchor_quantiles(sampled.tokens, rules)
+    # every blocked token is kept: the blocked rows' quantiles are the full run's
+    assert got.filter(pl.col("rule") != "all tokens").equals(want.filter(pl.col("rule") != "all tokens"))
+    # all tokens: the kept rows hold every μ < 0.1 token, so unweighted their median μ is 0.04;
+    # weighted it estimates the full run's 0.96
+    everything = got.row(0, named=True)
+    assert everything["tokens"] == pytest.approx(want["tokens"][0], rel=0.05)
+    assert everything["p50"] == pytest.approx(want["p50"][0], abs=0.02)
+    rows_alone = blocked_anchor_quantiles(sampled.tokens.drop("weight"), rules).row(0, named=True)
+    assert rows_alone["p50"] < 0.1 < want["p50"][0]
+
+
+def test_the_figure_1_density_counts_the_tokens_the_rows_stand_for(pair):
+    want, got = (figure1_density(run.tokens, rules=["ppo"]) for run in pair)
+    assert got["count"].sum() == pytest.approx(want["count"].sum(), rel=0.05)
+    assert got["blocked_ppo"].sum() == want["blocked_ppo"].sum()  # every blocked token is kept
+
+    def low(df):  # share of the tokens with μ < 0.1
+        return df.filter(pl.col("x_hi") <= 0.1 + 1e-12)["count"].sum() / df["count"].sum()
+
+    assert low(got) == pytest.approx(low(want), abs=0.02)

@@ -35,6 +35,7 @@ def feed(rec, seed: int = 0, steps: int = 3) -> None:
                 advantages=torch.randn(12, generator=g).round(),
                 topk_tv=topk_tv,
                 topk_kl=topk_kl,
+                entropy=3 * torch.rand(12, 20, generator=g) if update == 0 else None,  # update 1: none
             )
 
 
@@ -95,6 +96,9 @@ def test_aggregates_are_the_full_rows_counts_and_sums(runs):
     log_rho = (rows["old_logp"].cast(pl.Float64) - rows["mu_logp"].cast(pl.Float64)).to_numpy()
     assert agg["sum_k3"].sum() == pytest.approx(float((np.exp(log_rho) - 1 - log_rho).sum()), rel=1e-12)
     assert agg["sum_topk_kl"].sum() == float("inf")
+    entropy = rows["entropy"].drop_nulls()
+    assert agg["entropy_n"].sum() == entropy.len() == (rows["update"] == 0).sum()
+    assert agg["sum_entropy"].sum() == pytest.approx(entropy.cast(pl.Float64).sum(), rel=1e-12)
 
 
 def test_exact_scalars_of_a_sampled_run_equal_the_full_runs(runs):

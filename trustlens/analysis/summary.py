@@ -17,7 +17,8 @@ Columns:
 
 A sampled run (recorded with `Keep`): means count each kept row with its sampling weight
 (estimates of the means over all tokens); maxima are over the kept rows (which hold every token
-of top divergence); with `aggregates`, tokens, zero_adv_frac and blocked_<rule> are exact.
+of top divergence); with `aggregates`, tokens, zero_adv_frac and blocked_<rule> are exact, and
+so is entropy when the aggregates hold its sum (runs recorded since 2026-11-26).
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def step_summary(
     """One row per step (see the module docstring), sorted by step.
 
     aggregates: the exact aggregates of all tokens (`Run.aggregates` of a sampled run, limited to
-        the same steps as `tokens`): tokens, zero_adv_frac and the block rates come from them
-        (and are not computed from the rows).
+        the same steps as `tokens`): tokens, zero_adv_frac, the block rates and (when they hold
+        its sum) entropy come from them.
     columns: only these columns besides step (the others are not computed)."""
     full = step_summary_query(tokens)
     order = full.collect_schema().names()
@@ -93,13 +94,21 @@ def step_summary(
     if aggregates is None:
         return summary
     rules = checked_rules(tokens, None)
-    exact = step_aggregates(aggregates).select(
+    steps = step_aggregates(aggregates)
+    entropy = []
+    if "sum_entropy" in steps.columns and "entropy" in wanted:
+        n = pl.col("entropy_n")
+        entropy = [pl.when(n > 0).then(pl.col("sum_entropy") / n).alias("exact_entropy")]
+    exact = steps.select(
         pl.col("step").cast(summary.schema["step"]),
         pl.col("tokens").cast(pl.Int64),
         pl.when(pl.col("tokens") > 0).then(pl.col("tokens_zero") / pl.col("tokens")).alias("zero_adv_frac"),
         *(pl.when(pl.col(f"n_{r}") > 0).then(pl.col(f"k_{r}") / pl.col(f"n_{r}")).alias(f"blocked_{r}") for r in rules),
+        *entropy,
     )
     joined = exact.join(summary, on="step", how="left")
+    if entropy:  # a step whose aggregates lack the entropy sum (recorded before they held it): the rows'
+        joined = joined.with_columns(pl.coalesce("exact_entropy", "entropy").alias("entropy"))
     return joined.select("step", *(c for c in wanted if c in joined.columns))
 
 

@@ -28,6 +28,10 @@ Aggregate columns (counts are int64, sums float64; "pairs" are tokens with finit
                                                       |π_old − μ|, moments for the Pearson
                                                       correlation, ρ² with log ρ clamped to ±20
     topk_n, sum_topk_tv, max_topk_tv, sum_topk_kl     top-K divergences (sum_topk_kl may be +inf)
+    entropy_n, sum_entropy                            tokens with a recorded entropy of π and its
+                                                      sum (nats); absent in runs recorded before
+                                                      2026-11-26 (their entropy means are weighted
+                                                      estimates from the kept rows)
     mu_decade_0 … mu_decade_6                         tokens with μ in [10⁻¹, 1], [10⁻², 10⁻¹), …,
                                                       [10⁻⁶, 10⁻⁵), below 10⁻⁶
 """
@@ -45,10 +49,11 @@ from trustlens.metrics import SIGNS
 
 LOG_RATIO_BOUND = 20.0  # |log ρ| bound before exp in ρ² (as verl's chi² metrics)
 MU_DECADES = 7
-COUNT_BASE = ("tokens", "tokens_pos", "tokens_neg", "tokens_zero", "pairs", "topk_n")
+COUNT_BASE = ("tokens", "tokens_pos", "tokens_neg", "tokens_zero", "pairs", "topk_n", "entropy_n")
 SUMS = ("sum_k1", "sum_k3", "sum_prob_diff", "sum_mu", "sum_old", "sum_mu2", "sum_old2", "sum_mu_old", "sum_rho2")
 MAXES = ("max_prob_diff", "max_topk_tv")
 TOPK_SUMS = ("sum_topk_tv", "sum_topk_kl")
+ENTROPY_SUMS = ("sum_entropy",)
 SIGNS_SUFFIXES = tuple(f"_{s}" for s in SIGNS)  # column suffixes of the per-rule counts
 
 
@@ -74,7 +79,7 @@ def aggregate_names(rules: list[str] | tuple[str, ...]) -> list[tuple[str, pa.Da
     """(column, type) of the aggregates table of a run evaluating `rules`, after step and update."""
     out = [(c, pa.int64()) for c in COUNT_BASE]
     out += [(f"k_{r}_{s}", pa.int64()) for r in rules for s in SIGNS]
-    out += [(c, pa.float64()) for c in (*SUMS, *MAXES, *TOPK_SUMS)]
+    out += [(c, pa.float64()) for c in (*SUMS, *MAXES, *TOPK_SUMS, *ENTROPY_SUMS)]
     out += [(f"mu_decade_{i}", pa.int64()) for i in range(MU_DECADES)]
     return out
 
@@ -99,6 +104,8 @@ _DOCS = {
     "sum_topk_tv": "Σ topk_tv, probability",
     "max_topk_tv": "max topk_tv, probability",
     "sum_topk_kl": "Σ topk_kl, nats (+inf when one is)",
+    "entropy_n": "tokens with a recorded entropy of π",
+    "sum_entropy": "Σ entropy of π, nats",
 }
 
 
@@ -165,6 +172,9 @@ def aggregate_row(batch, rules: list[str]) -> dict[str, object]:
         }
     else:
         row |= {"topk_n": 0, "sum_topk_tv": 0.0, "max_topk_tv": None, "sum_topk_kl": 0.0}
+    entropy = f.get("entropy")
+    recorded = entropy[np.isfinite(entropy)] if entropy is not None else np.zeros(0)
+    row |= {"entropy_n": int(recorded.size), "sum_entropy": float(recorded.astype(np.float64).sum())}
     anchor = mu_logp if mu_logp is not None else f["pi_logp"]
     decade = np.clip(np.floor(-anchor.astype(np.float64) / math.log(10)), 0, MU_DECADES - 1)
     counts = np.bincount(decade[np.isfinite(decade)].astype(np.int64), minlength=MU_DECADES)

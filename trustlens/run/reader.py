@@ -136,7 +136,12 @@ class Run:
             groups.setdefault((p.rank, p.rank_in_file), []).append(p.path)
         frames = []
         for (rank, in_file), files in groups.items():
-            frame = _scan_files(files)
+            # aggregates gained columns (entropy_n, sum_entropy): a resumed older run mixes both
+            frame = (
+                _scan_files(files)
+                if table != "aggregates"
+                else pl.concat([_scan_files([f]) for f in files], how="diagonal_relaxed")
+            )
             if not in_file:
                 names = frame.collect_schema().names()
                 at = names.index("step" if table in ("samples", "metrics") else "update") + 1
