@@ -91,6 +91,18 @@ def test_thresholds_matter(run):
     assert detect_collapse(run, CollapseConfig(baseline_steps=12)).is_empty()  # no step after the baseline
 
 
+def test_a_signal_hovering_about_its_threshold_is_one_alert(run):
+    # k3 at its baseline for 10 steps, then 3 steps at 3× and 3 back, five times: the trailing
+    # median is flagged on steps 11–13, 17–19, …, 35–37: 4 steps after the last flag before
+    k3 = [1.0] * 10 + [3.0, 3.0, 3.0, 1.0, 1.0, 1.0] * 5
+    signals = pl.DataFrame({"step": range(40), "k3_kl": k3}, schema={"step": pl.Int32, "k3_kl": pl.Float64})
+    assert alert_window(40) == 5
+    one = detect_collapse(run, signals=signals)  # merge_gap: alert_window(40) = 5 steps
+    assert one.select("kind", "step", "end_step").rows() == [("mismatch_growth", 11, 37)]
+    apart = detect_collapse(run, CollapseConfig(merge_gap=3), signals=signals)
+    assert apart["step"].to_list() == [11, 17, 23, 29, 35]
+
+
 def _mismatch_run(tmp_path, k3_scale: float, *, drift: str = "ppo", rules=("dppo_binary_tv", "ppo")):
     """16 steps: μ and π_old differ by log ρ = d_s; from step 8 on d grows, and `drift`'s
     blocked share rises from 0 to 1/2 of the A ≠ 0 tokens."""

@@ -37,7 +37,9 @@ with a reward or entropy signal, while the reward fell before most collapses.
 Only the run's active rule (`Run.active_rule`) is watched for blocked_drift:
 the other rules' blocked columns are counterfactual (what they would have blocked), context for
 reading a run, not alarms; a run that does not name its rule has every rule watched.
-Flagged steps of one detector at most `smooth` steps apart merge into one alert that starts at
+Flagged steps of one detector at most `merge_gap` steps apart (default: alert_window(steps), the
+baseline's length; a signal that hovers about its threshold is one episode, not one alert per
+crossing) merge into one alert that starts at
 the first of them (`step`) and ends at `end_step`, carrying the most extreme value (a critical
 reward_drop step's value is r̄); an alert is critical from its first critical step on
 (`critical_step`), which may come after `step`.
@@ -95,6 +97,7 @@ class CollapseConfig:
 
     baseline_steps: int | None = None  # early steps the baseline is taken from; None = alert_window
     smooth: int = 3  # steps whose median is x̄ (a trailing median) when a step is judged
+    merge_gap: int | None = None  # flagged steps at most this many steps apart are one alert; None = alert_window
     z_warning: float = 3.0  # |robust z| a flagged step must exceed
     rel_floor: float = 0.05  # the baseline scale is at least this fraction of |median|
     entropy_drop: float = 0.3  # entropy collapse: fell by this fraction (critical: twice it)
@@ -352,7 +355,9 @@ def detect_collapse(
         return pl.DataFrame(schema=ALERT_SCHEMA)
     if rule is None:
         rule = getattr(run, "active_rule", None)
-    episodes = _merge(_flags(signals, config, rule), signals["step"].to_list(), config.smooth)
+    steps = signals["step"].to_list()
+    gap = config.merge_gap if config.merge_gap is not None else alert_window(len(steps))
+    episodes = _merge(_flags(signals, config, rule), steps, gap)
     rows = []
     for ep in episodes:
         samples, tokens = alert_drivers(run, ep, config.top_tokens, config.top_samples)
