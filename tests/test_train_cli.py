@@ -1,12 +1,14 @@
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 
 import polars as pl
 import pytest
 
 import trustlens
 from trustlens.cli import main
+from trustlens.train.config import PRESETS, config_from_preset
 
 # a few-second run of the whole pipeline from a random model (no warm start needed)
 QUICK = ["--preset", "quick", "--checkpoint", "random", "--max-new-tokens", "6", "--quiet"]
@@ -223,3 +225,20 @@ def test_compare_with_two_jobs_trains_the_same_runs_as_one_job(capsys, tmp_path)
     assert first[0] == first[1]
     code, _, err = run_cli(capsys, "compare", *args, "--jobs", "0", "--out", str(tmp_path / "bad"))
     assert code == 2 and "jobs must be an integer ≥ 1" in err
+
+
+def test_make_sample_trains_the_rules_under_the_sample_preset_and_a_learning_run(capsys, tmp_path):
+    tiny = ["--steps", "2", "--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2"]
+    tiny += ["--eval-every", "2", "--eval-size", "16", "--checkpoint", "random", "--max-new-tokens", "6", "--quiet"]
+    code, out, _ = run_cli(capsys, "make-sample", "--rules", "ppo,pg_is", *tiny, "--out", str(tmp_path))
+    assert code == 0 and f"sample runs (ppo, pg_is, learning) written to {tmp_path}" in out
+    configs = {n: trustlens.load_run(tmp_path / n).manifest["config"] for n in ("ppo", "pg_is", "learning")}
+    given = dict(steps=2, prompts_per_step=4, group_size=4, minibatches=2, eval_every=2, eval_size=16)
+    for name in ("ppo", "pg_is"):
+        # the sample preset (the collapse preset on seed 1, sampled recording) under the flags given
+        assert configs[name] == {**configs[name], **PRESETS["sample"], **given, "rule": name}
+        assert (configs[name]["rollout_lag"], configs[name]["seed"], configs[name]["keep_rate"]) == (16, 1, 0.03)
+    # the learning run: the default preset's DPPO run, recorded like the others
+    default = asdict(config_from_preset("default", **given, checkpoint="random", max_new_tokens=6))
+    assert configs["learning"] == {**default, "keep_rate": 0.03}
+    assert all(trustlens.load_run(tmp_path / n).sampled for n in configs)

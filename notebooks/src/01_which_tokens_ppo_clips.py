@@ -22,7 +22,8 @@ from trustlens.render import colored_tokens_html, legend_html
 
 setup()
 
-# The shipped sample holds one run per rule; this notebook reads the one trained with PPO.
+# The shipped sample holds one run per rule (and `learning`, a run of the default settings);
+# this notebook reads the one trained with PPO.
 # To analyse your own run: run = trustlens.load_run("path/to/run")
 runs = sample_runs()
 run = runs["ppo"]

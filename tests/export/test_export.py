@@ -13,7 +13,7 @@ from s3_server import BUCKET
 from wandb_log import history
 
 from trustlens import TokenRecorder, load_run
-from trustlens.analysis import detect_collapse, mismatch_per_step
+from trustlens.analysis import detect_collapse, exact_aggregates, mismatch_per_step
 from trustlens.export import (
     StepMirror,
     alert_text,
@@ -60,20 +60,20 @@ def test_step_scalars_of_a_trainer_run_match_the_analyses():
     run = load_run(SAMPLE / "pg_is")
     scalars = step_scalars(run)
     value = {(s, n): v for s, n, v in scalars.rows()}
-    mismatch = mismatch_per_step(run.tokens)
+    mismatch = mismatch_per_step(run.tokens, aggregates=exact_aggregates(run))  # a sampled run: all tokens
     for row in mismatch.iter_rows(named=True):
         assert value[(row["step"], "k3_kl")] == pytest.approx(row["k3_kl"], rel=1e-6)
     logged = run.metrics.filter(pl.col("name") == "eval/accuracy").collect()
     for step, v in logged.select("step", "value").rows():
         assert value[(step, "eval/accuracy")] == v
     # the trainer's logged block rates win, and equal the rows' (tests/test_sample_run.py)
-    assert scalars.filter(pl.col("name") == "blocked/ppo/pos").height == 40
+    assert scalars.filter(pl.col("name") == "blocked/ppo/pos").height == 250
     assert scalars.group_by("step", "name").len()["len"].max() == 1
 
 
 def test_tensorboard_export_reads_back_with_tensorboards_reader(tmp_path):
     done = export_tensorboard([SAMPLE / "pg_is", SAMPLE / "ppo"], tmp_path / "tb")
-    assert done == {"pg_is": 41, "ppo": 41}  # steps 0–39 and the final evaluation at step 40
+    assert done == {"pg_is": 251, "ppo": 251}  # steps 0–249 and the final evaluation at step 250
     for name in ("pg_is", "ppo"):
         read = scalars_of(tmp_path / "tb" / name)
         expected = step_scalars(load_run(SAMPLE / name))
@@ -227,7 +227,7 @@ def test_cli(tmp_path):
         text=True,
         check=True,
     )
-    assert "ppo: 41 steps exported to tensorboard" in out.stdout
+    assert "ppo: 251 steps exported to tensorboard" in out.stdout
     assert "eval/accuracy" in scalars_of(tmp_path / "ppo")
     bad = subprocess.run(
         [sys.executable, "-m", "trustlens.cli", "export", str(SAMPLE / "ppo"), "--to", "tensorboard"],

@@ -137,7 +137,8 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--out", type=Path, default=None, help="where to write it (default: the shipped data/sample_run)"
         )
-        parser.set_defaults(func=_make_sample, preset="sample")
+        _add_run_set_options(parser)
+        parser.set_defaults(func=_make_sample)
     else:
         raise ValueError(f"trustlens.train.commands has no command {name!r}")
     if name != "make-sample":
@@ -194,9 +195,13 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _given(args: argparse.Namespace) -> dict:
+    """The settings given on the command line (None: not given)."""
+    return {f.name: getattr(args, f.name, None) for f in _config_fields()}
+
+
 def _config(args: argparse.Namespace, **fixed) -> TrainConfig:
-    given = {f.name: getattr(args, f.name, None) for f in _config_fields()}
-    return config_from_preset(args.preset, **{**given, **fixed})
+    return config_from_preset(args.preset, **{**_given(args), **fixed})
 
 
 def _config_fields():
@@ -296,16 +301,24 @@ def compare(
     With `reuse`, a finished run already at its directory with the same settings is kept. `jobs`
     runs are trained at a time, each in a fresh Python process of its own (no progress bars
     then); under torchrun every run uses all the ranks, one after another."""
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs must be an integer ≥ 1, got {jobs!r}")
-    if jobs > 1 and "RANK" in os.environ:
-        raise ValueError("jobs > 1 trains runs in processes of their own; under torchrun every run uses all ranks")
-    # every config and directory is checked before the first run starts
     configs = {
         (rule if len(seeds) == 1 else f"{rule}-seed{seed}"): replace(base, rule=rule, seed=seed)
         for seed in seeds
         for rule in rules
     }
+    return train_runs(configs, out, overwrite=overwrite, quiet=quiet, reuse=reuse, jobs=jobs)
+
+
+def train_runs(
+    configs: dict, out: Path, *, overwrite: bool = False, quiet: bool = False, reuse: bool = False, jobs: int = 1
+) -> dict[str, Path]:
+    """Train each {run name: TrainConfig} of `configs` into OUT/<name>: {run name: run directory}
+    (`compare`'s options)."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an integer ≥ 1, got {jobs!r}")
+    if jobs > 1 and "RANK" in os.environ:
+        raise ValueError("jobs > 1 trains runs in processes of their own; under torchrun every run uses all ranks")
+    # every config and directory is checked before the first run starts
     runs = {name: out / name for name in configs}
     kept = {name for name, cfg in configs.items() if reuse and _finished_with(runs[name], cfg)}
     if _is_main():
@@ -532,15 +545,29 @@ def default_sample_dir() -> Path:
     return data_path("sample_run")
 
 
+# the sample run that shows learning: the default preset's run, recorded as the sample preset's
+SAMPLE_LEARNING = "learning"
+
+
+def sample_configs(rules: list[str], **overrides) -> dict[str, TrainConfig]:
+    """The runs of the shipped sample, {name: settings}: each rule under the sample preset (a
+    collapse beside rules that do not collapse), named for its rule, and SAMPLE_LEARNING, the
+    default preset's dppo_binary_tv run (what the demo trains: it learns), recorded with the
+    sample's keep_rate. `overrides` (None: not given) apply to all of them."""
+    base = config_from_preset("sample", **overrides)
+    learning = config_from_preset("default", **{**overrides, "rule": "dppo_binary_tv", "keep_rate": base.keep_rate})
+    return {**{rule: replace(base, rule=rule) for rule in rules}, SAMPLE_LEARNING: learning}
+
+
 def _make_sample(args: argparse.Namespace) -> int:
     out = args.out or default_sample_dir()
-    base = _config(args)
+    configs = sample_configs(args.rules, **_given(args))
     try:
-        compare(args.rules, [base.seed], out, base, overwrite=True, quiet=args.quiet)
+        train_runs(configs, out, overwrite=True, quiet=args.quiet, reuse=args.reuse, jobs=args.jobs)
     finally:
         _finish()
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    print(f"sample runs ({', '.join(args.rules)}) written to {out}, {size / 1e6:.1f} MB")
+    print(f"sample runs ({', '.join(configs)}) written to {out}, {size / 1e6:.1f} MB")
     return 0
 
 

@@ -91,15 +91,14 @@ class TrainConfig:
         )
 
 
+_COLLAPSE = dict(rollout_precision="fp8", rollout_lag=16, lr=6e-5, steps=250, eval_every=10)
+
 # Named settings; explicit flags override them. "default" is what `trustlens train` runs.
 PRESETS: dict[str, dict] = {
     # what `trustlens train` and `trustlens demo` run: the TrainConfig defaults (τ = 0.5 rollouts)
     "default": {},
     # seconds: a smoke test of the whole pipeline
     "quick": dict(steps=3, prompts_per_step=4, group_size=4, minibatches=2, eval_every=3, eval_size=16),
-    # the shipped sample run (data/sample_run): small files; π moves far enough from μ in a step
-    # for the rules to block and disagree (and for pg_is to start collapsing)
-    "sample": dict(steps=40, prompts_per_step=8, minibatches=8, lr=5e-5, temperature=1.0, eval_every=10, eval_size=100),
     # asynchronous RL: rollouts come from weights two steps old; the mismatch grows with how far
     # the policy moves in two steps (this and the presets below sample at τ = 1, as measured)
     "stale": dict(rollout_lag=2, temperature=1.0),
@@ -109,7 +108,11 @@ PRESETS: dict[str, dict] = {
     # on rollouts of an fp8 engine whose weights are 16 steps old, so that μ drifts far from π;
     # measured (docs/train.md): pg_is and cispo collapse on every seed within 250 steps,
     # dppo_binary_tv never does
-    "collapse": dict(rollout_precision="fp8", rollout_lag=16, lr=6e-5, steps=250, eval_every=10),
+    "collapse": _COLLAPSE,
+    # the shipped sample runs (data/sample_run, `trustlens make-sample`): the collapse preset on
+    # seed 1 (of the claims runs, where pg_is collapses soonest), every token that matters kept
+    # and 3% of the rest, so that a run is about 1.5 MB
+    "sample": {**_COLLAPSE, "seed": 1, "keep_rate": 0.03},
     # more updates per rollout batch and a larger step: π drifts far from μ, rules disagree most
     "offpolicy": dict(minibatches=8, epochs=2, lr=1e-4, temperature=1.0),
 }
