@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "claims": ("trustlens.train.commands", "measure the DPPO paper's six claims over rules × seeds; writes a report"),
     "demo": ("trustlens.train.commands", "the main job: the default training run, then the dashboard on it"),
-    "make-sample": ("trustlens.train.commands", "regenerate the shipped sample run (data/sample_run)"),
+    "make-sample": ("trustlens.train.commands", "regenerate the shipped sample runs (data/sample_run)"),
     "export": ("trustlens.export.exporters", "recorded runs to TensorBoard or W&B: per-step scalars and alerts"),
     "report": ("trustlens.report.page", "one self-contained HTML report of recorded runs (opens without a network)"),
     "warmup": ("trustlens.train.warmup", "rebuild the warm-start checkpoint (supervised warm-up to mediocre accuracy)"),

@@ -6,7 +6,7 @@ trustlens.plots, no JavaScript bundle) and a static SVG copy drawn by kaleido wi
 Chromium, which is what a code host that runs no JavaScript shows (SVG: a third of a PNG's size
 for these charts, and sharp). Without kaleido or a browser it keeps the JSON only and says so.
 
-`sample_runs` loads the shipped sample (one recorded run per rule, `trustlens make-sample`);
+`sample_runs` loads the shipped sample (one run per rule and a learning run, `trustlens make-sample`);
 when the data folder has none, it writes synthetic runs of the same rules instead and says so.
 """
 
@@ -94,7 +94,7 @@ def sample_dir() -> Path:
 
 
 def sample_runs(folder: str | os.PathLike | None = None) -> dict[str, Run]:
-    """The sample runs by directory name (one per rule, e.g. "ppo", "dppo_binary_tv", "pg_is").
+    """The sample runs by directory name ("ppo", "dppo_binary_tv", "pg_is" and "learning").
 
     folder: a folder of runs (default `sample_dir()`). When the default has no runs, synthetic
     runs of FALLBACK_RULES are written to a temporary folder instead (the pg_is one with a

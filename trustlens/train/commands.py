@@ -3,7 +3,7 @@
     trustlens train --rule dppo_binary_tv --steps 60 --out runs/dppo --seed 0
     trustlens compare --rules ppo,dppo_binary_tv,pg_is --steps 60 --out runs/
     trustlens demo                      # the default run, then the dashboard on it
-    trustlens make-sample               # regenerate the shipped sample run, data/sample_run
+    trustlens make-sample               # regenerate the shipped sample runs, data/sample_run
     trustlens claims --seeds 0,1,2      # the paper's claims C1–C6 measured: runs/claims/claims.md
 
 Data parallel on CPU: `torchrun --nproc_per_node 2 -m trustlens.cli train ...` (gloo); each rank
