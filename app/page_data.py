@@ -30,15 +30,27 @@ from trustlens.analysis import (
 )
 from trustlens.analysis import tokens as tq
 from trustlens.analysis.clipping import default_rule_pair
+from trustlens.analysis.seeds import accuracy_per_step
 
 _LOG = logging.getLogger(__name__)
 _warmed: set[tuple] = set()  # (path, signature, query) already warmed in this process
 _warming = threading.Lock()  # held while a warmer runs: at most one at a time
 
 
-def overview(ctx: ui.Context) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """Per-step summary and blocked fractions (filtered), collapse signals and alerts (whole run)."""
-    return (ui.on_steps(step_summary, ctx), ui.on_steps(blocked_per_step, ctx), *ui.signals_and_alerts(*ctx.key))
+@st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)
+def _accuracy(path: str, signature: tuple) -> list[tuple[int, float]]:
+    return accuracy_per_step(ui.run_at(path, signature))
+
+
+def overview(ctx: ui.Context) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, list]:
+    """Per-step summary and blocked fractions (filtered), collapse signals and alerts, and the
+    held-out accuracy of each evaluation, (step, accuracy) (whole run)."""
+    return (
+        ui.on_steps(step_summary, ctx),
+        ui.on_steps(blocked_per_step, ctx),
+        *ui.signals_and_alerts(*ctx.key),
+        _accuracy(*ctx.key),
+    )
 
 
 @st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)

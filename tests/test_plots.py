@@ -128,6 +128,14 @@ def test_overlay_runs_escapes_names(run):
     assert len(fig.data) == 4  # two runs × two present columns
 
 
+def test_accuracy_curve_draws_the_evaluations_and_the_collapse_line():
+    fig = P.accuracy_curve([(20, 0.5), (0, 0.44), (10, 0.2)])
+    (line,) = fig.data
+    assert list(line.x) == [0, 10, 20] and list(line.y) == [0.44, 0.2, 0.5]  # in step order
+    (half,) = fig.layout.shapes
+    assert half.y0 == half.y1 == pytest.approx(0.22) and half.line.dash == "dash"
+
+
 def test_large_series_are_thinned():
     n = 50_000
     df = pl.DataFrame(
@@ -153,6 +161,7 @@ def test_empty_inputs_draw_a_message():
         P.blocked_tokens_bar(pl.DataFrame(schema={"rule": pl.String, "token": pl.String})),
         P.collapse_timeline(pl.DataFrame(schema={"step": pl.Int32})),
         P.overlay_runs({}, "entropy"),
+        P.accuracy_curve([]),
         P.confusion_heatmap(empty.with_columns()),
     ):
         assert isinstance(fig, go.Figure) and fig.layout.annotations

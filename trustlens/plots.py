@@ -574,8 +574,29 @@ def overlay_runs(
     return fig
 
 
+def accuracy_curve(accuracy: Sequence[tuple[int, float]], *, title: str = "Held-out accuracy") -> go.Figure:
+    """Held-out accuracy per evaluation (`analysis.seeds.accuracy_per_step`: (step, accuracy)
+    pairs), with the collapse line of `analysis.collapse.collapse_onset` dashed: half the first
+    evaluation's accuracy."""
+    if not accuracy:
+        return _empty(title, "no held-out accuracy logged (eval/accuracy)")
+    steps, values = zip(*sorted(accuracy), strict=True)
+    fig = go.Figure(go.Scatter(x=list(steps), y=list(values), mode="lines+markers", name="accuracy"))
+    fig.add_hline(
+        y=values[0] / 2,
+        line_dash="dash",
+        line_color=SEVERITY_COLOURS["critical"],
+        annotation_text="collapse line: half the start",
+        annotation_position="bottom right",
+    )
+    fig.update_layout(title=safe_text(title), xaxis_title="step", yaxis_title="accuracy", height=320)
+    fig.update_yaxes(rangemode="tozero")
+    return fig
+
+
 __all__ = [
     "MAX_POINTS",
+    "accuracy_curve",
     "blocked_by_bucket_bar",
     "blocked_per_step_lines",
     "blocked_tokens_bar",

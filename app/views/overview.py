@@ -9,7 +9,7 @@ from trustlens import plots
 ctx = ui.need_tokens(ui.context())
 ui.header("Overview", ctx)
 
-summary, blocked, signals, alerts = page_data.overview(ctx)
+summary, blocked, signals, alerts, accuracy = page_data.overview(ctx)
 if summary.is_empty():
     st.warning("No token matches the sidebar filters.")
     st.stop()
@@ -20,7 +20,7 @@ last_signals = signals.filter(signals["step"] <= last["step"]).tail(1).to_dicts(
 reward = last_signals[0].get("reward") if last_signals else None
 critical = alerts.filter(alerts["severity"] == "critical").height
 
-cols = st.columns(7)
+cols = st.columns(8 if accuracy else 7)
 cols[0].metric("Steps", f"{summary.height}", help=f"steps {summary['step'][0]}–{last['step']} in the filters")
 cols[1].metric(
     "Tokens",
@@ -47,12 +47,24 @@ cols[6].metric(
 )
 cols[4].metric("Reward", "n/a" if reward is None else f"{reward:.3g}", help="mean reward of the last step")
 cols[5].metric("Alerts", f"{alerts.height}", delta=f"{critical} critical" if critical else None, delta_color="inverse")
+if accuracy:
+    (first_step, first), (last_step, final) = accuracy[0], accuracy[-1]
+    cols[7].metric(
+        "Held-out accuracy",
+        f"{final:.3f}",
+        delta=f"{final - first:+.3f} since step {first_step}",
+        help=f"eval/accuracy at step {last_step}, the run's last evaluation, against its first",
+    )
 
 left, right = st.columns(2)
 with left:
     ui.chart(plots.blocked_per_step_lines(blocked), "ov_blocked", ctx=ctx)
 with right:
     ui.chart(plots.collapse_timeline(signals, alerts, panels=("entropy", "reward")), "ov_timeline", ctx=ctx)
+if accuracy:
+    left, _ = st.columns(2)
+    with left:
+        ui.chart(plots.accuracy_curve(accuracy), "ov_accuracy")
 
 st.subheader("Alerts")
 ui.alert_list(ctx, alerts, limit=8, key="ov_alert")
