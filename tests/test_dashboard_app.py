@@ -125,7 +125,7 @@ def test_overview_shows_key_figures_curves_and_alerts(monkeypatch, runs):
     at = _open(_pick_run(_app(monkeypatch, runs).run(), "a_collapse"), "views/overview.py")
     assert len(at.metric) >= 4
     assert len(at.get("plotly_chart")) >= 1
-    assert "Held-out accuracy" not in [m.label for m in at.metric]  # the run logged no evaluation
+    assert "Accuracy" not in [m.label for m in at.metric]  # the run logged no evaluation
 
 
 def test_sidebar_filters_are_shared_by_the_pages(monkeypatch, runs):
@@ -475,5 +475,5 @@ def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
             assert any("are exact, from the run's aggregates" in i.value for i in at.info), page
         if page == "views/overview.py":  # every token of the run, not the kept rows
             assert next(m for m in at.metric if m.label == "Tokens").value == f"{4 * 8 * 12:,}"
-            accuracy = next(m for m in at.metric if m.label == "Held-out accuracy")
-            assert (accuracy.value, accuracy.delta) == ("0.550", "+0.150 since step 0")
+            accuracy = next(m for m in at.metric if m.label == "Accuracy")
+            assert (accuracy.value, accuracy.delta) == ("0.550", "+0.150")

@@ -587,7 +587,7 @@ def accuracy_curve(accuracy: Sequence[tuple[int, float]], *, title: str = "Held-
         line_dash="dash",
         line_color=SEVERITY_COLOURS["critical"],
         annotation_text="collapse line: half the start",
-        annotation_position="bottom right",
+        annotation_position="top right",
     )
     fig.update_layout(title=safe_text(title), xaxis_title="step", yaxis_title="accuracy", height=320)
     fig.update_yaxes(rangemode="tozero")

@@ -50,10 +50,11 @@ cols[5].metric("Alerts", f"{alerts.height}", delta=f"{critical} critical" if cri
 if accuracy:
     (first_step, first), (last_step, final) = accuracy[0], accuracy[-1]
     cols[7].metric(
-        "Held-out accuracy",
+        "Accuracy",
         f"{final:.3f}",
-        delta=f"{final - first:+.3f} since step {first_step}",
-        help=f"eval/accuracy at step {last_step}, the run's last evaluation, against its first",
+        delta=f"{final - first:+.3f}",
+        help=f"held-out accuracy (eval/accuracy) at step {last_step}, the run's last evaluation; the change "
+        f"since its first, at step {first_step}",
     )
 
 left, right = st.columns(2)
