@@ -100,7 +100,7 @@ PRESETS: dict[str, dict] = {
     # seconds: a smoke test of the whole pipeline
     "quick": dict(steps=3, prompts_per_step=4, group_size=4, minibatches=2, eval_every=3, eval_size=16),
     # asynchronous RL: rollouts come from weights two steps old; the mismatch grows with how far
-    # the policy moves in two steps (this and the presets below sample at τ = 1, as measured)
+    # the policy moves in two steps (this, fp8 and offpolicy sample at τ = 1, as measured)
     "stale": dict(rollout_lag=2, temperature=1.0),
     # a W8A8 float8 inference engine (weights and activations of the blocks' linear layers)
     "fp8": dict(rollout_precision="fp8", temperature=1.0),
