@@ -21,6 +21,7 @@ from trustlens.analysis import (
 )
 from trustlens.analysis.clipping import figure1_density
 from trustlens.analysis.findings import blocked_anchor_quantiles
+from trustlens.analysis.sweep import threshold_sweep
 from trustlens.run import load_run
 from trustlens.synthetic import write_run, write_synthetic_run
 
@@ -212,3 +213,19 @@ def test_the_figure_1_density_counts_the_tokens_the_rows_stand_for(pair):
         return df.filter(pl.col("x_hi") <= 0.1 + 1e-12)["count"].sum() / df["count"].sum()
 
     assert low(got) == pytest.approx(low(want), abs=0.02)
+
+
+def test_the_threshold_sweep_counts_the_tokens_the_rows_stand_for(pair):
+    full, sampled = pair
+    want, got = (threshold_sweep(run.tokens, ["ppo", "dppo_binary_tv"], (0.5, 1.0, 2.0)) for run in pair)
+    keys = ["rule", "scale"]
+    assert got.select(keys).equals(want.select(keys))
+    # at scale ≥ 1 every token a rule blocks was kept with weight 1: the same blocked counts
+    at_least_one = pl.col("scale") >= 1
+    assert got.filter(at_least_one)["blocked"].to_list() == want.filter(at_least_one)["blocked"].to_list()
+    # counts and rates are estimates from the weighted rows; unweighted, the kept rows (all of the
+    # tail and every blocked token) put PPO's rate at several times the run's
+    assert got["count"].to_list() == pytest.approx(want["count"].to_list(), rel=0.05)
+    assert got["blocked_frac"].to_list() == pytest.approx(want["blocked_frac"].to_list(), abs=0.02)
+    rows_alone = threshold_sweep(sampled.tokens.drop("weight"), ["ppo"], (1.0,))["blocked_frac"].item()
+    assert rows_alone > 2 * want.filter((pl.col("rule") == "ppo") & (pl.col("scale") == 1))["blocked_frac"].item()

@@ -19,7 +19,15 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import polars as pl
 
-from trustlens.analysis.buckets import MIN_P, PER_DECADE, anchor_column, bucket_expr, bucket_table, rules_of
+from trustlens.analysis.buckets import (
+    MIN_P,
+    PER_DECADE,
+    anchor_column,
+    bucket_expr,
+    bucket_table,
+    row_weight,
+    rules_of,
+)
 from trustlens.rules import Rule, evaluate_columns, get_rule, rule_columns
 
 # Default scales of every rule's thresholds: a quarter of the recorded thresholds up to four times.
@@ -34,7 +42,7 @@ SWEEP_SCHEMA: dict[str, pl.DataType] = {
     "scale": pl.Float64(),  # factor applied to both thresholds
     "low": pl.Float64(),  # threshold used when A < 0
     "high": pl.Float64(),  # threshold used when A > 0
-    "count": pl.Int64(),  # A ≠ 0 tokens where the rule could be evaluated
+    "count": pl.Int64(),  # A ≠ 0 tokens where the rule could be evaluated (a sampled run: Σ weight, rounded)
     "blocked": pl.Int64(),  # of those, tokens it blocks at these thresholds
     "blocked_frac": pl.Float64(),  # blocked / count (null when count is 0)
     "count_pos": pl.Int64(),  # tokens with A > 0 (the `high` side)
@@ -89,8 +97,10 @@ def threshold_sweep(
 
     The anchor is μ, or π_old in a run without μ (as the recorder anchors it). Rows where a rule's
     inputs are null (no π_old, no top-K, no advantage) are not counted for that rule. Block rates
-    are over A ≠ 0 tokens; A = 0 tokens (never blocked) are counted apart in `count_zero`.
-    Columns: rule, scale, low, high, [bucket, p_lo, p_hi, label,] count, blocked, blocked_frac,
+    are over A ≠ 0 tokens; A = 0 tokens (never blocked) are counted apart in `count_zero`. In a
+    sampled run (`Keep`) each kept row counts its `weight`: the counts estimate the run's tokens
+    (rounded), and at scales below 1 the random share stands for the tokens not kept that the
+    rule would now block. Columns: rule, scale, low, high, [bucket, p_lo, p_hi, label,] count, blocked, blocked_frac,
     count_pos, blocked_frac_pos (A > 0), count_neg, blocked_frac_neg (A < 0), count_zero.
     """
     names = tokens.collect_schema().names()
@@ -115,17 +125,19 @@ def threshold_sweep(
     inputs = sorted({c for cols in needs.values() for c in cols})
     n_buckets = bucket_table(min_p, per_decade).height
     size = n_buckets * len(_SIDES)
-    # counts[rule] is (n_buckets, 3), blocked[rule] (scales, n_buckets, 3); sides as in _SIDES
-    counts = {r: np.zeros((n_buckets, len(_SIDES)), np.int64) for r in rules}
-    blocked = {r: np.zeros((len(scales), n_buckets, len(_SIDES)), np.int64) for r in rules}
+    # counts[rule] is (n_buckets, 3), blocked[rule] (scales, n_buckets, 3), Σ weight; sides as in _SIDES
+    counts = {r: np.zeros((n_buckets, len(_SIDES))) for r in rules}
+    blocked = {r: np.zeros((len(scales), n_buckets, len(_SIDES))) for r in rules}
     adv = pl.col("advantage")
     side = pl.when(adv < 0).then(0).when(adv > 0).then(1).otherwise(2)
     query = tokens.select(
         *map(pl.col, inputs),
         (bucket_expr(anchor, min_p, per_decade).fill_null(0) * len(_SIDES) + side).alias("_cell"),
+        (row_weight() if "weight" in names else pl.lit(1.0)).alias("_weight"),
     )
     for batch in query.collect_batches(chunk_size=batch_rows):
         cell = batch["_cell"].to_numpy().astype(np.int64)
+        weight = batch["_weight"].to_numpy()
         for i, s in enumerate(scales):
             scaled = [rule.with_thresholds(s * thresholds[r][0], s * thresholds[r][1]) for r, rule in resolved.items()]
             decided = evaluate_columns(scaled, batch, mu=anchor)
@@ -133,9 +145,9 @@ def threshold_sweep(
                 col = decided[r]
                 known = col.is_not_null().to_numpy()
                 if i == 0:
-                    counts[r] += np.bincount(cell[known], minlength=size).reshape(n_buckets, len(_SIDES))
+                    counts[r] += np.bincount(cell[known], weight[known], size).reshape(n_buckets, len(_SIDES))
                 hit = col.fill_null(False).to_numpy()
-                blocked[r][i] += np.bincount(cell[hit], minlength=size).reshape(n_buckets, len(_SIDES))
+                blocked[r][i] += np.bincount(cell[hit], weight[hit], size).reshape(n_buckets, len(_SIDES))
     return _table(rules, scales, thresholds, counts, blocked, by_bucket, min_p, per_decade)
 
 
@@ -149,6 +161,7 @@ def _table(rules, scales, thresholds, counts, blocked, by_bucket, min_p, per_dec
             n, k = counts[r], blocked[r][i]
             if not by_bucket:
                 n, k = n.sum(0, keepdims=True), k.sum(0, keepdims=True)
+            n, k = np.rint(n).astype(np.int64), np.rint(k).astype(np.int64)
             for b in range(n.shape[0]):
                 records.append(
                     {
