@@ -48,10 +48,13 @@ plots.overlay_runs(signals, ["reward", "entropy"], max_points=POINTS, title="Rew
 # pg_is run's k3 rises from 0.077 to 0.245 nats (means over its first and last 25 steps) as its
 # reward falls (above), while the DPPO run's goes from 0.046 to 0.053 and PPO's from 0.028 to
 # 0.045 (`trustlens.analysis.run_outcomes`: k3_start, k3_end); compare trends, not single steps.
+# The sample runs are recorded with sampling: the token-level means come exact from their
+# aggregates (`exact_aggregates`; None for a run that recorded every token). Sequence-level
+# metrics such as `log_ppl_abs_diff` need whole responses: on your own full runs, add them.
 
 # %%
-mismatch = {name: A.mismatch_per_step(run.tokens) for name, run in runs.items()}
-plots.overlay_runs(mismatch, ["k3_kl", "prob_diff_mean", "log_ppl_abs_diff"], max_points=POINTS,
+mismatch = {name: A.mismatch_per_step(run.tokens, aggregates=A.exact_aggregates(run)) for name, run in runs.items()}
+plots.overlay_runs(mismatch, ["k3_kl", "prob_diff_mean"], max_points=POINTS,
                    title="Training-inference mismatch per run").show()
 
 # %% [markdown]
