@@ -216,7 +216,6 @@ def test_the_figure_1_density_counts_the_tokens_the_rows_stand_for(pair):
 
 
 def test_the_threshold_sweep_counts_the_tokens_the_rows_stand_for(pair):
-    full, sampled = pair
     want, got = (threshold_sweep(run.tokens, ["ppo", "dppo_binary_tv"], (0.5, 1.0, 2.0)) for run in pair)
     keys = ["rule", "scale"]
     assert got.select(keys).equals(want.select(keys))
@@ -227,5 +226,5 @@ def test_the_threshold_sweep_counts_the_tokens_the_rows_stand_for(pair):
     # tail and every blocked token) put PPO's rate at several times the run's
     assert got["count"].to_list() == pytest.approx(want["count"].to_list(), rel=0.05)
     assert got["blocked_frac"].to_list() == pytest.approx(want["blocked_frac"].to_list(), abs=0.02)
-    rows_alone = threshold_sweep(sampled.tokens.drop("weight"), ["ppo"], (1.0,))["blocked_frac"].item()
+    rows_alone = threshold_sweep(pair[1].tokens.drop("weight"), ["ppo"], (1.0,))["blocked_frac"].item()
     assert rows_alone > 2 * want.filter((pl.col("rule") == "ppo") & (pl.col("scale") == 1))["blocked_frac"].item()
