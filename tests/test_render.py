@@ -107,6 +107,22 @@ def test_colored_tokens_one_span_per_token_with_colours_and_rings():
     assert "blocked by: ppo, dppo_binary_tv" in titles[2]
 
 
+def test_positions_with_no_row_are_marked_between_the_tokens():
+    # a sampled run kept positions 2, 3 and 7 of a response: 0–1 and 4–6 have no row
+    markup = colored_tokens_html(["a", "b", "c"], [1.0, 1.0, 1.0], positions=[2, 3, 7])
+    spans = re.findall(r'<span style="[^"]*" title="([^"]*)">([^<]*)</span>', markup)
+    assert [text for _, text in spans] == ["…", "a", "b", "…", "c"]
+    titles = [html.unescape(title) for title, _ in spans]
+    assert titles[0].startswith("position(s) 0–1: not recorded") and titles[3].startswith("position(s) 4–6:")
+    assert titles[1].startswith("#2  a") and titles[4].startswith("#7  c")
+    one = colored_tokens_html(["a", "b"], [1.0, 1.0], positions=[0, 2])  # one missing: "1", not "1–1"
+    assert "position(s) 1: not recorded" in html.unescape(one)
+    # every position recorded (a full run): no marker, as without positions
+    assert colored_tokens_html(["a", "b"], [1.0, 1.0], positions=[0, 1]) == colored_tokens_html(["a", "b"], [1.0, 1.0])
+    with pytest.raises(ValueError, match=r"positions has 1 entries but tokens has 2"):
+        colored_tokens_html(["a", "b"], [1.0, 1.0], positions=[0])
+
+
 def test_colored_tokens_newline_breaks_line():
     markup = colored_tokens_html(["x\n", "y"], [0.0, 0.0])
     assert "↵</span><br>" in markup

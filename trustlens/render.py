@@ -46,6 +46,8 @@ EXTRA_COLOURS = ("#F0E442", "#1F3A93", "#E377C2", "#2CA02C", "#A50026", "#FF7F0E
 # Colours of things compared that are not rules (runs), in the order given.
 SERIES_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000", "#8C564B")
 OUTLINE_PX = 2
+# the marker of positions with no token row, between two drawn tokens
+_GAP_STYLE = "display:inline-block;padding:1px 2px;margin:1px 2px;color:#888;font-family:monospace"
 
 # Quantities whose natural centre is not 0 (the ratio is 1 where π = μ).
 _CENTRES = {"ratio": 1.0}
@@ -177,6 +179,7 @@ def colored_tokens_html(
     scale: float | None = None,
     blocked: Mapping[str, Sequence[bool | None]] | None = None,
     hover: Mapping[str, Sequence[object]] | None = None,
+    positions: Sequence[int] | None = None,
 ) -> str:
     """One response as HTML: a <div> of inline <span>s, one per token.
 
@@ -188,6 +191,10 @@ def colored_tokens_html(
     blocked  rule → per-token "blocked" flags: each blocked token gets a ring in the rule's colour
              (rings stack when several rules block it)
     hover    extra column → per-token values listed in the hover text
+    positions each token's position in the response (the `pos` column), ascending: shown in the
+             hover text, and a run of positions with no row between two tokens (a sampled run
+             keeps only some tokens) is drawn as one grey "…" saying which are missing; default
+             0, 1, 2, …
     """
     n = len(tokens)
     blocked = dict(blocked or {})
@@ -196,6 +203,7 @@ def colored_tokens_html(
         ("values", values),
         *((f"blocked[{k!r}]", v) for k, v in blocked.items()),
         *((f"hover[{k!r}]", v) for k, v in hover.items()),
+        *((("positions", positions),) if positions is not None else ()),
     ):
         if len(seq) != n:
             raise ValueError(f"{name} has {len(seq)} entries but tokens has {n}")
@@ -205,8 +213,14 @@ def colored_tokens_html(
         scale = max((abs(v - centre) for v in nums if v is not None), default=0.0)
     colours = rule_colours(list(blocked))
 
+    at = list(range(n)) if positions is None else [int(p) for p in positions]
     spans = []
     for i, (tok, v) in enumerate(zip(tokens, nums, strict=True)):
+        expected = at[i - 1] + 1 if i else 0
+        if at[i] > expected:
+            missing = f"{expected}" if at[i] == expected + 1 else f"{expected}–{at[i] - 1}"
+            title = html.escape(f"position(s) {missing}: not recorded (a sampled run keeps only some tokens)")
+            spans.append(f'<span style="{_GAP_STYLE}" title="{title}">…</span>')
         rings = [colours[r] for r, flags in blocked.items() if flags[i]]
         shadow = ", ".join(f"0 0 0 {OUTLINE_PX * (k + 1)}px {c}" for k, c in enumerate(rings))
         style = (
@@ -215,7 +229,7 @@ def colored_tokens_html(
             f"background:{diverging_colour(v, centre, scale)};color:{_text_colour(v, centre, scale)};"
             + (f"box-shadow:{shadow};" if shadow else "")
         )
-        lines = [f"#{i}  {visible_text(tok)}", f"{quantity} = {_format_value(v)}"]
+        lines = [f"#{at[i]}  {visible_text(tok)}", f"{quantity} = {_format_value(v)}"]
         lines += [f"{k} = {_format_value(seq[i])}" for k, seq in hover.items()]
         blockers = [r for r, flags in blocked.items() if flags[i]]
         lines.append("blocked by: " + (", ".join(blockers) if blockers else "none"))

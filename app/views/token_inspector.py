@@ -126,9 +126,13 @@ st.html(
         quantity=quantity,
         blocked={r: tokens[blocked_column(r)].to_list() for r in rules},
         hover={c: tokens[c].to_list() for c in COLOUR_BY if c in tokens.columns and c != quantity},
+        positions=tokens["pos"].to_list(),
     )
 )
-st.caption("Hover a token for every recorded value; rings mark the rules that block it.")
+st.caption(
+    "Hover a token for every recorded value; rings mark the rules that block it; … marks positions "
+    "with no recorded row (a sampled run keeps every token that matters and a share of the rest)."
+)
 with st.expander("This sample's tokens as a table"):
     ui.dataframe(tokens)
 if target.get("query") is not None:

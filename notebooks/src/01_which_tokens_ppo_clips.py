@@ -117,6 +117,7 @@ for example in examples.unique("case", keep="first", maintain_order=True).iter_r
         blocked={r: response[f"blocked_{r}"].to_list() for r in shown},
         hover={"μ": response["mu_logp"].exp().to_list(), "π": response["pi_logp"].exp().to_list(),
                "advantage": response["advantage"].to_list()},
+        positions=response["pos"].to_list(),  # … marks positions a sampled run did not keep
     )))
 if examples.is_empty():
     print("no token of this run matches either case")

@@ -202,6 +202,7 @@ def token_sample(run) -> str:
             quantity=quantity,
             blocked={r: rows[BLOCKED_PREFIX + r].to_list() for r in shown},
             hover={c: rows[c].to_list() for c in hover},
+            positions=rows["pos"].to_list(),
         )
     )
 
