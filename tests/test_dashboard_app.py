@@ -2,6 +2,7 @@
 the `trustlens dashboard` launcher."""
 
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -466,6 +467,7 @@ def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
             rec.log_metrics(step, {"reward/mean": 0.5})
             if step in (0, 3):  # held-out evaluations, as the built-in trainer logs them
                 rec.log_metrics(step, {"eval/accuracy": 0.4 if step == 0 else 0.55})
+            rec.log_samples(step, rewards=[1.0] * 8, lengths=[12] * 8)
     at = _app(monkeypatch, tmp_path).run()
     for page in PAGES:
         at = _open(at, page)
@@ -477,3 +479,8 @@ def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
             assert next(m for m in at.metric if m.label == "Tokens").value == f"{4 * 8 * 12:,}"
             accuracy = next(m for m in at.metric if m.label == "Accuracy")
             assert (accuracy.value, accuracy.delta) == ("0.550", "+0.150")
+        if page == "views/token_inspector.py":  # the response: its kept tokens, the others marked
+            (line,) = [m.value for m in at.markdown if m.value.startswith("**Response**")]
+            kept = int(re.match(r"\*\*Response\*\* · (\d+) of its 12 tokens kept", line).group(1))
+            drawn = next(h.proto.body for h in at.get("html") if "title=" in h.proto.body and "#" in h.proto.body)
+            assert kept < 12 and "not recorded (a sampled run keeps only some tokens)" in drawn

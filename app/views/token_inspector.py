@@ -116,7 +116,9 @@ if text is not None:
         f"**Prompt** · reward {ui.number(text.get('reward'))} · sequence advantage {ui.number(text.get('advantage'))}"
     )
     st.text(text.get("prompt") or "")
-st.markdown(f"**Response** · {tokens.height} tokens, coloured by {ui.md(quantity)}: {ui.md(column_doc(quantity))}")
+length = text.get("length") if text is not None else None
+count = f"{tokens.height} tokens" if length in (None, tokens.height) else f"{tokens.height} of its {length} tokens kept"
+st.markdown(f"**Response** · {count}, coloured by {ui.md(quantity)}: {ui.md(column_doc(quantity))}")
 rules = [r for r in ctx.rules if blocked_column(r) in tokens.columns]
 st.html(legend_html(rules, quantity=quantity))
 st.html(
