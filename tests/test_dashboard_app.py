@@ -479,6 +479,9 @@ def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
             assert next(m for m in at.metric if m.label == "Tokens").value == f"{4 * 8 * 12:,}"
             accuracy = next(m for m in at.metric if m.label == "Accuracy")
             assert (accuracy.value, accuracy.delta) == ("0.550", "+0.150")
+        if page == "views/mismatch.py":  # exact token-level tiles only: no sequence-level estimate
+            labels = [m.label for m in at.metric]
+            assert "prob_diff_mean" in labels and "log_ppl_abs_diff" not in labels
         if page == "views/token_inspector.py":  # the response: its kept tokens, the others marked
             (line,) = [m.value for m in at.markdown if m.value.startswith("**Response**")]
             kept = int(re.match(r"\*\*Response\*\* · (\d+) of its 12 tokens kept", line).group(1))

@@ -15,8 +15,11 @@ if reason is not None or per_step is None or by_bucket is None:
     st.info(f"The training-inference mismatch cannot be measured here: {ui.md(reason)}.")
     st.stop()
 
-# k3_kl first: a KL estimate that is never negative (mismatch_kl, the K1 estimate, can be)
-TILES = ("k3_kl", "mismatch_kl", "log_ppl_abs_diff", "chi2_token", "prob_diff_max", "prob_pearson")
+# k3_kl first: a KL estimate that is never negative (mismatch_kl, the K1 estimate, can be). A
+# sampled run keeps only some tokens of a response, so its sequence-level log_ppl_abs_diff is a
+# rough estimate (3× the full run's on a test run): the exact prob_diff_mean takes its tile.
+SEQUENCE_TILE = "prob_diff_mean" if ctx.run.sampled else "log_ppl_abs_diff"
+TILES = ("k3_kl", "mismatch_kl", SEQUENCE_TILE, "chi2_token", "prob_diff_max", "prob_pearson")
 last = per_step.row(-1, named=True)
 change = dict(mismatch_trend(per_step, TILES).summary.select("metric", "change").iter_rows())
 cols = st.columns(len(TILES))
