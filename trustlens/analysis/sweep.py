@@ -27,6 +27,7 @@ from trustlens.analysis.buckets import (
     bucket_table,
     row_weight,
     rules_of,
+    weighted,
 )
 from trustlens.rules import Rule, evaluate_columns, get_rule, rule_columns
 
@@ -100,7 +101,8 @@ def threshold_sweep(
     are over A ≠ 0 tokens; A = 0 tokens (never blocked) are counted apart in `count_zero`. In a
     sampled run (`Keep`) each kept row counts its `weight`: the counts estimate the run's tokens
     (rounded), and at scales below 1 the random share stands for the tokens not kept that the
-    rule would now block. Columns: rule, scale, low, high, [bucket, p_lo, p_hi, label,] count, blocked, blocked_frac,
+    rule would now block.
+    Columns: rule, scale, low, high, [bucket, p_lo, p_hi, label,] count, blocked, blocked_frac,
     count_pos, blocked_frac_pos (A > 0), count_neg, blocked_frac_neg (A < 0), count_zero.
     """
     names = tokens.collect_schema().names()
@@ -133,7 +135,7 @@ def threshold_sweep(
     query = tokens.select(
         *map(pl.col, inputs),
         (bucket_expr(anchor, min_p, per_decade).fill_null(0) * len(_SIDES) + side).alias("_cell"),
-        (row_weight() if "weight" in names else pl.lit(1.0)).alias("_weight"),
+        (row_weight() if weighted(tokens) else pl.lit(1.0)).alias("_weight"),
     )
     for batch in query.collect_batches(chunk_size=batch_rows):
         cell = batch["_cell"].to_numpy().astype(np.int64)
