@@ -131,6 +131,25 @@ def test_config_presets_and_validation():
         TrainConfig(rule="ppo2")
     with pytest.raises(ValueError, match="minibatches must be ≥ 1"):
         TrainConfig(minibatches=0)
+    with pytest.raises(ValueError, match="tv_bound must be in"):
+        TrainConfig(tv_bound=0.0)
+
+
+def test_tv_bound_sets_every_tv_rule_where_low_and_high_give_none():
+    cfg = config_from_preset("collapse", rule="dppo_binary_tv", high=0.2)
+    assert cfg.tv_bound == 0.1
+    rules = cfg.rule_thresholds()
+    assert rules["dppo_binary_tv"] == (0.1, 0.2)  # the active rule: high given, low from tv_bound
+    assert rules["dppo_topk_tv"] == rules["dppo_binary_tv_recompute"] == (0.1, 0.1)
+    assert rules["ppo"] == rules["dppo_binary_kl"] == rules["pg_is"] == (None, None)  # not TV-bounded
+    assert config_from_preset("default").rule_thresholds()["dppo_binary_tv"] == (None, None)
+
+
+def test_tv_bound_is_what_the_run_evaluates(tmp_path):
+    train(config_from_preset("quick", rule="ppo", tv_bound=0.1), tmp_path / "run", progress=False)
+    rules = trustlens.load_run(tmp_path / "run").manifest["rules"]
+    assert (rules["dppo_binary_tv"]["low"], rules["dppo_binary_tv"]["high"]) == (0.1, 0.1)
+    assert (rules["ppo"]["low"], rules["ppo"]["high"]) == (0.2, 0.2)
 
 
 def test_few_step_run_records_mu_old_and_pi(tmp_path):

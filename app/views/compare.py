@@ -100,7 +100,9 @@ if groups:
     st.caption(
         "Runs with the same settings but different seeds, grouped by rule: mean ± standard error "
         "(sample sd / √n). Block rates are over A ≠ 0 tokens; collapse = accuracy below half its "
-        "start, or the mean reward over 10% of the steps (≥ 5) below half the first window's."
+        "start, or the mean reward over 10% of the steps (≥ 5) below half the first window's; "
+        "within_noise counts the runs whose final accuracy level (mean of the last 10% of the "
+        "evaluations, ≥ 3) is within 2 binomial standard errors of their best level."
     )
     for i, (members, outcomes) in enumerate(groups):
         table = seed_table(outcomes)

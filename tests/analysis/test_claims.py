@@ -54,3 +54,31 @@ def test_claims_from_given_outcomes_equal_claims_that_compute_them(tmp_path):
     given = [c.line() for c in measure_claims(runs, run_outcomes(runs))]
     assert given == [c.line() for c in measure_claims(runs)]
     assert given[0].startswith("C1 ") and len(given) == 6
+
+
+def test_c3_holds_only_when_dppo_ends_within_noise_of_its_best(tmp_path):
+    from trustlens.analysis.claims import measure_claims
+    from trustlens.analysis.seeds import run_outcomes
+    from trustlens.run import load_run
+    from trustlens.synthetic import write_synthetic_run
+
+    runs = []
+    for rule in ("pg_is", "dppo_binary_tv"):
+        for seed in (0, 1):
+            path = tmp_path / f"{rule}-seed{seed}"
+            sizes = dict(steps=12, samples_per_step=16, seq_len=8)
+            write_synthetic_run(path, **sizes, rules=["pg_is", "dppo_binary_tv"], active_rule=rule, seed=seed)
+            runs.append(load_run(path))
+    free = pl.col("rule") == "pg_is"
+    outcomes = run_outcomes(runs).with_columns(
+        collapse_step=pl.when(free).then(6),
+        k3_start=pl.lit(0.01),
+        k3_end=pl.when(free).then(0.05).otherwise(0.01),
+        acc_drop=pl.when(free).then(0.3).otherwise(pl.Series([None, None, 0.01, 0.08])),
+        within_noise=pl.when(free).then(False).otherwise(pl.Series([None, None, True, False])),
+    )
+    c3 = measure_claims(runs, outcomes)[2]
+    assert c3.verdict == "does not hold at this scale"
+    assert "dppo_binary_tv ended within noise of its best on 1/2 (best − final accuracy level 0.045" in c3.line()
+    steady = outcomes.with_columns(within_noise=pl.when(free).then(False).otherwise(True))
+    assert measure_claims(runs, steady)[2].verdict == "holds"

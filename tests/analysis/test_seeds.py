@@ -6,7 +6,9 @@ import pytest
 from trustlens.analysis.seeds import (
     OUTCOME_SCHEMA,
     OUTCOMES,
+    accuracy_drop,
     csv_safe,
+    eval_window,
     format_mean_se,
     format_seed_table,
     mean_se,
@@ -28,9 +30,10 @@ def test_mean_se_by_hand():
     assert mean_se([1, 2, 3, 6])[1] == pytest.approx(math.sqrt(14 / 12))
 
 
-def _outcome(rule, seed, acc_final, collapse=None, block=0.1):
+def _outcome(rule, seed, acc_final, collapse=None, block=0.1, within_noise=None):
     row = {k: None for k in OUTCOME_SCHEMA}
     row |= {"run": f"{rule}-seed{seed}", "rule": rule, "seed": seed, "acc_final": acc_final, "block_rate": block}
+    row |= {"within_noise": within_noise}
     if collapse is not None:
         row |= {"collapse_step": collapse, "collapse_cause": "accuracy", "steps_to_collapse": float(collapse)}
     return row
@@ -38,8 +41,8 @@ def _outcome(rule, seed, acc_final, collapse=None, block=0.1):
 
 def test_seed_table_by_hand():
     rows = [
-        _outcome("ppo", 0, 0.30),
-        _outcome("ppo", 1, 0.50),
+        _outcome("ppo", 0, 0.30, within_noise=True),
+        _outcome("ppo", 1, 0.50, within_noise=False),
         _outcome("ppo", 2, 0.70),
         _outcome("pg_is", 0, 0.10, collapse=10),
         _outcome("pg_is", 1, 0.20, collapse=20),
@@ -48,7 +51,8 @@ def test_seed_table_by_hand():
     table = seed_table(pl.DataFrame(rows, schema=OUTCOME_SCHEMA))
     assert table["rule"].to_list() == ["ppo", "pg_is"]
     ppo, pg = table.iter_rows(named=True)
-    assert (ppo["n"], ppo["collapsed"]) == (3, 0)
+    assert (ppo["n"], ppo["collapsed"], ppo["within_noise"]) == (3, 0, 1)
+    assert pg["within_noise"] == 0  # no run knows its noise
     assert ppo["acc_final_mean"] == pytest.approx(0.5) and ppo["acc_final_se"] == pytest.approx(0.2 / math.sqrt(3))
     assert ppo["steps_to_collapse_mean"] is None
     assert ppo["block_rate_se"] == pytest.approx(0.0)
@@ -58,9 +62,27 @@ def test_seed_table_by_hand():
     # steps to collapse over the two seeds that collapsed: 15 ± 5
     assert pg["collapsed"] == 2
     assert (pg["steps_to_collapse_mean"], pg["steps_to_collapse_se"]) == (pytest.approx(15.0), pytest.approx(5.0))
-    assert table.columns == ["rule", "n", "collapsed", *(f"{o}_{s}" for o in OUTCOMES for s in ("mean", "se"))]
+    stats = [f"{o}_{s}" for o in OUTCOMES for s in ("mean", "se")]
+    assert table.columns == ["rule", "n", "collapsed", "within_noise", *stats]
     text = format_seed_table(table)
-    assert "0.500 ± 0.115" in text and "2/3" in text and "15.000 ± 5.000" in text
+    assert "0.500 ± 0.115" in text and "2/3" in text and "1/3" in text and "15.000 ± 5.000" in text
+
+
+def test_eval_window():
+    # 10% of the evaluations, at least 3, at most all of them
+    assert [eval_window(n) for n in (1, 2, 3, 26, 34, 35, 100)] == [1, 2, 3, 3, 3, 4, 10]
+
+
+def test_accuracy_drop_by_hand():
+    # 10 evaluations, w = 3: levels 0.4, 0.5, 0.6, 0.5, 0.4, 0.4, 0.4, 0.3 -> best 0.6, final 0.3
+    acc = [0.3, 0.4, 0.5, 0.6, 0.7, 0.2, 0.3, 0.7, 0.2, 0.0]
+    drop, noise = accuracy_drop(acc, eval_size=500)
+    assert drop == pytest.approx(0.3)
+    # p̄ = 0.45: 2·√(2 · 0.45 · 0.55 / (3 · 500))
+    assert noise == pytest.approx(2 * math.sqrt(2 * 0.45 * 0.55 / 1500))
+    # ending on the best level: no drop; without eval_size no noise
+    assert accuracy_drop([0.2, 0.3, 0.4, 0.5], eval_size=None) == (pytest.approx(0.0), None)
+    assert accuracy_drop([], eval_size=500) == (None, None)
 
 
 def test_format_and_csv_safety():
@@ -93,10 +115,14 @@ def test_run_outcome_by_hand(tmp_path):
         "reward": [1.0 if s < 6 else 0.0 for s, _ in rows],
     }
     metrics = {"step": [0, 6, 11], "name": ["eval/accuracy"] * 3, "value": [0.4, 0.22, 0.25]}  # 0.22 ≥ 0.4 / 2
-    run = load_run(write_run(tmp_path / "r", tokens=tokens, samples=samples, metrics=metrics, config={"seed": 7}))
+    config = {"seed": 7, "eval_size": 100}
+    run = load_run(write_run(tmp_path / "r", tokens=tokens, samples=samples, metrics=metrics, config=config))
     out = run_outcome(run)
     assert (out["rule"], out["seed"]) == ("ppo", 7)
     assert (out["acc_start"], out["acc_final"], out["acc_best"], out["acc_lowest"]) == (0.4, 0.25, 0.4, 0.22)
+    # one level of all 3 evaluations: no drop, within noise (2·√(2 · 0.29 · 0.71 / 300))
+    assert out["acc_drop"] == pytest.approx(0.0) and out["within_noise"] is True
+    assert out["acc_drop_noise"] == pytest.approx(2 * math.sqrt(2 * 0.29 * 0.71 / 300))
     assert (out["collapse_step"], out["collapse_cause"], out["steps_to_collapse"]) == (8, "reward", 8)
     assert out["block_rate"] == pytest.approx(0.5) and out["block_rate_low_mu"] == pytest.approx(1.0)
     assert out["k3_start"] == pytest.approx(0.0) and out["tv_end"] == pytest.approx(0.0)

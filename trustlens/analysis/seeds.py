@@ -5,6 +5,15 @@ Per run (`run_outcome`), with steps numbered as recorded:
     acc_start, acc_final, acc_best   held-out accuracy (`eval/accuracy`) at the first and the last
                                      evaluation, and the highest one
     acc_lowest                       the lowest evaluation (how far a run that did not collapse dipped)
+    acc_drop                         the best accuracy level minus the final one, a level being the
+                                     mean of `eval_window` consecutive evaluations (the final level:
+                                     the last ones); 0 when the final level is the best
+    acc_drop_noise                   2 standard errors of the difference of two levels when each
+                                     evaluation is a binomial proportion over the run's `eval_size`
+                                     problems: 2·√(2·p̄(1 − p̄) / (w · eval_size)), p̄ the mean of
+                                     the two levels; null when the run records no eval_size
+    within_noise                     acc_drop ≤ acc_drop_noise: the run ends within noise of its
+                                     best (null without acc_drop_noise)
     collapse_step                    the step the run collapsed at (`collapse_onset`), null if never
     collapse_cause                   "accuracy" or "reward", null if never
     block_rate                       share of the A ≠ 0 tokens the run's active rule blocked (all
@@ -22,7 +31,8 @@ below half the first evaluation's, or the first step whose trailing mean reward 
 steps is below half the mean reward of the first `window` steps, whichever comes first; `window`
 = max(5, round(0.1 · steps)) steps (`collapse_window`).
 
-Over seeds (`seed_table`), one row per rule: n (runs), collapsed (runs that collapsed), and for
+Over seeds (`seed_table`), one row per rule: n (runs), collapsed (runs that collapsed),
+within_noise (runs that ended within noise of their best), and for
 every outcome above `<name>_mean` and `<name>_se`, the standard error s/√n with s the sample
 standard deviation (ddof = 1; null for a single run). steps_to_collapse is averaged over the
 runs that collapsed only.
@@ -51,6 +61,7 @@ OUTCOMES: tuple[str, ...] = (
     "acc_final",
     "acc_best",
     "acc_lowest",
+    "acc_drop",
     "steps_to_collapse",
     "block_rate",
     "block_rate_low_mu",
@@ -102,6 +113,26 @@ def _block_rates(run, rule: str | None) -> tuple[float | None, float | None]:
     return (int(per_step["blocked"].sum()) / counted if counted else None), collect(tokens.select(rate_low)).item()
 
 
+def eval_window(evaluations: int) -> int:
+    """w, the evaluations averaged into one accuracy level: 10% of the run's evaluations, at
+    least 3 (all of them when there are fewer)."""
+    return min(evaluations, max(3, round(0.1 * evaluations)))
+
+
+def accuracy_drop(accuracy: list[float], eval_size: int | None) -> tuple[float | None, float | None]:
+    """(acc_drop, acc_drop_noise) of a run's evaluations in step order (module docstring); both
+    null without evaluations, the noise null without a positive eval_size."""
+    if not accuracy:
+        return None, None
+    w = eval_window(len(accuracy))
+    levels = [math.fsum(accuracy[i : i + w]) / w for i in range(len(accuracy) - w + 1)]
+    best, final = max(levels), levels[-1]
+    if not eval_size or eval_size <= 0:
+        return best - final, None
+    p = (best + final) / 2
+    return best - final, 2 * math.sqrt(2 * p * (1 - p) / (w * eval_size))
+
+
 def _ends(values: list[float | None], w: int) -> tuple[float | None, float | None]:
     finite = [v for v in values if v is not None and math.isfinite(v)]
     if not finite:
@@ -127,6 +158,7 @@ def run_outcome(run) -> dict:
     alerts = detect_collapse(run)
     critical = alerts["critical_step"].drop_nulls()
     first_critical = int(critical.min()) if len(critical) else None  # type: ignore[arg-type]
+    drop, noise = accuracy_drop([a for _, a in acc], config.get("eval_size"))
     return {
         "run": run.name,
         "rule": rule,
@@ -135,6 +167,9 @@ def run_outcome(run) -> dict:
         "acc_final": acc[-1][1] if acc else None,
         "acc_best": max(a for _, a in acc) if acc else None,
         "acc_lowest": min(a for _, a in acc) if acc else None,
+        "acc_drop": drop,
+        "acc_drop_noise": noise,
+        "within_noise": None if drop is None or noise is None else drop <= noise,
         "collapse_step": onset,
         "collapse_cause": cause,
         "steps_to_collapse": None if onset is None else onset - first,
@@ -154,6 +189,8 @@ OUTCOME_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "rule": pl.String,
     "seed": pl.Int64,
     **{k: pl.Float64 for k in OUTCOMES if k.startswith("acc_")},
+    "acc_drop_noise": pl.Float64,
+    "within_noise": pl.Boolean,
     "collapse_step": pl.Int64,
     "collapse_cause": pl.String,
     **{k: pl.Float64 for k in OUTCOMES if not k.startswith("acc_")},
@@ -173,12 +210,22 @@ def seed_table(outcomes: pl.DataFrame, by: str = "rule") -> pl.DataFrame:
     rows = []
     for key in outcomes[by].unique(maintain_order=True).to_list():
         part = outcomes.filter(pl.col(by) == key) if key is not None else outcomes.filter(pl.col(by).is_null())
-        row: dict = {by: key, "n": part.height, "collapsed": int(part["collapse_step"].is_not_null().sum())}
+        row: dict = {
+            by: key,
+            "n": part.height,
+            "collapsed": int(part["collapse_step"].is_not_null().sum()),
+            "within_noise": int(part["within_noise"].sum()),
+        }
         for name in OUTCOMES:
             mean, se, _ = mean_se(part[name].to_list())
             row[f"{name}_mean"], row[f"{name}_se"] = mean, se
         rows.append(row)
-    schema: dict[str, pl.DataType | type[pl.DataType]] = {by: pl.String, "n": pl.Int64, "collapsed": pl.Int64}
+    schema: dict[str, pl.DataType | type[pl.DataType]] = {
+        by: pl.String,
+        "n": pl.Int64,
+        "collapsed": pl.Int64,
+        "within_noise": pl.Int64,
+    }
     schema |= {f"{name}_{s}": pl.Float64 for name in OUTCOMES for s in ("mean", "se")}
     return pl.DataFrame(rows, schema=schema)
 
@@ -193,10 +240,10 @@ def format_mean_se(mean: float | None, se: float | None, digits: int = 3) -> str
 
 def format_seed_table(table: pl.DataFrame, by: str = "rule") -> str:
     """The seed table as aligned text, one line per row."""
-    head = [by, "n", "collapsed", *OUTCOMES]
+    head = [by, "n", "collapsed", "within_noise", *OUTCOMES]
     lines = [head]
     for row in table.iter_rows(named=True):
-        cells = [str(row[by]), str(row["n"]), f"{row['collapsed']}/{row['n']}"]
+        cells = [str(row[by]), str(row["n"]), f"{row['collapsed']}/{row['n']}", f"{row['within_noise']}/{row['n']}"]
         cells += [format_mean_se(row[f"{n}_mean"], row[f"{n}_se"]) for n in OUTCOMES]
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
@@ -218,7 +265,9 @@ __all__ = [
     "LOW_MU",
     "OUTCOMES",
     "OUTCOME_SCHEMA",
+    "accuracy_drop",
     "csv_safe",
+    "eval_window",
     "format_mean_se",
     "format_seed_table",
     "mean_se",

@@ -31,6 +31,7 @@ _CONFIG_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("seed", int, "seed of the problems, the sampling and the minibatch order"),
     ("low", float, "the rule's threshold when A ≤ 0"),
     ("high", float, "the rule's threshold when A > 0"),
+    ("tv_bound", float, "δ of every TV-bounded DPPO rule (binary and top-K TV) where --low/--high give none"),
     ("prompts_per_step", int, "problems per step, over all ranks"),
     ("group_size", int, "responses sampled per problem (GRPO group size G)"),
     ("minibatches", int, "optimizer updates per pass over a rollout batch"),
@@ -65,6 +66,7 @@ _SHOWN_DEFAULTS = {
     "checkpoint": "the shipped data/warmstart",
     "low": "the rule's own",
     "high": "the rule's own",
+    "tv_bound": "each rule's own (0.15)",
     "mirror": "none",
     "keep_rate": "every token",
 }

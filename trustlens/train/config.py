@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 RANDOM_INIT = "random"  # `checkpoint` value that starts from a random model instead of a warm start
+TV_MEASURES = ("binary_tv", "topk_tv")  # the measures `tv_bound` sets the bound of
 LOSS_AGG_MODES_HELP = "token-mean or seq-mean-token-sum-norm"  # see trustlens.loss.LOSS_AGG_MODES
 
 
@@ -17,6 +18,7 @@ class TrainConfig:
     rule: str = "dppo_binary_tv"  # trust-region rule that gates the updates (docs/rules.md)
     low: float | None = None  # the rule's threshold when A ≤ 0; None = the rule's default
     high: float | None = None  # the rule's threshold when A > 0; None = the rule's default
+    tv_bound: float | None = None  # δ of the TV-bounded DPPO rules where low/high give none; None = 0.15
     steps: int = 160  # training steps; each is one rollout batch and `minibatches × epochs` updates
     prompts_per_step: int = 16  # problems per step, summed over all ranks
     group_size: int = 8  # G: responses sampled per problem (the GRPO group)
@@ -47,9 +49,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         from trustlens.loss import LOSS_AGG_MODES
-        from trustlens.rules import get_rule
 
-        get_rule(self.rule).with_thresholds(self.low, self.high)
+        if self.tv_bound is not None and not 0 < self.tv_bound < 1:
+            raise ValueError(f"tv_bound must be in (0, 1), got {self.tv_bound}")
+        self.rule_thresholds()  # validates low/high against the rule
         for name in (
             "steps",
             "prompts_per_step",
@@ -77,6 +80,21 @@ class TrainConfig:
             raise ValueError(f"keep_rate must be in (0, 1], got {self.keep_rate}")
         self.rollout_config()  # validates temperature, precision, noise, lag
 
+    def rule_thresholds(self) -> dict[str, tuple[float | None, float | None]]:
+        """(low, high) of every registered rule as this run evaluates it: the active rule with
+        `low`/`high`, the TV-bounded DPPO rules with `tv_bound` where those give none, None
+        (the rule's default) elsewhere. Raises ValueError for thresholds the rule refuses."""
+        from trustlens.rules import RULES, get_rule
+
+        def bound(name: str, given: float | None) -> float | None:
+            return self.tv_bound if given is None and RULES[name].measure in TV_MEASURES else given
+
+        active = get_rule(self.rule)
+        rules = {name: (bound(name, None), bound(name, None)) for name in RULES}
+        rules[self.rule] = (bound(self.rule, self.low), bound(self.rule, self.high))
+        active.with_thresholds(*rules[self.rule])
+        return rules
+
     def rollout_config(self):
         """The RolloutConfig of the engine (validated)."""
         from trustlens.train.rollout import RolloutConfig
@@ -91,7 +109,7 @@ class TrainConfig:
         )
 
 
-_COLLAPSE = dict(rollout_precision="fp8", rollout_lag=16, lr=6e-5, steps=250, eval_every=10)
+_COLLAPSE = dict(rollout_precision="fp8", rollout_lag=16, lr=6e-5, steps=250, eval_every=10, tv_bound=0.1)
 
 # Named settings; explicit flags override them. "default" is what `trustlens train` runs.
 PRESETS: dict[str, dict] = {
@@ -105,9 +123,10 @@ PRESETS: dict[str, dict] = {
     # a W8A8 float8 inference engine (weights and activations of the blocks' linear layers)
     "fp8": dict(rollout_precision="fp8", temperature=1.0),
     # the no-trust-region story (asynchronous RL): the default schedule at twice its learning rate
-    # on rollouts of an fp8 engine whose weights are 16 steps old, so that μ drifts far from π;
-    # measured (docs/train.md): pg_is and cispo collapse on every seed within 250 steps,
-    # dppo_binary_tv never does
+    # on rollouts of an fp8 engine whose weights are 16 steps old, so that μ drifts far from π,
+    # and a DPPO bound δ = 0.1 (at the paper's 0.15 DPPO sags on 2 of 3 seeds); measured
+    # (docs/train.md): pg_is and cispo collapse on every seed within 250 steps, dppo_binary_tv
+    # never does
     "collapse": _COLLAPSE,
     # the shipped sample runs (data/sample_run, `trustlens make-sample`): the collapse preset on
     # seed 1 (of the claims runs, where pg_is collapses soonest), every token that matters kept

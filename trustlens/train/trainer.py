@@ -53,7 +53,7 @@ import torch.distributed as dist
 from trustlens.divergence import entropy_from_logits, topk_divergence
 from trustlens.loss import policy_loss
 from trustlens.recorder import NullRecorder, TokenRecorder, distributed_rank
-from trustlens.rules import RULES, evaluate_all
+from trustlens.rules import evaluate_all
 from trustlens.run.aggregates import Keep
 from trustlens.train.config import RANDOM_INIT, TrainConfig
 from trustlens.train.rollout import Rollout, RolloutEngine, response_logits
@@ -278,7 +278,9 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
     task = task_of(meta, cfg)
     eval_problems = task.eval_set(cfg.eval_size, seed=0)
     # the active rule with its thresholds, every other rule at its defaults (counterfactual)
-    rules = {name: (None, None) for name in RULES} | {cfg.rule: (cfg.low, cfg.high)}
+    # but for the TV bound of the preset, if any
+    rules = cfg.rule_thresholds()
+    low, high = rules[cfg.rule]
     rule_names = list(rules)
 
     n_prompts = cfg.prompts_per_step // world.size
@@ -346,8 +348,8 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                         cfg.rule,
                         pi_logp=pi_logp,
                         response_mask=mb.response_mask,
-                        low=cfg.low,
-                        high=cfg.high,
+                        low=low,
+                        high=high,
                         clip_ratio_c=cfg.clip_ratio_c,
                         loss_agg_mode=cfg.loss_agg_mode,
                         **token_inputs,
