@@ -160,12 +160,15 @@ def test_alert_window_is_capped_so_long_runs_alert_as_early():
 
 @pytest.mark.parametrize("steps", [150, 400])
 def test_a_reward_fall_is_critical_after_the_same_steps_in_any_long_run(tmp_path, steps):
-    # the reward falls from 1 to 0 at step 100: the critical mean over the last 15 steps is
-    # (15 − k)/15 after k steps at 0, below 0.6 from k = 7 (step 106), in a run of 150 steps as
-    # in one of 400 (with 10% of 400 = 40 steps the mean would wait until k = 17)
-    alerts = detect_collapse(_reward_run(tmp_path, steps, fall=100))
-    reward = alerts.filter(pl.col("kind") == "reward_drop").row(0, named=True)
-    assert (reward["step"], reward["critical_step"]) == (101, 106)
+    # the reward falls from 1 to 0 at step 100 (steps 100, 101, … at 0): the critical mean over
+    # the last 10 steps is (10 − k)/10 after k steps at 0, below 0.56 from k = 5 (step 104), in a
+    # run of 150 steps as in one of 400 (with 10% of 400 = 40 steps the mean would wait until k = 18)
+    run = _reward_run(tmp_path, steps, fall=100)
+    reward = detect_collapse(run).filter(pl.col("kind") == "reward_drop").row(0, named=True)
+    assert (reward["step"], reward["critical_step"]) == (101, 104)
+    # with the window and threshold set by hand: 15 steps, 0.6 → k = 7 (step 106)
+    custom = detect_collapse(run, CollapseConfig(reward_window=15, reward_critical=0.4))
+    assert custom.filter(pl.col("kind") == "reward_drop")["critical_step"].to_list() == [106]
     assert reward["severity"] == "critical" and reward["baseline"] == 1.0
 
 
