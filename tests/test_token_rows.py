@@ -6,7 +6,7 @@ import torch
 
 from trustlens import _logspace
 from trustlens.rules import RULES
-from trustlens.token_rows import Buffers, TokenRows, checked_token_ids, checked_values, derive_rows, value_range
+from trustlens.token_rows import Buffers, TokenRows, checked_token_ids, checked_values, derive_rows
 
 MASK = torch.tensor([[True, True, False], [True, False, False]])
 
@@ -88,17 +88,6 @@ def test_token_ids_are_checked_at_valid_positions_only():
     ids[1, 2] = 2**40
     out = checked_token_ids(ids, MASK)
     assert out.dtype == torch.int32 and out.tolist() == [[5, 7, 0], [4, 0, 0]]
-
-
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.float64, torch.bfloat16])
-def test_value_range_is_exact_and_sees_nan(dtype):
-    t = torch.tensor([[3, -7], [2, 5]], dtype=dtype)
-    assert value_range(t.t()) == (-7, 5)  # strided
-    big = torch.tensor([2**53 + 1, -(2**62)])
-    assert value_range(big) == (-(2**62), 2**53 + 1)  # integers exact beyond float precision
-    if dtype.is_floating_point:
-        t[0, 1] = math.nan
-        assert all(math.isnan(v) for v in value_range(t))
 
 
 def test_derive_rows_takes_the_valid_positions_and_derives_as_the_reader():

@@ -356,7 +356,7 @@ class TokenRecorder:
             buffers=self._buffers,
         )
         self._note_anchor("mu" if mu_logp is not None else "old", recorded)
-        n_rows = int(np.count_nonzero(mask.numpy()) if device.type == "cpu" else mask.count_nonzero())
+        n_rows = int(mask.count_nonzero())
         # on the CPU the rows are taken and derived by the writer thread (same device, off the
         # training step's path); elsewhere taken here, so that only compact rows leave the device.
         if device.type == "cpu":

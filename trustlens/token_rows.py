@@ -101,18 +101,6 @@ class TokenRows:
     buffers: Buffers | None = None  # where mask, token_ids and values go back once their rows are taken
 
 
-def value_range(t: torch.Tensor) -> tuple[float, float]:
-    """(min, max) over every element of `t` (NaN when one is NaN; integers exact), in one pass
-    on an accelerator and two cache-friendly ones on the CPU: there numpy's reductions, which
-    are vectorised for every dtype (torch's aminmax over int64 takes ~5× as long) — bfloat16,
-    which numpy lacks, excepted."""
-    if t.device.type == "cpu" and t.dtype != torch.bfloat16:
-        a = t.detach().numpy()
-        return a.min().item(), a.max().item()
-    lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one sync
-    return lo, hi
-
-
 def checked_values(
     columns: Mapping[str, torch.Tensor], mask: torch.Tensor, buffers: Buffers = NO_REUSE
 ) -> torch.Tensor:
@@ -137,14 +125,8 @@ def checked_values(
         return values
     # the bounds of each input read before the copy, while a freshly computed input is still in
     # the cache (the snapshot `values` may be cold): one pass each, no reduction over a stride
-    if values.device.type == "cpu":
-        bounds = [value_range(t) for t in given]
-        copies = values.numpy()  # (F, B, T), shares memory with `values`
-        for i, t in enumerate(given):
-            np.copyto(copies[i], t.numpy())  # numpy's copy: half the time of torch.stack's here
-    else:
-        bounds = torch.stack([torch.stack(torch.aminmax(t)) for t in given]).tolist()  # (F, 2), one sync
-        torch.stack(given, out=values)  # (F, B, T)
+    bounds = torch.stack([torch.stack(torch.aminmax(t)) for t in given]).tolist()  # (F, 2)
+    torch.stack(given, out=values)  # (F, B, T)
     if not all(_allowed(name, lo, hi) for name, (lo, hi) in zip(columns, bounds, strict=True)):
         for name, t in columns.items():  # raises at the first bad value at a valid position
             _CHECKS.get(name, check_logp)(name, t.to(mask.device).masked_fill(~mask, 0))
@@ -160,12 +142,8 @@ def checked_token_ids(token_ids: torch.Tensor, mask: torch.Tensor, buffers: Buff
     """`token_ids` (B, T) as an int32 copy on the mask's device (the run stores int32 ids), in a
     tensor from `buffers`; ValueError when a valid position holds an id outside
     [0, 2³¹). The padding may hold any id: copied as it is, or as 0 where it does not fit int32."""
-    ids = token_ids.detach().to(mask.device)
-    out = buffers.empty(tuple(ids.shape), torch.int32, mask.device)
-    if out.device.type == "cpu":
-        np.copyto(out.numpy(), ids.numpy(), casting="unsafe")  # wraps out-of-range ids, as copy_ does
-    else:
-        out.copy_(ids)
+    ids = token_ids.to(mask.device)
+    out = buffers.empty(tuple(ids.shape), torch.int32, mask.device).copy_(ids)
     lo, hi = check_token_range(ids, mask, 2**31)  # after the copy: reads `ids` from the cache
     if lo < -(2**31) or hi >= 2**31:
         out.copy_(ids.masked_fill(~mask, 0))
@@ -177,7 +155,7 @@ def check_token_range(ids: torch.Tensor, mask: torch.Tensor, high: int, why: str
     where that bound comes from, for the message). Returns (min, max) over every position."""
     if not ids.numel():
         return 0, 0
-    lo, hi = (int(v) for v in value_range(ids))
+    lo, hi = (int(v) for v in torch.aminmax(ids))
     if lo < 0 or hi >= high:  # somewhere: at a valid position?
         bad = mask & ((ids < 0) | (ids >= high))
         if bool(bad.any()):
