@@ -57,7 +57,7 @@ plots.confusion_lines(A.rule_confusion(tokens, "ppo", "dppo_binary_tv"), "ppo", 
 # The tokens only PPO blocks, with where they sit in μ — expect rare ones (small `mu_median`) —
 # and the tokens only DPPO blocks, likely ones whose probability moved a lot while the ratio
 # stayed within 1 ± ε. On a short run the second list can be short or empty: a likely token must
-# fall by more than δ yet keep π/μ above 1 − ε, which needs μ > δ/ε (0.75 at the defaults).
+# fall by more than δ yet keep π/μ above 1 − ε, which needs μ > δ/ε (0.5 here: δ = 0.1, ε = 0.2).
 
 # %%
 only_ppo = filter_tokens(tokens, TokenQuery(decisions=(("ppo", True), ("dppo_binary_tv", False))))
@@ -86,7 +86,8 @@ pl.concat([
 # ## Moving the thresholds
 #
 # Every rule re-evaluated with its thresholds scaled from ¼ to 4 times the run's (ε = 0.2 for
-# PPO, δ = 0.15 for binary TV, 0.05 nats for binary KL at scale 1), for tokens with A > 0 (the
+# PPO, δ = 0.1 for the TV rules — the collapse preset's bound — and 0.05 nats for binary KL at
+# scale 1), for tokens with A > 0 (the
 # `high` side) and A ≤ 0 (the `low` side). Scale 1 reproduces the recorded decisions. Every mask
 # shrinks as its thresholds grow; what the next figures show is *where* each one shrinks.
 

@@ -46,7 +46,7 @@ plots.overlay_runs(signals, ["reward", "entropy"], max_points=POINTS, title="Rew
 # mean |π_old − μ| over sampled tokens, named as verl names them). The paper finds the run
 # without a trust region drifting upward while the DPPO run stays flat. In the shipped sample the
 # pg_is run's k3 rises from 0.077 to 0.245 nats (means over its first and last 25 steps) as its
-# reward falls (above), while the DPPO run's goes from 0.046 to 0.053 and PPO's from 0.028 to
+# reward falls (above), while the DPPO run's goes from 0.044 to 0.057 and PPO's from 0.028 to
 # 0.045 (`trustlens.analysis.run_outcomes`: k3_start, k3_end); compare trends, not single steps.
 # The sample runs are recorded with sampling: the token-level means come exact from their
 # aggregates (`exact_aggregates`; None for a run that recorded every token). Sequence-level

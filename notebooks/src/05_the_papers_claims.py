@@ -10,7 +10,7 @@
 # Here the same measurement runs on the small shipped sample runs (the `collapse` preset on one
 # seed, recorded with sampling): one seed per rule, so every standard error is missing and the
 # verdicts only show how the measurement works. For verdicts you can trust, run `trustlens claims
-# --jobs 2` (three seeds; 40 minutes on 2 cores, measured).
+# --jobs 2` (three seeds; 36 minutes on 2 cores, measured).
 
 # %%
 import polars as pl
