@@ -17,7 +17,7 @@ from trustlens import NullRecorder, TokenRecorder, __version__, load_run
 from trustlens.divergence import topk_divergence, topk_from_logits
 from trustlens.recorder import SAMPLE_RANK, SAMPLE_STEP
 from trustlens.rules import RULES, evaluate
-from trustlens.run import META_SCHEMA_VERSION, META_TRUSTLENS_VERSION, SCHEMA_VERSION
+from trustlens.run import META_SCHEMA_VERSION, META_TRUSTLENS_VERSION, SCHEMA_VERSION, RejectedInputError
 from trustlens.run.writer import PartFiles, WriterError
 
 B, T, V, K = 3, 5, 11, 4
@@ -319,22 +319,53 @@ BAD_INPUTS = [
 ]
 
 
+# bad values of CPU tensors: found by the writer thread on its copy, raised by the next call
+BAD_VALUES = {"nan", "inf", "positive logp", "entropy negative"}
+
+
 @pytest.mark.parametrize("name,change,message", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
 def test_bad_input_raises_and_records_nothing(tmp_path, gen, name, change, message):
     batch = make_batch(gen)
     with TokenRecorder(tmp_path / "run", rules=["ppo", "dppo_binary_tv"]) as rec:
         rec.record(0, **batch)
         args = change(dict(batch, step=1))
-        with pytest.raises(ValueError, match=message):
-            rec.record(**args)
-        rec.flush()
+        if name in BAD_VALUES:
+            rec.record(**args)  # queued; its rows are dropped by the writer thread
+            with pytest.raises(RejectedInputError, match=r"record\(step=1, update=0\) was not recorded: " + message):
+                rec.flush()
+            rec.flush()  # raised once
+        else:
+            with pytest.raises(ValueError, match=message):
+                rec.record(**args)
+            rec.flush()
         assert manifest_of(tmp_path / "run")["status"] == "running"
         rec.record(1, **batch)  # the recorder still works
     df = tokens_of(tmp_path / "run")
     assert sorted(set(df["step"].to_list())) == [0, 1]
     assert df.height == 2 * int(batch["response_mask"].sum())
-    # the failed call took no default sample ids
-    assert sorted(set(df.filter(pl.col("step") == 1)["sample"])) == [SAMPLE_STEP + i for i in range(B)]
+    # a call that failed its checks took no default sample ids; a dropped one did
+    first = B if name in BAD_VALUES else 0
+    assert sorted(set(df.filter(pl.col("step") == 1)["sample"])) == [SAMPLE_STEP + first + i for i in range(B)]
+
+
+def test_a_dropped_call_is_raised_by_the_next_call_which_records(tmp_path, gen):
+    batch = make_batch(gen)
+    bad = dict(batch, pi_logp=batch["pi_logp"].index_put((torch.tensor(0), torch.tensor(1)), torch.tensor(0.5)))
+    with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
+        rec.record(0, **bad)
+        deadline = time.monotonic() + 30
+        while rec._writer.rejected is None and time.monotonic() < deadline:  # the writer finds it
+            time.sleep(0.01)
+        with pytest.raises(RejectedInputError, match=r"step=0.*pi_logp holds positive log-probabilities"):
+            rec.record(1, **batch)
+        rec.log_metrics(1, {"x": 1.0})  # raised once
+    assert sorted(set(tokens_of(tmp_path / "run")["step"].to_list())) == [1]
+    # a bad last call is raised by close, after the run is written and finished
+    with pytest.raises(RejectedInputError, match="step=2"), TokenRecorder(tmp_path / "run2", rules=["ppo"]) as rec:
+        rec.record(1, **batch)
+        rec.record(2, **bad)
+    assert manifest_of(tmp_path / "run2")["status"] == "finished"
+    assert sorted(set(tokens_of(tmp_path / "run2")["step"].to_list())) == [1]
 
 
 def test_all_padding_records_nothing(tmp_path, gen):
@@ -699,6 +730,7 @@ def test_precomputed_divergences_and_decisions_are_recorded_as_given(tmp_path, g
             rec.record(0, blocked={"nope": blocked_ppo}, **batch)
         with pytest.raises(ValueError, match=r"blocked\['ppo'\] must be a bool tensor of shape \(3, 5\)"):
             rec.record(0, blocked={"ppo": blocked_ppo.float()}, **batch)
+        rec.record(0, topk_tv=-tv - 1, topk_kl=kl, **batch)
         with pytest.raises(ValueError, match="topk_tv holds negative values"):
-            rec.record(0, topk_tv=-tv - 1, topk_kl=kl, **batch)
+            rec.flush()  # a value: checked by the writer thread
         rec.record(0, topk_tv=tv, topk_kl=torch.full_like(kl, math.inf), **batch)  # +inf KL is a value

@@ -6,7 +6,16 @@ import torch
 
 from trustlens import _logspace
 from trustlens.rules import RULES
-from trustlens.token_rows import Buffers, TokenRows, checked_token_ids, checked_values, derive_rows
+from trustlens.run import RejectedInputError
+from trustlens.token_rows import (
+    Buffers,
+    TokenRows,
+    check_token_range,
+    check_values,
+    derive_rows,
+    snapshot_token_ids,
+    snapshot_values,
+)
 
 MASK = torch.tensor([[True, True, False], [True, False, False]])
 
@@ -23,6 +32,13 @@ def columns(**changes):
         for index, value in cells.items():
             out[name][index] = value
     return out
+
+
+def checked_values(given, mask):
+    """The snapshot of `given`, checked as the writer thread checks it."""
+    values = snapshot_values(given, mask)
+    check_values(list(given), values, mask)
+    return values
 
 
 def test_values_are_one_copy_and_the_padding_may_hold_anything():
@@ -82,12 +98,36 @@ def test_a_bad_value_at_a_valid_position_names_argument_and_index(name, value, m
 def test_token_ids_are_checked_at_valid_positions_only():
     ids = torch.tensor([[5, 7, -1], [2**31, 3, 9]])
     with pytest.raises(ValueError, match=r"token_ids holds id 2147483648 at \(b, t\) = \(1, 0\), a valid position"):
-        checked_token_ids(ids, MASK)
-    ids[1, 0] = 4  # the padding may hold any id: as it is where it fits int32, else as 0
-    assert checked_token_ids(ids, MASK).tolist() == [[5, 7, -1], [4, 3, 9]]
+        check_token_range(snapshot_token_ids(ids, MASK), MASK, 2**31)
+    ids[1, 0] = 4  # the padding may hold any id: copied as it is, in the caller's dtype
     ids[1, 2] = 2**40
-    out = checked_token_ids(ids, MASK)
-    assert out.dtype == torch.int32 and out.tolist() == [[5, 7, 0], [4, 0, 0]]
+    out = snapshot_token_ids(ids, MASK)
+    check_token_range(out, MASK, 2**31)
+    assert out.dtype == torch.int64 and out.tolist() == ids.tolist()
+
+
+def test_unchecked_rows_with_a_bad_value_are_rejected_and_their_buffers_given_back():
+    buffers = Buffers()
+    given = columns(pi_logp={(1, 0): 0.5})
+    values = snapshot_values(given, MASK, buffers)
+    ids = snapshot_token_ids(torch.zeros(2, 3, dtype=torch.long), MASK, buffers)
+    rows = TokenRows(
+        mask=MASK.clone(),
+        token_ids=ids,
+        samples=0,
+        groups=0,
+        names=list(given),
+        values=values,
+        sequence_advantages=None,
+        decided_rules=[],
+        decided=None,
+        buffers=buffers,
+        checked=False,
+    )
+    message = r"record\(step=3, update=1\) was not recorded: pi_logp holds positive log-probabilities"
+    with pytest.raises(RejectedInputError, match=message):
+        derive_rows(3, 1, rows, [RULES["ppo"]], [RULES["ppo"]], None, 0)
+    assert buffers.empty(tuple(values.shape), values.dtype, values.device) is values  # given back
 
 
 def test_derive_rows_takes_the_valid_positions_and_derives_as_the_reader():

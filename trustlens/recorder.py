@@ -13,13 +13,14 @@ logits when not given) and the decision of every evaluated rule (`blocked_<rule>
 trustlens.rules), and hands the rows to the run's background writer (trustlens.run.writer): the
 training step does not wait on disk unless the writer's bounded queue is full.
 
-Where the work happens (trustlens.token_rows): the caller's thread checks every input (so bad
-input raises from `record` and records nothing) while copying the per-token inputs into one
-snapshot, and derives what needs π's logits (entropy, top-K), on the tensors' device. Taking the
-valid positions and deriving the rest (rule decisions on the device; ratio and binary divergences
-from the float32 log-probs with numpy, as the reader derives them) happen by the caller for
-accelerator tensors, so that only compact rows leave the device, and by the writer thread for CPU
-tensors, so that on a CPU the training step pays only for the copy and the checks.
+Where the work happens (trustlens.token_rows): the caller's thread checks the arguments (shapes,
+types; a bad one raises from `record` and records nothing) while copying the per-token inputs and
+token ids into one snapshot, and derives what needs π's logits (entropy, top-K), on the tensors'
+device. Checking the values, taking the valid positions and deriving the rest (rule decisions on
+the device; ratio and binary divergences from the float32 log-probs with numpy, as the reader
+derives them) happen by the caller for accelerator tensors, so that only compact rows leave the
+device, and by the writer thread for CPU tensors, so that on a CPU the training step pays only
+for the copy (a bad value then raises `RejectedInputError` from the next call: `record`).
 
 The anchor of ratio and divergences is μ. When μ is not given (an external trainer without the
 rollout engine's log-probs), they are anchored on π_old, `mu_logp` is null and the manifest
@@ -58,11 +59,12 @@ from trustlens.run.writer import BackgroundWriter, RankWriter, WriterStats
 from trustlens.token_rows import (
     Buffers,
     TokenRows,
+    check_rows,
     check_token_range,
-    checked_token_ids,
-    checked_values,
     derive_rows,
     finish_rows,
+    snapshot_token_ids,
+    snapshot_values,
     take_rows,
 )
 
@@ -290,8 +292,15 @@ class TokenRecorder:
     ) -> int:
         """Record the valid tokens of one batch; returns the number of rows recorded.
 
-        All checks run before anything is queued: a bad input raises ValueError (naming the
-        argument, what is wrong and the (b, t) index) and records nothing. Default sample ids
+        Shapes, types and arguments are checked before anything is queued: a bad one raises
+        ValueError (naming the argument and what is wrong) and records nothing. The values
+        (NaN, ±inf, log-probabilities > 0, negative divergences, ids outside [0, 2³¹)) are
+        checked on the recorder's copy: for accelerator tensors in this call, likewise; for CPU
+        tensors by the writer thread, off the training step's path, so that a bad value is found
+        after the call returned: that call's rows are dropped (its default sample ids stay
+        used) and the next `record`, `log_*`, `flush` or `close` raises `RejectedInputError`
+        (a ValueError naming the call's step and update, the argument and the (b, t) index), after
+        doing its own work. Default sample ids
         number the samples of (step, update) on this rank in call order:
         step · 10⁹ + rank · 10⁶ + index; default group ids equal the sample ids.
 
@@ -322,7 +331,7 @@ class TokenRecorder:
         id_key = ("tokens", step, update)
         samples = self._ids("sample_ids", sample_ids, shape[0], device, id_key)
         groups = samples if group_ids is None else self._ids("group_ids", group_ids, shape[0], device, None)
-        ids = checked_token_ids(token_ids, mask, self._buffers)
+        ids = snapshot_token_ids(token_ids, mask, self._buffers)
         columns = {k: v for k, v in per_token.items() if v is not None}
         per_sequence = None  # (B,) advantages per sequence, checked and copied (not per token: no (B, T) copy)
         if _checked_advantages(advantages, shape).dim() == 2:
@@ -349,12 +358,15 @@ class TokenRecorder:
             samples=samples,
             groups=groups,
             names=list(columns),
-            values=checked_values(columns, mask, self._buffers),
+            values=snapshot_values(columns, mask, self._buffers),
             sequence_advantages=per_sequence,
             decided_rules=list(decided),
             decided=torch.stack([d.to(device) for d in decided.values()]) if decided else None,
             buffers=self._buffers,
+            checked=device.type != "cpu",
         )
+        if rows.checked:  # an accelerator's rows are checked and taken here
+            check_rows(rows)
         self._note_anchor("mu" if mu_logp is not None else "old", recorded)
         n_rows = int(mask.count_nonzero())
         # on the CPU the rows are taken and derived by the writer thread (same device, off the
@@ -368,6 +380,7 @@ class TokenRecorder:
         self._writer.put_tokens(job)
         if sample_ids is None:
             self._count_ids(id_key, shape[0])
+        self._writer.raise_rejected()  # an earlier call's bad input, found by the writer thread
         return n_rows
 
     def log_metrics(self, step: int, metrics: Mapping[str, float | int | torch.Tensor]) -> None:
@@ -394,6 +407,7 @@ class TokenRecorder:
             schema=table_schema("metrics"),
         )
         self._writer.put_table("metrics", batch)
+        self._writer.raise_rejected()
 
     def log_samples(
         self,
@@ -461,16 +475,19 @@ class TokenRecorder:
         self._writer.put_table("samples", batch)
         if default_ids:
             self._count_ids(("samples", step), n)
+        self._writer.raise_rejected()
 
     def flush(self) -> None:
-        """Block until every row recorded so far is in complete part files."""
+        """Block until every row recorded so far is in complete part files. Raises the
+        RejectedInputError of a call whose input the writer thread found bad (module docstring)."""
         self._check_open()
         self._writer.flush()
 
     def close(self, error: BaseException | None = None) -> None:
         """Write what is buffered, stop the writer and end the run: `finished`; `interrupted`
         when `error` is a KeyboardInterrupt; `failed` with any other `error`. Raises the
-        writer's error if it failed. Idempotent."""
+        writer's error if it failed, else (without `error`) the RejectedInputError of a call
+        whose rows were dropped. Idempotent."""
         if self._closed:
             return
         self._closed = True

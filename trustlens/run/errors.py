@@ -19,6 +19,12 @@ class CorruptPartWarning(RunWarning):
     """A part file could not be read (truncated, corrupt, checksum mismatch) and was skipped."""
 
 
+class RejectedInputError(ValueError):
+    """A `record` call's input held a value not allowed (NaN, ±inf, a log-probability > 0, a
+    negative divergence, an id outside [0, 2³¹)), found by the writer thread on its copy after
+    the call returned: that call's rows were not recorded. Raised by the next call."""
+
+
 class WriterError(RuntimeError):
     """The writer of a run failed or is stuck; raised in the caller's thread with the cause."""
 

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trustlens.run.aggregates import aggregates_batch
-from trustlens.run.errors import RunLockedError, WriterError
+from trustlens.run.errors import RejectedInputError, RunLockedError, WriterError
 from trustlens.run.manifest import MANIFEST, STATUSES, read_manifest, utc_now, write_json_atomic
 from trustlens.run.schema import RANK_DIR_PREFIX, TABLES, part_index, part_name, table_schema
 from trustlens.run.storage import Remote, is_url, local_path
@@ -502,6 +502,7 @@ class BackgroundWriter:
         self.tap = tap
         self.flush_seconds, self.writer_timeout = flush_seconds, writer_timeout
         self.error: BaseException | None = None
+        self.rejected: RejectedInputError | None = None  # the first bad input not yet raised
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._oldest: float | None = None  # monotonic time of the oldest buffered row
         self._interrupt: str | None = None  # set (a signal name) by `interrupt`
@@ -529,10 +530,12 @@ class BackgroundWriter:
             self._put(("manifest", fields))
 
     def flush(self) -> None:
-        """Block until everything put so far is in complete part files."""
+        """Block until everything put so far is in complete part files; then raise a rejected
+        input, if any."""
         done = threading.Event()
         self._put(("flush", done))
         self._wait(done.wait, "write the rows recorded so far")
+        self.raise_rejected()
 
     def close(self, error: BaseException | None = None, signal: str | None = None) -> None:
         """Write everything still queued or buffered, stop the thread and end run.json as
@@ -554,6 +557,8 @@ class BackgroundWriter:
         else:
             self._end("finished" if error is None else "failed", None if error is None else _describe(error))
         self.raise_error()
+        if error is None:
+            self.raise_rejected()
 
     def interrupt(self, signal: str) -> None:
         """From a signal handler: write every row queued so far and end the run `interrupted`,
@@ -563,6 +568,12 @@ class BackgroundWriter:
         self._interrupt = signal
         self._thread.join(self.writer_timeout)
         self._end("interrupted" if self.error is None else "failed", None, signal)
+
+    def raise_rejected(self) -> None:
+        """Raise (once) the RejectedInputError of a call whose rows the thread dropped."""
+        rejected, self.rejected = self.rejected, None
+        if rejected is not None:
+            raise rejected
 
     def raise_error(self) -> None:
         if self.error is not None:
@@ -667,7 +678,12 @@ class BackgroundWriter:
 
     def _buffer(self, table: str, payload: TokenBatch | Callable[[], TokenBatch] | pa.RecordBatch) -> None:
         if callable(payload):
-            payload = payload()
+            try:
+                payload = payload()
+            except RejectedInputError as err:  # that call's rows are dropped; the run goes on
+                if self.rejected is None:
+                    self.rejected = err
+                return
         batches = self.writer.token_batches(payload) if isinstance(payload, TokenBatch) else [(table, payload)]
         for name, rows in batches:
             if rows.num_rows and self._oldest is None:
