@@ -354,7 +354,7 @@ def test_a_dropped_call_is_raised_by_the_next_call_which_records(tmp_path, gen):
     with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
         rec.record(0, **bad)
         deadline = time.monotonic() + 30
-        while rec._writer.rejected is None and time.monotonic() < deadline:  # the writer finds it
+        while not rec._writer.rejected and time.monotonic() < deadline:  # the writer finds it
             time.sleep(0.01)
         with pytest.raises(RejectedInputError, match=r"step=0.*pi_logp holds positive log-probabilities"):
             rec.record(1, **batch)
@@ -366,6 +366,16 @@ def test_a_dropped_call_is_raised_by_the_next_call_which_records(tmp_path, gen):
         rec.record(2, **bad)
     assert manifest_of(tmp_path / "run2")["status"] == "finished"
     assert sorted(set(tokens_of(tmp_path / "run2")["step"].to_list())) == [1]
+    # every dropped call is reported: named, or counted when several wait for the next call
+    raised = []
+    with TokenRecorder(tmp_path / "run3", rules=["ppo"]) as rec:
+        for call in (lambda: rec.record(1, **bad), lambda: rec.record(2, **bad), rec.flush):
+            try:
+                call()
+            except RejectedInputError as err:
+                raised.append(str(err))
+    text = " | ".join(raised)
+    assert "step=1" in text and ("step=2" in text or "; and 1 later call(s) were dropped too" in text)
 
 
 def test_all_padding_records_nothing(tmp_path, gen):

@@ -502,7 +502,7 @@ class BackgroundWriter:
         self.tap = tap
         self.flush_seconds, self.writer_timeout = flush_seconds, writer_timeout
         self.error: BaseException | None = None
-        self.rejected: RejectedInputError | None = None  # the first bad input not yet raised
+        self.rejected: list[RejectedInputError] = []  # bad inputs found, not yet raised
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._oldest: float | None = None  # monotonic time of the oldest buffered row
         self._interrupt: str | None = None  # set (a signal name) by `interrupt`
@@ -570,10 +570,14 @@ class BackgroundWriter:
         self._end("interrupted" if self.error is None else "failed", None, signal)
 
     def raise_rejected(self) -> None:
-        """Raise (once) the RejectedInputError of a call whose rows the thread dropped."""
-        rejected, self.rejected = self.rejected, None
-        if rejected is not None:
-            raise rejected
+        """Raise (once) the RejectedInputError of the first call whose rows the thread dropped
+        since the last raise, saying how many more were dropped."""
+        if not self.rejected:
+            return
+        rejected, self.rejected = self.rejected, []
+        if len(rejected) == 1:
+            raise rejected[0]
+        raise RejectedInputError(f"{rejected[0]}; and {len(rejected) - 1} later call(s) were dropped too")
 
     def raise_error(self) -> None:
         if self.error is not None:
@@ -681,8 +685,7 @@ class BackgroundWriter:
             try:
                 payload = payload()
             except RejectedInputError as err:  # that call's rows are dropped; the run goes on
-                if self.rejected is None:
-                    self.rejected = err
+                self.rejected.append(err)
                 return
         batches = self.writer.token_batches(payload) if isinstance(payload, TokenBatch) else [(table, payload)]
         for name, rows in batches:
