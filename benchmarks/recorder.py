@@ -22,7 +22,7 @@ advantages given, token texts decoded by a stand-in tokenizer. All measured in t
   these. The "cold" runs of each round read inputs made long before, from memory (how this
   benchmark measured until 2026-11-26), for comparison.
   Time the caller is blocked inside `record` / the raw `pq.write_table` (pyarrow defaults) of the
-  same rows (goal ≤ 5%), split into the caller's own work (checks, row selection) and waiting on
+  same rows (goal ≤ 5%), split into the caller's own work (argument checks, the copy) and waiting on
   the writer's full queue. Noise-dominated on a loaded machine: `--rounds` paced runs, each
   against a floor measured right before it, and the median of their ratios.
 """
