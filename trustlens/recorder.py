@@ -202,7 +202,9 @@ class TokenRecorder:
         if keep is not None and not isinstance(keep, Keep):
             raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
         self.keep = keep
-        self._buffers = Buffers()  # the copies of record calls, reused once their rows are taken
+        # the copies of record calls, reused once their rows are taken: as many sets as can be in
+        # flight (the queue's and the one the writer works on), so none is allocated again
+        self._buffers = Buffers(keep=queue_size + 1)
         self._evaluable_cache: dict[tuple, tuple[list[Rule], set[str]]] = {}  # see _evaluable
         self.rules = resolve_rules(list(RULES) if rules is None else rules)
         self._rules_given = rules is not None
