@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 import torch
 
 from trustlens import TokenRecorder, load_run
-from trustlens.run.writer import write_options
+from trustlens.run.parts import write_options
 
 RULES = [
     "ppo",

@@ -16,7 +16,7 @@ from test_render import _parse
 
 from trustlens import cli, dashboard
 from trustlens.run import MANIFEST, SCHEMA_VERSION
-from trustlens.run.writer import write_part
+from trustlens.run.parts import write_part
 from trustlens.synthetic import HOSTILE_VOCAB, VOCAB, write_synthetic_run
 
 APP = Path(__file__).resolve().parent.parent / "app"

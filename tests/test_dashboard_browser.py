@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from trustlens import dashboard
-from trustlens.run.writer import write_part
+from trustlens.run.parts import write_part
 from trustlens.synthetic import HOSTILE_VOCAB, VOCAB, write_synthetic_run
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -17,8 +17,8 @@ from trustlens import NullRecorder, TokenRecorder, __version__, load_run
 from trustlens.divergence import topk_divergence, topk_from_logits
 from trustlens.recorder import SAMPLE_RANK, SAMPLE_STEP
 from trustlens.rules import RULES, evaluate
-from trustlens.run import META_SCHEMA_VERSION, META_TRUSTLENS_VERSION, SCHEMA_VERSION, RejectedInputError
-from trustlens.run.writer import PartFiles, WriterError
+from trustlens.run import META_SCHEMA_VERSION, META_TRUSTLENS_VERSION, SCHEMA_VERSION, RejectedInputError, WriterError
+from trustlens.run.parts import PartFiles
 
 B, T, V, K = 3, 5, 11, 4
 

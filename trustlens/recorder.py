@@ -10,7 +10,7 @@
 `record` computes, for every valid (response_mask) position: the ratio π/anchor, the binary TV
 and KL, the top-K TV and KL (when π's logits and μ's top-K are given), the entropy of π (from the
 logits when not given) and the decision of every evaluated rule (`blocked_<rule>`,
-trustlens.rules), and hands the rows to the run's background writer (trustlens.run.writer): the
+trustlens.rules), and hands the rows to the run's background writer (trustlens.run.background): the
 training step does not wait on disk unless the writer's bounded queue is full.
 
 Where the work happens (trustlens.token_rows): the caller's thread checks the arguments (shapes,
@@ -53,9 +53,10 @@ from trustlens.divergence import entropy_from_logits, topk_divergence
 from trustlens.rules import RULES, Rule, RuleSpec, require_inputs, resolve_rules
 from trustlens.run import blocked_column, signals, table_schema
 from trustlens.run.aggregates import Keep
+from trustlens.run.background import BackgroundWriter
 from trustlens.run.manifest import new_manifest
 from trustlens.run.storage import Remote
-from trustlens.run.writer import BackgroundWriter, RankWriter, WriterStats
+from trustlens.run.writer import RankWriter, WriterStats
 from trustlens.token_rows import (
     Buffers,
     TokenRows,

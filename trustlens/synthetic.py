@@ -34,7 +34,8 @@ import pyarrow.compute as pc
 from trustlens.run import RANK, STATUSES, table_schema, token_columns
 from trustlens.run.aggregates import Keep, keep_rows
 from trustlens.run.manifest import new_manifest
-from trustlens.run.writer import Location, RankWriter, TokenBatch
+from trustlens.run.parts import Location, TokenBatch
+from trustlens.run.writer import RankWriter
 
 DEFAULT_RULES: tuple[str, ...] = (
     "ppo",

@@ -32,7 +32,7 @@ from trustlens._checks import LOGP_TOLERANCE, _first_index, check_logp, check_no
 from trustlens.rules import Rule, decide_columns
 from trustlens.run.aggregates import Keep, keep_rows
 from trustlens.run.errors import RejectedInputError
-from trustlens.run.writer import TokenBatch
+from trustlens.run.parts import TokenBatch
 
 _LOGP = ("pi_logp", "mu_logp", "old_logp")
 _DIVERGENCES = ("entropy", "topk_tv", "topk_kl")

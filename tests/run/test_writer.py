@@ -16,8 +16,9 @@ import torch
 
 from trustlens import TokenRecorder, load_run
 from trustlens.run import RunLockedError, WriterError
+from trustlens.run import parts as parts_module
 from trustlens.run import writer as writer_module
-from trustlens.run.writer import PartFiles
+from trustlens.run.parts import PartFiles
 
 B, T = 2, 4
 
@@ -153,7 +154,7 @@ def test_full_disk_fails_the_run_with_the_cause_and_leaves_no_temporary_file(tmp
     rec = TokenRecorder(path, rules=["ppo"], rows_per_file=B * T)
     rec.record(0, **batch())
     rec.flush()
-    monkeypatch.setattr(writer_module.pq, "write_table", _write_that_fills_the_disk)
+    monkeypatch.setattr(parts_module.pq, "write_table", _write_that_fills_the_disk)
     rec.record(1, **batch())  # fills a part file: the write fails in the writer thread
     with pytest.raises(WriterError, match="No space left on device") as caught:
         for step in range(2, 100):  # the next call raises, with the cause
@@ -242,7 +243,7 @@ def test_token_decoder_decodes_each_id_once_in_dictionary_order():
             return f"<{ids[0]}>"
 
     tok = Counting()
-    decoder = writer_module.TokenDecoder(tok)
+    decoder = parts_module.TokenDecoder(tok)
     first = decoder.dictionary_column(pa.chunked_array([[7, 3, 7], [2**31 - 1, 3]], pa.int32()))
     assert first.to_pylist() == ["<7>", "<3>", "<7>", f"<{2**31 - 1}>", "<3>"]
     assert first.chunk(0).dictionary.to_pylist() == ["<7>", "<3>", f"<{2**31 - 1}>"]  # one per distinct id

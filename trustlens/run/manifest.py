@@ -13,7 +13,6 @@ sees the previous or the next version, never a partial one. Statuses:
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 from trustlens import __version__
 from trustlens.run.errors import NotARunError
 from trustlens.run.schema import OLDEST_SCHEMA_VERSION, SCHEMA_VERSION
-from trustlens.run.storage import Remote
+from trustlens.run.storage import Remote, write_local_atomic
 
 MANIFEST = "run.json"
 STATUSES = ("running", "finished", "interrupted", "failed")
@@ -89,20 +88,11 @@ def new_manifest(
 def write_json_atomic(path: Path | Remote, obj: dict[str, Any]) -> None:
     """Write `obj` as JSON to `path` so that readers only ever see a complete file; no temporary
     file is left behind, also when the write fails. On an object store: one upload."""
+    text = (json.dumps(obj, indent=2, default=str) + "\n").encode()
     if isinstance(path, Remote):
-        path.write_bytes((json.dumps(obj, indent=2, default=str) + "\n").encode())
+        path.write_bytes(text)
         return
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, default=str)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_local_atomic(path, lambda f: f.write(text))
 
 
 def read_manifest(path: Path | Remote) -> dict[str, Any]:

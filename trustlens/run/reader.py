@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from trustlens import _logspace
 from trustlens.run.errors import CorruptPartWarning, NoRowsError, NotARunError, RunWarning
 from trustlens.run.manifest import MANIFEST, read_manifest
+from trustlens.run.parts import Location, list_folder, source
 from trustlens.run.schema import (
     META_SCHEMA_VERSION,
     RANK,
@@ -43,7 +44,6 @@ from trustlens.run.schema import (
     rule_of_column,
 )
 from trustlens.run.storage import Remote, is_url, local_path
-from trustlens.run.writer import Location, list_folder, source
 
 __all__ = ["CorruptPartWarning", "NoRowsError", "NotARunError", "Part", "Run", "load_run", "load_runs"]
 

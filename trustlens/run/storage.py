@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 # what to install for a protocol fsspec knows but cannot load
 INSTALL = {"s3": "pip install 'trustlens[s3]'", "s3a": "pip install 'trustlens[s3]'", "gs": "pip install gcsfs"}
@@ -29,6 +30,22 @@ def local_path(path: str | os.PathLike) -> Path:
     """A local path from a path or a file:// URL."""
     text = os.fspath(path)
     return Path(text.removeprefix("file://")).expanduser()
+
+
+def write_local_atomic(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Make the local file `path` with `write(file)` so that readers only ever see a complete
+    file: written under a hidden temporary name, fsynced, then renamed over `path`; on any error
+    the temporary file is removed and the error raised."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @dataclass(frozen=True)
