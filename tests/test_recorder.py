@@ -650,7 +650,7 @@ def test_resident_memory_does_not_grow_with_rows(tmp_path):
 
 
 def test_rank_and_world_size_explicit_then_distributed_then_environment(tmp_path, gen, monkeypatch):
-    from trustlens.recorder import distributed_rank
+    from trustlens.record_args import distributed_rank
 
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)

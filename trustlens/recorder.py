@@ -39,7 +39,6 @@ import atexit
 import dataclasses
 import functools
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,17 @@ import torch
 
 from trustlens._checks import check_mask, check_tensor
 from trustlens.divergence import entropy_from_logits, topk_divergence
+from trustlens.record_args import (
+    check_arguments,
+    check_tensor_shape,
+    check_unique,
+    checked_advantages,
+    config_dict,
+    distributed_rank,
+    id_tensor,
+    int_arg,
+    positive_seconds,
+)
 from trustlens.rules import RULES, Rule, RuleSpec, require_inputs, resolve_rules
 from trustlens.run import blocked_column, signals, table_schema
 from trustlens.run.aggregates import Keep
@@ -75,69 +85,6 @@ OPTIONAL_COLUMNS = ("mu_logp", "old_logp", "topk_tv", "topk_kl", "entropy")
 LOGIT_CHUNK_ELEMENTS = 1 << 24
 # default sample ids: step · SAMPLE_STEP + rank · SAMPLE_RANK + index of the sample in the step
 SAMPLE_STEP, SAMPLE_RANK = 10**9, 10**6
-
-
-def distributed_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """(rank, world size): explicit values win; else torch.distributed when it is initialised;
-    else the RANK / WORLD_SIZE environment (torchrun sets them before init_process_group);
-    else (0, 1)."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        found = dist.get_rank(), dist.get_world_size()
-    else:
-        env = [os.environ.get(k) for k in ("RANK", "WORLD_SIZE")]
-        found = (
-            _int_arg("environment RANK", _env_int(env[0]), 0, 2**15) if env[0] else 0,
-            _int_arg("environment WORLD_SIZE", _env_int(env[1]), 1, 2**15) if env[1] else 1,
-        )
-    rank = found[0] if rank is None else _int_arg("rank", rank, 0, 2**15)
-    world_size = found[1] if world_size is None else _int_arg("world_size", world_size, 1, 2**15)
-    if rank >= world_size:
-        raise ValueError(f"rank {rank} must be < world_size {world_size}")
-    return rank, world_size
-
-
-def _env_int(value: str | None) -> int | str | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return value
-
-
-def _positive_seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
-
-
-def _config_dict(config: Any) -> dict[str, Any] | None:
-    """The run's config as a JSON-able dict: dataclasses and mappings are converted."""
-    if config is None:
-        return None
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        return dataclasses.asdict(config)
-    if isinstance(config, Mapping):
-        return dict(config)
-    raise ValueError(f"config must be a dataclass instance or a mapping, got {type(config).__name__}")
-
-
-def _int_arg(name: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
-        value = int(value)
-    if isinstance(value, (bool, float)) or not isinstance(value, (int, np.integer)) or not low <= value < high:
-        raise ValueError(f"{name} must be an integer in [{low}, {high}), got {value!r}")
-    return int(value)
-
-
-def _id_tensor(name: str, t: object, shape: tuple[int, ...]) -> torch.Tensor:
-    """Require an integer tensor of `shape`."""
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {shape}")
-    return t
 
 
 class TokenRecorder:
@@ -212,10 +159,10 @@ class TokenRecorder:
         names = [r.name for r in self.rules]
         if active_rule is not None and active_rule not in names:
             raise ValueError(f"active_rule {active_rule!r} is not among the evaluated rules {names}")
-        _int_arg("rows_per_file", rows_per_file, 1, 2**31)
-        _int_arg("queue_size", queue_size, 1, 2**31)
-        flush_seconds = _positive_seconds("flush_seconds", flush_seconds)
-        writer_timeout = _positive_seconds("writer_timeout", writer_timeout)
+        int_arg("rows_per_file", rows_per_file, 1, 2**31)
+        int_arg("queue_size", queue_size, 1, 2**31)
+        flush_seconds = positive_seconds("flush_seconds", flush_seconds)
+        writer_timeout = positive_seconds("writer_timeout", writer_timeout)
         self.rank, self.world_size = distributed_rank(rank, world_size)
         manifest = new_manifest(
             rules={
@@ -223,7 +170,7 @@ class TokenRecorder:
                 for r in self.rules
             },
             active_rule=active_rule,
-            config=_config_dict(config),
+            config=config_dict(config),
             world_size=self.world_size,
             flush={"rows_per_file": rows_per_file, "flush_seconds": flush_seconds},
         )
@@ -315,7 +262,7 @@ class TokenRecorder:
         """
         self._check_open()
         step = self._step("step", step)
-        update = _int_arg("update", update, 0, 2**15)
+        update = int_arg("update", update, 0, 2**15)
         per_token = {
             "pi_logp": pi_logp,
             "mu_logp": mu_logp,
@@ -324,7 +271,7 @@ class TokenRecorder:
             "topk_tv": topk_tv,
             "topk_kl": topk_kl,
         }
-        shape = _check_arguments(token_ids, per_token, mu_topk_ids, mu_topk_logp, temperature)
+        shape = check_arguments(token_ids, per_token, mu_topk_ids, mu_topk_logp, temperature)
         if (topk_tv is None) != (topk_kl is None):
             raise ValueError("topk_tv and topk_kl must be given together")
         decided = self._check_blocked(blocked, shape)
@@ -337,7 +284,7 @@ class TokenRecorder:
         ids = snapshot_token_ids(token_ids, mask, self._buffers)
         columns = {k: v for k, v in per_token.items() if v is not None}
         per_sequence = None  # (B,) advantages per sequence, checked and copied (not per token: no (B, T) copy)
-        if _checked_advantages(advantages, shape).dim() == 2:
+        if checked_advantages(advantages, shape).dim() == 2:
             columns["advantages"] = advantages
         else:
             per_sequence = check_tensor("advantages", advantages).detach().to(device, copy=True)
@@ -461,7 +408,7 @@ class TokenRecorder:
                     raise ValueError(f"{arg} holds an infinite value at index {bad[0]}")
             columns[name] = value
         if sample_ids is not None:
-            _check_unique("sample_ids", columns["sample"])
+            check_unique("sample_ids", columns["sample"])
         default_ids = columns["sample"] is None
         if default_ids:
             start = self._first_id(("samples", step), n)
@@ -521,7 +468,7 @@ class TokenRecorder:
 
     def _step(self, name: str, step: object) -> int:
         """`step` checked: an integer ≥ 0, after the last step of a resumed run."""
-        step = _int_arg(name, step, 0, 2**31)
+        step = int_arg(name, step, 0, 2**31)
         if step < self._first_step:
             raise ValueError(
                 f"{name} {step} was recorded before: this run was resumed after step {self._first_step - 1}"
@@ -580,9 +527,9 @@ class TokenRecorder:
             except (TypeError, ValueError, RuntimeError) as err:
                 raise ValueError(f"{name} must be a sequence of {batch} integers: {err}") from None
         # a copy: the rows may be derived after record returns, and the caller may reuse `ids`
-        ids = _id_tensor(name, ids, (batch,)).to(device=device, dtype=torch.int64, copy=True)
+        ids = id_tensor(name, ids, (batch,)).to(device=device, dtype=torch.int64, copy=True)
         if name == "sample_ids":
-            _check_unique(name, ids)
+            check_unique(name, ids)
         return ids
 
     def _logit_quantities(self, logits, mask, ids, topk_ids, topk_logp, temperature, *, want_entropy):
@@ -601,7 +548,7 @@ class TokenRecorder:
         with_topk = topk_ids is not None
         if with_topk:
             k = topk_ids.shape[-1] if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 3 else -1
-            _id_tensor("mu_topk_ids", topk_ids, (*mask.shape, k))
+            id_tensor("mu_topk_ids", topk_ids, (*mask.shape, k))
             check_tensor_shape("mu_topk_logp", topk_logp, (*mask.shape, k))
             topk_ids = topk_ids.to(mask.device).reshape(-1, k).index_select(0, index)
             topk_logp = topk_logp.to(mask.device).reshape(-1, k).index_select(0, index)
@@ -656,64 +603,6 @@ class TokenRecorder:
         self._recorded |= recorded
         wanted = list(OPTIONAL_COLUMNS) + [blocked_column(r.name) for r in self.rules]
         self._writer.put_manifest({"anchor": new_anchor, "missing": [k for k in wanted if k not in self._recorded]})
-
-
-def _check_unique(name: str, ids: torch.Tensor | list) -> None:
-    """Sample ids must be unique within one call."""
-    values = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-    seen: set = set()
-    for i, v in enumerate(values):
-        if v in seen:
-            raise ValueError(f"{name} holds {v!r} twice (again at index {i}); sample ids must be unique")
-        seen.add(v)
-
-
-def check_tensor_shape(name: str, t: object, shape: tuple[int, ...]) -> None:
-    """Require a floating-point tensor of `shape`."""
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {shape} like token_ids")
-
-
-def _check_arguments(
-    token_ids: object,
-    per_token: dict[str, torch.Tensor | None],
-    topk_ids: object,
-    topk_logp: object,
-    temperature: object,
-) -> tuple[int, int]:
-    """The checks of `record`'s arguments that need no pass over the data; returns (B, T)."""
-    if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 2:
-        got = tuple(token_ids.shape) if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__
-        raise ValueError(f"token_ids must be a (B, T) integer tensor, got {got}")
-    shape = (token_ids.shape[0], token_ids.shape[1])
-    _id_tensor("token_ids", token_ids, shape)
-    if per_token["mu_logp"] is None and per_token["old_logp"] is None:
-        raise ValueError("record needs mu_logp or old_logp: ratio and divergences compare π with one of them")
-    if (topk_ids is None) != (topk_logp is None):
-        raise ValueError("mu_topk_ids and mu_topk_logp must be given together")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    for name, t in per_token.items():
-        if t is not None or name == "pi_logp":
-            check_tensor_shape(name, t, shape)
-    return shape
-
-
-def _checked_advantages(advantages: object, shape: tuple[int, int]) -> torch.Tensor:
-    """Advantages per sequence (B,) or per token (B, T), as a floating-point tensor (values are
-    checked with the other inputs)."""
-    if isinstance(advantages, torch.Tensor) and tuple(advantages.shape) in (shape, shape[:1]):
-        if not advantages.is_floating_point():
-            raise ValueError(f"advantages must be a floating-point tensor, got dtype {advantages.dtype}")
-        return advantages
-    raise ValueError(
-        f"advantages has shape {tuple(getattr(advantages, 'shape', ()))}; expected per-sequence "
-        f"({shape[0]},) or per-token {shape}"
-    )
 
 
 class NullRecorder(TokenRecorder):

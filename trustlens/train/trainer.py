@@ -52,7 +52,8 @@ import torch.distributed as dist
 
 from trustlens.divergence import entropy_from_logits, topk_divergence
 from trustlens.loss import policy_loss
-from trustlens.recorder import NullRecorder, TokenRecorder, distributed_rank
+from trustlens.record_args import distributed_rank
+from trustlens.recorder import NullRecorder, TokenRecorder
 from trustlens.rules import evaluate_all
 from trustlens.run.aggregates import Keep
 from trustlens.train.config import RANDOM_INIT, TrainConfig
