@@ -167,7 +167,7 @@ def test_refuses_to_overwrite(tmp_path):
 
 
 def test_write_run_checks_columns(tmp_path):
-    from trustlens.synthetic import write_run
+    from trustlens.run.tables import write_run
 
     with pytest.raises(ValueError, match="unknown columns"):
         write_run(tmp_path / "a", tokens={"step": [0], "sample": [0], "pos": [0], "pi_logp": [-1.0], "oops": [1]})

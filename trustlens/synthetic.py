@@ -23,19 +23,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from trustlens.run import RANK, STATUSES, table_schema, token_columns
-from trustlens.run.aggregates import Keep, keep_rows
+from trustlens.run.aggregates import Keep
 from trustlens.run.manifest import new_manifest
 from trustlens.run.parts import Location, TokenBatch
-from trustlens.run.writer import RankWriter
+from trustlens.run.tables import check_status, rule_entries, write_ranks
+from trustlens.synthetic_vocab import HOSTILE_VOCAB, VOCAB
 
 DEFAULT_RULES: tuple[str, ...] = (
     "ppo",
@@ -43,150 +41,6 @@ DEFAULT_RULES: tuple[str, ...] = (
     "dppo_binary_tv",
     "dppo_binary_kl",
     "dppo_topk_tv",
-)
-
-# A small vocabulary, most common first: id i is the i-th most frequent token.
-VOCAB: tuple[str, ...] = tuple(
-    [
-        " the",
-        ",",
-        " of",
-        " and",
-        " to",
-        ".",
-        " a",
-        " is",
-        " in",
-        " =",
-        " +",
-        "\n",
-        " that",
-        " we",
-        " 2",
-        " 1",
-        " so",
-        " it",
-        " x",
-        " for",
-        " be",
-        " 3",
-        " 4",
-        " answer",
-        " The",
-        " this",
-        " 5",
-        " with",
-        " as",
-        " are",
-        " by",
-        " on",
-        " (",
-        ")",
-        " -",
-        " 10",
-        " 0",
-        " not",
-        " number",
-        " sum",
-        " Let",
-        " total",
-        " each",
-        " then",
-        " can",
-        " *",
-        " 6",
-        " 7",
-        " 8",
-        " 9",
-        " times",
-        " step",
-        " first",
-        " second",
-        " find",
-        " value",
-        " If",
-        " equal",
-        " /",
-        " ^",
-        "\\",
-        " $",
-        "$",
-        " frac",
-        " sqrt",
-        " Therefore",
-        " Thus",
-        " boxed",
-        "{",
-        "}",
-        " minus",
-        " divide",
-        " product",
-        " prime",
-        " even",
-        " odd",
-        " remainder",
-        " apples",
-        " cost",
-        " hours",
-        " Hmm",
-        " wait",
-        " Wait",
-        " actually",
-        " check",
-        " again",
-        " correct",
-        " wrong",
-        " maybe",
-        " perhaps",
-        " verify",
-        " assume",
-        " suppose",
-        " consider",
-        " however",
-        " But",
-        " alternatively",
-        " 11",
-        " 12",
-        " 13",
-        " 17",
-        " 19",
-        " 23",
-        " 42",
-        " 100",
-        " 1000",
-        " pi",
-        " theta",
-        " modulo",
-        " integer",
-        " fraction",
-        " decimal",
-        " percent",
-        " ratio",
-        " probability",
-        " expected",
-        " variance",
-        " matrix",
-        " vector",
-        " derivative",
-        " integral",
-        " limit",
-        " series",
-        " converge",
-    ]
-    + [f" tok{i}" for i in range(256 - 124)]
-)
-# Token text a hostile model or user could produce: must render as text, never as markup.
-HOSTILE_VOCAB: tuple[str, ...] = (
-    "<script>alert(1)</script>",
-    "<img src=x onerror=alert(1)>",
-    "<b>bold</b>",
-    "</div>",
-    "&amp;",
-    "javascript:alert(1)",
-    "{{7*7}}",
-    "<br>",
-    "\u202e",
-    "**md**",
 )
 
 
@@ -233,162 +87,6 @@ def _log_sigmoid(x: np.ndarray) -> np.ndarray:
 def _logit_of_logp(logp: np.ndarray) -> np.ndarray:
     """log(p/(1−p)) from log p < 0."""
     return logp - np.log(-np.expm1(logp))
-
-
-def _rule_entries(rules: Sequence[str]) -> dict[str, dict]:
-    """The manifest's `rules` entry: {name: {low, high, anchor, description}}."""
-    from trustlens.rules import get_rule
-
-    out: dict[str, dict] = {}
-    for name in rules:
-        try:
-            rule = get_rule(name)
-        except KeyError as err:
-            raise ValueError(f"rules: {err.args[0]}") from None
-        out[name] = {"low": rule.low, "high": rule.high, "anchor": rule.anchor, "description": rule.description}
-    return out
-
-
-def _check_status(status: str) -> None:
-    if status not in STATUSES:
-        raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
-
-
-def _write_ranks(
-    path: str | os.PathLike,
-    tables: Iterable[dict[str, pa.Table]],
-    *,
-    world_size: int,
-    rules: list[str],
-    manifest: dict,
-    rows_per_part: int,
-    status: str,
-    keep: Keep | None = None,
-    tokenizer: Any | None = None,
-) -> Location:
-    """Write `tables` (an iterable of {table: rows with a `rank` column}, or "batches": a list of
-    (rank, TokenBatch) for the token rows, kept under `keep` and decoded with `tokenizer` as the
-    recorder does) through one `RankWriter` per rank; rank 0 holds `manifest`. Ends the run with
-    `status`."""
-    writers = [
-        RankWriter(
-            path,
-            rank=rank,
-            world_size=world_size,
-            rules=rules,
-            manifest=manifest if rank == 0 else None,
-            rows_per_file=rows_per_part,
-            tokenizer=tokenizer,
-        )
-        for rank in range(world_size)
-    ]
-    try:
-        for step_tables in tables:
-            for kind, table in step_tables.items():
-                if kind == "batches":  # [(rank, TokenBatch)]: written as the recorder writes them
-                    for rank, batch in table:
-                        rows = batch if keep is None else keep_rows(batch, keep, rules, rank)
-                        for name, part in writers[rank].token_batches(rows):
-                            writers[rank].append(name, part)
-                    continue
-                ranks = table[RANK].to_numpy()
-                if np.any(ranks[1:] < ranks[:-1]):  # generated tables are rank-major already
-                    table = table.take(pc.sort_indices(table, [(RANK, "ascending")]))
-                    ranks = table[RANK].to_numpy()
-                bounds = np.searchsorted(ranks, np.arange(world_size + 1))
-                rows = table.drop_columns([RANK])
-                for rank, writer in enumerate(writers):
-                    writer.append(kind, rows.slice(bounds[rank], bounds[rank + 1] - bounds[rank]))
-        for writer in reversed(writers):  # rank 0 last: its status is the run's
-            writer.close(status)
-    except BaseException as err:
-        for writer in writers:
-            writer.end("failed", f"{type(err).__name__}: {err}")
-        raise
-    return writers[0].path
-
-
-# Defaults for token columns a hand-built run may leave out (see `write_run`).
-_TOKEN_DEFAULTS = {"update": 0, "rank": 0, "token_id": 0}
-
-
-def write_run(
-    path: str | os.PathLike,
-    *,
-    tokens: Mapping[str, Sequence] | pa.Table,
-    samples: Mapping[str, Sequence] | pa.Table | None = None,
-    metrics: Mapping[str, Sequence] | pa.Table | None = None,
-    rules: Sequence[str] | None = None,
-    status: str = "finished",
-    config: dict | None = None,
-) -> Location:
-    """Write a small hand-built run (one part file per table and rank) through the run writer.
-
-    `tokens` needs step, sample, pos and pi_logp; update, rank and token_id default to 0, group to
-    the sample id, every other column to null. `rules` defaults to the rules whose
-    `blocked_<rule>` columns are given (rules not given a column get a null one). samples and
-    metrics are optional; their missing nullable columns are null and rank defaults to 0. The
-    run has as many ranks as the largest rank given + 1.
-    Used by tests with known answers (and for odd inputs such as hostile token text).
-    """
-    _check_status(status)
-    token_data = dict(tokens.to_pydict() if isinstance(tokens, pa.Table) else tokens)
-    given_rules = [c.removeprefix("blocked_") for c in token_data if c.startswith("blocked_")]
-    rules = list(given_rules if rules is None else rules)
-    _rule_entries(rules)  # unknown rules fail before anything is written
-    n = len(token_data.get("step", ()))
-    token_data.setdefault("group", token_data.get("sample"))
-    for name, value in _TOKEN_DEFAULTS.items():
-        token_data.setdefault(name, [value] * n)
-    tables = {"tokens": _table(token_data, table_schema("tokens", rules), n, "tokens")}
-    for kind, data in (("samples", samples), ("metrics", metrics)):
-        if data is None:
-            continue
-        data = dict(data.to_pydict() if isinstance(data, pa.Table) else data)
-        rows = len(data.get("step", ()))
-        data.setdefault(RANK, [0] * rows)
-        tables[kind] = _table(data, table_schema(kind), rows, kind)
-    mu = token_data.get("mu_logp")
-    has_mu = mu is not None and any(v is not None for v in mu)
-    manifest = new_manifest(
-        rules=_rule_entries(rules),
-        active_rule=rules[0] if rules else None,
-        config={"source": "hand-built", **(config or {})},
-        world_size=max(int(pc.max(t[RANK]).as_py() or 0) for t in tables.values()) + 1,
-        anchor="mu" if has_mu else "old",
-        missing=[c.name for c in token_columns(rules) if c.nullable and c.name not in token_data],
-    )
-    return _write_ranks(
-        path,
-        [tables],
-        world_size=manifest["world_size"],
-        rules=rules,
-        manifest=manifest,
-        rows_per_part=max(t.num_rows for t in tables.values()) + 1,
-        status=status,
-    )
-
-
-def _table(data: dict[str, Sequence], schema: pa.Schema, n: int, kind: str) -> pa.Table:
-    """`data` as a table of `schema` plus `rank`: missing nullable columns null, rows sorted by
-    step."""
-    schema = schema.append(pa.field(RANK, pa.int16(), False))
-    unknown = sorted(set(data) - set(schema.names))
-    if unknown:
-        raise ValueError(f"{kind}: unknown columns {unknown}; columns are {schema.names}")
-    arrays = []
-    for field in schema:
-        if field.name in data:
-            values = data[field.name]
-            if len(values) != n:
-                raise ValueError(f"{kind}[{field.name!r}] has {len(values)} rows, step has {n}")
-            arrays.append(pa.array(values).cast(field.type) if field.name == "token" else pa.array(values, field.type))
-        elif field.nullable:
-            arrays.append(pa.nulls(n, field.type))
-        else:
-            raise ValueError(f"{kind}: column {field.name!r} is required")
-    table = pa.Table.from_arrays(arrays, schema=schema)
-    return table.take(pc.array_sort_indices(table["step"]))
 
 
 def write_synthetic_run(
@@ -440,9 +138,9 @@ def write_synthetic_run(
         raise ValueError(f"collapse_at must be a step in [0, {steps}), got {collapse_at}")
     if len(vocab) < 2:
         raise ValueError(f"vocab must hold at least 2 token texts, got {len(vocab)}")
-    _check_status(status)
+    check_status(status)
     rules = list(rules)
-    _rule_entries(rules)  # unknown rules fail before anything is written
+    rule_entries(rules)  # unknown rules fail before anything is written
     if active_rule is not None and active_rule not in rules:
         raise ValueError(f"active_rule {active_rule!r} is not among rules {rules}")
     config = {
@@ -459,7 +157,7 @@ def write_synthetic_run(
         "with_topk": with_topk,
     }
     manifest = new_manifest(
-        rules=_rule_entries(rules),
+        rules=rule_entries(rules),
         active_rule=active_rule or (rules[0] if rules else None),
         config=config,
         world_size=world_size,
@@ -485,7 +183,7 @@ def write_synthetic_run(
         from tqdm import tqdm
 
         step_iter = tqdm(step_iter, desc="synthetic run", unit="step")
-    return _write_ranks(
+    return write_ranks(
         path,
         (gen.step(step) for step in step_iter),
         world_size=world_size,
@@ -715,6 +413,5 @@ __all__ = [
     "HOSTILE_VOCAB",
     "VOCAB",
     "expected_token_rows",
-    "write_run",
     "write_synthetic_run",
 ]

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from trustlens.run import load_run
-from trustlens.synthetic import write_run
+from trustlens.run.tables import write_run
 
 L = math.log
 

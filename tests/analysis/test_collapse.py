@@ -6,7 +6,8 @@ import pytest
 from trustlens.analysis import CollapseConfig, detect_collapse, step_signals
 from trustlens.analysis.collapse import ALERT_SCHEMA, alert_window, collapse_onset, collapse_window
 from trustlens.run import load_run
-from trustlens.synthetic import write_run, write_synthetic_run
+from trustlens.run.tables import write_run
+from trustlens.synthetic import write_synthetic_run
 
 STEPS = 12
 

@@ -6,7 +6,8 @@ import pytest
 
 from trustlens.analysis import MISMATCH_COLUMNS, mismatch_by_bucket, mismatch_per_step, mismatch_unavailable
 from trustlens.run import load_run
-from trustlens.synthetic import write_run, write_synthetic_run
+from trustlens.run.tables import write_run
+from trustlens.synthetic import write_synthetic_run
 
 L = math.log
 

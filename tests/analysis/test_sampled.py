@@ -23,7 +23,8 @@ from trustlens.analysis.clipping import figure1_density
 from trustlens.analysis.findings import blocked_anchor_quantiles
 from trustlens.analysis.sweep import threshold_sweep
 from trustlens.run import load_run
-from trustlens.synthetic import write_run, write_synthetic_run
+from trustlens.run.tables import write_run
+from trustlens.synthetic import write_synthetic_run
 
 SIZES = {"steps": 6, "samples_per_step": 64, "seq_len": 48, "updates": 2, "world_size": 2, "seed": 3}
 

@@ -16,7 +16,7 @@ from trustlens.analysis.seeds import (
     seed_table,
 )
 from trustlens.run import load_run
-from trustlens.synthetic import write_run
+from trustlens.run.tables import write_run
 
 
 def test_mean_se_by_hand():
