@@ -102,7 +102,8 @@ if groups:
         "(sample sd / √n). Block rates are over A ≠ 0 tokens; collapse = accuracy below half its "
         "start, or the mean reward over 10% of the steps (≥ 5) below half the first window's; "
         "within_noise counts the runs whose final accuracy level (mean of the last 10% of the "
-        "evaluations, ≥ 3) is within 2 binomial standard errors of their best level."
+        "evaluations, ≥ 3) is below their best level by no more than 95% of runs whose accuracy "
+        "never changes would be (binomial evaluations, simulated)."
     )
     for i, (members, outcomes) in enumerate(groups):
         table = seed_table(outcomes)

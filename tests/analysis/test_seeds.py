@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -8,9 +9,11 @@ from trustlens.analysis.seeds import (
     OUTCOMES,
     accuracy_drop,
     csv_safe,
+    drop_noise,
     eval_window,
     format_mean_se,
     format_seed_table,
+    level_drops,
     mean_se,
     run_outcome,
     seed_table,
@@ -78,11 +81,30 @@ def test_accuracy_drop_by_hand():
     acc = [0.3, 0.4, 0.5, 0.6, 0.7, 0.2, 0.3, 0.7, 0.2, 0.0]
     drop, noise = accuracy_drop(acc, eval_size=500)
     assert drop == pytest.approx(0.3)
-    # p̄ = 0.45: 2·√(2 · 0.45 · 0.55 / (3 · 500))
-    assert noise == pytest.approx(2 * math.sqrt(2 * 0.45 * 0.55 / 1500))
+    assert noise == drop_noise(10, 500, 0.39)  # p̄: the mean of the evaluations
     # ending on the best level: no drop; without eval_size no noise
     assert accuracy_drop([0.2, 0.3, 0.4, 0.5], eval_size=None) == (pytest.approx(0.0), None)
     assert accuracy_drop([], eval_size=500) == (None, None)
+
+
+def test_drop_noise_closed_forms():
+    # one level (as many evaluations as w): a constant run never ends below its best
+    assert drop_noise(3, 500, 0.4) == 0.0
+    # 4 evaluations a1..a4 of one problem each, w = 3: acc_drop = max(a1 − a4, 0) / 3, which is
+    # 1/3 with probability p(1 − p): the 95th percentile is 1/3 when p(1 − p) > 5%, else 0
+    assert drop_noise(4, 1, 0.5) == pytest.approx(1 / 3)
+    assert drop_noise(4, 1, 0.02) == 0.0
+
+
+def test_drop_noise_puts_5_percent_of_constant_runs_outside():
+    evaluations, eval_size, p = 26, 500, 0.42  # the claims runs
+    noise = drop_noise(evaluations, eval_size, p)
+    fresh = np.random.default_rng(1).binomial(eval_size, p, size=(4000, evaluations)) / eval_size
+    drops = level_drops(fresh, eval_window(evaluations))
+    assert np.mean(drops > noise) == pytest.approx(0.05, abs=0.015)
+    # 2 standard errors of the difference of two levels would put about 17% outside
+    two_se = 2 * math.sqrt(2 * p * (1 - p) / (3 * eval_size))
+    assert np.mean(drops > two_se) == pytest.approx(0.17, abs=0.03)
 
 
 def test_format_and_csv_safety():
@@ -120,9 +142,9 @@ def test_run_outcome_by_hand(tmp_path):
     out = run_outcome(run)
     assert (out["rule"], out["seed"]) == ("ppo", 7)
     assert (out["acc_start"], out["acc_final"], out["acc_best"], out["acc_lowest"]) == (0.4, 0.25, 0.4, 0.22)
-    # one level of all 3 evaluations: no drop, within noise (2·√(2 · 0.29 · 0.71 / 300))
+    # one level of all 3 evaluations: no drop, and none for a constant run either: within noise
     assert out["acc_drop"] == pytest.approx(0.0) and out["within_noise"] is True
-    assert out["acc_drop_noise"] == pytest.approx(2 * math.sqrt(2 * 0.29 * 0.71 / 300))
+    assert out["acc_drop_noise"] == 0.0
     assert (out["collapse_step"], out["collapse_cause"], out["steps_to_collapse"]) == (8, "reward", 8)
     assert out["block_rate"] == pytest.approx(0.5) and out["block_rate_low_mu"] == pytest.approx(1.0)
     assert out["k3_start"] == pytest.approx(0.0) and out["tv_end"] == pytest.approx(0.0)
