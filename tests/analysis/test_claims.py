@@ -61,7 +61,7 @@ def test_claims_from_given_outcomes_equal_claims_that_compute_them(tmp_path):
     assert given[0].startswith("C1 ") and len(given) == 6
 
 
-def test_c3_holds_only_when_dppo_ends_within_noise_of_its_best(tmp_path):
+def test_c3_holds_unless_dppo_ends_outside_noise_on_more_seeds_than_chance_explains(tmp_path):
     from trustlens.analysis.claims import measure_claims
     from trustlens.analysis.seeds import run_outcomes
     from trustlens.run import load_run
@@ -82,8 +82,15 @@ def test_c3_holds_only_when_dppo_ends_within_noise_of_its_best(tmp_path):
         acc_drop=pl.when(free).then(0.3).otherwise(pl.Series([None, None, 0.01, 0.08])),
         within_noise=pl.when(free).then(False).otherwise(pl.Series([None, None, True, False])),
     )
+    # 1 of 2 seeds outside noise: runs whose accuracy never changes do that with probability
+    # 1 − 0.95² = 0.0975, not below 5%: the claim holds
     c3 = measure_claims(runs, outcomes)[2]
-    assert c3.verdict == "does not hold at this scale"
-    assert "dppo_binary_tv ended within noise of its best on 1/2 (best − final accuracy level 0.045" in c3.line()
-    steady = outcomes.with_columns(within_noise=pl.when(free).then(False).otherwise(True))
-    assert measure_claims(runs, steady)[2].verdict == "holds"
+    assert c3.verdict == "holds"
+    assert (
+        "dppo_binary_tv ended within noise of its best on 1/2, as runs whose accuracy never changes would "
+        "with probability 0.10 (best − final accuracy level 0.045"
+    ) in c3.line()
+    # both outside (chance 0.05² = 0.0025), or one unknown and one outside: it does not hold
+    for dppo in ([False, False], [None, False]):
+        fell = outcomes.with_columns(within_noise=pl.when(free).then(False).otherwise(pl.Series([None, None, *dppo])))
+        assert measure_claims(runs, fell)[2].verdict == "does not hold at this scale"

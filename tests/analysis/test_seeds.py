@@ -15,6 +15,7 @@ from trustlens.analysis.seeds import (
     format_seed_table,
     level_drops,
     mean_se,
+    noise_tail,
     run_outcome,
     seed_table,
 )
@@ -105,6 +106,13 @@ def test_drop_noise_puts_5_percent_of_constant_runs_outside():
     # 2 standard errors of the difference of two levels would put about 17% outside
     two_se = 2 * math.sqrt(2 * p * (1 - p) / (3 * eval_size))
     assert np.mean(drops > two_se) == pytest.approx(0.17, abs=0.03)
+
+
+def test_noise_tail_binomial_by_hand():
+    assert noise_tail(0, 6) == pytest.approx(1.0)
+    assert noise_tail(1, 6) == pytest.approx(1 - 0.95**6)  # 0.265
+    assert noise_tail(2, 6) == pytest.approx(1 - 0.95**6 - 6 * 0.05 * 0.95**5)  # 0.033
+    assert noise_tail(3, 3) == pytest.approx(0.05**3)
 
 
 def test_format_and_csv_safety():

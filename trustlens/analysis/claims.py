@@ -13,8 +13,11 @@ plotly figure. The tests, on runs named by their active rule:
         difference is below −2 SE.
     C3  Without a trust region the mismatch grows, then the run collapses, while DPPO stays
         flat: pg_is and cispo collapse on every seed with k3 growing (k3_end > k3_start), and
-        dppo_binary_tv collapses on none and ends within noise of its best on every seed
-        (`within_noise` of trustlens.analysis.seeds).
+        dppo_binary_tv collapses on none and ends within noise of its best (`within_noise` of
+        trustlens.analysis.seeds) on as many seeds as runs whose accuracy never changes would:
+        even those end outside noise with probability 5% each, so the claim fails only when so
+        many seeds end outside that the chance of that is below 5% (`noise_tail`; a run without
+        eval_size counts as outside).
     C4  A trust region anchored on the recomputed π_old (dppo_binary_tv_recompute, MiniRL's
         anchor) is worse than one anchored on μ: it collapses on more seeds, or ends lower by
         more than 2 SE.
@@ -41,7 +44,7 @@ import polars as pl
 from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage, weighted, weighted_mean
 from trustlens.analysis.findings import over_updates_per_step
 from trustlens.analysis.mismatch import mismatch_per_step
-from trustlens.analysis.seeds import LOW_MU, accuracy_per_step, format_mean_se, mean_se, run_outcome
+from trustlens.analysis.seeds import LOW_MU, accuracy_per_step, format_mean_se, mean_se, noise_tail, run_outcome
 from trustlens.run import blocked_column
 
 HOLDS, FAILS, UNTESTABLE = "holds", "does not hold at this scale", "untestable"
@@ -225,13 +228,15 @@ def _c3(r: _Runs) -> Claim:
         ]
         parts.append(f"{rule} collapsed {k}/{n}, k3 end/start {_ms(growth)}")
         if rule == "dppo_binary_tv":
-            steady = r.stat(rule, "within_noise").values()
+            outside = sum(v is not True for v in r.stat(rule, "within_noise").values())
             drops = r.stat(rule, "acc_drop").values()
+            chance = noise_tail(outside, n)
             parts.append(
-                f"dppo_binary_tv ended within noise of its best on {sum(v is True for v in steady)}/{n} "
+                f"dppo_binary_tv ended within noise of its best on {n - outside}/{n}, as runs whose "
+                f"accuracy never changes would with probability {chance:.2f} "
                 f"(best − final accuracy level {_ms(list(drops))})"
             )
-            ok &= k == 0 and all(v is True for v in steady)
+            ok &= k == 0 and chance >= 0.05
         else:
             ok &= k == n and all(g is not None and g > 1 for g in growth)
     fig = _curves(

@@ -147,6 +147,15 @@ def drop_noise(evaluations: int, eval_size: int, p: float) -> float:
     return float(np.quantile(level_drops(draws, eval_window(evaluations)), NOISE_QUANTILE))
 
 
+def noise_tail(outside: int, n: int) -> float:
+    """The chance that at least `outside` of n runs whose accuracy never changes end outside
+    noise (acc_drop > acc_drop_noise, each with probability 1 − NOISE_QUANTILE): P(X ≥ outside),
+    X ~ Binomial(n, 1 − NOISE_QUANTILE). Below 5%: more runs fell from their best than chance
+    explains."""
+    q = 1 - NOISE_QUANTILE
+    return math.fsum(math.comb(n, j) * q**j * (1 - q) ** (n - j) for j in range(max(outside, 0), n + 1))
+
+
 def accuracy_drop(accuracy: list[float], eval_size: int | None) -> tuple[float | None, float | None]:
     """(acc_drop, acc_drop_noise) of a run's evaluations in step order (module docstring); both
     null without evaluations, the noise null without a positive eval_size."""
