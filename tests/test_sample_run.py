@@ -12,7 +12,7 @@ import pytest
 
 from trustlens import load_run
 from trustlens.analysis.seeds import run_outcome
-from trustlens.train.commands import SAMPLE_LEARNING, sample_configs
+from trustlens.train.sample import SAMPLE_LEARNING, sample_configs
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample_run"
 RUNS = sorted(p.name for p in SAMPLE.iterdir() if (p / "run.json").is_file())

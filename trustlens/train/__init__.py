@@ -4,8 +4,10 @@
 - `trustlens.train.model`: the word-level tokenizer, the tiny Llama policy, checkpoints.
 - `trustlens.train.warmup`: the supervised warm-up that makes the shipped warm-start checkpoint
   (``trustlens warmup``).
-- `trustlens.train.rollout`, `trustlens.train.trainer`, `trustlens.train.commands`: the rollout
-  engine, the GRPO/DPPO trainer and the ``train``/``compare``/``demo`` commands.
+- `trustlens.train.rollout`, `trustlens.train.trainer`: the rollout engine and the GRPO/DPPO trainer.
+- `trustlens.train.commands`: the ``train``/``compare``/``claims``/``demo``/``make-sample`` commands'
+  flags and ``train``; `trustlens.train.runner` trains one run for them, `trustlens.train.runsets`
+  holds ``compare`` and ``claims``, `trustlens.train.sample` ``demo`` and ``make-sample``.
 
 Submodules import torch; import them directly (this package imports nothing eagerly).
 """

@@ -1,0 +1,64 @@
+"""What every figure module shares: `safe_text` and `token_labels` for the text a figure shows
+(see the package docstring), `thin` for curves longer than `MAX_POINTS` steps, `empty` for the
+figure of an empty frame, and the alert colours (`SEVERITY_COLOURS`)."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+import polars as pl
+
+from trustlens.render import visible_text
+
+# Curves longer than this are averaged over equal step bins.
+MAX_POINTS = 2000
+SEVERITY_COLOURS = {"warning": "#E69F00", "critical": "#D55E00"}
+
+
+def safe_text(text: object, *, token: bool = False) -> str:
+    """`text` safe to put in a plotly label or hover text: shown literally, never as markup.
+
+    Control and direction characters become visible escapes; with `token`, spaces are shown as
+    non-breaking spaces too (so a token's leading space stays visible)."""
+    shown = visible_text(None if text is None else str(text))
+    if not token:
+        shown = shown.replace("\u00a0", " ")
+    return html.escape(shown, quote=True).replace("$", "&#36;")
+
+
+def token_labels(tokens: Sequence[str | None]) -> list[str]:
+    """Safe, distinct axis labels for token texts: quoted (so leading spaces show) and numbered
+    when two texts would look the same."""
+    seen: dict[str, int] = {}
+    out = []
+    for t in tokens:
+        label = f"‹{safe_text(t, token=True)}›"
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+    return out
+
+
+def empty(title: str, reason: str | None) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=safe_text(title), xaxis_visible=False, yaxis_visible=False)
+    fig.add_annotation(text=safe_text(reason or "no data"), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    return fig
+
+
+def thin(df: pl.DataFrame, x: str = "step", max_points: int = MAX_POINTS) -> pl.DataFrame:
+    """`df` with at most `max_points` rows: the mean of every column over equal bins of `x`
+    (x itself becomes the bin's mean). Unchanged when already small."""
+    if df.height <= max_points:
+        return df
+    lo, hi = df.select(pl.col(x).min()).item(), df.select(pl.col(x).max()).item()
+    width = (hi - lo) / max_points
+    numeric = [c for c, t in df.schema.items() if t.is_numeric() and c != x]
+    return (
+        df.with_columns(((pl.col(x) - lo) / width).floor().clip(0, max_points - 1).alias("_bin"))
+        .group_by("_bin")
+        .agg(pl.col(x).mean(), *(pl.col(c).mean() for c in numeric))
+        .sort("_bin")
+        .drop("_bin")
+    )

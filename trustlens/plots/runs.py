@@ -1,0 +1,160 @@
+"""Figures of a run over its steps and of runs compared: the collapse signals with their alerts,
+the held-out accuracy with the collapse line, and several runs' per-step columns overlaid."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import plotly.graph_objects as go
+import polars as pl
+from plotly.subplots import make_subplots
+
+from trustlens.plots.common import MAX_POINTS, SEVERITY_COLOURS, empty, safe_text, thin
+from trustlens.render import rule_colours, series_colours
+
+TIMELINE_SIGNALS = ("entropy", "k3_kl", "reward", "grad_norm")
+
+
+def collapse_timeline(
+    signals: pl.DataFrame,
+    alerts: pl.DataFrame | None = None,
+    *,
+    panels: Sequence[str] = TIMELINE_SIGNALS,
+    max_points: int = MAX_POINTS,
+    title: str = "Collapse signals",
+) -> go.Figure:
+    """Stacked panels of the per-step signals (`analysis.step_signals`) — the given `panels`
+    that the run has, then every blocked_<rule> fraction in one panel — with each alert
+    (`analysis.detect_collapse`) marked on the panel of its signal, coloured by severity; the
+    marker's hover text is the alert's message."""
+    if signals.is_empty():
+        return empty(title, "no steps")
+    blocked = [c for c in signals.columns if c.startswith("blocked_")]
+    shown = [p for p in panels if p in signals.columns and signals[p].drop_nulls().len() > 0]
+    rows = shown + (["blocked"] if blocked else [])
+    df = thin(signals, max_points=max_points)
+    fig = make_subplots(
+        rows=len(rows),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.03,
+        subplot_titles=[safe_text(r) if r != "blocked" else "blocked fraction of A ≠ 0 tokens" for r in rows],
+    )
+    row_of = {p: i for i, p in enumerate(shown, start=1)}
+    for p in shown:
+        fig.add_trace(
+            go.Scatter(
+                x=df["step"].to_list(),
+                y=df[p].to_list(),
+                mode="lines",
+                name=safe_text(p),
+                showlegend=False,
+                line_color="#444",
+            ),
+            row=row_of[p],
+            col=1,
+        )
+    if blocked:
+        colours = rule_colours([c.removeprefix("blocked_") for c in blocked])
+        for c in blocked:
+            rule = c.removeprefix("blocked_")
+            row_of[c] = len(rows)
+            fig.add_trace(
+                go.Scatter(
+                    x=df["step"].to_list(),
+                    y=df[c].to_list(),
+                    mode="lines",
+                    name=safe_text(rule),
+                    line_color=colours[rule],
+                ),
+                row=len(rows),
+                col=1,
+            )
+    if alerts is not None and not alerts.is_empty():
+        values = {p: dict(zip(signals["step"].to_list(), signals[p].to_list(), strict=True)) for p in row_of}
+        for sev, part in alerts.group_by("severity"):
+            pts = [(row_of.get(a["signal"]), a) for a in part.iter_rows(named=True)]
+            for row in sorted({r for r, _ in pts if r is not None}):
+                mine = [a for r, a in pts if r == row]
+                fig.add_trace(
+                    go.Scatter(
+                        x=[a["step"] for a in mine],
+                        y=[values[a["signal"]].get(a["step"]) for a in mine],
+                        mode="markers",
+                        marker={"symbol": "x", "size": 11, "color": SEVERITY_COLOURS.get(sev[0], "#000")},
+                        name=f"{sev[0]} alert",
+                        legendgroup=sev[0],
+                        showlegend=row == min(r for r, _ in pts if r),
+                        text=[safe_text(a["message"]) for a in mine],
+                        hovertemplate="%{text}<extra></extra>",
+                    ),
+                    row=row,
+                    col=1,
+                )
+    fig.update_xaxes(title_text="step", row=len(rows), col=1)
+    fig.update_layout(title=safe_text(title), height=160 * len(rows) + 120)
+    return fig
+
+
+def overlay_runs(
+    frames: Mapping[str, pl.DataFrame],
+    y: str | Sequence[str],
+    *,
+    x: str = "step",
+    max_points: int = MAX_POINTS,
+    title: str = "Runs compared",
+) -> go.Figure:
+    """Several runs overlaid: for each column in `y`, one panel with a line per run.
+
+    `frames` maps a run's name to a per-step frame holding `x` and the `y` columns (e.g.
+    `step_summary`, `mismatch_per_step` or `step_signals` of each run). Runs lacking a column are
+    skipped in that panel.
+    """
+    ys = [y] if isinstance(y, str) else list(y)
+    if not frames:
+        return empty(title, "no runs")
+    fig = make_subplots(
+        rows=len(ys), cols=1, shared_xaxes=True, vertical_spacing=0.05, subplot_titles=[safe_text(c) for c in ys]
+    )
+    colours = series_colours(list(frames))
+    for i, col in enumerate(ys, start=1):
+        for name, df in frames.items():
+            if col not in df.columns or x not in df.columns:
+                continue
+            part = thin(df.select(x, col), x=x, max_points=max_points)
+            fig.add_trace(
+                go.Scatter(
+                    x=part[x].to_list(),
+                    y=part[col].to_list(),
+                    mode="lines",
+                    name=safe_text(name),
+                    legendgroup=safe_text(name),
+                    showlegend=i == 1,
+                    line_color=colours[name],
+                ),
+                row=i,
+                col=1,
+            )
+    fig.update_xaxes(title_text=safe_text(x), row=len(ys), col=1)
+    fig.update_layout(title=safe_text(title), height=200 * len(ys) + 120)
+    return fig
+
+
+def accuracy_curve(accuracy: Sequence[tuple[int, float]], *, title: str = "Held-out accuracy") -> go.Figure:
+    """Held-out accuracy per evaluation (`analysis.seeds.accuracy_per_step`: (step, accuracy)
+    pairs), with the collapse line of `analysis.collapse.collapse_onset` dashed: half the first
+    evaluation's accuracy."""
+    if not accuracy:
+        return empty(title, "no held-out accuracy logged (eval/accuracy)")
+    steps, values = zip(*sorted(accuracy), strict=True)
+    fig = go.Figure(go.Scatter(x=list(steps), y=list(values), mode="lines+markers", name="accuracy"))
+    fig.add_hline(
+        y=values[0] / 2,
+        line_dash="dash",
+        line_color=SEVERITY_COLOURS["critical"],
+        annotation_text="collapse line: half the start",
+        annotation_position="top right",
+    )
+    fig.update_layout(title=safe_text(title), xaxis_title="step", yaxis_title="accuracy", height=320)
+    fig.update_yaxes(rangemode="tozero")
+    return fig

@@ -1,0 +1,225 @@
+"""The commands that train a set of runs: `trustlens compare` (rules × seeds, a table of mean ±
+SE per rule) and `trustlens claims` (the paper's claims C1–C6 measured over those runs)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from trustlens.train.config import TrainConfig
+from trustlens.train.runner import check_out, config, finish, is_main, run_one
+
+
+def compare(
+    rules: list[str],
+    seeds: list[int],
+    out: Path,
+    base,
+    *,
+    overwrite: bool = False,
+    quiet: bool = False,
+    reuse: bool = False,
+    jobs: int = 1,
+) -> dict[str, Path]:
+    """Train `base` under each rule and seed, same settings otherwise: {run name: run directory}.
+    With `reuse`, a finished run already at its directory with the same settings is kept. `jobs`
+    runs are trained at a time, each in a fresh Python process of its own (no progress bars
+    then); under torchrun every run uses all the ranks, one after another."""
+    configs = {
+        (rule if len(seeds) == 1 else f"{rule}-seed{seed}"): replace(base, rule=rule, seed=seed)
+        for seed in seeds
+        for rule in rules
+    }
+    return train_runs(configs, out, overwrite=overwrite, quiet=quiet, reuse=reuse, jobs=jobs)
+
+
+def train_runs(
+    configs: dict, out: Path, *, overwrite: bool = False, quiet: bool = False, reuse: bool = False, jobs: int = 1
+) -> dict[str, Path]:
+    """Train each {run name: TrainConfig} of `configs` into OUT/<name>: {run name: run directory}
+    (`compare`'s options)."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an integer ≥ 1, got {jobs!r}")
+    if jobs > 1 and "RANK" in os.environ:
+        raise ValueError("jobs > 1 trains runs in processes of their own; under torchrun every run uses all ranks")
+    # every config and directory is checked before the first run starts
+    runs = {name: out / name for name in configs}
+    kept = {name for name, cfg in configs.items() if reuse and _finished_with(runs[name], cfg)}
+    if is_main():
+        for name, path in runs.items():
+            if name not in kept:
+                check_out(path, overwrite)
+    if is_main():
+        for name in kept:
+            print(f"keeping the finished run {runs[name]}")
+    todo = [(cfg, runs[name]) for name, cfg in configs.items() if name not in kept]
+    if jobs == 1:
+        for cfg, path in todo:
+            run_one(cfg, path, overwrite=overwrite, quiet=quiet)
+        return runs
+    _train_in_processes(todo, overwrite, jobs)
+    return runs
+
+
+def _train_in_processes(todo: list, overwrite: bool, jobs: int) -> None:
+    """Train each (config, directory) of `todo` in a fresh Python process of its own (`run_one`,
+    no progress bar), `jobs` at a time. A failed run stops the others and raises."""
+    import json
+    import subprocess
+    import sys
+    import time
+    from dataclasses import asdict
+
+    code = "import sys; from trustlens.train.runsets import _run_from_json; _run_from_json(sys.argv[1])"
+    waiting = list(todo)
+    running: list[tuple[Path, subprocess.Popen]] = []
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                cfg, path = waiting.pop(0)
+                payload = json.dumps({"config": asdict(cfg), "out": str(path), "overwrite": overwrite})
+                running.append((path, subprocess.Popen([sys.executable, "-c", code, payload])))
+            time.sleep(0.2)
+            for path, proc in list(running):
+                if proc.poll() is None:
+                    continue
+                running.remove((path, proc))
+                if proc.returncode != 0:
+                    raise RuntimeError(
+                        f"training the run {path} failed (exit code {proc.returncode}; its error is above)"
+                    )
+    finally:
+        for _, proc in running:
+            proc.terminate()
+            proc.wait()
+
+
+def _run_from_json(payload: str) -> None:
+    """The entry point of a process of `_train_in_processes`: `run_one` of the given settings."""
+    import json
+
+    given = json.loads(payload)
+    run_one(TrainConfig(**given["config"]), Path(given["out"]), overwrite=given["overwrite"], quiet=True)
+
+
+def _finished_with(path: Path, cfg) -> bool:
+    """Whether `path` holds a finished run trained with exactly the settings `cfg`."""
+    import json
+    from dataclasses import asdict
+
+    try:
+        manifest = json.loads((path / "run.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return manifest.get("status") == "finished" and manifest.get("config") == asdict(cfg)
+
+
+def compare_table(runs: list, out: Path):
+    """The outcomes of `runs` (loaded Runs) and their seed table (trustlens.analysis.seeds):
+    the table printed and saved as OUT/compare.csv, the outcomes as OUT/compare_runs.csv.
+    Returns (table, outcomes)."""
+    from trustlens.analysis.seeds import csv_safe, format_seed_table, run_outcomes, seed_table
+
+    outcomes = run_outcomes(runs)
+    table = seed_table(outcomes)
+    print(format_seed_table(table))
+    out.mkdir(parents=True, exist_ok=True)
+    csv_safe(table).write_csv(out / "compare.csv")
+    csv_safe(outcomes).write_csv(out / "compare_runs.csv")
+    print(f"mean ± standard error over seeds; table saved to {out / 'compare.csv'} (per run: compare_runs.csv)")
+    return table, outcomes
+
+
+def _train_runs(args: argparse.Namespace) -> dict[str, Path]:
+    """`compare` with the command line's rules, seeds, settings and options."""
+    try:
+        return compare(
+            args.rules,
+            args.seeds,
+            args.out,
+            config(args, seed=args.seeds[0]),
+            overwrite=args.overwrite,
+            quiet=args.quiet,
+            reuse=args.reuse,
+            jobs=args.jobs,
+        )
+    finally:
+        finish()
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    runs = _train_runs(args)
+    if is_main():
+        from trustlens import load_run
+
+        compare_table([load_run(p) for p in runs.values()], args.out)
+        print(f"runs in {args.out}/; open them with trustlens.load_runs or `trustlens dashboard {args.out}`")
+    return 0
+
+
+# the rules the claims need: C1/C2 ppo vs dppo, C3/C6 no trust region, C4 the π_old anchor, C5 Top-K
+CLAIM_RULES = ("ppo", "dppo_binary_tv", "dppo_topk_tv", "dppo_binary_tv_recompute", "pg_is", "cispo")
+
+
+def claims_command(args: argparse.Namespace) -> int:
+    from trustlens import load_run
+
+    runs = _finished_runs(args.out) if args.no_train else _train_runs(args)
+    if not is_main():
+        return 0
+    if not runs:
+        raise SystemExit(f"--out {args.out} holds no runs to measure")
+    loaded = [load_run(p) for p in runs.values()]
+    table, outcomes = compare_table(loaded, args.out)
+    report = write_claims_report(loaded, args.out, table, outcomes, preset=args.preset)
+    print(f"claims report: {report}")
+    return 0
+
+
+def _finished_runs(folder: Path) -> dict[str, Path]:
+    """The finished runs directly inside `folder` (runs still being written are left out)."""
+    import json
+
+    runs = {}
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        try:
+            status = json.loads((path / "run.json").read_text()).get("status")
+        except (OSError, ValueError):
+            continue
+        if status == "finished":
+            runs[path.name] = path
+    return runs
+
+
+def write_claims_report(runs, out: Path, table, outcomes, *, preset: str) -> Path:
+    """Measure C1–C6 on `runs`, write OUT/figures/C*.html and OUT/claims.md (`table` and
+    `outcomes` from `compare_table`); the report's path."""
+    from trustlens.analysis.claims import alert_leads, measure_claims, outcome_rows
+    from trustlens.analysis.seeds import format_seed_table
+
+    claims = measure_claims(runs, outcomes)
+    figures = out / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# The DPPO paper's claims, measured at this scale",
+        "",
+        f"{len(runs)} runs in `{out}` (preset `{preset}`), written by `trustlens claims`. "
+        "Mean ± standard error (sample sd / √n) over seeds.",
+        "",
+    ]
+    for c in claims:
+        print(c.line())
+        lines += [f"## {c.key}: {c.title}", "", f"**{c.verdict}** — {c.evidence}", ""]
+        if c.figure is not None:
+            path = figures / f"{c.key}.html"
+            c.figure.write_html(path, include_plotlyjs="cdn")
+            lines += [f"Figure: [{path.name}](figures/{path.name})", ""]
+    leads = alert_leads(outcomes)
+    print("alerts: " + leads)
+    lines += ["## Collapse alerts", "", leads, "", "## Per rule", "", "```", format_seed_table(table), "```", ""]
+    lines += ["## Per run", "", *outcome_rows(outcomes), ""]
+    report = out / "claims.md"
+    report.write_text("\n".join(lines))
+    return report
