@@ -10,8 +10,9 @@ a padding holding NaN, ±inf or out-of-range values) are the inputs checked one 
 valid positions, which names the argument and the (b, t) index of the first bad value. For CPU
 tensors the check, selecting the valid positions (nonzero, gathers), deciding the rules and
 deriving the columns happen in `derive_rows`, in the writer thread: with the writer busy on the
-other core, the caller's share of benchmarks/recorder.py fell from 5.6–6.4% to 4.4–4.6% of the
-raw write when the checks left the caller (medians of 5 rounds, 2026-11-26). A bad CPU input is
+other core, the caller's share of benchmarks/recorder.py fell from 4.85–5.88% to 3.89–4.56% of
+the raw write when the checks left the caller (4 alternating pairs of runs, each the median of 5
+rounds, idle machine, 2026-11-26). A bad CPU input is
 then found after its call returned: its rows are dropped and the next call raises
 `RejectedInputError`. Accelerator tensors are checked and taken in the call.
 """

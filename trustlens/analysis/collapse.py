@@ -35,7 +35,8 @@ critical test holds. The critical reward test (r̄ below 0.56× the baseline ove
 set on the 18 claims runs of docs/claims.md: there it comes before all 7 collapses (13–136 steps
 ahead) and in none of the 11 other runs, where r̄ over 15 steps below 0.6× (the previous default)
 also flagged a run that sagged to 0.66× its starting accuracy without collapsing; out of sample
-(seeds 3–5) it came ahead of 4 of 6 collapses and flagged 1 of 12 other runs. Only a falling
+(seeds 3–8, docs/claims.md) it came ahead of only 4 of 11 collapses, every one of which came at
+an evaluation, often before the reward had fallen that far, and flagged 2 of 25 other runs. Only a falling
 reward or an extreme entropy, gradient or block rate is critical: on the runs of
 benchmarks/collapse_alerts.py the mismatch grew (k3 past 4× its baseline) in many runs that kept
 learning and rarely before a collapse, alone or with a reward or entropy signal, while the reward
