@@ -150,9 +150,6 @@ class TokenRecorder:
         if keep is not None and not isinstance(keep, Keep):
             raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
         self.keep = keep
-        # the copies of record calls, reused once their rows are taken: as many sets as can be in
-        # flight (the queue's and the one the writer works on), so none is allocated again
-        self._buffers = Buffers(keep=queue_size + 1)
         self._evaluable_cache: dict[tuple, tuple[list[Rule], set[str]]] = {}  # see _evaluable
         self.rules = resolve_rules(list(RULES) if rules is None else rules)
         self._rules_given = rules is not None
@@ -160,7 +157,10 @@ class TokenRecorder:
         if active_rule is not None and active_rule not in names:
             raise ValueError(f"active_rule {active_rule!r} is not among the evaluated rules {names}")
         int_arg("rows_per_file", rows_per_file, 1, 2**31)
-        int_arg("queue_size", queue_size, 1, 2**31)
+        queue_size = int_arg("queue_size", queue_size, 1, 2**31)
+        # the copies of record calls, reused once their rows are taken: as many sets as can be in
+        # flight (the queue's and the one the writer works on), so none is allocated again
+        self._buffers = Buffers(keep=queue_size + 1)
         flush_seconds = positive_seconds("flush_seconds", flush_seconds)
         writer_timeout = positive_seconds("writer_timeout", writer_timeout)
         self.rank, self.world_size = distributed_rank(rank, world_size)

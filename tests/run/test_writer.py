@@ -210,6 +210,13 @@ def test_seconds_are_validated(tmp_path, name, value):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("value", [0, "8", 2.0, True])
+def test_queue_size_is_validated(tmp_path, value):
+    with pytest.raises(ValueError, match=r"queue_size must be an integer in \[1, 2147483648\)"):
+        TokenRecorder(tmp_path / "run", queue_size=value)
+    assert not (tmp_path / "run").exists()
+
+
 def test_part_files_carry_page_checksums(tmp_path):
     with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
         rec.record(0, **batch())
