@@ -121,6 +121,19 @@ def test_mismatch_and_collapse_figures(run):
     assert all(x >= 14 for tr in markers for x in tr.x)
 
 
+def test_collapse_timeline_joins_the_evaluations():
+    accuracy = [0.4 - s / 100 if s % 10 == 0 else None for s in range(21)]  # evaluations at 0, 10, 20
+    signals = pl.DataFrame({"step": range(21), "reward": [0.5] * 21, "accuracy": accuracy})
+    alerts = pl.DataFrame(
+        {"step": [20], "signal": ["accuracy"], "severity": ["critical"], "message": ["held-out accuracy fell"]}
+    )
+    fig = P.collapse_timeline(signals, alerts)
+    reward, accuracy, marker = fig.data
+    assert len(reward.x) == 21 and list(accuracy.x) == [0, 10, 20]
+    assert list(accuracy.y) == pytest.approx([0.4, 0.3, 0.2])
+    assert (list(marker.x), list(marker.y)) == ([20], [pytest.approx(0.2)])
+
+
 def test_overlay_runs_escapes_names(run):
     s = A.step_summary(run.tokens)
     fig = P.overlay_runs({"a": s, "<b>evil</b>": s}, ["entropy", "blocked_ppo", "missing"])

@@ -93,9 +93,10 @@ pl.concat([
 # baseline (its first 10% of steps, at least 5 and at most 15), with no absolute thresholds, and
 # raises an alert when entropy collapses or surges, mismatch grows, the gradient norm spikes, the
 # reward drops or the block rate of the rule the run trains with drifts (the other rules' columns
-# are counterfactual: context, not alerts); flagged steps of a detector that come within that
-# many steps of each other are one alert. Each alert names the samples and tokens that drove it,
-# strongest first. How many alerts of each kind every run raised:
+# are counterfactual: context, not alerts); held-out accuracy is judged at each evaluation against
+# the first one (critical after two evaluations in a row below 0.75× it). Flagged steps of a
+# detector that come within that many steps of each other are one alert. Each alert names the
+# samples and tokens that drove it, strongest first. How many alerts of each kind every run raised:
 
 # %%
 alerts = {name: A.detect_collapse(run, signals=signals[name]) for name, run in runs.items()}

@@ -24,7 +24,9 @@ named = sample_runs()
 learning = named.pop("learning", None)  # the default preset's run: other settings, not a seed of these
 runs = list(named.values())
 outcomes = run_outcomes(runs)
-outcomes.select("run", "acc_start", "acc_final", "collapse_step", "collapse_cause", "first_critical", "lead")
+outcomes.select(
+    "run", "acc_start", "acc_final", "collapse_step", "collapse_cause", "first_critical", "first_critical_kind", "lead"
+)
 
 # %% [markdown]
 # Beside them the sample holds `learning`, the run `trustlens demo` trains (the default preset,

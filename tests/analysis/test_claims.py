@@ -13,10 +13,11 @@ def _outcomes() -> pl.DataFrame:
         ("dppo_binary_tv", 0, 0.4, 0.3, None, None, 90, None),
         ("pg_is", 0, 0.2, 0.2, 50, "reward", 60, -10),
     ]
+    kinds = {88: "accuracy_drop", 90: "reward_drop", 60: "reward_drop"}
     drops = {"pg_is": (0.3, 0.04, False), "dppo_binary_tv": (0.02, 0.037, True)}
     base = {**dict.fromkeys(OUTCOME_SCHEMA), "acc_start": 0.436, "acc_best": 0.45}
     runs = [
-        {**base, **dict(zip(names, r, strict=True)), "run": f"{r[0]}-seed{r[1]}"}
+        {**base, **dict(zip(names, r, strict=True)), "run": f"{r[0]}-seed{r[1]}", "first_critical_kind": kinds[r[6]]}
         | dict(zip(("acc_drop", "acc_drop_noise", "within_noise"), drops[r[0]], strict=True))
         for r in rows
     ]
@@ -34,9 +35,9 @@ def test_outcome_rows_one_row_per_run_by_rule_then_seed():
     rows = outcome_rows(_outcomes())
     assert rows[0].startswith("| rule | seed | start | final | lowest | best | best − final level (noise) |")
     assert rows[2:] == [
-        "| pg_is | 0 | 0.436 | 0.200 | 0.200 | 0.450 | 0.300 (0.040) | 50 (reward) | 60 | -10 |",
-        "| pg_is | 1 | 0.436 | 0.100 | 0.050 | 0.450 | 0.300 (0.040) | 100 (accuracy) | 88 | 12 |",
-        "| dppo_binary_tv | 0 | 0.436 | 0.400 | 0.300 | 0.450 | 0.020 (0.037 ✓) | – | 90 | – |",
+        "| pg_is | 0 | 0.436 | 0.200 | 0.200 | 0.450 | 0.300 (0.040) | 50 (reward) | 60 (reward_drop) | -10 |",
+        "| pg_is | 1 | 0.436 | 0.100 | 0.050 | 0.450 | 0.300 (0.040) | 100 (accuracy) | 88 (accuracy_drop) | 12 |",
+        "| dppo_binary_tv | 0 | 0.436 | 0.400 | 0.300 | 0.450 | 0.020 (0.037 ✓) | – | 90 (reward_drop) | – |",
     ]
 
 

@@ -4,7 +4,7 @@ import polars as pl
 import pytest
 
 from trustlens.analysis import CollapseConfig, detect_collapse, step_signals
-from trustlens.analysis.collapse import ALERT_SCHEMA, alert_window, collapse_onset, collapse_window
+from trustlens.analysis.collapse import ALERT_SCHEMA, alert_window
 from trustlens.run import load_run
 from trustlens.run.tables import write_run
 from trustlens.synthetic import write_synthetic_run
@@ -51,7 +51,10 @@ def run(tmp_path):
 
 def test_step_signals(run):
     sig = step_signals(run)
-    assert sig.columns == ["step", "entropy", "k3_kl", "prob_diff_mean", "reward", "grad_norm", "blocked_ppo"]
+    assert sig.columns == [
+        *("step", "entropy", "k3_kl", "prob_diff_mean", "reward", "accuracy", "grad_norm", "blocked_ppo")
+    ]
+    assert sig["accuracy"].null_count() == STEPS  # no evaluation
     assert sig["step"].to_list() == list(range(STEPS))
     assert sig["entropy"].to_list() == pytest.approx([1.0] * 8 + [0.2] * 4)
     assert sig["grad_norm"][5] == pytest.approx(10.0) and sig["grad_norm"][4] == pytest.approx(1.0)
@@ -102,6 +105,29 @@ def test_a_signal_hovering_about_its_threshold_is_one_alert(run):
     assert one.select("kind", "step", "end_step").rows() == [("mismatch_growth", 11, 37)]
     apart = detect_collapse(run, CollapseConfig(merge_gap=3), signals=signals)
     assert apart["step"].to_list() == [11, 17, 23, 29, 35]
+
+
+def _lagged_run(path, lag: int | None):
+    """40 steps of one token whose log μ − log π_old ramps from 0 to 1.5 over the first 10 steps
+    (an engine 10 steps stale serving the starting weights) and stays there; config rollout_lag."""
+    d = [1.5 * min(s, 10) / 10 for s in range(40)]
+    tokens = {"step": list(range(40)), "sample": list(range(40)), "pos": [0] * 40, "advantage": [1.0] * 40}
+    tokens |= {"mu_logp": [-0.5] * 40, "old_logp": [-0.5 - x for x in d], "pi_logp": [-0.5 - x for x in d]}
+    config = None if lag is None else {"rollout_lag": lag}
+    return load_run(write_run(path, tokens=tokens, rules=["ppo"], config=config))
+
+
+def test_the_baseline_starts_once_a_stale_engine_serves_fresh_weights(tmp_path):
+    # k3 = ρ − 1 − log ρ with ρ = π_old/μ = e^(−d): the first alert_window(40) = 5 steps (d ≤ 0.6,
+    # median k3 0.041) sit far below the steady d = 1.5 (k3 0.72), so a baseline there calls the
+    # steady state growth; the robust z passes 3 at step 7 (trailing median d 0.9, k3 0.31)
+    early = detect_collapse(_lagged_run(tmp_path / "none", None))
+    assert early.select("kind", "step", "end_step").rows() == [("mismatch_growth", 7, 39)]
+    # with rollout_lag 10 in the run's config the baseline is steps 10–14: nothing grows after it
+    assert detect_collapse(_lagged_run(tmp_path / "lag", 10)).is_empty()
+    # set by hand, baseline_start overrides the config either way
+    lagged = _lagged_run(tmp_path / "lag2", 10)
+    assert detect_collapse(lagged, CollapseConfig(baseline_start=0)).select("step").rows() == [(7,)]
 
 
 def _mismatch_run(tmp_path, k3_scale: float, *, drift: str = "ppo", rules=("dppo_binary_tv", "ppo")):
@@ -155,6 +181,64 @@ def _reward_run(tmp_path, steps: int, fall: int):
     return load_run(write_run(tmp_path / f"run{steps}", tokens=tokens, samples=samples, rules=["ppo"]))
 
 
+def _accuracy_run(path, accuracy: dict[int, float], steps: int = 12):
+    """`steps` steps of one token, flat reward, and held-out accuracy `accuracy` (step → value),
+    logged by two ranks that differ by ±0.02."""
+    tokens = {"step": list(range(steps)), "sample": list(range(steps)), "pos": [0] * steps}
+    tokens |= {"pi_logp": [-0.5] * steps, "mu_logp": [-0.5] * steps, "advantage": [-1.0] * steps}
+    samples = {"step": list(range(steps)), "sample": list(range(steps)), "reward": [0.5] * steps}
+    metrics = {
+        "step": [s for s in accuracy for _ in range(2)],
+        "rank": [0, 1] * len(accuracy),
+        "name": ["eval/accuracy"] * (2 * len(accuracy)),
+        "value": [a + d for a in accuracy.values() for d in (-0.02, 0.02)],
+    }
+    return load_run(write_run(path, tokens=tokens, samples=samples, metrics=metrics, rules=["ppo"]))
+
+
+ACCURACY = {0: 0.4, 2: 0.32, 4: 0.28, 6: 0.36, 8: 0.29, 10: 0.28}
+
+
+def test_accuracy_drop_by_hand(tmp_path):
+    # the line: (1 − 0.25) · 0.4 = 0.3; below it: steps 4, 8, 10; two in a row only at 8 and 10
+    run = _accuracy_run(tmp_path / "acc", ACCURACY)
+    sig = step_signals(run)
+    assert sig.filter(pl.col("accuracy").is_not_null()).select("step", "accuracy").rows() == [
+        (s, pytest.approx(a)) for s, a in ACCURACY.items()
+    ]
+    alerts = detect_collapse(run)
+    assert alerts["kind"].to_list() == ["accuracy_drop"]  # flat reward, entropy and mismatch
+    a = alerts.row(0, named=True)
+    # steps 4 and 8 are 4 apart, within merge_gap = alert_window(12) = 5: one episode
+    assert (a["step"], a["end_step"], a["severity"], a["critical_step"]) == (4, 10, "critical", 10)
+    assert a["value"] == pytest.approx(0.28) and a["baseline"] == pytest.approx(0.4) and a["z"] is None
+    assert a["message"] == "steps 4–10: held-out accuracy fell to 0.28 from a baseline of 0.4 (0.7× baseline)"
+    # its drivers, at step 4: the A < 0 tokens by |A|·max(μ − π, 0) (the one token, at 0: π = μ)
+    # and the lowest-reward samples
+    assert a["tokens"] == [{"sample": 4, "update": 0, "pos": 0}] and a["samples"] == [4]
+
+
+def test_accuracy_drop_thresholds(tmp_path):
+    run = _accuracy_run(tmp_path / "acc", ACCURACY)
+
+    def got(**cfg):
+        alerts = detect_collapse(run, CollapseConfig(**cfg))
+        return alerts.select("step", "end_step", "critical_step").rows()
+
+    assert got(accuracy_evals=1) == [(4, 10, 4)]  # one evaluation below the line is critical
+    assert got(merge_gap=3) == [(4, 4, None), (8, 10, 10)]  # 4 and 8 are 4 steps apart: 4 is a warning alone
+    assert got(accuracy_evals=3) == [(4, 10, None)]  # never three in a row
+    assert got(accuracy_drop=0.35) == []  # the line 0.26: no evaluation below it
+    assert got(accuracy_drop=0.15) == [(2, 10, 4)]  # the line 0.34: 2 and 4 in a row
+    with pytest.raises(ValueError, match="accuracy_evals"):
+        got(accuracy_evals=0)
+
+
+def test_accuracy_drop_needs_a_start(tmp_path):
+    assert detect_collapse(_accuracy_run(tmp_path / "one", {0: 0.4})).is_empty()  # one evaluation
+    assert detect_collapse(_accuracy_run(tmp_path / "zero", {0: 0.0, 5: 0.0})).is_empty()  # nothing to fall from
+
+
 def test_alert_window_is_capped_so_long_runs_alert_as_early():
     assert [alert_window(n) for n in (12, 100, 150, 250, 10_000)] == [5, 10, 15, 15, 15]
 
@@ -171,19 +255,6 @@ def test_a_reward_fall_is_critical_after_the_same_steps_in_any_long_run(tmp_path
     custom = detect_collapse(run, CollapseConfig(reward_window=15, reward_critical=0.4))
     assert custom.filter(pl.col("kind") == "reward_drop")["critical_step"].to_list() == [106]
     assert reward["severity"] == "critical" and reward["baseline"] == 1.0
-
-
-def test_collapse_onset_by_hand():
-    assert collapse_window(12) == 5 and collapse_window(100) == 10 and collapse_window(64) == 6
-    acc = [(0, 0.4), (10, 0.25), (20, 0.19), (30, 0.1)]
-    assert collapse_onset(acc, []) == (20, "accuracy")  # 0.19 < 0.2, the first below half of 0.4
-    # reward windows of 2: first mean 1.0; trailing means 1, 0.75, 0.5, 0.25 → step 5 (0.25 < 0.5)
-    reward = [(0, 1.0), (1, 1.0), (2, 1.0), (3, 0.5), (4, 0.5), (5, 0.0)]
-    assert collapse_onset([], reward, window=2) == (5, "reward")
-    assert collapse_onset(acc, reward, window=2) == (5, "reward")
-    assert collapse_onset([(0, 0.4), (10, 0.21)], [(s, 1.0) for s in range(20)]) == (None, None)
-    with pytest.raises(ValueError, match="window"):
-        collapse_onset([], reward, window=0)
 
 
 def test_synthetic_collapse_detected(tmp_path):

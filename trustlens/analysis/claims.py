@@ -355,7 +355,8 @@ def outcome_rows(outcomes: pl.DataFrame) -> list[str]:
     """A Markdown table of `outcomes` (`run_outcomes`), one row per run, by rule then seed: held-out
     accuracy at the start, the end, its lowest and its best, how far the final accuracy level is
     below the best one (acc_drop, against its noise: ✓ within), the collapse step (and cause),
-    the first step at which an alert was critical and the lead (collapse step − that step)."""
+    the first step at which an alert was critical (and its kind) and the lead (collapse step −
+    that step)."""
 
     def cell(v: Any) -> str:
         return "–" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
@@ -368,13 +369,14 @@ def outcome_rows(outcomes: pl.DataFrame) -> list[str]:
     order = {r: i for i, r in enumerate(outcomes["rule"].unique(maintain_order=True).to_list())}
     for o in sorted(outcomes.iter_rows(named=True), key=lambda o: (order[o["rule"]], o["seed"] is None, o["seed"])):
         collapse = "–" if o["collapse_step"] is None else f"{o['collapse_step']} ({o['collapse_cause']})"
+        critical = "–" if o["first_critical"] is None else f"{o['first_critical']} ({o['first_critical_kind']})"
         accuracy = [cell(o[k]) for k in ("acc_start", "acc_final", "acc_lowest", "acc_best")]
         drop = cell(o["acc_drop"])
         if o["acc_drop_noise"] is not None:
             drop += f" ({o['acc_drop_noise']:.3f}{' ✓' if o['within_noise'] else ''})"
         rows.append(
             f"| {o['rule']} | {cell(o['seed'])} | {' | '.join(accuracy)} | {drop} | {collapse} | "
-            f"{cell(o['first_critical'])} | {cell(o['lead'])} |"
+            f"{critical} | {cell(o['lead'])} |"
         )
     return rows
 

@@ -6,18 +6,23 @@ tokens and samples that drove it, ranked.
     entropy        mean entropy of π over the step's tokens (nats)
     k3_kl, prob_diff_mean training-inference mismatch (trustlens.analysis.mismatch; null without μ)
     reward         mean reward of the step's samples
+    accuracy       held-out accuracy (the `eval/accuracy` metric, mean over ranks); null at
+                   steps without an evaluation
     grad_norm      the `grad_norm` metric (the mean over ranks of any metric named `grad_norm` or
                    ending in `/grad_norm`)
     blocked_<rule> fraction of the step's A ≠ 0 tokens each rule blocks
 
-`detect_collapse` compares each step with the run's own early baseline: the median m of the
-first `baseline_steps` steps (default: alert_window(steps) = min(15, max(5, round(0.1·steps))):
-10% of the steps as in the collapse test, but never more than 15, so that the alerts react within
-15 steps however long the run, and a live run's baseline stops moving at step 150), with a
-robust scale s = 1.4826 · median absolute deviation of those steps, floored at `rel_floor`·|m|.
-There is no absolute floor: a small model's signals are judged against its own start. A step
-after the baseline is judged on x̄, the median of the signal over the `smooth` steps ending at it
-(grad_norm: the step's own value; a median, so one outlier step alone raises no alert), with z = (x̄ − m)/s:
+`detect_collapse` compares each step with the run's own early baseline: the median m of the first
+`baseline_steps` steps (default: alert_window(steps) = min(15, max(5, round(0.1·steps))): 10% of
+the steps as in the collapse test, but never more than 15, so that the alerts react within 15
+steps however long the run, and a live run's baseline stops moving at step 150) from step
+`baseline_start` on (default: the run's `rollout_lag`, 0 without one: an engine k steps stale
+serves the first weights for the first k steps, so its mismatch ramps up over them and a baseline
+taken there would call the steady state growth), with a robust scale s = 1.4826 · median absolute
+deviation of those steps, floored at `rel_floor`·|m|. There is no absolute floor: a small model's
+signals are judged against its own start. A step after the baseline is judged on x̄, the median of
+the signal over the `smooth` steps ending at it (grad_norm: the step's own value; a median, so one
+outlier step alone raises no alert), with z = (x̄ − m)/s:
 
     detector          signal            warning when                  critical when
     entropy_collapse  entropy           x̄ < (1 − entropy_drop)·m      x̄ < (1 − 2·entropy_drop)·m
@@ -26,41 +31,48 @@ after the baseline is judged on x̄, the median of the signal over the `smooth` 
     grad_norm_spike   grad_norm         x > grad_spike·m              x > 2·grad_spike·m
     reward_drop       reward            x̄ < (1 − reward_drop)·m       r̄ < (1 − reward_critical)·m
     blocked_drift     blocked_<active>  x̄ ≥ f·m or x̄ ≤ m/f            the same with f²
+    accuracy_drop     accuracy          a < (1 − accuracy_drop)·a₀    the last accuracy_evals a all are
 
 and, for every x̄ test, |z| > z_warning (blocked_drift also needs |x̄ − m| > blocked_drift, its
-f = blocked_factor). r̄ is the mean reward over the last `reward_window` steps (default
-min(10, baseline steps)), the statistic of the reward collapse (`collapse_onset`: a fall to half)
-over a shorter window, with no z test, as there; a step is flagged when its warning or its
-critical test holds. The critical reward test (r̄ below 0.56× the baseline over 10 steps) was
-set on the 18 claims runs of docs/claims.md: there it comes before all 7 collapses (13–136 steps
-ahead) and in none of the 11 other runs, where r̄ over 15 steps below 0.6× (the previous default)
-also flagged a run that sagged to 0.66× its starting accuracy without collapsing; out of sample
-(seeds 3–8, docs/claims.md) it came ahead of only 4 of 11 collapses, every one of which came at
-an evaluation, often before the reward had fallen that far, and flagged 2 of 25 other runs. Only a falling
-reward or an extreme entropy, gradient or block rate is critical: on the runs of
-benchmarks/collapse_alerts.py the mismatch grew (k3 past 4× its baseline) in many runs that kept
-learning and rarely before a collapse, alone or with a reward or entropy signal, while the reward
-fell before most collapses. Only the run's active rule (`Run.active_rule`) is watched for blocked_drift:
-the other rules' blocked columns are counterfactual (what they would have blocked), context for
-reading a run, not alarms; a run that does not name its rule has every rule watched.
-Flagged steps of one detector at most `merge_gap` steps apart (default: alert_window(steps), the
-baseline's length; a signal that hovers about its threshold is one episode, not one alert per
-crossing) merge into one alert that starts at
-the first of them (`step`) and ends at `end_step`, carrying the most extreme value (a critical
-reward_drop step's value is r̄); an alert is critical from its first critical step on
+f = blocked_factor). r̄ is the mean reward over the last `reward_window` steps (default min(10,
+baseline steps)), the statistic of the reward collapse (`trustlens.analysis.onset`: a fall to
+half) over a shorter window, with no z test, as there. accuracy_drop is judged at each
+evaluation a after the first, a₀, against a₀ itself (the start the collapse's accuracy test
+measures from), with no z test: a warning when one evaluation is below the line, critical when
+`accuracy_evals` evaluations in a row are. A step is flagged when its warning or its critical
+test holds.
+
+Only a falling reward or held-out accuracy, or an extreme entropy, gradient or block rate, is
+critical. The accuracy line (two evaluations in a row below 0.75× the first) was chosen looking at
+the 72 claims runs of seeds 0–11 (docs/claims.md): it comes before 21 of their 24 collapses and in
+11 of the 48 other runs. The three it misses collapsed at one evaluation from ≥ 0.75× their start;
+the runs it flags lost ≥ 25% of their held-out accuracy for two evaluations without reaching half
+(nine π_old-anchored DPPO runs, one pg_is, one ppo). Seeds 12–14, trained after it was frozen,
+measure it out of sample (docs/claims.md). The reward alone (r̄ below 0.56×, set on seeds 0–2)
+came ahead of 6 of 17 collapses on seeds 3–11: the stale engine's rollouts lag the policy, so the
+reward falls later than held-out accuracy. The mismatch is never critical: on the runs of
+benchmarks/collapse_alerts.py it grew (k3 past 4× its baseline) in many runs that kept learning
+and rarely before a collapse. On the 72 claims runs (engine 16 steps stale) a baseline from step 0
+put a mismatch_growth warning over 166 of 250 steps of the mean dppo_binary_tv run and 189 of
+pg_is; from step 16, 20 and 125.
+
+Only the run's active rule (`Run.active_rule`) is watched for blocked_drift: the other rules'
+blocked columns are counterfactual (what they would have blocked), context for reading a run, not
+alarms; a run that does not name its rule has every rule watched. Flagged steps of one detector at
+most `merge_gap` steps apart (default: alert_window(steps), the baseline's length; a signal that
+hovers about its threshold is one episode, not one alert per crossing) merge into one alert that
+starts at the first of them (`step`) and ends at `end_step`, carrying the most extreme value (a
+critical reward_drop step's value is r̄); an alert is critical from its first critical step on
 (`critical_step`), which may come after `step`.
 
 Each alert's driving tokens and samples: `trustlens.analysis.drivers`.
 
-`collapse_onset` is the collapse itself, for measuring how early the alerts came: the first
-evaluation below half the first evaluation's accuracy, or the first step whose trailing mean
-reward over `collapse_window(steps)` steps is below half that of the first such window.
+The collapse itself, for measuring how early the alerts came: `trustlens.analysis.onset`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -69,6 +81,7 @@ import polars as pl
 from trustlens.analysis.buckets import checked_rules, collect
 from trustlens.analysis.drivers import alert_drivers
 from trustlens.analysis.mismatch import mismatch_per_step
+from trustlens.analysis.onset import ACCURACY, collapse_window
 from trustlens.analysis.summary import exact_aggregates, step_summary
 from trustlens.run import blocked_column
 
@@ -79,6 +92,7 @@ ALERT_KINDS = (
     "grad_norm_spike",
     "reward_drop",
     "blocked_drift",
+    "accuracy_drop",
 )
 
 ALERT_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
@@ -90,7 +104,7 @@ ALERT_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "critical_step": pl.Int32,  # the episode's first critical step (null for a warning)
     "value": pl.Float64,  # x̄ at the episode's most extreme step (a critical reward_drop step: r̄)
     "baseline": pl.Float64,  # the baseline median m at the first step
-    "z": pl.Float64,  # robust z-score at the most extreme step
+    "z": pl.Float64,  # robust z-score at the most extreme step (null for accuracy_drop: no scale)
     "message": pl.String,  # one line for people
     "samples": pl.List(pl.Int64),  # sample ids that drove it, at `step`
     "tokens": pl.List(pl.Struct({"sample": pl.Int64, "update": pl.Int16, "pos": pl.Int32})),
@@ -102,6 +116,7 @@ class CollapseConfig:
     """Thresholds of the detectors (see the module docstring)."""
 
     baseline_steps: int | None = None  # early steps the baseline is taken from; None = alert_window
+    baseline_start: int | None = None  # the baseline's first step; None = the run's rollout_lag, or 0
     smooth: int = 3  # steps whose median is x̄ (a trailing median) when a step is judged
     merge_gap: int | None = None  # flagged steps at most this many steps apart are one alert; None = alert_window
     z_warning: float = 3.0  # |robust z| a flagged step must exceed
@@ -115,6 +130,8 @@ class CollapseConfig:
     reward_window: int | None = None  # steps of r̄; None = min(REWARD_WINDOW_MAX, the baseline's steps)
     blocked_drift: float = 0.01  # blocked-rate drift: moved by at least this much (absolute)
     blocked_factor: float = 2.0  # ... and by this factor up or down (critical: its square)
+    accuracy_drop: float = 0.25  # accuracy drop: an evaluation fell by this fraction of the first (a warning)
+    accuracy_evals: int = 2  # ... critical when this many evaluations in a row did
     top_tokens: int = 10  # driving tokens listed per alert
     top_samples: int = 5  # driving samples listed per alert
 
@@ -131,41 +148,6 @@ def alert_window(steps: int) -> int:
     return min(ALERT_WINDOW_MAX, collapse_window(steps))
 
 
-def collapse_window(steps: int) -> int:
-    """Steps of the reward window of the collapse test and of the early baseline: 10% of the
-    run's steps, at least 5."""
-    return max(5, round(0.1 * steps))
-
-
-def collapse_onset(
-    accuracy: Sequence[tuple[int, float]], reward: Sequence[tuple[int, float]], window: int | None = None
-) -> tuple[int | None, str | None]:
-    """(step, cause) of the collapse, cause "accuracy" or "reward"; (None, None) without one.
-
-    `accuracy`: (step, held-out accuracy) of each evaluation; `reward`: (step, mean reward) of
-    each step. Accuracy collapse: the first evaluation below half the first one's. Reward
-    collapse: the first step whose trailing mean over `window` steps (default
-    collapse_window(len(reward))) is below half the mean of the first `window` steps. The
-    earlier of the two.
-    """
-    found: list[tuple[int, str]] = []
-    acc = sorted(accuracy)
-    if acc and acc[0][1] > 0:
-        found += [(s, "accuracy") for s, a in acc[1:] if a < 0.5 * acc[0][1]][:1]
-    rew = sorted(reward)
-    w = collapse_window(len(rew)) if window is None else window
-    if w < 1:
-        raise ValueError(f"window must be ≥ 1, got {window}")
-    values = [r for _, r in rew]
-    first = math.fsum(values[:w]) / w if len(values) > w else 0.0
-    if first > 0:
-        for i in range(w, len(values)):
-            if math.fsum(values[i - w + 1 : i + 1]) / w < 0.5 * first:
-                found.append((rew[i][0], "reward"))
-                break
-    return min(found) if found else (None, None)
-
-
 def _metric_per_step(metrics: pl.LazyFrame, name: str) -> pl.LazyFrame:
     """Mean over ranks of the metric `name` (or any metric ending in `/name`) per step."""
     return (
@@ -177,7 +159,7 @@ def _metric_per_step(metrics: pl.LazyFrame, name: str) -> pl.LazyFrame:
 
 def step_signals(run) -> pl.DataFrame:
     """One row per step (see the module docstring): step, entropy, k3_kl, prob_diff_mean, reward,
-    grad_norm, blocked_<rule>…; null where a run lacks the source. `run` has .tokens, .samples
+    accuracy, grad_norm, blocked_<rule>…; null where a run lacks the source. `run` has .tokens, .samples
     and .metrics LazyFrames (a `trustlens.run.Run`); a sampled run's block rates and mismatch
     come from its exact aggregates."""
     tokens = run.tokens
@@ -186,11 +168,20 @@ def step_signals(run) -> pl.DataFrame:
     per_step = step_summary(tokens, aggregates=aggregates, columns=("entropy", *(blocked_column(r) for r in rules)))
     mm = mismatch_per_step(tokens, aggregates=aggregates).select("step", "k3_kl", "prob_diff_mean")
     reward = collect(run.samples.group_by("step").agg(pl.col("reward").mean().cast(pl.Float64)))
+    accuracy = collect(_metric_per_step(run.metrics, ACCURACY).rename({ACCURACY: "accuracy"}))
     grad = collect(_metric_per_step(run.metrics, "grad_norm"))
     out = per_step
-    for other in (mm, reward, grad):
+    for other in (mm, reward, accuracy, grad):
         out = out.join(other.with_columns(pl.col("step").cast(pl.Int32)), on="step", how="full", coalesce=True)
-    cols = ["entropy", "k3_kl", "prob_diff_mean", "reward", "grad_norm", *(blocked_column(r) for r in rules)]
+    cols = [
+        "entropy",
+        "k3_kl",
+        "prob_diff_mean",
+        "reward",
+        "accuracy",
+        "grad_norm",
+        *(blocked_column(r) for r in rules),
+    ]
     return (
         out.with_columns(pl.col("step").cast(pl.Int32))
         .select("step", *(pl.col(c).cast(pl.Float64) for c in cols))
@@ -270,8 +261,9 @@ def _trailing(x: np.ndarray, i: int, k: int, stat) -> float:
     return float(stat(recent)) if len(recent) else math.nan
 
 
-def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> list[_Flag]:
+def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None, start: int) -> list[_Flag]:
     steps = signals["step"].to_numpy()
+    first = int(np.searchsorted(steps, start))  # the row of the first step ≥ start
     n_base = cfg.baseline_steps if cfg.baseline_steps is not None else alert_window(len(steps))
     n_reward = cfg.reward_window if cfg.reward_window is not None else min(REWARD_WINDOW_MAX, n_base)
     flags: list[_Flag] = []
@@ -279,14 +271,14 @@ def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> list
         if d.signal not in signals.columns:
             continue
         x = signals[d.signal].cast(pl.Float64).fill_null(np.nan).to_numpy()
-        base = _baseline(x, n_base, cfg)
+        base = _baseline(x[first:], n_base, cfg)
         if base is None:
             continue
         m, s = base
         if not d.up and m <= 0:
             continue  # nothing to fall from
         k = cfg.smooth if d.smooth else 1
-        for i in range(n_base, len(x)):
+        for i in range(first + n_base, len(x)):
             if not np.isfinite(x[i]):
                 continue
             v = _trailing(x, i, k, np.median)
@@ -303,7 +295,41 @@ def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> list
                 crit = warn and _passes(d, v, m, d.crit)
             if warn or crit:
                 flags.append(_Flag(d.kind, d.signal, int(steps[i]), v, m, float(z), crit))
-    return flags
+    return flags + _accuracy_flags(signals, cfg)
+
+
+def _accuracy_flags(signals: pl.DataFrame, cfg: CollapseConfig) -> list[_Flag]:
+    """accuracy_drop: each evaluation a after the first, a₀, flagged when a < (1 −
+    accuracy_drop)·a₀, critical when the last `accuracy_evals` evaluations all are. It has no z
+    (NaN): an evaluation's noise depends on its size, which the run's metrics do not hold."""
+    if "accuracy" not in signals.columns:
+        return []
+    evals = signals.select("step", "accuracy").filter(pl.col("accuracy").is_finite())
+    if cfg.accuracy_evals < 1:
+        raise ValueError(f"accuracy_evals must be ≥ 1, got {cfg.accuracy_evals}")
+    if evals.height < 2 or evals["accuracy"][0] <= 0:
+        return []
+    steps, acc = evals["step"].to_list(), evals["accuracy"].to_numpy()
+    a0 = float(acc[0])
+    below = acc < (1 - cfg.accuracy_drop) * a0
+    return [
+        _Flag(
+            "accuracy_drop",
+            "accuracy",
+            int(steps[i]),
+            float(acc[i]),
+            a0,
+            math.nan,
+            i >= cfg.accuracy_evals and bool(below[i - cfg.accuracy_evals + 1 : i + 1].all()),
+        )
+        for i in range(1, len(acc))
+        if below[i]
+    ]
+
+
+def _extremity(z: float, value: float, baseline: float) -> float:
+    """How far a flagged step is from its baseline: |z|, or |value − baseline| where z is NaN."""
+    return abs(z) if math.isfinite(z) else abs(value - baseline)
 
 
 def _merge(flags: list[_Flag], steps: list[int], gap: int) -> list[dict]:
@@ -319,7 +345,7 @@ def _merge(flags: list[_Flag], steps: list[int], gap: int) -> list[dict]:
             ep["end_step"] = f.step
             if f.critical and not ep["critical"]:
                 ep["critical"], ep["critical_step"] = True, f.step
-            if abs(f.z) > abs(ep["z"]):
+            if _extremity(f.z, f.value, f.baseline) > _extremity(ep["z"], ep["value"], ep["baseline"]):
                 ep["value"], ep["z"] = f.value, f.z
             continue
         ep = {**asdict(f), "end_step": f.step, "critical_step": f.step if f.critical else None}
@@ -338,10 +364,18 @@ def _message(ep: dict) -> str:
         "blocked_drift": (
             f"the share of A ≠ 0 tokens the active rule {ep['signal'].removeprefix('blocked_')} blocks moved"
         ),
+        "accuracy_drop": "held-out accuracy fell",
     }[ep["kind"]]
     span = f"step {ep['step']}" if ep["step"] == ep["end_step"] else f"steps {ep['step']}–{ep['end_step']}"
     factor = f" ({ep['value'] / ep['baseline']:.2g}× baseline)" if ep["baseline"] else ""
     return f"{span}: {what} to {ep['value']:.4g} from a baseline of {ep['baseline']:.4g}{factor}"
+
+
+def _rollout_lag(run) -> int:
+    """The steps a built-in run's rollout engine lags the trainer by (its manifest's config), 0
+    when it does not say."""
+    config = (getattr(run, "manifest", None) or {}).get("config") or {}
+    return int(config.get("rollout_lag") or 0)
 
 
 def detect_collapse(
@@ -367,7 +401,8 @@ def detect_collapse(
         rule = getattr(run, "active_rule", None)
     steps = signals["step"].to_list()
     gap = config.merge_gap if config.merge_gap is not None else alert_window(len(steps))
-    episodes = _merge(_flags(signals, config, rule), steps, gap)
+    start = config.baseline_start if config.baseline_start is not None else _rollout_lag(run)
+    episodes = _merge(_flags(signals, config, rule, start), steps, gap)
     rows = []
     for ep in episodes:
         samples, tokens = alert_drivers(run, ep, config.top_tokens, config.top_samples)
@@ -381,7 +416,7 @@ def detect_collapse(
                 "critical_step": ep["critical_step"],
                 "value": ep["value"],
                 "baseline": ep["baseline"],
-                "z": ep["z"],
+                "z": ep["z"] if math.isfinite(ep["z"]) else None,
                 "message": _message(ep),
                 "samples": samples,
                 "tokens": tokens,
@@ -398,8 +433,6 @@ __all__ = [
     "ALERT_WINDOW_MAX",
     "CollapseConfig",
     "alert_window",
-    "collapse_onset",
-    "collapse_window",
     "detect_collapse",
     "step_signals",
 ]

@@ -2,10 +2,11 @@
 
 Driving tokens, at the alert's first step, ranked by a score (highest first): entropy alerts the
 tokens of lowest (collapse) or highest (surge) entropy; mismatch_growth |log μ − log π_old|;
-grad_norm_spike |A|·π/μ; reward_drop the tokens of negative-advantage samples pushed down the
-furthest, |A|·max(μ − π, 0) (over-updates on negative samples, the paper's collapse driver);
+grad_norm_spike |A|·π/μ; reward_drop and accuracy_drop the tokens of negative-advantage samples
+pushed down the furthest, |A|·max(μ − π, 0) (over-updates on negative samples, the paper's
+collapse driver);
 blocked_drift the active rule's blocked tokens with the largest binary TV |π − μ|. Samples are
-ranked by the mean score of their tokens (reward_drop: lowest reward first).
+ranked by the mean score of their tokens (reward_drop and accuracy_drop: lowest reward first).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def alert_drivers(run, ep: dict, top_tokens: int, top_samples: int) -> tuple[lis
     tokens = run.tokens.filter(pl.col("step") == step)
     kind, signal = ep["kind"], ep["signal"]
     mu, pi = pl.col("mu_logp").cast(pl.Float64), pl.col("pi_logp").cast(pl.Float64)
-    if kind == "reward_drop":
+    if kind in ("reward_drop", "accuracy_drop"):
         worst = collect(run.samples.filter(pl.col("step") == step).sort("reward", "sample").head(top_samples))
         samples = worst["sample"].to_list()
         # over-updates on negative samples: A < 0 tokens whose probability fell furthest below μ

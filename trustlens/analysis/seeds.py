@@ -29,10 +29,11 @@ Per run (`run_outcome`), with steps numbered as recorded:
     tv_start, tv_end                 prob_diff_mean = mean |π_old − μ| (the binary TV), likewise
     first_critical                   the first step at which a collapse alert was critical
                                      (`detect_collapse`, its critical_step)
+    first_critical_kind              that alert's kind (e.g. accuracy_drop, reward_drop)
     lead                             collapse_step − first_critical: how many steps the first
                                      critical alert came before the collapse (null without both)
 
-Collapse (`trustlens.analysis.collapse.collapse_onset`): the first evaluation whose accuracy is
+Collapse (`trustlens.analysis.onset.collapse_onset`): the first evaluation whose accuracy is
 below half the first evaluation's, or the first step whose trailing mean reward over `window`
 steps is below half the mean reward of the first `window` steps, whichever comes first; `window`
 = max(5, round(0.1 · steps)) steps (`collapse_window`).
@@ -54,13 +55,13 @@ import polars as pl
 
 from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage, weighted, weighted_mean
 from trustlens.analysis.clipping import blocked_per_step
-from trustlens.analysis.collapse import collapse_onset, collapse_window, detect_collapse
+from trustlens.analysis.collapse import detect_collapse
 from trustlens.analysis.mismatch import mismatch_per_step
+from trustlens.analysis.onset import ACCURACY, collapse_onset, collapse_window
 from trustlens.analysis.summary import exact_aggregates
 from trustlens.run import blocked_column
 
 LOW_MU = 0.1  # μ below this is a "low-μ" token in block_rate_low_mu
-ACCURACY = "eval/accuracy"
 
 # The per-run outcomes averaged over seeds, in table order.
 OUTCOMES: tuple[str, ...] = (
@@ -190,8 +191,8 @@ def run_outcome(run) -> dict:
     tv = _ends(mm["prob_diff_mean"].to_list(), w)
     first = reward[0][0] if reward else 0
     alerts = detect_collapse(run)
-    critical = alerts["critical_step"].drop_nulls()
-    first_critical = int(critical.min()) if len(critical) else None  # type: ignore[arg-type]
+    critical = alerts.filter(pl.col("critical_step").is_not_null()).sort("critical_step", "kind")
+    first_critical = critical["critical_step"][0] if critical.height else None
     drop, noise = accuracy_drop([a for _, a in acc], config.get("eval_size"))
     return {
         "run": run.name,
@@ -214,6 +215,7 @@ def run_outcome(run) -> dict:
         "tv_start": tv[0],
         "tv_end": tv[1],
         "first_critical": first_critical,
+        "first_critical_kind": critical["kind"][0] if critical.height else None,
         "lead": None if onset is None or first_critical is None else onset - first_critical,
     }
 
@@ -229,6 +231,7 @@ OUTCOME_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "collapse_cause": pl.String,
     **{k: pl.Float64 for k in OUTCOMES if not k.startswith("acc_")},
     "first_critical": pl.Int64,
+    "first_critical_kind": pl.String,
     "lead": pl.Int64,
 }
 

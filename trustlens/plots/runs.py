@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 from trustlens.plots.common import MAX_POINTS, SEVERITY_COLOURS, empty, safe_text, thin
 from trustlens.render import rule_colours, series_colours
 
-TIMELINE_SIGNALS = ("entropy", "k3_kl", "reward", "grad_norm")
+TIMELINE_SIGNALS = ("entropy", "k3_kl", "reward", "accuracy", "grad_norm")
 
 
 def collapse_timeline(
@@ -26,7 +26,8 @@ def collapse_timeline(
     """Stacked panels of the per-step signals (`analysis.step_signals`) — the given `panels`
     that the run has, then every blocked_<rule> fraction in one panel — with each alert
     (`analysis.detect_collapse`) marked on the panel of its signal, coloured by severity; the
-    marker's hover text is the alert's message."""
+    marker's hover text is the alert's message. A panel's line joins the steps that have a value
+    (accuracy: the evaluations)."""
     if signals.is_empty():
         return empty(title, "no steps")
     blocked = [c for c in signals.columns if c.startswith("blocked_")]
@@ -42,10 +43,11 @@ def collapse_timeline(
     )
     row_of = {p: i for i, p in enumerate(shown, start=1)}
     for p in shown:
+        drawn = df.select("step", p).drop_nulls()
         fig.add_trace(
             go.Scatter(
-                x=df["step"].to_list(),
-                y=df[p].to_list(),
+                x=drawn["step"].to_list(),
+                y=drawn[p].to_list(),
                 mode="lines",
                 name=safe_text(p),
                 showlegend=False,
@@ -142,7 +144,7 @@ def overlay_runs(
 
 def accuracy_curve(accuracy: Sequence[tuple[int, float]], *, title: str = "Held-out accuracy") -> go.Figure:
     """Held-out accuracy per evaluation (`analysis.seeds.accuracy_per_step`: (step, accuracy)
-    pairs), with the collapse line of `analysis.collapse.collapse_onset` dashed: half the first
+    pairs), with the collapse line of `analysis.onset.collapse_onset` dashed: half the first
     evaluation's accuracy."""
     if not accuracy:
         return empty(title, "no held-out accuracy logged (eval/accuracy)")

@@ -111,7 +111,7 @@ def overview(run) -> str:
         f"{number(zero, '.1%')} of the tokens.</p>"
         + table_html(rate_rows, {"blocked over A ≠ 0 tokens": ".3%"})
         + figure_html(plots.blocked_per_step_lines(blocked))
-        + figure_html(plots.collapse_timeline(signals, alerts, panels=("entropy", "reward")))
+        + figure_html(plots.collapse_timeline(signals, alerts, panels=("entropy", "reward", "accuracy")))
     )
 
 
