@@ -25,3 +25,27 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def gen() -> torch.Generator:
     """A seeded generator: every random test input is reproducible."""
     return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture
+def rule_inputs(gen):
+    """Random inputs of every rule: `make(b, t, dtype)` → log μ, log π, log π_old (b, t), advantages
+    (b,) with A = 0 for sequence 0, and top-K TV/KL a little above the binary ones (b, t)."""
+    from trustlens.divergence import binary_kl, binary_tv
+
+    def make(b: int = 6, t: int = 9, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+        mu = torch.log_softmax(torch.randn(b, t, 5, generator=gen, dtype=dtype) * 2, -1)[..., 0]
+        pi = (mu + 0.6 * torch.randn(b, t, generator=gen, dtype=dtype)).clamp(max=-1e-3)
+        old = (mu + 0.3 * torch.randn(b, t, generator=gen, dtype=dtype)).clamp(max=-1e-3)
+        adv = torch.randn(b, generator=gen, dtype=dtype)
+        adv[0] = 0.0
+        return dict(
+            pi_logp=pi,
+            mu_logp=mu,
+            advantages=adv,
+            old_logp=old,
+            topk_tv=binary_tv(pi, mu) + 0.05 * torch.rand(b, t, generator=gen, dtype=dtype),
+            topk_kl=binary_kl(pi, mu) + 0.02 * torch.rand(b, t, generator=gen, dtype=dtype),
+        )
+
+    return make

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trustlens import rules as rules_module
-from trustlens.divergence import binary_kl, binary_tv
+from trustlens.divergence import binary_kl
 from trustlens.rules import RULES, Rule, evaluate, evaluate_all, resolve_rules
 
 # (rule, A, μ, π, π_old, topk_tv, topk_kl, blocked), probabilities of the sampled token.
@@ -154,7 +154,7 @@ def test_paper_examples():
     assert out["dppo_binary_tv"].tolist() == [False, True]
 
 
-def test_shared_quantities_computed_once(gen, monkeypatch):
+def test_shared_quantities_computed_once(monkeypatch, rule_inputs):
     calls = []
     distance = rules_module._distance
     monkeypatch.setattr(
@@ -163,7 +163,7 @@ def test_shared_quantities_computed_once(gen, monkeypatch):
     tight_kl = Rule("tight_kl", 0.01, 0.01, "mu", "binary_kl", "binary KL with a 0.01 bound")
     out = evaluate_all(
         ["ppo", "ppo_clip_higher", "dppo_binary_kl", tight_kl, "minirl", "grpo_tis", "cispo"],
-        **_random_inputs(gen),
+        **rule_inputs(),
     )
     assert len(out) == 7
     # ratio vs μ once, binary KL vs μ once, ratio vs π_old once
@@ -209,24 +209,8 @@ def test_registry_entries():
     }
 
 
-def _random_inputs(gen, b=6, t=9, dtype=torch.float64):
-    mu = torch.log_softmax(torch.randn(b, t, 5, generator=gen, dtype=dtype) * 2, -1)[..., 0]
-    pi = (mu + 0.6 * torch.randn(b, t, generator=gen, dtype=dtype)).clamp(max=-1e-3)
-    old = (mu + 0.3 * torch.randn(b, t, generator=gen, dtype=dtype)).clamp(max=-1e-3)
-    adv = torch.randn(b, generator=gen, dtype=dtype)
-    adv[0] = 0.0
-    return dict(
-        pi_logp=pi,
-        mu_logp=mu,
-        advantages=adv,
-        old_logp=old,
-        topk_tv=binary_tv(pi, mu) + 0.05 * torch.rand(b, t, generator=gen, dtype=dtype),
-        topk_kl=binary_kl(pi, mu) + 0.02 * torch.rand(b, t, generator=gen, dtype=dtype),
-    )
-
-
-def test_evaluate_all_equals_evaluate(gen):
-    x = _random_inputs(gen)
+def test_evaluate_all_equals_evaluate(rule_inputs):
+    x = rule_inputs()
     every = evaluate_all(list(RULES), **x)
     assert list(every) == list(RULES)
     for name, mask in every.items():
@@ -241,8 +225,8 @@ def test_evaluate_all_equals_evaluate(gen):
     assert torch.equal(as_rules["minirl"], every["minirl"])
 
 
-def test_per_sequence_equals_per_token_advantages(gen):
-    x = _random_inputs(gen)
+def test_per_sequence_equals_per_token_advantages(rule_inputs):
+    x = rule_inputs()
     per_token = dict(x, advantages=x["advantages"][:, None].expand_as(x["pi_logp"]).clone())
     a, b = evaluate_all(list(RULES), **x), evaluate_all(list(RULES), **per_token)
     assert all(torch.equal(a[k], b[k]) for k in RULES)
@@ -255,8 +239,8 @@ def test_per_token_advantages_switch_branch_within_a_sequence():
     assert out.tolist() == [[True, False]]
 
 
-def test_ppo_and_dppo_tv_match_their_closed_forms(gen):
-    x = _random_inputs(gen)
+def test_ppo_and_dppo_tv_match_their_closed_forms(rule_inputs):
+    x = rule_inputs()
     a = x["advantages"][:, None].expand_as(x["pi_logp"])
     assert bool((a == 0).any()) and bool((a > 0).any()) and bool((a < 0).any())
     r = torch.exp(x["pi_logp"] - x["mu_logp"])
@@ -395,9 +379,9 @@ def test_custom_rule_object():
     assert out["loose_tv"].tolist() == [False] and out["dppo_binary_tv"].tolist() == [True]
 
 
-def test_zero_advantage_is_never_blocked(gen):
+def test_zero_advantage_is_never_blocked(gen, rule_inputs):
     # π far from every anchor in both directions, divergences beyond every threshold
-    x = _random_inputs(gen)
+    x = rule_inputs()
     x["pi_logp"] = torch.where(torch.rand(x["pi_logp"].shape, generator=gen) < 0.5, -1e-3, -8.0).double()
     x["topk_tv"], x["topk_kl"] = torch.ones_like(x["pi_logp"]), torch.full_like(x["pi_logp"], math.inf)
     x["advantages"] = torch.zeros_like(x["advantages"])
@@ -463,67 +447,6 @@ def test_rules_are_validated(fields, message):
         RULES["ppo"].with_thresholds(high=math.nan)
 
 
-# ---- columns of a recorded run ----
-
-
-def _columns(x, dtype=np.float64):
-    n = x["pi_logp"].numel()
-    adv = x["advantages"][:, None].expand_as(x["pi_logp"])
-    cols = {k: x[k].reshape(-1).numpy().astype(dtype) for k in ("pi_logp", "mu_logp", "old_logp", "topk_tv", "topk_kl")}
-    return cols | {"advantage": adv.reshape(-1).numpy().astype(dtype)}, n
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_evaluate_columns_equals_evaluate_all(gen, dtype):
-    x = _random_inputs(gen, b=40, t=30)
-    x["pi_logp"][1, :4] = -math.inf  # probability 0: binary KL +inf
-    x["topk_kl"][2, :4] = math.inf
-    cols, n = _columns(x, dtype)
-    import polars as pl
-
-    frame = pl.DataFrame(cols)
-    got = rules_module.evaluate_columns(list(RULES), frame)
-    assert got.columns == list(RULES) and got.height == n
-    tensors = {k: torch.from_numpy(v).reshape(x["pi_logp"].shape) for k, v in cols.items()}
-    adv = tensors.pop("advantage")
-    want = evaluate_all(list(RULES), advantages=adv, **tensors)
-    for name in RULES:
-        assert got[name].to_list() == want[name].reshape(-1).tolist(), name
-
-
-def test_evaluate_columns_nulls_anchor_and_custom_rules():
-    import polars as pl
-
-    frame = pl.DataFrame(
-        {
-            "pi_logp": [math.log(0.7), math.log(0.7), None, math.log(0.7)],
-            "old_logp": [math.log(0.5), None, math.log(0.5), math.log(0.69)],
-            "advantage": [1.0, 1.0, 1.0, 0.0],
-        }
-    )
-    # a run recorded without μ: its μ-anchored rules read π_old; a row with a null input is null
-    got = rules_module.evaluate_columns(["ppo", "dppo_binary_tv"], frame, mu="old_logp")
-    assert got.to_dict(as_series=False) == {
-        "ppo": [True, None, None, False],
-        "dppo_binary_tv": [True, None, None, False],
-    }
-    # a custom rule as a run's manifest records it comes back from the manifest alone
-    loose = Rule("loose_tv", 0.5, 0.5, "old", "binary_tv", "binary TV vs π_old with a 0.5 bound")
-    manifest = {"loose_tv": loose.manifest_entry(), "ppo": {"low": 0.2, "high": 0.5, "anchor": "mu"}}
-    assert resolve_rules(manifest) == [loose, RULES["ppo"].with_thresholds(high=0.5)]
-    got = rules_module.evaluate_columns(manifest, frame, mu="old_logp")
-    assert got["loose_tv"].to_list() == [False, None, None, False] and got["ppo"].to_list()[0] is False
-    with pytest.raises(ValueError, match=r"rule 'mine' is not a built-in rule and its record names no measure"):
-        resolve_rules({"mine": {"low": 0.1, "high": 0.1}})
-    with pytest.raises(ValueError, match=r"rule 'ppo' reads the column 'mu_logp', which columns lacks"):
-        rules_module.evaluate_columns(["ppo"], frame)
-    bad = frame.with_columns(pl.lit(0.5).alias("pi_logp"))
-    with pytest.raises(ValueError, match=r"column 'pi_logp' holds a value that is not a log-probability .* row 0"):
-        rules_module.evaluate_columns(["ppo"], bad, mu="old_logp")
-    assert rules_module.rule_columns("dppo_topk_kl") == ("pi_logp", "mu_logp", "advantage", "topk_kl")
-    assert rules_module.rule_columns("grpo_tis", mu="old_logp") == ("pi_logp", "advantage", "old_logp")
-
-
 def test_rules_import_no_torch():
     import subprocess
     import sys
@@ -531,29 +454,11 @@ def test_rules_import_no_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"  # any `import torch` now raises ImportError
         "import polars as pl\n"
-        "from trustlens.rules import RULES, evaluate_columns\n"
+        "from trustlens.rule_columns import evaluate_columns\n"
+        "from trustlens.rules import RULES\n"
         "f = pl.DataFrame({'pi_logp': [-0.1], 'mu_logp': [-1.0], 'old_logp': [-1.0], 'advantage': [1.0],"
         " 'topk_tv': [0.5], 'topk_kl': [float('inf')]})\n"
         "print(evaluate_columns(list(RULES), f).row(0))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == str(tuple(RULES[r].blocks for r in RULES))
-
-
-def test_decide_columns_computes_each_distance_once_or_takes_it_given():
-    columns = {
-        "pi_logp": np.log(np.array([0.7, 0.2, 0.5], np.float32)),
-        "mu_logp": np.log(np.array([0.5, 0.4, 0.5], np.float32)),
-        "advantage": np.array([1.0, -1.0, 1.0], np.float32),
-    }
-    eps = float(np.finfo(np.float32).eps)
-    distances: dict = {}
-    tv = rules_module.decide_columns(RULES["dppo_binary_tv"], columns.__getitem__, "mu_logp", distances, eps)
-    assert tv.tolist() == [True, True, False]  # |π − μ| = 0.2, 0.2, 0 against δ = 0.15
-    assert list(distances) == [("binary_tv", "mu_logp")]
-    # a distance handed in is used as it is (the recorder hands in the binary TV it stores)
-    given = {("binary_tv", "mu_logp"): np.array([0.0, 0.0, 1.0], np.float32)}
-    tv = rules_module.decide_columns(RULES["dppo_binary_tv"], columns.__getitem__, "mu_logp", given, eps)
-    assert tv.tolist() == [False, False, False]  # the third: π = μ, no push away from μ
-    never = rules_module.decide_columns(RULES["cispo"], columns.__getitem__, "mu_logp", {}, eps)
-    assert never.tolist() == [False, False, False]

@@ -30,7 +30,8 @@ import torch
 
 from trustlens import _logspace
 from trustlens._checks import LOGP_TOLERANCE, _first_index, check_logp, check_nonnegative, check_tensor
-from trustlens.rules import Rule, decide_columns
+from trustlens.rule_columns import decide_columns
+from trustlens.rules import Rule
 from trustlens.run.aggregates import Keep, keep_rows
 from trustlens.run.errors import RejectedInputError
 from trustlens.run.parts import TokenBatch
@@ -231,7 +232,7 @@ def finish_rows(
     batch: TokenBatch, rules: list[Rule], evaluable: list[Rule], keep: Keep | None, rank: int
 ) -> TokenBatch:
     """`batch` (from `take_rows`) as the run stores it, with numpy: the decision of every
-    evaluable rule the caller did not decide (`rules.decide_columns`, in the inputs' dtype; a
+    evaluable rule the caller did not decide (`rule_columns.decide_columns`, in the inputs' dtype; a
     μ-anchored rule anchors on π_old when μ is not given), the ratio π/anchor and binary TV and
     KL derived from the float32 log-probs (`_logspace.derived_columns`, as the reader derives
     them for sampled runs), every float column float32; sampled under `keep` when given.
