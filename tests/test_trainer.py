@@ -11,13 +11,13 @@ from trustlens.train.model import ModelConfig, build_model, build_tokenizer
 from trustlens.train.rollout import Rollout, RolloutConfig, RolloutEngine, response_logits
 from trustlens.train.trainer import (
     BlockedCounter,
-    World,
     _log,
     group_advantages,
     mismatch_metrics,
     token_logp,
     train,
 )
+from trustlens.train.world import World
 
 
 def test_group_advantages_closed_form():

@@ -39,7 +39,8 @@ def check_out(path: Path, overwrite: bool) -> bool:
 
 def run_one(cfg, out: Path, *, overwrite: bool, quiet: bool):
     """Train `cfg` into `out` (rank 0 prepares the directory) and print a one-line summary."""
-    from trustlens.train.trainer import init_world, train
+    from trustlens.train.trainer import train
+    from trustlens.train.world import init_world
 
     world = init_world()
     if world.main:

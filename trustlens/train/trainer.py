@@ -42,13 +42,11 @@ Units: log-probabilities in nats, TV in probability mass, KL in nats, times in s
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from trustlens.divergence import entropy_from_logits, topk_divergence
 from trustlens.loss import policy_loss
@@ -57,8 +55,10 @@ from trustlens.recorder import NullRecorder, TokenRecorder
 from trustlens.rules import evaluate_all
 from trustlens.run.aggregates import Keep
 from trustlens.train.config import RANDOM_INIT, TrainConfig
+from trustlens.train.evaluate import decode_responses, evaluate_accuracy
 from trustlens.train.rollout import Rollout, RolloutEngine, response_logits
-from trustlens.train.tasks import ArithmeticTask, Problem
+from trustlens.train.tasks import ArithmeticTask
+from trustlens.train.world import World, all_reduce_, average_gradients, init_world
 
 
 @dataclass
@@ -68,51 +68,6 @@ class TrainResult:
     eval_accuracy_sampled: dict[int, float] = field(default_factory=dict)  # step -> sampled at τ
     rewards: list[float] = field(default_factory=list)  # mean training reward per step
     step_times: list[float] = field(default_factory=list)  # seconds per training step
-
-
-# ---------------------------------------------------------------------------------------------
-# Data parallelism: gloo on CPU, one process per rank, started by torchrun.
-
-
-@dataclass(frozen=True)
-class World:
-    rank: int  # this process's rank
-    size: int  # number of processes
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def init_world() -> World:
-    """The process group from torchrun's environment (gloo), or a single process."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo")
-    if dist.is_initialized():
-        return World(dist.get_rank(), dist.get_world_size())
-    return World(0, 1)
-
-
-def all_reduce_(t: torch.Tensor, op: str = "mean") -> torch.Tensor:
-    """In place across ranks: "mean", "sum" or "max". A no-op in a single process."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-        if op == "mean":
-            t /= dist.get_world_size()
-    return t
-
-
-def average_gradients(params: list[torch.nn.Parameter]) -> None:
-    """Average the gradients over ranks with one flat all-reduce."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return
-    grads = [p.grad for p in params if p.grad is not None]
-    flat = all_reduce_(torch.cat([g.reshape(-1) for g in grads]))
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,38 +144,6 @@ class BlockedCounter:
                 total = float(self.totals[j])
                 out[f"blocked/{rule}/{side}"] = float(self.counts[i, j]) / total if total else math.nan
         return out
-
-
-def decode_responses(tokenizer, batch: Rollout) -> list[str]:
-    """Each response's text, special tokens such as <eos> kept visible."""
-    return [tokenizer.decode(ids[m].tolist()) for ids, m in zip(batch.response_ids, batch.response_mask, strict=True)]
-
-
-@torch.no_grad()
-def evaluate_accuracy(
-    engine: RolloutEngine, tokenizer, task: ArithmeticTask, problems: list[Problem], world: World
-) -> dict[str, float]:
-    """Share of held-out problems answered right, over all ranks' shares of `problems`:
-
-    eval/accuracy          greedy decoding (the policy's mode)
-    eval/accuracy_sampled  one response per problem sampled at τ, from a fixed seed at every
-                           evaluation (common random numbers, so steps compare with less noise):
-                           the policy's expected held-out accuracy, what RL optimises
-    """
-    mine = problems[world.rank :: world.size]
-    prompts = [tokenizer(p.prompt).input_ids for p in mine]
-    correct = torch.zeros(3, dtype=torch.float64)  # greedy, sampled, problems
-    if mine:
-        greedy = engine.generate(prompts, greedy=True)
-        sampled = engine.generate(prompts, generator=torch.Generator().manual_seed(world.rank))
-        for i, batch in enumerate((greedy, sampled)):
-            correct[i] = sum(
-                task.reward(p, r) == 1.0 for p, r in zip(mine, decode_responses(tokenizer, batch), strict=True)
-            )
-        correct[2] = len(mine)
-    all_reduce_(correct, "sum")
-    shares = (correct[:2] / correct[2]).tolist() if correct[2] else [math.nan, math.nan]
-    return {"eval/accuracy": shares[0], "eval/accuracy_sampled": shares[1]}
 
 
 def load_policy(cfg: TrainConfig):
