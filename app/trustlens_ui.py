@@ -26,7 +26,8 @@ import streamlit as st
 from trustlens.analysis import tokens as tq
 from trustlens.analysis.buckets import bucket_table
 from trustlens.analysis.clipping import with_rules
-from trustlens.analysis.collapse import detect_collapse, step_signals
+from trustlens.analysis.collapse import detect_collapse
+from trustlens.analysis.signals import step_signals
 from trustlens.analysis.summary import exact_aggregates
 from trustlens.dashboard import RUNS_ENV
 from trustlens.render import FORMULA_START, escape_markdown, visible_token

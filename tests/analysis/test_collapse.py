@@ -130,6 +130,20 @@ def test_the_baseline_starts_once_a_stale_engine_serves_fresh_weights(tmp_path):
     assert detect_collapse(lagged, CollapseConfig(baseline_start=0)).select("step").rows() == [(7,)]
 
 
+def test_a_stale_engine_does_not_move_the_reward_baseline(tmp_path):
+    # the reward falls from 1 to 0 at step 10 in a run whose engine is 10 steps stale: the reward
+    # measures the policy, not the gap to μ, so its baseline stays steps 0–4 (a baseline from step
+    # 10 on would be all 0, with nothing to fall from)
+    steps = 40
+    tokens = {"step": list(range(steps)), "sample": list(range(steps)), "pos": [0] * steps}
+    tokens |= {"pi_logp": [-0.5] * steps, "mu_logp": [-0.5] * steps, "advantage": [1.0] * steps}
+    samples = {"step": list(range(steps)), "sample": list(range(steps))}
+    samples["reward"] = [1.0 if s < 10 else 0.0 for s in range(steps)]
+    run = load_run(write_run(tmp_path / "r", tokens=tokens, samples=samples, config={"rollout_lag": 10}))
+    reward = detect_collapse(run).filter(pl.col("kind") == "reward_drop")
+    assert reward.select("step", "severity").rows() == [(11, "critical")]
+
+
 def _mismatch_run(tmp_path, k3_scale: float, *, drift: str = "ppo", rules=("dppo_binary_tv", "ppo")):
     """16 steps: μ and π_old differ by log ρ = d_s; from step 8 on d grows, and `drift`'s
     blocked share rises from 0 to 1/2 of the A ≠ 0 tokens."""

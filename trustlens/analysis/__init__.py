@@ -6,7 +6,8 @@ Modules, each documenting its return columns:
                rule boundaries; rules the run did not record, decided on its columns (with_rules)
     mismatch   training-inference mismatch (μ vs π_old) per step, per μ bucket and its trend
                (names from trustlens.metrics, which maps them to verl's)
-    collapse   per-step signals and collapse alerts with the tokens and samples behind them
+    signals    the per-step signals the collapse alerts watch
+    collapse   collapse alerts with the tokens and samples behind them
     onset      the collapse itself (collapse_onset), against which the alerts are measured
     drivers    the tokens and samples that drove a collapse alert
     seeds      per-run outcomes and their mean ± standard error over seeds (trustlens compare)
@@ -35,7 +36,7 @@ from trustlens.analysis.clipping import (
     rule_confusion,
     with_rules,
 )
-from trustlens.analysis.collapse import CollapseConfig, detect_collapse, step_signals
+from trustlens.analysis.collapse import CollapseConfig, detect_collapse
 from trustlens.analysis.mismatch import (
     MISMATCH_COLUMNS,
     MismatchTrend,
@@ -46,6 +47,7 @@ from trustlens.analysis.mismatch import (
 )
 from trustlens.analysis.onset import collapse_onset
 from trustlens.analysis.seeds import run_outcomes, seed_table
+from trustlens.analysis.signals import step_signals
 from trustlens.analysis.summary import exact_aggregates, step_summary
 
 __all__ = [

@@ -1,28 +1,21 @@
 """Early signs of a collapsing run: detectors over per-step signals, each alert traced back to the
 tokens and samples that drove it, ranked.
 
-`step_signals` builds one row per step from the three tables of a run:
-
-    entropy        mean entropy of π over the step's tokens (nats)
-    k3_kl, prob_diff_mean training-inference mismatch (trustlens.analysis.mismatch; null without μ)
-    reward         mean reward of the step's samples
-    accuracy       held-out accuracy (the `eval/accuracy` metric, mean over ranks); null at
-                   steps without an evaluation
-    grad_norm      the `grad_norm` metric (the mean over ranks of any metric named `grad_norm` or
-                   ending in `/grad_norm`)
-    blocked_<rule> fraction of the step's A ≠ 0 tokens each rule blocks
+`step_signals` (trustlens.analysis.signals) builds one row per step: entropy, k3_kl, reward,
+accuracy (at evaluations), grad_norm and the block rate of each rule.
 
 `detect_collapse` compares each step with the run's own early baseline: the median m of the first
 `baseline_steps` steps (default: alert_window(steps) = min(15, max(5, round(0.1·steps))): 10% of
 the steps as in the collapse test, but never more than 15, so that the alerts react within 15
-steps however long the run, and a live run's baseline stops moving at step 150) from step
-`baseline_start` on (default: the run's `rollout_lag`, 0 without one: an engine k steps stale
-serves the first weights for the first k steps, so its mismatch ramps up over them and a baseline
-taken there would call the steady state growth), with a robust scale s = 1.4826 · median absolute
-deviation of those steps, floored at `rel_floor`·|m|. There is no absolute floor: a small model's
-signals are judged against its own start. A step after the baseline is judged on x̄, the median of
-the signal over the `smooth` steps ending at it (grad_norm: the step's own value; a median, so one
-outlier step alone raises no alert), with z = (x̄ − m)/s:
+steps however long the run, and a live run's baseline stops moving at step 150), with a robust
+scale s = 1.4826 · median absolute deviation of those steps, floored at `rel_floor`·|m|. The
+signals that compare π with μ (k3_kl, blocked_<rule>) take their baseline from step
+`baseline_start` on (default: the run's `rollout_lag`, 0 without one): an engine k steps stale
+serves the first weights for the first k steps, so the gap between π and μ ramps up over them, and
+a baseline taken there would call the steady state growth. There is no absolute floor: a small
+model's signals are judged against its own start. A step after the baseline is judged on x̄, the
+median of the signal over the `smooth` steps ending at it (grad_norm: the step's own value; a
+median, so one outlier step alone raises no alert), with z = (x̄ − m)/s:
 
     detector          signal            warning when                  critical when
     entropy_collapse  entropy           x̄ < (1 − entropy_drop)·m      x̄ < (1 − 2·entropy_drop)·m
@@ -43,18 +36,10 @@ measures from), with no z test: a warning when one evaluation is below the line,
 test holds.
 
 Only a falling reward or held-out accuracy, or an extreme entropy, gradient or block rate, is
-critical. The accuracy line (two evaluations in a row below 0.75× the first) was chosen looking at
-the 72 claims runs of seeds 0–11 (docs/claims.md): it comes before 21 of their 24 collapses and in
-11 of the 48 other runs. The three it misses collapsed at one evaluation from ≥ 0.75× their start;
-the runs it flags lost ≥ 25% of their held-out accuracy for two evaluations without reaching half
-(nine π_old-anchored DPPO runs, one pg_is, one ppo). Seeds 12–14, trained after it was frozen,
-measure it out of sample (docs/claims.md). The reward alone (r̄ below 0.56×, set on seeds 0–2)
-came ahead of 6 of 17 collapses on seeds 3–11: the stale engine's rollouts lag the policy, so the
-reward falls later than held-out accuracy. The mismatch is never critical: on the runs of
-benchmarks/collapse_alerts.py it grew (k3 past 4× its baseline) in many runs that kept learning
-and rarely before a collapse. On the 72 claims runs (engine 16 steps stale) a baseline from step 0
-put a mismatch_growth warning over 166 of 250 steps of the mean dppo_binary_tv run and 189 of
-pg_is; from step 16, 20 and 125.
+critical; the mismatch never is (it grows in many runs that keep learning). How often the critical
+alerts came ahead of a collapse on the claims runs, where the thresholds were set and on seeds
+trained after they were frozen, and why the mismatch baseline waits for the engine's lag:
+docs/claims.md, "Collapse alerts".
 
 Only the run's active rule (`Run.active_rule`) is watched for blocked_drift: the other rules'
 blocked columns are counterfactual (what they would have blocked), context for reading a run, not
@@ -78,11 +63,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import polars as pl
 
-from trustlens.analysis.buckets import checked_rules, collect
 from trustlens.analysis.drivers import alert_drivers
-from trustlens.analysis.mismatch import mismatch_per_step
-from trustlens.analysis.onset import ACCURACY, collapse_window
-from trustlens.analysis.summary import exact_aggregates, step_summary
+from trustlens.analysis.onset import collapse_window
+from trustlens.analysis.signals import step_signals
 from trustlens.run import blocked_column
 
 ALERT_KINDS = (
@@ -116,7 +99,7 @@ class CollapseConfig:
     """Thresholds of the detectors (see the module docstring)."""
 
     baseline_steps: int | None = None  # early steps the baseline is taken from; None = alert_window
-    baseline_start: int | None = None  # the baseline's first step; None = the run's rollout_lag, or 0
+    baseline_start: int | None = None  # first baseline step of the π-vs-μ signals; None = the run's rollout_lag, or 0
     smooth: int = 3  # steps whose median is x̄ (a trailing median) when a step is judged
     merge_gap: int | None = None  # flagged steps at most this many steps apart are one alert; None = alert_window
     z_warning: float = 3.0  # |robust z| a flagged step must exceed
@@ -146,47 +129,6 @@ def alert_window(steps: int) -> int:
     """Steps of the alerts' early baseline: collapse_window, capped at ALERT_WINDOW_MAX (an alert
     must not wait for 10% of a long run to react)."""
     return min(ALERT_WINDOW_MAX, collapse_window(steps))
-
-
-def _metric_per_step(metrics: pl.LazyFrame, name: str) -> pl.LazyFrame:
-    """Mean over ranks of the metric `name` (or any metric ending in `/name`) per step."""
-    return (
-        metrics.filter((pl.col("name") == name) | pl.col("name").str.ends_with("/" + name))
-        .group_by("step")
-        .agg(pl.col("value").mean().alias(name))
-    )
-
-
-def step_signals(run) -> pl.DataFrame:
-    """One row per step (see the module docstring): step, entropy, k3_kl, prob_diff_mean, reward,
-    accuracy, grad_norm, blocked_<rule>…; null where a run lacks the source. `run` has .tokens, .samples
-    and .metrics LazyFrames (a `trustlens.run.Run`); a sampled run's block rates and mismatch
-    come from its exact aggregates."""
-    tokens = run.tokens
-    rules = checked_rules(tokens, None)
-    aggregates = exact_aggregates(run)
-    per_step = step_summary(tokens, aggregates=aggregates, columns=("entropy", *(blocked_column(r) for r in rules)))
-    mm = mismatch_per_step(tokens, aggregates=aggregates).select("step", "k3_kl", "prob_diff_mean")
-    reward = collect(run.samples.group_by("step").agg(pl.col("reward").mean().cast(pl.Float64)))
-    accuracy = collect(_metric_per_step(run.metrics, ACCURACY).rename({ACCURACY: "accuracy"}))
-    grad = collect(_metric_per_step(run.metrics, "grad_norm"))
-    out = per_step
-    for other in (mm, reward, accuracy, grad):
-        out = out.join(other.with_columns(pl.col("step").cast(pl.Int32)), on="step", how="full", coalesce=True)
-    cols = [
-        "entropy",
-        "k3_kl",
-        "prob_diff_mean",
-        "reward",
-        "accuracy",
-        "grad_norm",
-        *(blocked_column(r) for r in rules),
-    ]
-    return (
-        out.with_columns(pl.col("step").cast(pl.Int32))
-        .select("step", *(pl.col(c).cast(pl.Float64) for c in cols))
-        .sort("step")
-    )
 
 
 def _baseline(x: np.ndarray, n: int, cfg: CollapseConfig) -> tuple[float, float] | None:
@@ -227,6 +169,7 @@ class _Detector:
     smooth: bool = True
     min_abs: float = 0.0
     crit_window: bool = False
+    lagged: bool = False  # the signal compares π with μ: its baseline starts at baseline_start
 
 
 def _detectors(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> list[_Detector]:
@@ -234,7 +177,7 @@ def _detectors(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> 
     out = [
         _Detector("entropy_collapse", "entropy", False, 1 - cfg.entropy_drop, 1 - 2 * cfg.entropy_drop),
         _Detector("entropy_surge", "entropy", True, 1 + cfg.entropy_surge, 1 + 2 * cfg.entropy_surge),
-        _Detector("mismatch_growth", "k3_kl", True, cfg.mismatch_growth, None),
+        _Detector("mismatch_growth", "k3_kl", True, cfg.mismatch_growth, None, lagged=True),
         _Detector("grad_norm_spike", "grad_norm", True, cfg.grad_spike, 2 * cfg.grad_spike, smooth=False),
         _Detector("reward_drop", "reward", False, 1 - cfg.reward_drop, 1 - cfg.reward_critical, crit_window=True),
     ]
@@ -242,8 +185,8 @@ def _detectors(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None) -> 
     for col in watched:
         if col in signals.columns:
             out += [
-                _Detector("blocked_drift", col, True, f, f * f, min_abs=cfg.blocked_drift),
-                _Detector("blocked_drift", col, False, 1 / f, 1 / (f * f), min_abs=cfg.blocked_drift),
+                _Detector("blocked_drift", col, True, f, f * f, min_abs=cfg.blocked_drift, lagged=True),
+                _Detector("blocked_drift", col, False, 1 / f, 1 / (f * f), min_abs=cfg.blocked_drift, lagged=True),
             ]
     return out
 
@@ -263,7 +206,7 @@ def _trailing(x: np.ndarray, i: int, k: int, stat) -> float:
 
 def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None, start: int) -> list[_Flag]:
     steps = signals["step"].to_numpy()
-    first = int(np.searchsorted(steps, start))  # the row of the first step ≥ start
+    lag_row = int(np.searchsorted(steps, start))  # the row of the first step ≥ start
     n_base = cfg.baseline_steps if cfg.baseline_steps is not None else alert_window(len(steps))
     n_reward = cfg.reward_window if cfg.reward_window is not None else min(REWARD_WINDOW_MAX, n_base)
     flags: list[_Flag] = []
@@ -271,6 +214,7 @@ def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None, start: 
         if d.signal not in signals.columns:
             continue
         x = signals[d.signal].cast(pl.Float64).fill_null(np.nan).to_numpy()
+        first = lag_row if d.lagged else 0
         base = _baseline(x[first:], n_base, cfg)
         if base is None:
             continue
@@ -434,5 +378,4 @@ __all__ = [
     "CollapseConfig",
     "alert_window",
     "detect_collapse",
-    "step_signals",
 ]
