@@ -1,6 +1,7 @@
+import polars as pl
 import pytest
 
-from trustlens.analysis.onset import collapse_onset, collapse_window
+from trustlens.analysis.onset import collapse_onset, collapse_window, evaluations
 
 
 def test_collapse_onset_by_hand():
@@ -14,3 +15,16 @@ def test_collapse_onset_by_hand():
     assert collapse_onset([(0, 0.4), (10, 0.21)], [(s, 1.0) for s in range(20)]) == (None, None)
     with pytest.raises(ValueError, match="window"):
         collapse_onset([], reward, window=0)
+
+
+def test_evaluations_are_the_accuracy_metric_averaged_over_ranks():
+    metrics = pl.LazyFrame(
+        {
+            "step": [10, 10, 0, 0, 0, 10],
+            "rank": [0, 1, 0, 1, 0, 0],
+            "name": ["eval/accuracy"] * 4 + ["eval/accuracy_sampled", "val/eval/accuracy"],
+            "value": [0.3, 0.5, 0.4, 0.4, 0.9, 0.9],
+        }
+    )
+    # only the metric named eval/accuracy (not _sampled, not a longer name), in step order
+    assert evaluations(metrics).collect().rows() == [(0, 0.4), (10, 0.4)]

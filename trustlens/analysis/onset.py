@@ -11,8 +11,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import polars as pl
+
 # the metric holding held-out accuracy (a fraction of problems solved, greedy decoding)
 ACCURACY = "eval/accuracy"
+
+
+def evaluations(metrics: pl.LazyFrame) -> pl.LazyFrame:
+    """(step, accuracy) of each held-out evaluation in a run's metrics table: the `ACCURACY`
+    metric, mean over ranks, in step order."""
+    return (
+        metrics.filter(pl.col("name") == ACCURACY)
+        .group_by("step")
+        .agg(pl.col("value").mean().alias("accuracy"))
+        .sort("step")
+    )
 
 
 def collapse_window(steps: int) -> int:
@@ -50,4 +63,4 @@ def collapse_onset(
     return min(found) if found else (None, None)
 
 
-__all__ = ["ACCURACY", "collapse_onset", "collapse_window"]
+__all__ = ["ACCURACY", "collapse_onset", "collapse_window", "evaluations"]

@@ -57,7 +57,7 @@ from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage
 from trustlens.analysis.clipping import blocked_per_step
 from trustlens.analysis.collapse import detect_collapse
 from trustlens.analysis.mismatch import mismatch_per_step
-from trustlens.analysis.onset import ACCURACY, collapse_onset, collapse_window
+from trustlens.analysis.onset import collapse_onset, collapse_window, evaluations
 from trustlens.analysis.summary import exact_aggregates
 from trustlens.run import blocked_column
 
@@ -96,10 +96,8 @@ def mean_se(values: Iterable[float | None]) -> tuple[float | None, float | None,
 
 def accuracy_per_step(run) -> list[tuple[int, float]]:
     """(step, held-out accuracy) of each evaluation, mean over ranks."""
-    df = collect(
-        run.metrics.filter(pl.col("name") == ACCURACY).group_by("step").agg(pl.col("value").mean()).sort("step")
-    )
-    return list(zip(df["step"].to_list(), df["value"].to_list(), strict=True))
+    df = collect(evaluations(run.metrics))
+    return list(zip(df["step"].to_list(), df["accuracy"].to_list(), strict=True))
 
 
 def reward_per_step(run) -> list[tuple[int, float]]:

@@ -5,8 +5,9 @@
     entropy        mean entropy of π over the step's tokens (nats)
     k3_kl, prob_diff_mean training-inference mismatch (trustlens.analysis.mismatch; null without μ)
     reward         mean reward of the step's samples
-    accuracy       held-out accuracy (the `eval/accuracy` metric, mean over ranks); null at
-                   steps without an evaluation
+    accuracy       held-out accuracy (the metric named `eval/accuracy`, mean over ranks, as
+                   the collapse test of trustlens.analysis.onset reads it); null at steps
+                   without an evaluation
     grad_norm      the `grad_norm` metric (the mean over ranks of any metric named `grad_norm` or
                    ending in `/grad_norm`)
     blocked_<rule> fraction of the step's A ≠ 0 tokens each rule blocks
@@ -18,7 +19,7 @@ import polars as pl
 
 from trustlens.analysis.buckets import checked_rules, collect
 from trustlens.analysis.mismatch import mismatch_per_step
-from trustlens.analysis.onset import ACCURACY
+from trustlens.analysis.onset import evaluations
 from trustlens.analysis.summary import exact_aggregates, step_summary
 from trustlens.run import blocked_column
 
@@ -43,7 +44,7 @@ def step_signals(run) -> pl.DataFrame:
     per_step = step_summary(tokens, aggregates=aggregates, columns=("entropy", *(blocked_column(r) for r in rules)))
     mm = mismatch_per_step(tokens, aggregates=aggregates).select("step", "k3_kl", "prob_diff_mean")
     reward = collect(run.samples.group_by("step").agg(pl.col("reward").mean().cast(pl.Float64)))
-    accuracy = collect(_metric_per_step(run.metrics, ACCURACY).rename({ACCURACY: "accuracy"}))
+    accuracy = collect(evaluations(run.metrics))
     grad = collect(_metric_per_step(run.metrics, "grad_norm"))
     out = per_step
     for other in (mm, reward, accuracy, grad):
