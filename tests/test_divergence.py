@@ -8,6 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.distributions import Categorical, kl_divergence
 
+import trustlens._vocab_chunks as vocab_chunks
 import trustlens.divergence as divergence
 from trustlens.divergence import (
     binary_kl,
@@ -239,7 +240,7 @@ def test_any_leading_dims(lead):
 def test_non_contiguous_logits_are_read_in_place(monkeypatch):
     """Sliced and transposed logits (whose rows cannot be flattened without a copy) give the
     same numbers as their contiguous copies, also when a chunk holds a single row."""
-    monkeypatch.setattr(divergence, "CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 1)
     pi, mu, _, ids, logp = random_case(6, (3, 5), 30, 4, 2.0, 1.0, 1.0)
     for view in (lambda t: t[:, :-1], lambda t: t.transpose(0, 1)):
         expected = topk_divergence(view(pi).contiguous(), view(ids), view(logp))
@@ -251,7 +252,7 @@ def test_non_contiguous_logits_are_read_in_place(monkeypatch):
 def test_chunks_are_bounded(monkeypatch):
     """Every chunk of rows holds at most max(V, CHUNK_ELEMENTS) elements, and all rows are seen."""
     seen = []
-    real = divergence._row_chunks
+    real = vocab_chunks.row_chunks
 
     def spy(*tensors):
         for first, chunk in real(*tensors):
@@ -259,8 +260,8 @@ def test_chunks_are_bounded(monkeypatch):
             yield first, chunk
 
     pi, mu, _, ids, logp = random_case(7, (40, 3), 300, 10, 2.0, 1.0, 1.0)
-    monkeypatch.setattr(divergence, "CHUNK_ELEMENTS", 1000)
-    monkeypatch.setattr(divergence, "_row_chunks", spy)
+    monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 1000)
+    monkeypatch.setattr(vocab_chunks, "row_chunks", spy)
     topk_divergence(pi, ids, logp)
     exact_divergence(pi, mu)
     assert seen and all(shape[0] * shape[1] <= 1000 for _, shape in seen)
@@ -528,7 +529,7 @@ def _with(t, index, value):
     ],
 )
 def test_topk_divergence_bad_input(change, message, monkeypatch):
-    monkeypatch.setattr(divergence, "CHUNK_ELEMENTS", 10)  # one row per chunk: indices map back
+    monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 10)  # one row per chunk: indices map back
     with pytest.raises(ValueError, match=message):
         topk_divergence(*change(*_good()))
 
@@ -674,10 +675,10 @@ def _flat_and_peaked(gen):
 def test_compiled_kernel_matches_float64(monkeypatch, gen, dtype):
     pi, ids, logp = _flat_and_peaked(gen)
     ref = topk_divergence(pi.to(dtype).double(), ids, logp)
-    monkeypatch.setattr(divergence, "COMPILE_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(vocab_chunks, "COMPILE_MIN_ELEMENTS", 0)
     calls = []
-    fused = divergence._fused_exp_sum
-    monkeypatch.setattr(divergence, "_fused_exp_sum", lambda *a: calls.append(a[0].shape) or fused(*a))
+    fused = vocab_chunks._fused_exp_sum
+    monkeypatch.setattr(vocab_chunks, "_fused_exp_sum", lambda *a: calls.append(a[0].shape) or fused(*a))
     tv, kl = topk_divergence(pi.to(dtype), ids, logp.float())
     assert calls == [], "mixed flat and peaked rows in one block take the eager loop"
     flat = slice(0, 32)
@@ -691,7 +692,7 @@ def test_without_compile_the_eager_loop_gives_the_same(monkeypatch, gen):
     pi, ids, logp = _flat_and_peaked(gen)
     flat = slice(0, 32)
     eager = topk_divergence(pi[flat].float(), ids[flat], logp[flat].float())
-    monkeypatch.setattr(divergence, "COMPILE_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(vocab_chunks, "COMPILE_MIN_ELEMENTS", 0)
     monkeypatch.setenv("TRUSTLENS_NO_COMPILE", "1")
     assert all(
         torch.equal(a, b)
@@ -699,7 +700,7 @@ def test_without_compile_the_eager_loop_gives_the_same(monkeypatch, gen):
     )
     # torch.compile failing (no compiler) warns once and falls back
     monkeypatch.delenv("TRUSTLENS_NO_COMPILE")
-    monkeypatch.setattr(divergence, "_compiled", {})
+    monkeypatch.setattr(vocab_chunks, "_compiled", {})
 
     def broken(*args, **kwargs):
         raise RuntimeError("no C++ compiler")
@@ -708,4 +709,4 @@ def test_without_compile_the_eager_loop_gives_the_same(monkeypatch, gen):
     with pytest.warns(UserWarning, match="torch.compile unavailable .no C\\+\\+ compiler."):
         out = topk_divergence(pi[flat].float(), ids[flat], logp[flat].float())
     assert all(torch.equal(a, b) for a, b in zip(out, eager, strict=True))
-    assert divergence._compiled == {"exp_sum": None}
+    assert vocab_chunks._compiled == {"exp_sum": None}

@@ -27,6 +27,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from trustlens import load_run  # noqa: E402
 from trustlens.integrations import trl as tl_trl  # noqa: E402
+from trustlens.integrations._trl_hook import _accepts_topk  # noqa: E402
 from trustlens.integrations.trl import (  # noqa: E402
     TrustLensGRPOTrainer,
     UnsupportedTRLVersion,
@@ -421,7 +422,7 @@ def test_dppo_topk_run_records_topk_divergences(tmp_path):
     trainer.train()
     run = load_run(tmp_path / "run")
     assert run.manifest["config"]["divergence_type"] == "topk_kl"
-    if not tl_trl._accepts_topk(trainer.trustlens_recorder.record):
+    if not _accepts_topk(trainer.trustlens_recorder.record):
         # a recorder without precomputed top-K divergences cannot decide the top-K rules: no
         # active rule is claimed rather than a wrong one
         assert run.active_rule is None and not any(r.startswith("dppo_topk") for r in run.rules)

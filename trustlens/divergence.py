@@ -26,17 +26,18 @@ rows (μ's rest mass ≥ ½) to a torch.compile'd one-pass exp-sum kernel; the f
 compiles it (seconds; cached on disk by torch). Peaked rows, small inputs, and machines where
 torch.compile fails (a warning says so) or TRUSTLENS_NO_COMPILE=1 use the eager chunk loop,
 with the same results to float32 rounding.
+
+The chunked passes, the compiled kernel and both constants live in `trustlens._vocab_chunks`;
+this module checks the arguments and turns bucket log-probabilities into divergences.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
-from trustlens import _logspace
+from trustlens import _logspace, _vocab_chunks
 from trustlens._checks import (
     LOGP_TOLERANCE,
-    check_logit_rows,
     check_logp,
     check_same_shape,
     check_tensor,
@@ -44,58 +45,9 @@ from trustlens._checks import (
 )
 from trustlens._torch import torch
 
-# Elements of one chunk of rows (1 MiB of float32): small enough to stay in a core's L2 cache.
-# A row longer than this is processed alone.
-CHUNK_ELEMENTS = 1 << 18
 # `entropy_from_logits` works on three chunk-sized tensors at once (input, log-softmax, exp):
 # chunks a quarter as large keep them together in cache (fastest of 2^14…2^18 when measured).
-ENTROPY_CHUNK_ELEMENTS = CHUNK_ELEMENTS // 4
-
-# When the largest logit/τ among μ's top-K ids lies in this range, π's exps are taken without a
-# shift: their total is ≥ e^-20, far above float32's underflow, and a logit up to 88 fits.
-_NO_SHIFT = (-20.0, 50.0)
-
-# A rest-bucket sum below this may have lost digits to float32 underflow (exps below 1e-38):
-# such rows get an exact log-softmax recomputation.
-_UNDERFLOW = 1e-25
-
-# Inputs of at least this many logits may take the compiled one-pass kernel (`_exp_sum`), when
-# torch.compile works here: its compile step (seconds, once per process and dtype) pays off only
-# on large inputs. Set TRUSTLENS_NO_COMPILE=1 to always use the eager chunk loop.
-COMPILE_MIN_ELEMENTS = 1 << 24
-
-# The compiled kernel sums exp over the whole row, so the rest bucket is total − Σ_S exp. That
-# subtraction loses at most one bit when rest ≥ total / 2: rows where μ's rest mass is at least
-# this are sent to it, and rows where π's rest then falls below it are recomputed exactly.
-_FUSED_MIN_REST = 0.5
-
-_compiled: dict[str, object] = {}  # "exp_sum": the compiled kernel, or None where compiling failed
-
-
-def _exp_sum(x: torch.Tensor, shift: torch.Tensor, inv_temperature: torch.Tensor) -> torch.Tensor:
-    """Σ_v exp((x_v − shift)·inv_temperature) per row of x (R, V), any float dtype, in float32:
-    the upcast, shift, scale, exp and sum fuse into one read pass when compiled. shift: (R,)."""
-    return torch.exp((x.float() - shift[:, None]) * inv_temperature).sum(-1)
-
-
-def _fused_exp_sum(x: torch.Tensor, shift: torch.Tensor, inv_temperature: torch.Tensor) -> torch.Tensor | None:
-    """`_exp_sum` compiled (once per process and dtype, plus once more with dynamic shapes when a
-    second shape comes), or None when torch.compile is unavailable or disabled here: the caller
-    then runs the eager loop."""
-    import os
-
-    if os.environ.get("TRUSTLENS_NO_COMPILE") or _compiled.get("exp_sum", True) is None:
-        return None
-    try:
-        if "exp_sum" not in _compiled:  # static shapes first; a new shape recompiles once, dynamic
-            _compiled["exp_sum"] = torch.compile(_exp_sum, fullgraph=True)
-        return _compiled["exp_sum"](x, shift, inv_temperature)  # type: ignore[operator]
-    except Exception as err:  # no C++ compiler, an unsupported platform, ...: stay eager
-        import warnings
-
-        _compiled["exp_sum"] = None
-        warnings.warn(f"trustlens: torch.compile unavailable ({err}); using the eager divergence loop", stacklevel=3)
-        return None
+ENTROPY_CHUNK_ELEMENTS = _vocab_chunks.CHUNK_ELEMENTS // 4
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -175,144 +127,6 @@ def _check_lead(name: str, t: torch.Tensor, logits_name: str, logits: torch.Tens
         )
 
 
-def _row_blocks(*tensors: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
-    """Aligned 2-D (rows, V) views of tensors that share their leading dims, in row-major order.
-
-    A tensor whose leading dims cannot be flattened without a copy (e.g. logits[:, :-1]) is split
-    along dim 0 until they can, so no block is ever copied.
-    """
-    try:
-        views = tuple(t.view(-1, t.shape[-1]) for t in tensors)
-    except RuntimeError:
-        views = None
-    if views is not None:
-        yield views
-        return
-    for parts in zip(*(t.unbind(0) for t in tensors), strict=True):
-        yield from _row_blocks(*parts)
-
-
-def _row_chunks(*tensors: torch.Tensor, rows: int = 0) -> Iterator[tuple[int, tuple[torch.Tensor, ...]]]:
-    """(first row, aligned chunks of at most `rows` rows, by default max(1, CHUNK_ELEMENTS // V))
-    over the rows of tensors of one shape (..., V)."""
-    rows = rows or max(1, CHUNK_ELEMENTS // tensors[0].shape[-1])
-    first = 0
-    for block in _row_blocks(*tensors):
-        for start in range(0, block[0].shape[0], rows):
-            chunk = tuple(b[start : start + rows] for b in block)
-            yield first, chunk
-            first += chunk[0].shape[0]
-
-
-def _rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Rows (len(rows), V) of t (..., V) seen as (N, V), by flat row index, copying only them."""
-    if t.dim() == 1:
-        return t.unsqueeze(0)[rows]
-    return t[torch.unravel_index(rows, t.shape[:-1])]
-
-
-def _check_row_maxima(name: str, logits: torch.Tensor, maxima: torch.Tensor, rows: torch.Tensor | None = None) -> None:
-    """Raise for the first row of logits (..., V) whose maximum is not finite (NaN, +inf or a row
-    of only −inf), with the index of the offending element. maxima: (N,), or one per flat row
-    index in `rows`."""
-    bad = torch.nonzero(~torch.isfinite(maxima))[:, 0]
-    if bad.numel():
-        row = int(bad[0]) if rows is None else int(rows[bad[0]])
-        check_logit_rows(name, _rows(logits, torch.tensor([row])), logits.shape, row)
-
-
-def _logp_on_ids(
-    name: str,
-    logits: torch.Tensor,
-    ids: torch.Tensor,
-    temperature: float,
-    dtype: torch.dtype,
-    fused_rows: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """log softmax(logits / τ) on `ids` (N, K) and on the rest bucket (N,), float64, without a
-    log-softmax of the vocabulary.
-
-    logits: (..., V) with N rows, any float dtype; ids: (N, K) int64, distinct per row.
-    One pass over the vocabulary: per chunk of rows, exp((logits − s)/τ) into a scratch chunk, the
-    ids zeroed, summed, so that rest = Σ_{j∉ids} exp keeps its relative precision however small it
-    is (instead of being 1 − Σ_ids). Then total = rest + Σ_ids exp, log π_ids = (x_ids − s)/τ −
-    log total, log π_rest = log rest − log total (−inf when the ids cover the vocabulary).
-
-    The shift s needs no max pass: c = max over the ids of logits/τ (a gather) bounds the total
-    from below (total ≥ exp(c − s/τ)), so s = 0 when c ∈ _NO_SHIFT (exp runs on the logits as
-    they are) and s = τ·c otherwise. Rows where that guess fails — exp overflowed (π's max far
-    above its logits on the ids), rest underflowed, or the input is not finite — are redone
-    exactly with a log-softmax of the row, which also reports NaN/inf. Extra memory: O(N·K) plus
-    one chunk.
-
-    fused_rows (N,) bool: rows expected to keep at least _FUSED_MIN_REST of their mass outside
-    the ids. On large float32 work, a block of rows that are all such rows takes the compiled
-    kernel instead (one fused pass, no scratch), rest = total − Σ_ids exp; a row whose rest
-    falls below _FUSED_MIN_REST of its total is redone exactly.
-    """
-    V, K, n = logits.shape[-1], ids.shape[-1], ids.shape[0]
-    rows_per_chunk = max(1, CHUNK_ELEMENTS // V)
-    on_ids = logits.gather(-1, ids.reshape(*logits.shape[:-1], K)).reshape(n, K).to(dtype)
-    top = on_ids.amax(-1) / temperature  # (N,) c
-    shift = torch.where((top >= _NO_SHIFT[0]) & (top <= _NO_SHIFT[1]), 0.0, top * temperature)
-    shift = shift.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)[:, None]  # bad rows are redone
-    unshifted = (shift[:, 0] == 0).tolist()
-    rest = torch.empty(n, dtype=dtype, device=logits.device)  # Σ_{j∉ids} exp((x_j − s)/τ)
-    # rows whose rest comes from the compiled total: the total until the ids are taken out below
-    fused = torch.zeros(n, dtype=torch.bool, device=logits.device)
-    if fused_rows is not None and dtype == torch.float32 and n * V >= COMPILE_MIN_ELEMENTS:
-        inv_t = torch.tensor(1.0 / temperature, device=logits.device)
-        first = 0
-        for (block,) in _row_blocks(logits):
-            rows = slice(first, first + block.shape[0])
-            if bool(fused_rows[rows].all()):
-                total = _fused_exp_sum(block, shift[rows, 0].to(dtype), inv_t)
-                if total is None:
-                    break
-                rest[rows], fused[rows] = total, True
-            first += block.shape[0]
-    scratch = torch.empty(min(n, rows_per_chunk), V, dtype=dtype, device=logits.device)
-    unfused = (~fused).tolist()
-    for first, (chunk,) in _row_chunks(logits):
-        last = first + chunk.shape[0]
-        if not any(unfused[first:last]):
-            continue
-        z = scratch[: chunk.shape[0]]
-        src = chunk  # each step below is one pass, taken only when needed
-        if chunk.dtype != dtype:
-            src = z.copy_(chunk)  # upcast (a mixed-dtype sub would be slower)
-        if not all(unshifted[first:last]):
-            src = torch.sub(src, shift[first:last], out=z)
-        if temperature != 1.0:
-            src = torch.div(src, temperature, out=z)
-        torch.exp(src, out=z)
-        z.scatter_(-1, ids[first:last], 0.0)
-        torch.sum(z, -1, out=rest[first:last])
-    # (N, K) sized from here on, in float64. log total = top + log1p(everything else / e^top),
-    # so that a token with π = 1 − 1e-12 gets log π = −1e-12, not a rounded 0.
-    rest = rest.double()
-    z_ids = (on_ids.double() - shift.double()) / temperature  # (N, K)
-    if bool(fused.any()):  # the compiled totals hold the ids too: take them out
-        total = rest
-        rest = torch.where(fused, total - z_ids.exp().sum(-1), total)
-        cancelled = fused & ~(rest >= _FUSED_MIN_REST * total)
-        rest = torch.where(cancelled, math.nan, rest)  # redone exactly below
-    top_z, top_at = z_ids.max(-1, keepdim=True)  # (N, 1)
-    others = (z_ids - top_z).exp().scatter(-1, top_at, 0.0).sum(-1) + rest * torch.exp(-top_z[:, 0])
-    log_total = top_z[:, 0] + torch.log1p(others)  # (N,)
-    log_ids, log_rest = z_ids - log_total[:, None], torch.log(rest) - log_total
-    redo = ~torch.isfinite(top) | ~torch.isfinite(rest)
-    if K < V:
-        redo |= rest < _UNDERFLOW
-    for part in torch.nonzero(redo)[:, 0].split(rows_per_chunk):  # rare
-        x = _rows(logits, part)
-        _check_row_maxima(name, logits, x.amax(-1), part)
-        log_pi = torch.log_softmax(x.double() / temperature, -1)
-        log_ids[part] = log_pi.gather(-1, ids[part])
-        log_rest[part] = log_pi.scatter(-1, ids[part], -math.inf).logsumexp(-1)
-    return log_ids, log_rest
-
-
 def _result_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """float64 when any input is float64, else float32."""
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
@@ -343,8 +157,8 @@ def topk_divergence(
     in float64. A bucket with μ > 0 to which π gives probability 0 (a −inf logit) makes the KL
     +inf, a valid value.
     π's log-probs come from one exp-and-sum pass over the vocabulary, chunk by chunk, plus a
-    gather (see `_logp_on_ids`): extra memory O(N·K) plus one chunk. Float32 results (float64
-    when an input is).
+    gather (see `trustlens._vocab_chunks.logp_on_ids`): extra memory O(N·K) plus one chunk.
+    Float32 results (float64 when an input is).
     """
     temperature = _check_temperature(temperature)
     pi_logits = _check_logits("pi_logits", pi_logits)
@@ -369,8 +183,7 @@ def topk_divergence(
         ids, log_mu = _force_sampled(pi_logits, ids, log_mu, sampled_ids, sampled_logp)
     log_mu_rest = _log_rest("mu_topk_logp", log_mu, logp_dtype, pi_logits.shape[:-1], whole=K == V)
 
-    fused_rows = log_mu_rest >= math.log(_FUSED_MIN_REST)  # flat rows: the compiled kernel's
-    log_pi, log_pi_rest = _logp_on_ids("pi_logits", pi_logits, ids, temperature, dtype, fused_rows)
+    log_pi, log_pi_rest = _vocab_chunks.logp_on_ids("pi_logits", pi_logits, ids, temperature, dtype, log_mu_rest)
     tv, kl = _bucket_divergence(
         torch.cat([log_mu, log_mu_rest[:, None]], -1), torch.cat([log_pi, log_pi_rest[:, None]], -1)
     )
@@ -472,11 +285,11 @@ def exact_divergence(
     dtype = _result_dtype(pi_logits, mu_logits)
     n = math.prod(pi_logits.shape[:-1])
     tv, kl = (torch.empty(n, dtype=dtype, device=pi_logits.device) for _ in range(2))
-    rows = min(n, max(1, CHUNK_ELEMENTS // pi_logits.shape[-1]))
+    rows = min(n, max(1, _vocab_chunks.CHUNK_ELEMENTS // pi_logits.shape[-1]))
     log_mu, log_pi, work = (
         torch.empty(rows, pi_logits.shape[-1], dtype=dtype, device=pi_logits.device) for _ in range(3)
     )
-    for first, (pi, mu) in _row_chunks(pi_logits, mu_logits):
+    for first, (pi, mu) in _vocab_chunks.row_chunks(pi_logits, mu_logits):
         sl, r = slice(first, first + pi.shape[0]), pi.shape[0]
         for logits, out in ((mu, log_mu[:r]), (pi, log_pi[:r])):
             if logits.dtype != dtype:
@@ -493,7 +306,7 @@ def exact_divergence(
     bad = torch.nonzero(tv.isnan())[:1, 0]  # the first such row
     if bad.numel():
         for name, logits in (("pi_logits", pi_logits), ("mu_logits", mu_logits)):
-            _check_row_maxima(name, logits, _rows(logits, bad).amax(-1), bad)
+            _vocab_chunks.check_row_maxima(name, logits, _vocab_chunks.flat_rows(logits, bad).amax(-1), bad)
     lead = pi_logits.shape[:-1]
     return tv.mul_(0.5).clamp_(0.0, 1.0).reshape(lead), kl.clamp_(min=0.0).reshape(lead)
 
@@ -514,7 +327,7 @@ def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0) -> to
     out = torch.empty(n, dtype=dtype, device=logits.device)
     rows = min(n, max(1, ENTROPY_CHUNK_ELEMENTS // logits.shape[-1]))
     logp, work = (torch.empty(rows, logits.shape[-1], dtype=dtype, device=logits.device) for _ in range(2))
-    for first, (chunk,) in _row_chunks(logits, rows=rows):
+    for first, (chunk,) in _vocab_chunks.row_chunks(logits, rows=rows):
         r = chunk.shape[0]
         if chunk.dtype != dtype:
             chunk = work[:r].copy_(chunk)  # upcast once, in cache
@@ -526,7 +339,7 @@ def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0) -> to
         torch.linalg.vecdot(p, logp[:r], out=out[first : first + r])
     bad = torch.nonzero(out.isnan())[:1, 0]  # NaN/+inf or a row of only −inf: find the culprit
     if bad.numel():
-        _check_row_maxima("logits", logits, _rows(logits, bad).amax(-1), bad)
+        _vocab_chunks.check_row_maxima("logits", logits, _vocab_chunks.flat_rows(logits, bad).amax(-1), bad)
     return out.neg_().clamp_(min=0.0).reshape(logits.shape[:-1])
 
 
@@ -550,6 +363,6 @@ def topk_from_logits(
     missing = ~(ids == sampled).any(-1)
     ids[missing, -1] = sampled[missing, 0]
     dtype = _result_dtype(logits)
-    logp = _logp_on_ids("logits", logits, ids, temperature, dtype)[0].to(dtype)
+    logp = _vocab_chunks.logp_on_ids("logits", logits, ids, temperature, dtype)[0].to(dtype)
     lead = logits.shape[:-1]
     return ids.reshape(*lead, k), logp.reshape(*lead, k)

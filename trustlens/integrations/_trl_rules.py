@@ -1,0 +1,42 @@
+"""Which trustlens rules a TRL run is recorded with: every rule TRL's tensors can decide, and
+the rule (with its thresholds) that reproduces the loss a GRPOConfig / DPPOConfig trains with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trustlens.rules import RULES
+
+# TRL loss types whose clipped surrogate blocks exactly the tokens `minirl` blocks
+_CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+
+Thresholds = tuple[float | None, float | None]  # (low, high); None keeps the rule's default
+
+
+def default_rules(
+    active_rule: str | None = None, thresholds: Thresholds | None = None, *, topk: bool = False
+) -> dict[str, Thresholds]:
+    """{rule: (low, high)} for every rule TRL's tensors can decide — with topk=True (a top-K DPPO
+    run) the top-K rules too — default thresholds except `thresholds` for `active_rule`."""
+    inputs = {"old_logp", "topk_tv", "topk_kl"} if topk else {"old_logp"}
+    rules: dict[str, Thresholds] = {name: (None, None) for name, rule in RULES.items() if set(rule.needs) <= inputs}
+    if active_rule is not None and thresholds is not None:
+        rules[active_rule] = thresholds
+    return rules
+
+
+def active_rule_of(args: Any) -> tuple[str | None, Thresholds | None]:
+    """The trustlens rule TRL trains with under GRPOConfig `args`, with its (low, high); (None,
+    None) for a loss no rule reproduces (sapo, vespo, sequence-level importance sampling)."""
+    low = float(args.epsilon)
+    high = float(args.epsilon_high if args.epsilon_high is not None else args.epsilon)
+    divergence = getattr(args, "divergence_type", None)  # DPPOConfig: TRL's divergence mask vs μ
+    if divergence is not None:
+        return f"dppo_{divergence}", (low, high)
+    if getattr(args, "importance_sampling_level", "token") != "token":
+        return None, None
+    if args.loss_type in _CLIPPED_LOSSES:
+        return "minirl", (low, high)
+    if args.loss_type == "cispo":  # TRL caps π/π_old at ε_high; trustlens' cispo never blocks
+        return "cispo", (None, max(high - 1.0, 0.0))
+    return None, None
