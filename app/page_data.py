@@ -12,7 +12,9 @@ import threading
 
 import polars as pl
 import streamlit as st
-import trustlens_ui as ui
+from run_cache import RUN_TTL, run_at
+from run_queries import on_steps, on_tokens, signals_and_alerts
+from sidebar import Context
 from streamlit.runtime.scriptrunner import add_script_run_ctx
 
 from trustlens.analysis import (
@@ -37,58 +39,58 @@ _warmed: set[tuple] = set()  # (path, signature, query) already warmed in this p
 _warming = threading.Lock()  # held while a warmer runs: at most one at a time
 
 
-@st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)
+@st.cache_data(ttl=RUN_TTL, max_entries=32, show_spinner=False)
 def _accuracy(path: str, signature: tuple) -> list[tuple[int, float]]:
-    return accuracy_per_step(ui.run_at(path, signature))
+    return accuracy_per_step(run_at(path, signature))
 
 
-def overview(ctx: ui.Context) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, list]:
+def overview(ctx: Context) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, list]:
     """Per-step summary and blocked fractions (filtered), collapse signals and alerts, and the
     held-out accuracy of each evaluation, (step, accuracy) (whole run)."""
     return (
-        ui.on_steps(step_summary, ctx),
-        ui.on_steps(blocked_per_step, ctx),
-        *ui.signals_and_alerts(*ctx.key),
+        on_steps(step_summary, ctx),
+        on_steps(blocked_per_step, ctx),
+        *signals_and_alerts(*ctx.key),
         _accuracy(*ctx.key),
     )
 
 
-@st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)
+@st.cache_data(ttl=RUN_TTL, max_entries=32, show_spinner=False)
 def _matching_samples(path: str, signature: tuple, query: tq.TokenQuery, anchor: str) -> pl.DataFrame:
-    return tq.sample_summary(tq.filter_tokens(ui.run_at(path, signature).tokens, query, anchor=anchor))
+    return tq.sample_summary(tq.filter_tokens(run_at(path, signature).tokens, query, anchor=anchor))
 
 
-def matching_samples(ctx: ui.Context, query: tq.TokenQuery) -> pl.DataFrame:
+def matching_samples(ctx: Context, query: tq.TokenQuery) -> pl.DataFrame:
     """The samples with rows passing `query`, most matching rows first (token inspector)."""
     return _matching_samples(*ctx.key, query, ctx.anchor)
 
 
-def ppo_vs_dppo(ctx: ui.Context, rule_a: str, rule_b: str) -> dict[str, pl.DataFrame]:
+def ppo_vs_dppo(ctx: Context, rule_a: str, rule_b: str) -> dict[str, pl.DataFrame]:
     """Everything the PPO vs DPPO page draws for two rules on the filtered tokens; a rule the run
     did not record is decided on its columns first (`decided`)."""
     pair = (rule_a, rule_b)
     decided = tuple(r for r in pair if r not in ctx.rules)
     return {
-        "total": ui.on_tokens(rule_confusion, ctx, decided=decided, rule_a=rule_a, rule_b=rule_b, per_step=False),
-        "per_step": ui.on_tokens(rule_confusion, ctx, decided=decided, rule_a=rule_a, rule_b=rule_b),
-        "ratio_density": ui.on_tokens(figure1_density, ctx, decided=decided, y="ratio", rules=pair),
-        "tv_density": ui.on_tokens(figure1_density, ctx, decided=decided, y="binary_tv", rules=pair),
+        "total": on_tokens(rule_confusion, ctx, decided=decided, rule_a=rule_a, rule_b=rule_b, per_step=False),
+        "per_step": on_tokens(rule_confusion, ctx, decided=decided, rule_a=rule_a, rule_b=rule_b),
+        "ratio_density": on_tokens(figure1_density, ctx, decided=decided, y="ratio", rules=pair),
+        "tv_density": on_tokens(figure1_density, ctx, decided=decided, y="binary_tv", rules=pair),
         "boundaries": rule_boundaries({r: ctx.run.rules.get(r, {}) for r in pair}),
-        "by_bucket": ui.on_tokens(blocked_by_bucket, ctx, decided=decided, rules=pair),
-        "matrix": ui.on_tokens(confusion_matrix, ctx),
-        "by_token": ui.on_tokens(blocked_by_token, ctx, decided=decided, rules=pair, top=15),
+        "by_bucket": on_tokens(blocked_by_bucket, ctx, decided=decided, rules=pair),
+        "matrix": on_tokens(confusion_matrix, ctx),
+        "by_token": on_tokens(blocked_by_token, ctx, decided=decided, rules=pair, top=15),
     }
 
 
-def mismatch(ctx: ui.Context) -> tuple[str | None, pl.DataFrame | None, pl.DataFrame | None]:
+def mismatch(ctx: Context) -> tuple[str | None, pl.DataFrame | None, pl.DataFrame | None]:
     """(why the mismatch cannot be measured, or None; per step; per μ bucket) on the filtered tokens."""
-    reason = ui.on_tokens(mismatch_unavailable, ctx)
+    reason = on_tokens(mismatch_unavailable, ctx)
     if reason is not None:
         return reason, None, None
-    return None, ui.on_steps(mismatch_per_step, ctx), ui.on_tokens(mismatch_by_bucket, ctx)
+    return None, on_steps(mismatch_per_step, ctx), on_tokens(mismatch_by_bucket, ctx)
 
 
-def _warm(ctx: ui.Context) -> None:
+def _warm(ctx: Context) -> None:
     try:
         overview(ctx)
         matching_samples(ctx, ctx.query)
@@ -101,7 +103,7 @@ def _warm(ctx: ui.Context) -> None:
         _warming.release()
 
 
-def warm_up(ctx: ui.Context | None) -> None:
+def warm_up(ctx: Context | None) -> None:
     """Compute every page's default queries for this run and filters in the background, once."""
     if ctx is None or ctx.tokens is None or st.get_option("global.appTest"):
         return

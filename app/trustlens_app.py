@@ -15,12 +15,14 @@ import page_data
 import polars as pl
 import pyarrow as pa
 import streamlit as st
-import trustlens_ui as ui
+from host_check import host_allowed
+from safe_display import md
+from sidebar import CONTEXT_KEY, context, sidebar
 
 st.set_page_config(page_title="trustlens", page_icon=str(Path(__file__).with_name("icon.png")), layout="wide")
 
 configured = (st.get_option("server.address"), st.get_option("browser.serverAddress"))
-if not ui.host_allowed(st.context.headers.get("Host"), configured):
+if not host_allowed(st.context.headers.get("Host"), configured):
     st.error(
         "This dashboard only answers requests addressed to this machine (localhost, 127.0.0.1) "
         "or to the address it was started with (trustlens dashboard --host)."
@@ -41,8 +43,8 @@ st.sidebar.title("trustlens")
 # A run can be unreadable (a corrupt part file, a foreign schema): say so instead of crashing.
 READ_ERRORS = (OSError, ValueError, KeyError, pl.exceptions.PolarsError, pa.ArrowException)
 try:
-    st.session_state[ui.CONTEXT_KEY] = ui.sidebar()
+    st.session_state[CONTEXT_KEY] = sidebar()
     page.run()
-    page_data.warm_up(ui.context())
+    page_data.warm_up(context())
 except READ_ERRORS as err:
-    st.error(f"Could not read this run: {ui.md(err)}")
+    st.error(f"Could not read this run: {md(err)}")

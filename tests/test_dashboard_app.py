@@ -1,6 +1,7 @@
 """Every dashboard page through Streamlit's AppTest, on synthetic runs of every awkward kind, and
 the `trustlens dashboard` launcher."""
 
+import importlib
 import json
 import re
 import subprocess
@@ -374,31 +375,30 @@ def test_no_argument_opens_the_shipped_sample_run(monkeypatch):
         _open(at, page)
 
 
-# ---------------------------------------------------------------- pieces of trustlens_ui
+# ---------------------------------------------------------------- pieces of the app's modules
 
 
 @pytest.fixture
-def ui(monkeypatch):
+def app_module(monkeypatch):
+    """Import a module of the app's folder by name, as the app imports its sibling modules."""
     monkeypatch.syspath_prepend(str(APP))
-    import trustlens_ui
-
-    return trustlens_ui
+    return importlib.import_module
 
 
-def test_tables_show_whitespace(ui):
+def test_tables_show_whitespace(app_module):
     import polars as pl
 
     df = pl.DataFrame({"token": [" the", "\t", "\n", "a b", None], "x": [1, 2, 3, 4, 5]})
     df = df.with_columns(pl.col("token").cast(pl.Categorical))
-    assert ui.shown(df)["token"].tolist()[:4] == ["␣the", "⇥", "↵", "a␣b"]
+    assert app_module("safe_display").shown(df)["token"].tolist()[:4] == ["␣the", "⇥", "↵", "a␣b"]
 
 
-def test_csv_download_neutralises_formulas(ui):
+def test_csv_download_neutralises_formulas(app_module):
     import polars as pl
 
     cells = ['=HYPERLINK("http://x")', "+1", "-2", "@SUM(A1)", "\tx", "\rx", "plain", None]
     df = pl.DataFrame({"token": cells, "n": list(range(8))}).with_columns(pl.col("token").cast(pl.Categorical))
-    out = ui.csv_safe(df)
+    out = app_module("safe_display").csv_safe(df)
     assert out["token"].to_list() == ["'" + c for c in cells[:6]] + ["plain", None]
     assert out["n"].to_list() == list(range(8))  # numbers stay numbers
     text = out.write_csv()
@@ -419,8 +419,8 @@ def test_csv_download_neutralises_formulas(ui):
         (None, True),  # no HTTP request at all (AppTest)
     ],
 )
-def test_host_header_check(ui, host, allowed):
-    assert ui.host_allowed(host, ("10.0.0.5", None)) is allowed
+def test_host_header_check(app_module, host, allowed):
+    assert app_module("host_check").host_allowed(host, ("10.0.0.5", None)) is allowed
 
 
 def test_ppo_vs_dppo_decides_unrecorded_and_custom_rules(monkeypatch, runs):
@@ -441,9 +441,10 @@ def test_mismatch_tiles_start_with_a_non_negative_kl(monkeypatch, runs):
     assert "over the run" in first.delta  # the change of the trend over the run
 
 
-def test_numbers_show_infinity(ui):
-    assert ui.number(float("inf")) == "∞" and ui.number(float("-inf")) == "−∞"
-    assert ui.number(0.123456) == "0.1235" and ui.number(None) == "n/a"
+def test_numbers_show_infinity(app_module):
+    number = app_module("safe_display").number
+    assert number(float("inf")) == "∞" and number(float("-inf")) == "−∞"
+    assert number(0.123456) == "0.1235" and number(None) == "n/a"
 
 
 def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):

@@ -7,24 +7,29 @@ from pathlib import Path
 
 import polars as pl
 import streamlit as st
-import trustlens_ui as ui
+from page_parts import chart
+from run_cache import RUN_TTL, run_at, run_label, run_signature, tokens_of
+from run_queries import signals_and_alerts
+from safe_display import md
+from sidebar import context
+from view_state import multiselect_in_address
 
 from trustlens import plots
 from trustlens.analysis.seeds import OUTCOME_SCHEMA, OUTCOMES, run_outcome, seed_table
 
 
-@st.cache_data(ttl=ui.RUN_TTL, max_entries=64, show_spinner=False)
+@st.cache_data(ttl=RUN_TTL, max_entries=64, show_spinner=False)
 def run_signals(path: str, signature: tuple):
-    run = ui.run_at(path, signature)
-    if ui.tokens_of(run) is None:
+    run = run_at(path, signature)
+    if tokens_of(run) is None:
         return None
-    return ui.signals_and_alerts(path, signature)[0]
+    return signals_and_alerts(path, signature)[0]
 
 
-@st.cache_data(ttl=ui.RUN_TTL, max_entries=256, show_spinner=False)
+@st.cache_data(ttl=RUN_TTL, max_entries=256, show_spinner=False)
 def outcome(path: str, signature: tuple) -> dict | None:
-    run = ui.run_at(path, signature)
-    return None if ui.tokens_of(run) is None else run_outcome(run)
+    run = run_at(path, signature)
+    return None if tokens_of(run) is None else run_outcome(run)
 
 
 def settings_key(run) -> str:
@@ -41,7 +46,7 @@ def seed_groups(paths: list[str]) -> list[tuple[list[str], pl.DataFrame]]:
     groups: dict[str, list[str]] = {}
     seeds: dict[str, set] = {}
     for path in paths:
-        run = ui.run_at(path, ui.run_signature(Path(path)))
+        run = run_at(path, run_signature(Path(path)))
         key = settings_key(run)
         groups.setdefault(key, []).append(path)
         seeds.setdefault(key, set()).add((run.manifest.get("config") or {}).get("seed"))
@@ -49,7 +54,7 @@ def seed_groups(paths: list[str]) -> list[tuple[list[str], pl.DataFrame]]:
     for key, members in groups.items():
         if len(seeds[key]) < 2:  # no outcomes (a scan of each run's tokens) without seeds to compare
             continue
-        rows = [o for p in members if (o := outcome(p, ui.run_signature(Path(p)))) is not None]
+        rows = [o for p in members if (o := outcome(p, run_signature(Path(p)))) is not None]
         if len({o["seed"] for o in rows}) >= 2:  # several seeds of at least one rule
             out.append((members, pl.DataFrame(rows, schema=OUTCOME_SCHEMA)))
     return out
@@ -69,21 +74,21 @@ def seed_bars(table: pl.DataFrame, stat: str):
     return fig
 
 
-ctx = ui.context()
+ctx = context()
 if ctx is None:
     st.stop()
 st.title("Compare runs")
-names = {str(p): ui.run_label(ctx.root, p) for p in ctx.runs}
-chosen = ui.multiselect_in_address("Runs", names, key="cr_runs", param="compare", default=list(names)[:4])
+names = {str(p): run_label(ctx.root, p) for p in ctx.runs}
+chosen = multiselect_in_address("Runs", names, key="cr_runs", param="compare", default=list(names)[:4])
 frames, empty = {}, []
 for path in chosen:
-    signals = run_signals(path, ui.run_signature(Path(path)))
+    signals = run_signals(path, run_signature(Path(path)))
     if signals is None:
         empty.append(names[path])
     else:
         frames[names[path]] = signals
 if empty:
-    st.info("No token rows yet in: " + ", ".join(ui.md(n) for n in empty))
+    st.info("No token rows yet in: " + ", ".join(md(n) for n in empty))
 if not frames:
     st.info("Pick runs with token rows to compare them.")
     st.stop()
@@ -91,7 +96,7 @@ columns = sorted({c for df in frames.values() for c in df.columns if c != "step"
 defaults = [c for c in ("reward", "entropy", "k3_kl") if c in columns] or columns[:1]
 ys = st.multiselect("Signals", columns, default=defaults, key="cr_signals")
 if ys:
-    ui.chart(plots.overlay_runs(frames, ys), "cr_overlay")
+    chart(plots.overlay_runs(frames, ys), "cr_overlay")
 
 all_paths = [str(p) for p in ctx.runs]
 groups = seed_groups(all_paths)
@@ -107,7 +112,7 @@ if groups:
     )
     for i, (members, outcomes) in enumerate(groups):
         table = seed_table(outcomes)
-        st.markdown(ui.md(f"Settings group {i + 1}: {len(members)} runs, {table.height} rules"))
+        st.markdown(md(f"Settings group {i + 1}: {len(members)} runs, {table.height} rules"))
         st.dataframe(table.to_pandas(), hide_index=True)
         stat = st.selectbox("Outcome", OUTCOMES, index=1, key=f"cr_seed_stat_{i}")
-        ui.chart(seed_bars(table, stat), f"cr_seed_bars_{i}")
+        chart(seed_bars(table, stat), f"cr_seed_bars_{i}")

@@ -2,17 +2,19 @@
 
 import page_data
 import streamlit as st
-import trustlens_ui as ui
+from page_parts import chart, header, need_tokens
+from safe_display import dataframe, md, number
+from sidebar import context
 
 from trustlens import plots
 from trustlens.analysis import MISMATCH_COLUMNS, mismatch_trend
 
-ctx = ui.need_tokens(ui.context())
-ui.header("Mismatch", ctx)
+ctx = need_tokens(context())
+header("Mismatch", ctx)
 
 reason, per_step, by_bucket = page_data.mismatch(ctx)
 if reason is not None or per_step is None or by_bucket is None:
-    st.info(f"The training-inference mismatch cannot be measured here: {ui.md(reason)}.")
+    st.info(f"The training-inference mismatch cannot be measured here: {md(reason)}.")
     st.stop()
 
 # k3_kl first: a KL estimate that is never negative (mismatch_kl, the K1 estimate, can be). A
@@ -27,20 +29,20 @@ for col, name in zip(cols, TILES, strict=True):
     value, delta = last.get(name), change.get(name)
     col.metric(
         name,
-        ui.number(value, 3),
-        delta=None if delta is None else f"{'+' if delta >= 0 else ''}{ui.number(delta, 3)} over the run",
+        number(value, 3),
+        delta=None if delta is None else f"{'+' if delta >= 0 else ''}{number(delta, 3)} over the run",
         delta_color="off",
         help=f"step {last['step']}: {MISMATCH_COLUMNS[name]}. The change is that of the trend line below.",
     )
 
-ui.chart(plots.mismatch_curves(per_step), "mm_curves", ctx=ctx)
+chart(plots.mismatch_curves(per_step), "mm_curves", ctx=ctx)
 metric = st.selectbox(
     "By μ bucket",
     ("k3_kl", "mismatch_kl", "chi2_token", "prob_diff_mean", "prob_diff_max", "prob_pearson"),
     key="mm_metric",
     help="Mismatch within each μ-probability bucket",
 )
-ui.chart(plots.mismatch_by_bucket_bar(by_bucket, metric), "mm_bucket")
+chart(plots.mismatch_by_bucket_bar(by_bucket, metric), "mm_bucket")
 with st.expander("Per-step mismatch table"):
-    ui.dataframe(per_step)
+    dataframe(per_step)
     st.caption(" · ".join(f"{k}: {v}" for k, v in MISMATCH_COLUMNS.items()))

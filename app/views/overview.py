@@ -2,12 +2,14 @@
 
 import page_data
 import streamlit as st
-import trustlens_ui as ui
+from page_parts import alert_list, chart, header, need_tokens
+from safe_display import dataframe, md
+from sidebar import context
 
 from trustlens import plots
 
-ctx = ui.need_tokens(ui.context())
-ui.header("Overview", ctx)
+ctx = need_tokens(context())
+header("Overview", ctx)
 
 summary, blocked, signals, alerts, accuracy = page_data.overview(ctx)
 if summary.is_empty():
@@ -32,7 +34,7 @@ cols[2].metric("Samples", f"{int(summary['samples'].sum()):,}", help="distinct s
 if active is not None:
     frac = last.get(f"blocked_{active}")
     cols[3].metric(
-        f"Blocked by {ui.md(active)}",
+        f"Blocked by {md(active)}",
         "n/a" if frac is None else f"{frac:.2%}",
         help="fraction of the last step's (filtered) A ≠ 0 tokens the active rule blocks "
         "(a token with A = 0 carries no gradient and is never blocked)",
@@ -59,18 +61,18 @@ if accuracy:
 
 left, right = st.columns(2)
 with left:
-    ui.chart(plots.blocked_per_step_lines(blocked), "ov_blocked", ctx=ctx)
+    chart(plots.blocked_per_step_lines(blocked), "ov_blocked", ctx=ctx)
 with right:
-    ui.chart(plots.collapse_timeline(signals, alerts, panels=("entropy", "reward")), "ov_timeline", ctx=ctx)
+    chart(plots.collapse_timeline(signals, alerts, panels=("entropy", "reward")), "ov_timeline", ctx=ctx)
 if accuracy:
     left, _ = st.columns(2)
     with left:
-        ui.chart(plots.accuracy_curve(accuracy), "ov_accuracy")
+        chart(plots.accuracy_curve(accuracy), "ov_accuracy")
 
 st.subheader("Alerts")
-ui.alert_list(ctx, alerts, limit=8, key="ov_alert")
+alert_list(ctx, alerts, limit=8, key="ov_alert")
 
 with st.expander("Per-step summary"):
-    ui.dataframe(summary)
+    dataframe(summary)
 with st.expander("Run manifest"):
     st.json(ctx.run.manifest, expanded=1)

@@ -4,15 +4,18 @@ from dataclasses import replace
 
 import page_data
 import streamlit as st
-import trustlens_ui as ui
+from page_parts import chart, header, inspect_tokens, need_tokens
+from run_queries import decidable_rules
+from safe_display import md
+from sidebar import context
 
 from trustlens import plots
 from trustlens.analysis.clipping import default_rule_pair
 
-ctx = ui.need_tokens(ui.context())
-ui.header("PPO vs DPPO", ctx)
+ctx = need_tokens(context())
+header("PPO vs DPPO", ctx)
 # the recorded rules, then registry rules decided on the run's columns (counterfactually)
-choices = ctx.rules + ui.decidable_rules(ctx)
+choices = ctx.rules + decidable_rules(ctx)
 if len(choices) < 2:
     st.info("This run holds fewer than two rules' decisions: there is nothing to compare.")
     st.stop()
@@ -38,8 +41,8 @@ t = data["total"].row(0, named=True)
 cols = st.columns(5)
 cols[0].metric("Tokens compared", f"{t['count']:,}", help="A ≠ 0 tokens where both rules were evaluated")
 cols[1].metric("Blocked by both", f"{t['both']:,}")
-cols[2].metric(f"Only {ui.md(rule_a)}", f"{t['only_a']:,}", help=f"{t['only_a_frac']:.3%} of the A ≠ 0 tokens")
-cols[3].metric(f"Only {ui.md(rule_b)}", f"{t['only_b']:,}", help=f"{t['only_b_frac']:.3%} of the A ≠ 0 tokens")
+cols[2].metric(f"Only {md(rule_a)}", f"{t['only_a']:,}", help=f"{t['only_a_frac']:.3%} of the A ≠ 0 tokens")
+cols[3].metric(f"Only {md(rule_b)}", f"{t['only_b']:,}", help=f"{t['only_b_frac']:.3%} of the A ≠ 0 tokens")
 cols[4].metric("Agreement", f"{t['agreement']:.2%}")
 
 if rule_a in ctx.rules and rule_b in ctx.rules:
@@ -47,12 +50,12 @@ if rule_a in ctx.rules and rule_b in ctx.rules:
     for col, (blocked_a, label) in zip((b1, b2), ((True, f"only {rule_a}"), (False, f"only {rule_b}")), strict=True):
         if col.button(f"Inspect tokens blocked by {label}", key=f"pv_inspect_{blocked_a}", icon=":material/search:"):
             decisions = ((rule_a, blocked_a), (rule_b, not blocked_a))
-            ui.inspect_tokens(reason=f"tokens blocked by {label}", query=replace(ctx.query, decisions=decisions))
+            inspect_tokens(reason=f"tokens blocked by {label}", query=replace(ctx.query, decisions=decisions))
 else:
     st.caption("The token inspector filters on recorded decisions: pick two recorded rules to open their tokens.")
 
-ui.chart(plots.confusion_lines(data["per_step"], rule_a, rule_b), "pv_lines", ctx=ctx)
-ui.chart(
+chart(plots.confusion_lines(data["per_step"], rule_a, rule_b), "pv_lines", ctx=ctx)
+chart(
     plots.figure1(
         data["ratio_density"],
         data["tv_density"],
@@ -64,10 +67,10 @@ ui.chart(
 )
 left, right = st.columns(2)
 with left:
-    ui.chart(
+    chart(
         plots.blocked_by_bucket_bar(data["by_bucket"], title=f"Blocked fraction by {ctx.anchor_name} bucket"),
         "pv_bucket",
     )
 with right:
-    ui.chart(plots.confusion_heatmap(data["matrix"]), "pv_matrix")
-ui.chart(plots.blocked_tokens_bar(data["by_token"]), "pv_tokens")
+    chart(plots.confusion_heatmap(data["matrix"]), "pv_matrix")
+chart(plots.blocked_tokens_bar(data["by_token"]), "pv_tokens")

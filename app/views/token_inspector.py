@@ -3,7 +3,10 @@
 import page_data
 import polars as pl
 import streamlit as st
-import trustlens_ui as ui
+from page_parts import INSPECT_KEY, header, need_tokens
+from run_cache import RUN_TTL, run_at
+from safe_display import dataframe, download_buttons, md, number
+from sidebar import context
 
 from trustlens.analysis import tokens as tq
 from trustlens.render import colored_tokens_html, legend_html
@@ -24,23 +27,23 @@ COLOUR_BY = (
 )
 
 
-@st.cache_data(ttl=ui.RUN_TTL, max_entries=64, show_spinner=False)
+@st.cache_data(ttl=RUN_TTL, max_entries=64, show_spinner=False)
 def sample_updates(path: str, signature: tuple, sample: int, step: int) -> list[int]:
-    return tq.updates_of_sample(ui.run_at(path, signature).tokens, sample, step=step)
+    return tq.updates_of_sample(run_at(path, signature).tokens, sample, step=step)
 
 
-@st.cache_data(ttl=ui.RUN_TTL, max_entries=64, show_spinner=False)
+@st.cache_data(ttl=RUN_TTL, max_entries=64, show_spinner=False)
 def one_sample(path: str, signature: tuple, sample: int, step: int, update: int | None):
-    run = ui.run_at(path, signature)
+    run = run_at(path, signature)
     return (
         tq.sample_tokens(run.tokens, sample, step=step, update=update),
         tq.sample_text(run.samples, sample, step=step),
     )
 
 
-@st.cache_data(ttl=ui.RUN_TTL, max_entries=32, show_spinner=False)
+@st.cache_data(ttl=RUN_TTL, max_entries=32, show_spinner=False)
 def driving_tokens(path: str, signature: tuple, alert: dict) -> pl.DataFrame:
-    return tq.alert_tokens(ui.run_at(path, signature).tokens, alert)
+    return tq.alert_tokens(run_at(path, signature).tokens, alert)
 
 
 def address_target() -> dict:
@@ -56,20 +59,20 @@ def address_target() -> dict:
     return {"reason": f"the address (step {step}, sample {sample})", "step": step, "sample": sample}
 
 
-ctx = ui.need_tokens(ui.context())
-ui.header("Token inspector", ctx)
+ctx = need_tokens(context())
+header("Token inspector", ctx)
 
-target = address_target() or st.session_state.get(ui.INSPECT_KEY) or {}
+target = address_target() or st.session_state.get(INSPECT_KEY) or {}
 query = target.get("query") or ctx.query
 if target:
-    st.info(f"Showing the tokens behind {ui.md(target['reason'])}.")
+    st.info(f"Showing the tokens behind {md(target['reason'])}.")
     if st.button("Back to the sidebar filters", key="tl_clear_target", icon=":material/filter_alt:"):
-        st.session_state.pop(ui.INSPECT_KEY, None)
+        st.session_state.pop(INSPECT_KEY, None)
         st.query_params.clear()
         st.rerun()
     if target.get("alert"):
         with st.expander("The tokens this alert lists as its drivers", expanded=True):
-            ui.dataframe(driving_tokens(*ctx.key, target["alert"]), height=240)
+            dataframe(driving_tokens(*ctx.key, target["alert"]), height=240)
 
 summary = page_data.matching_samples(ctx, query)
 picked = (target["step"], target["sample"]) if target.get("sample") is not None else None
@@ -82,7 +85,7 @@ st.caption(
     "Most matching tokens first (blocked_<rule>: how many of them the rule blocks). "
     "Pick one below to read it token by token."
 )
-ui.dataframe(summary, height=220)
+dataframe(summary, height=220)
 
 choices = list(dict.fromkeys(zip(summary["step"].to_list(), summary["sample"].to_list(), strict=True)))
 if picked is not None and picked not in choices:
@@ -113,12 +116,12 @@ if tokens.is_empty():
 
 if text is not None:
     st.markdown(
-        f"**Prompt** · reward {ui.number(text.get('reward'))} · sequence advantage {ui.number(text.get('advantage'))}"
+        f"**Prompt** · reward {number(text.get('reward'))} · sequence advantage {number(text.get('advantage'))}"
     )
     st.text(text.get("prompt") or "")
 length = text.get("length") if text is not None else None
 count = f"{tokens.height} tokens" if length in (None, tokens.height) else f"{tokens.height} of its {length} tokens kept"
-st.markdown(f"**Response** · {count}, coloured by {ui.md(quantity)}: {ui.md(column_doc(quantity))}")
+st.markdown(f"**Response** · {count}, coloured by {md(quantity)}: {md(column_doc(quantity))}")
 rules = [r for r in ctx.rules if blocked_column(r) in tokens.columns]
 st.html(legend_html(rules, quantity=quantity))
 st.html(
@@ -136,9 +139,9 @@ st.caption(
     "with no recorded row (a sampled run keeps every token that matters and a share of the rest)."
 )
 with st.expander("This sample's tokens as a table"):
-    ui.dataframe(tokens)
+    dataframe(tokens)
 if target.get("query") is not None:
     st.subheader("Download the rows behind this view")
-    ui.download_buttons(
+    download_buttons(
         tq.filter_tokens(ctx.table, query, anchor=ctx.anchor), f"{ctx.path.name}-inspected", key="tl_target_rows"
     )

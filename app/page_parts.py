@@ -1,0 +1,110 @@
+"""The parts the dashboard's pages are built from: the page header, the stop for runs without
+token rows, and the ways into the token inspector (the alert list, a chart's step control)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import polars as pl
+import streamlit as st
+from safe_display import md, number
+from sidebar import Context
+from view_state import keep_valid, view_params
+
+from trustlens.analysis import tokens as tq
+
+# Session-state key of what the token inspector should open (see inspect_tokens).
+INSPECT_KEY = "tl_inspect"
+INSPECTOR = "views/token_inspector.py"
+SEVERITY_ICONS = {"critical": ":material/error:", "warning": ":material/warning:"}
+
+
+def header(title: str, ctx: Context) -> None:
+    """The page title, the run's name and status, and the anchor note when μ is absent."""
+    st.title(title)
+    status = ctx.run.status
+    st.caption(f"Run {md(ctx.path.name)} · status {md(status)} · {len(ctx.rules)} rules evaluated")
+    if status == "running":
+        st.info("This run is still being written: use **Reload runs** in the sidebar to see new steps.")
+    if ctx.anchor == "old_logp":
+        st.info(
+            "μ (the rollout policy) was not recorded in this run: the anchor is π_old, "
+            "so ratios, divergences and buckets compare π with π_old."
+        )
+    if ctx.run.sampled:
+        keep = ctx.run.manifest.get("keep") or {}
+        numbers = (
+            "The per-step numbers (token counts, block rates, A = 0 share, token-level mismatch) are exact, "
+            "from the run's aggregates of all tokens; token-level views are drawn from the kept rows"
+            if ctx.exact
+            else "With a token filter in the sidebar, every number here is an estimate from the kept rows"
+        )
+        st.info(
+            f"Sampled run: the token rows are every token that matters (blocked by a rule, μ < "
+            f"{number(keep.get('low_mu'))}, non-finite or top divergences) plus a {number(keep.get('rate'))} share "
+            f"of the rest, each with its `weight`. {numbers}, where rates and counts weigh each row by its "
+            "`weight` (docs/run-format.md)."
+        )
+
+
+def need_tokens(ctx: Context | None) -> Context:
+    """Stop the page with a message unless there is a run with token rows."""
+    if ctx is None:
+        st.stop()
+    if ctx.steps is None:
+        st.info("This run has no token rows yet.")
+        st.stop()
+    return ctx
+
+
+def inspect_tokens(**target) -> None:
+    """Open the token inspector on `target`: the click-through used by alerts and charts.
+    Keys: reason (shown), query (a TokenQuery replacing the sidebar's), and optionally step and
+    sample (the response to show first) and alert (whose driving tokens are listed)."""
+    st.session_state[INSPECT_KEY] = target
+    st.switch_page(INSPECTOR, query_params=view_params())
+
+
+def alert_list(ctx: Context, alerts: pl.DataFrame, *, limit: int = 20, key: str = "alerts") -> None:
+    """The alerts within the sidebar's step range, most severe first, each with a button that
+    opens the token inspector on the tokens and samples behind it."""
+    lo, hi = ctx.shown_steps
+    shown = alerts.filter((pl.col("end_step") >= lo) & (pl.col("step") <= hi))
+    if shown.is_empty():
+        st.success("No collapse alerts in these steps.")
+        return
+    shown = shown.sort(pl.col("severity") == "critical", "step", descending=[True, False])
+    for i, alert in enumerate(shown.head(limit).iter_rows(named=True)):
+        with st.container(border=True):
+            left, right = st.columns([5, 1], vertical_alignment="center")
+            icon = SEVERITY_ICONS.get(alert["severity"], "")
+            left.markdown(f"{icon} **{md(alert['severity'])}** · {md(alert['kind'])} · {md(alert['message'])}")
+            if right.button("Inspect tokens", key=f"{key}_{i}", icon=":material/search:"):
+                samples = alert["samples"] or []
+                inspect_tokens(
+                    reason=f"alert: {alert['message']}",
+                    query=tq.alert_query(alert),
+                    alert=alert,
+                    step=alert["step"],
+                    sample=samples[0] if samples else None,
+                )
+    if shown.height > limit:
+        st.caption(f"{shown.height - limit} more alerts: see Collapse signals.")
+
+
+def chart(fig, key: str, *, ctx: Context | None = None) -> None:
+    """Show a plotly figure; with `ctx` (for charts whose x axis is the step), a control under it
+    opens the token inspector on one step's filtered tokens.
+
+    Not plotly's own click selection: Streamlit cannot select points of line traces, and on
+    figures with subplots its selection events make the page rerun over and over
+    (streamlit/streamlit#8766)."""
+    st.plotly_chart(fig, key=key)
+    if ctx is None:
+        return
+    lo, hi = ctx.shown_steps
+    keep_valid(f"{key}_step", lambda v: lo <= v <= hi)
+    with st.popover("Inspect the tokens of a step", icon=":material/search:"):
+        step = st.number_input("Step", min_value=lo, max_value=hi, value=hi, key=f"{key}_step")
+        if st.button("Open in the token inspector", key=f"{key}_inspect"):
+            inspect_tokens(reason=f"step {step} of the chart", query=replace(ctx.query, steps=(step, step)))
