@@ -1,0 +1,66 @@
+"""The sample and group ids of a `TokenRecorder`'s calls: the caller's ids, checked and copied,
+and the default numbering of one rank.
+
+Default sample ids number the samples of a key (table, step, ...) on a rank in call order:
+
+    id = step · SAMPLE_STEP + rank · SAMPLE_RANK + index of the sample under the key,
+
+unique across steps and ranks while rank < SAMPLE_STEP / SAMPLE_RANK (1000) and a key holds at
+most SAMPLE_RANK (10⁶) samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trustlens.record_args import check_unique, id_tensor
+
+SAMPLE_STEP, SAMPLE_RANK = 10**9, 10**6
+
+
+class SampleIds:
+    """The default sample-id counters of one rank, and the check of the ids a caller gives.
+
+    A call numbers its samples in two stages: `first` reserves nothing and may raise, `take`
+    counts the ids once the call that uses them has passed its checks, so that a refused call
+    leaves no gap."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        # key -> ids taken so far. Counters of every key are kept (a few bytes per step), so that
+        # ids stay unique whatever the order of calls across steps.
+        self._next: dict[tuple[Any, ...], int] = {}
+
+    def first(self, key: tuple[Any, ...], n: int) -> int:
+        """The first of the next `n` default sample ids of `key` = (table, step, ...)."""
+        start = self._next.get(key, 0)
+        if self.rank * SAMPLE_RANK >= SAMPLE_STEP:
+            raise ValueError(f"default sample ids cover ranks < {SAMPLE_STEP // SAMPLE_RANK}: pass sample_ids")
+        if start + n > SAMPLE_RANK:
+            raise ValueError(f"more than {SAMPLE_RANK} samples at step {key[1]}: pass sample_ids")
+        return key[1] * SAMPLE_STEP + self.rank * SAMPLE_RANK + start
+
+    def take(self, key: tuple[Any, ...], n: int) -> None:
+        """Count `n` default ids of `key` as used."""
+        self._next[key] = self._next.get(key, 0) + n
+
+    def of_call(
+        self, name: str, ids: object, batch: int, device: torch.device, key: tuple[Any, ...] | None
+    ) -> torch.Tensor | int:
+        """Per-sample ids (B,) as an int64 tensor on `device`; numbered by default when `key`:
+        then the first of the B consecutive ids (the rows' ids are made where they are taken)."""
+        if ids is None:
+            assert key is not None, "default ids need a counter key"
+            return self.first(key, batch)
+        if not isinstance(ids, torch.Tensor):
+            try:
+                ids = torch.as_tensor(ids)
+            except (TypeError, ValueError, RuntimeError) as err:
+                raise ValueError(f"{name} must be a sequence of {batch} integers: {err}") from None
+        # a copy: the rows may be derived after record returns, and the caller may reuse `ids`
+        ids = id_tensor(name, ids, (batch,)).to(device=device, dtype=torch.int64, copy=True)
+        if name == "sample_ids":
+            check_unique(name, ids)
+        return ids

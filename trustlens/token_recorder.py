@@ -1,0 +1,396 @@
+"""TokenRecorder, the per-token logging hook of a training loop (overview and example:
+trustlens.recorder, where it is imported from).
+
+The class holds a run's open writer and the state its calls share (the reused copies, the default
+sample ids, the rule and column bookkeeping) and orders each call's work: arguments checked,
+inputs copied and the quantities from π's logits derived in the caller's thread, then the rows
+handed to the background writer. The pieces are in trustlens.record_args (argument checks),
+trustlens.token_rows (the rows of a `record` call), trustlens.logit_quantities (entropy and
+top-K divergences from π's logits), trustlens.recorded_columns (which rules a call decides, the
+manifest's anchor and missing columns), trustlens.sample_ids (sample and group ids) and
+trustlens.logged_rows (the rows of `log_metrics` and `log_samples`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trustlens._checks import check_mask, check_tensor
+from trustlens.logged_rows import metrics_batch, samples_batch
+from trustlens.logit_quantities import logit_quantities
+from trustlens.record_args import (
+    check_arguments,
+    checked_advantages,
+    config_dict,
+    distributed_rank,
+    int_arg,
+    positive_seconds,
+)
+from trustlens.recorded_columns import RecordedColumns
+from trustlens.rules import RULES, RuleSpec, resolve_rules
+from trustlens.run import signals
+from trustlens.run.aggregates import Keep
+from trustlens.run.background import BackgroundWriter
+from trustlens.run.manifest import new_manifest
+from trustlens.run.storage import Remote
+from trustlens.run.writer import RankWriter, WriterStats
+from trustlens.sample_ids import SampleIds
+from trustlens.token_rows import (
+    Buffers,
+    TokenRows,
+    check_rows,
+    derive_rows,
+    finish_rows,
+    snapshot_token_ids,
+    snapshot_values,
+    take_rows,
+)
+
+
+class TokenRecorder:
+    """Records every generated token of a run into RUN_DIR (docs/run-format.md); see the
+    docstring of trustlens.recorder.
+
+    run_dir: the run directory; created. It may be an object-store URL (`s3://bucket/prefix/run`:
+        docs/run-format.md). A directory already holding this rank's rows (or, on
+        rank 0, run.json) is refused unless `resume` or `overwrite` is given.
+    rules: rules to evaluate per token: names, `Rule`s, or {name: (low, high)} (trustlens.rules);
+        `record` then raises when an input one of them needs is missing (π_old for `minirl`, top-K
+        for `dppo_topk_*`). Default: every rule of RULES with its default thresholds, each
+        decided where the inputs allow it (null `blocked_<rule>` otherwise).
+    active_rule: the rule the run trains with (must be among `rules`), for the manifest.
+    tokenizer: anything with `decode(list[int]) -> str` (and optionally `batch_decode`); token
+        texts are then stored, decoded once per id. None leaves the `token` column null.
+    config: the training configuration (a dataclass or a mapping), stored in run.json.
+    rows_per_file: token rows per part file (and the bound of the writer's buffer).
+    flush_seconds: rows older than this are written even when a part file is not full: the most
+        a killed (SIGKILL) run loses. SIGTERM and SIGINT lose nothing.
+    queue_size: batches the writer may hold before `record` waits for it.
+    rank, world_size: this process's shard of the run. Default: torch.distributed when it is
+        initialised, else the RANK / WORLD_SIZE environment, else 0 and 1.
+    enabled: False returns a `NullRecorder` (e.g. on tensor-parallel ranks that must not record).
+    resume: reopen a run written before (same run_id); steps up to its last recorded step are
+        refused. On a directory without a run, starts one.
+    overwrite: replace this rank's rows (and, on rank 0, run.json) of a run written before.
+    writer_timeout: the most seconds a call waits on the writer (full queue, flush, close)
+        before raising WriterError.
+    keep: a `Keep` (trustlens.run.aggregates): record every token that matters and a seeded
+        random share of the rest, with sampling weights, plus the exact `aggregates` table of
+        all tokens (docs/run-format.md). None (default): record every token.
+    mirror: stream each step's scalars live to TensorBoard or W&B: "tensorboard:LOGDIR",
+        "wandb", "wandb:PROJECT" or a sink object (trustlens.export.mirror; docs/export.md).
+        The scalars are those of this rank's rows. None: no mirror.
+    """
+
+    def __new__(cls, *args: Any, enabled: bool = True, **kwargs: Any) -> TokenRecorder:
+        if not enabled and cls is TokenRecorder:
+            from trustlens.null_recorder import NullRecorder  # a TokenRecorder: imported when needed
+
+            return super().__new__(NullRecorder)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        rules: RuleSpec | None = None,
+        active_rule: str | None = None,
+        tokenizer: Any | None = None,
+        config: Any | None = None,
+        rows_per_file: int = 262_144,
+        flush_seconds: float = 30.0,
+        queue_size: int = 8,
+        rank: int | None = None,
+        world_size: int | None = None,
+        enabled: bool = True,
+        resume: bool = False,
+        overwrite: bool = False,
+        writer_timeout: float = 60.0,
+        mirror: Any | None = None,
+        keep: Keep | None = None,
+    ) -> None:
+        if keep is not None and not isinstance(keep, Keep):
+            raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
+        self.keep = keep
+        self.rules = resolve_rules(list(RULES) if rules is None else rules)
+        self._columns = RecordedColumns(self.rules, given=rules is not None)
+        names = [r.name for r in self.rules]
+        if active_rule is not None and active_rule not in names:
+            raise ValueError(f"active_rule {active_rule!r} is not among the evaluated rules {names}")
+        int_arg("rows_per_file", rows_per_file, 1, 2**31)
+        queue_size = int_arg("queue_size", queue_size, 1, 2**31)
+        # the copies of record calls, reused once their rows are taken: as many sets as can be in
+        # flight (the queue's and the one the writer works on), so none is allocated again
+        self._buffers = Buffers(keep=queue_size + 1)
+        flush_seconds = positive_seconds("flush_seconds", flush_seconds)
+        writer_timeout = positive_seconds("writer_timeout", writer_timeout)
+        self.rank, self.world_size = distributed_rank(rank, world_size)
+        manifest = new_manifest(
+            rules={
+                r.name: {"low": r.low, "high": r.high, "anchor": r.anchor, "description": r.description}
+                for r in self.rules
+            },
+            active_rule=active_rule,
+            config=config_dict(config),
+            world_size=self.world_size,
+            flush={"rows_per_file": rows_per_file, "flush_seconds": flush_seconds},
+        )
+        tap = None  # made first: a bad mirror argument fails before the run is opened
+        if mirror is not None:
+            from trustlens.export.mirror import make_mirror
+
+            tap = make_mirror(mirror)
+        rank_writer = RankWriter(
+            run_dir,
+            rank=self.rank,
+            world_size=self.world_size,
+            rules=names,
+            manifest=manifest if self.rank == 0 else None,
+            rows_per_file=rows_per_file,
+            tokenizer=tokenizer,
+            resume=resume,
+            overwrite=overwrite,
+        )
+        self.path: Path | Remote = rank_writer.path  # a local Path, or an object-store location
+        # steps a resumed run may still record: after its last recorded one
+        self._first_step = 0 if rank_writer.last_step is None else rank_writer.last_step + 1
+        self._writer = BackgroundWriter(
+            rank_writer, flush_seconds=flush_seconds, queue_size=queue_size, writer_timeout=writer_timeout, tap=tap
+        )
+        if keep is not None:  # run.json says the token rows are a sample, and how it was drawn
+            self._writer.put_manifest({"keep": dataclasses.asdict(keep)})
+        self._ids = SampleIds(self.rank)
+        self._closed = False
+        atexit.register(self._at_exit)
+        signals.watch(id(self), self._interrupted)
+
+    @property
+    def run_id(self) -> str | None:
+        """The run's id (run.json `run_id`, kept on resume); None on ranks other than 0."""
+        return self._writer.writer.run_id
+
+    # ---- the public API ----
+
+    @property
+    def stats(self) -> WriterStats:
+        """Rows and files written so far, the writer's peak buffer, time spent waiting on it."""
+        return self._writer.stats
+
+    @torch.no_grad()
+    def record(
+        self,
+        step: int,
+        *,
+        token_ids: torch.Tensor,  # (B, T) int: sampled token ids
+        response_mask: torch.Tensor,  # (B, T) bool or 0/1: True at generated tokens to record
+        pi_logp: torch.Tensor,  # (B, T) log π(a_t)
+        advantages: torch.Tensor,  # (B,) per sequence or (B, T) per token
+        mu_logp: torch.Tensor | None = None,  # (B, T) log μ(a_t), the rollout engine's
+        old_logp: torch.Tensor | None = None,  # (B, T) log π_old(a_t)
+        logits: torch.Tensor | None = None,  # (B, T, V) π's logits, divided by `temperature` here
+        mu_topk_ids: torch.Tensor | None = None,  # (B, T, K) μ's top-K ids, sampled id included
+        mu_topk_logp: torch.Tensor | None = None,  # (B, T, K) their log μ
+        entropy: torch.Tensor | None = None,  # (B, T) entropy of π, nats
+        sample_ids: torch.Tensor | Sequence[int] | None = None,  # (B,) unique sample ids
+        group_ids: torch.Tensor | Sequence[int] | None = None,  # (B,) prompt-group ids
+        update: int = 0,  # minibatch update within the step
+        temperature: float = 1.0,  # rollout sampling temperature: logits are divided by it
+        topk_tv: torch.Tensor | None = None,  # (B, T) top-K TV already computed (then not from logits)
+        topk_kl: torch.Tensor | None = None,  # (B, T) top-K KL(μ‖π) already computed, nats
+        blocked: Mapping[str, torch.Tensor] | None = None,  # rule -> (B, T) bool decisions already made
+    ) -> int:
+        """Record the valid tokens of one batch; returns the number of rows recorded.
+
+        Shapes, types and arguments are checked before anything is queued: a bad one raises
+        ValueError (naming the argument and what is wrong) and records nothing. The values
+        (NaN, ±inf, log-probabilities > 0, negative divergences, ids outside [0, 2³¹)) are
+        checked on the recorder's copy: for accelerator tensors in this call, likewise; for CPU
+        tensors by the writer thread, off the training step's path, so that a bad value is found
+        after the call returned: that call's rows are dropped (its default sample ids stay
+        used) and the next `record`, `log_*`, `flush` or `close` raises `RejectedInputError`
+        (a ValueError naming the call's step and update, the argument and the (b, t) index), after
+        doing its own work. Default sample ids
+        number the samples of (step, update) on this rank in call order:
+        step · 10⁹ + rank · 10⁶ + index; default group ids equal the sample ids.
+
+        Precomputed values (computed once by the trainer, e.g. for its loss) skip the recorder's
+        own computation: `topk_tv`/`topk_kl` (both or neither) replace the top-K divergence
+        from `logits`; `blocked[rule]` replaces the evaluation of that rule (rules not in it are
+        evaluated here). They must be what the recorder would compute (same anchor, thresholds
+        and temperature); only their shape, type and finiteness are checked.
+        """
+        self._check_open()
+        step = self._step("step", step)
+        update = int_arg("update", update, 0, 2**15)
+        per_token = {
+            "pi_logp": pi_logp,
+            "mu_logp": mu_logp,
+            "old_logp": old_logp,
+            "entropy": entropy,
+            "topk_tv": topk_tv,
+            "topk_kl": topk_kl,
+        }
+        shape = check_arguments(token_ids, per_token, mu_topk_ids, mu_topk_logp, temperature)
+        if (topk_tv is None) != (topk_kl is None):
+            raise ValueError("topk_tv and topk_kl must be given together")
+        decided = self._columns.check_blocked(blocked, shape)
+        device = pi_logp.device
+        given_mask = check_mask("response_mask", response_mask, token_ids)
+        mask = self._buffers.empty(tuple(given_mask.shape), torch.bool, device).copy_(given_mask)
+        id_key = ("tokens", step, update)
+        samples = self._ids.of_call("sample_ids", sample_ids, shape[0], device, id_key)
+        groups = samples if group_ids is None else self._ids.of_call("group_ids", group_ids, shape[0], device, None)
+        ids = snapshot_token_ids(token_ids, mask, self._buffers)
+        columns = {k: v for k, v in per_token.items() if v is not None}
+        per_sequence = None  # (B,) advantages per sequence, checked and copied (not per token: no (B, T) copy)
+        if checked_advantages(advantages, shape).dim() == 2:
+            columns["advantages"] = advantages
+        else:
+            per_sequence = check_tensor("advantages", advantages).detach().to(device, copy=True)
+        if logits is not None:
+            given_topk = topk_tv is not None
+            columns.update(
+                logit_quantities(
+                    logits,
+                    mask,
+                    ids,
+                    None if given_topk else mu_topk_ids,
+                    None if given_topk else mu_topk_logp,
+                    temperature,
+                    want_entropy=entropy is None,
+                )
+            )
+        evaluable, recorded = self._columns.evaluable(tuple(columns), tuple(decided))
+        rows = TokenRows(
+            mask=mask,
+            token_ids=ids,
+            samples=samples,
+            groups=groups,
+            names=list(columns),
+            values=snapshot_values(columns, mask, self._buffers),
+            sequence_advantages=per_sequence,
+            decided_rules=list(decided),
+            decided=torch.stack([d.to(device) for d in decided.values()]) if decided else None,
+            buffers=self._buffers,
+            checked=device.type != "cpu",
+        )
+        if rows.checked:  # an accelerator's rows are checked and taken here
+            check_rows(rows)
+        manifest_update = self._columns.note_anchor("mu" if mu_logp is not None else "old", recorded)
+        if manifest_update is not None:
+            self._writer.put_manifest(manifest_update)
+        n_rows = int(mask.count_nonzero())
+        # on the CPU the rows are taken and derived by the writer thread (same device, off the
+        # training step's path); elsewhere taken here, so that only compact rows leave the device.
+        if device.type == "cpu":
+            job = functools.partial(derive_rows, step, update, rows, self.rules, evaluable, self.keep, self.rank)
+        else:
+            taken = take_rows(step, update, rows, self.rules)
+            job = functools.partial(finish_rows, taken, self.rules, evaluable, self.keep, self.rank)
+        # last: the writer thread wakes up to it and would compete for the GIL with any torch op after
+        self._writer.put_tokens(job)
+        if sample_ids is None:
+            self._ids.take(id_key, shape[0])
+        self._writer.raise_rejected()  # an earlier call's bad input, found by the writer thread
+        return n_rows
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float | int | torch.Tensor]) -> None:
+        """Record scalar metrics of `step` (long format: one row per name)."""
+        self._check_open()
+        step = self._step("step", step)
+        batch = metrics_batch(step, metrics)
+        self._writer.put_table("metrics", batch)
+        self._writer.raise_rejected()
+
+    def log_samples(
+        self,
+        step: int,
+        *,
+        prompts: Sequence[str] | None = None,  # (B,) prompt texts
+        responses: Sequence[str] | None = None,  # (B,) response texts
+        rewards: Sequence[float] | torch.Tensor | None = None,  # (B,) scalar rewards
+        advantages: Sequence[float] | torch.Tensor | None = None,  # (B,) sequence advantages
+        lengths: Sequence[int] | torch.Tensor | None = None,  # (B,) response lengths in tokens
+        sample_ids: Sequence[int] | torch.Tensor | None = None,  # (B,) ids joining tokens.sample
+        group_ids: Sequence[int] | torch.Tensor | None = None,  # (B,) prompt-group ids
+    ) -> None:
+        """Record one row per sample of `step`. Default sample ids follow `record`'s numbering
+        (update 0), so that samples logged in the order they were recorded join their tokens.
+        A NaN (or None) reward or advantage is stored as null: the sample has none. Sample ids
+        must be unique within the call."""
+        self._check_open()
+        step = self._step("step", step)
+        given = {  # argument -> (column, value)
+            "prompts": ("prompt", prompts),
+            "responses": ("response", responses),
+            "rewards": ("reward", rewards),
+            "advantages": ("advantage", advantages),
+            "lengths": ("length", lengths),
+            "sample_ids": ("sample", sample_ids),
+            "group_ids": ("group", group_ids),
+        }
+        key = ("samples", step)
+        batch, default_ids = samples_batch(step, given, lambda n: self._ids.first(key, n))
+        self._writer.put_table("samples", batch)
+        if default_ids:
+            self._ids.take(key, batch.num_rows)
+        self._writer.raise_rejected()
+
+    def flush(self) -> None:
+        """Block until every row recorded so far is in complete part files. Raises the
+        RejectedInputError of a call whose input the writer thread found bad (trustlens.recorder)."""
+        self._check_open()
+        self._writer.flush()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Write what is buffered, stop the writer and end the run: `finished`; `interrupted`
+        when `error` is a KeyboardInterrupt; `failed` with any other `error`. Raises the
+        writer's error if it failed, else (without `error`) the RejectedInputError of a call
+        whose rows were dropped. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._at_exit)
+        signals.unwatch(id(self))
+        self._writer.close(error)
+
+    def __enter__(self) -> TokenRecorder:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(exc)
+
+    # ---- internals ----
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"the TokenRecorder of {str(self.path)!r} is closed")
+        self._writer.raise_error()
+
+    def _interrupted(self, signal_name: str) -> None:
+        """SIGTERM / SIGINT: write every row given so far and end the run `interrupted`."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._at_exit)
+        self._writer.interrupt(signal_name)
+
+    def _step(self, name: str, step: object) -> int:
+        """`step` checked: an integer ≥ 0, after the last step of a resumed run."""
+        step = int_arg(name, step, 0, 2**31)
+        if step < self._first_step:
+            raise ValueError(
+                f"{name} {step} was recorded before: this run was resumed after step {self._first_step - 1}"
+            )
+        return step
+
+    def _at_exit(self) -> None:
+        """At interpreter exit without close(): keep the rows, and say the run did not close."""
+        self.close(RuntimeError("the process exited without TokenRecorder.close()"))
