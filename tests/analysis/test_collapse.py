@@ -79,8 +79,9 @@ def test_alerts_by_hand(run):
     spike, entropy, reward = alerts.iter_rows(named=True)
     assert spike["value"] == pytest.approx(10.0) and spike["baseline"] == pytest.approx(1.0)
     assert spike["message"] == "step 5: gradient norm spiked to 10 from a baseline of 1 (10× baseline)"
-    # the tokens with the largest |A| · π/μ at step 5: sample 11 (A = 1 + pos) then sample 10
-    assert spike["tokens"][0] == {"sample": 11, "update": 0, "pos": 1}
+    # the tokens of step 5 by |A| · π/μ · (1 − π), π/μ = 1 and π = e^−0.5 everywhere, so by
+    # A = sample + pos: 12, then the two 11s (a tie: the lower sample first), then 10
+    assert [(t["sample"], t["pos"]) for t in spike["tokens"]] == [(11, 1), (10, 1), (11, 0), (10, 0)]
     assert spike["samples"] == [11, 10]
     # entropy: the lowest-entropy token of step 9 first; sample 18 has the lower mean
     assert entropy["tokens"][0] == {"sample": 18, "update": 0, "pos": 0}

@@ -1,12 +1,33 @@
 """The tokens and samples that drove a collapse alert (`trustlens.analysis.collapse`).
 
-Driving tokens, at the alert's first step, ranked by a score (highest first): entropy alerts the
-tokens of lowest (collapse) or highest (surge) entropy; mismatch_growth |log μ − log π_old|;
-grad_norm_spike |A|·π/μ; reward_drop and accuracy_drop the tokens of negative-advantage samples
-pushed down the furthest, |A|·max(μ − π, 0) (over-updates on negative samples, the paper's
-collapse driver);
-blocked_drift the active rule's blocked tokens with the largest binary TV |π − μ|. Samples are
-ranked by the mean score of their tokens (reward_drop and accuracy_drop: lowest reward first).
+Driving tokens are the tokens at the alert's first step with the highest score (ties: lowest
+sample, update, position first):
+
+    alert                             ranked tokens                    score
+    entropy_collapse / entropy_surge  all                              −entropy / entropy
+    mismatch_growth                   all                              |log μ − log π_old|
+    grad_norm_spike                   not blocked by the active rule   |A| · π/μ · (1 − π), if > 0
+    reward_drop / accuracy_drop       A < 0                            |A| · max(μ − π, 0)
+    blocked_drift                     blocked by the watched rule      |π − μ| (binary TV)
+
+mismatch_growth: where a token has no π_old, its π stands in.
+reward_drop and accuracy_drop: over-updates on negative samples, the tokens pushed furthest below
+μ (the paper's collapse driver).
+
+grad_norm_spike: the size of the token's gradient. A token's loss (`trustlens.loss`,
+docs/rules.md) is −A · sg(w) · (1 − blocked) · log π(a_t) with the importance weight w = π/μ
+(the `ratio` column; π/π_old in a run without μ). Its gradient with respect to the position's
+logits z (before the loss aggregation's common 1/N) is −A · w · (1 − blocked) · (e_{a_t} −
+softmax(z)). On the logit of a_t it has size |A| · w · (1 − π), the score; its L2 norm lies
+between the score and √2 times it, since the other logits' components, A · w · p_j, have
+Σ_{j ≠ a_t} p_j² ≤ (1 − π)². So the tokens with no gradient are not listed: those the active
+rule blocked are left out, and those with A = 0 or π = 1 (e.g. a forced `=` or `<eos>`) score 0.
+The weight is the uncapped ratio: a loss that caps it (ppo's min(π/μ, C), cispo, grpo_tis, a
+trainer's dual clip) gives a token at most the score. A run that does not name its active rule,
+or has no blocked column for it, has no token left out as blocked.
+
+Samples are ranked by the mean score of their ranked tokens (reward_drop and accuracy_drop: the
+lowest reward first; ties: lowest sample id first).
 """
 
 from __future__ import annotations
@@ -14,49 +35,57 @@ from __future__ import annotations
 import polars as pl
 
 from trustlens.analysis.buckets import collect
+from trustlens.run import blocked_column
 
 
 def alert_drivers(run, ep: dict, top_tokens: int, top_samples: int) -> tuple[list[int], list[dict]]:
     """The ids of the `top_samples` samples and the (sample, update, pos) of the `top_tokens`
     tokens at the alert's first step that drove it, strongest first. `ep` has the alert's
     step, kind and signal (`trustlens.analysis.collapse.ALERT_SCHEMA`)."""
-    step = ep["step"]
-    tokens = run.tokens.filter(pl.col("step") == step)
-    kind, signal = ep["kind"], ep["signal"]
-    mu, pi = pl.col("mu_logp").cast(pl.Float64), pl.col("pi_logp").cast(pl.Float64)
-    if kind in ("reward_drop", "accuracy_drop"):
-        worst = collect(run.samples.filter(pl.col("step") == step).sort("reward", "sample").head(top_samples))
-        samples = worst["sample"].to_list()
-        # over-updates on negative samples: A < 0 tokens whose probability fell furthest below μ
-        tokens = tokens.filter(pl.col("advantage") < 0)
-        score = pl.col("advantage").abs().cast(pl.Float64) * (mu.exp() - pi.exp()).clip(lower_bound=0.0)
-    elif kind in ("entropy_collapse", "entropy_surge"):
-        score = pl.col("entropy") * (1 if kind == "entropy_surge" else -1)
-        samples = None
-    elif kind == "mismatch_growth":
-        score = (mu - pl.coalesce(pl.col("old_logp"), pl.col("pi_logp")).cast(pl.Float64)).abs()
-        samples = None
-    elif kind == "grad_norm_spike":
-        # the policy-gradient weight |A| · π/μ of the tokens the update did not block
-        score = (pl.col("advantage").abs() * pl.col("ratio")).cast(pl.Float64)
-        samples = None
-    else:  # blocked_drift: the blocked tokens that moved furthest
-        tokens = tokens.filter(pl.col(signal))
-        score = pl.col("binary_tv").cast(pl.Float64)
-        samples = None
-    scored = tokens.select("sample", "update", "pos", score.alias("score")).filter(pl.col("score").is_not_null())
+    step, kind = ep["step"], ep["kind"]
+    scored = driver_scores(run, step, kind, ep["signal"])
     top = collect(
         scored.sort(["score", "sample", "update", "pos"], descending=[True, False, False, False]).head(top_tokens)
     )
-    if samples is None:
-        per_sample = collect(
-            scored.group_by("sample")
-            .agg(pl.col("score").mean())
-            .sort(["score", "sample"], descending=[True, False])
-            .head(top_samples)
+    if kind in ("reward_drop", "accuracy_drop"):
+        ranked = run.samples.filter(pl.col("step") == step).sort("reward", "sample")
+    else:
+        ranked = (
+            scored.group_by("sample").agg(pl.col("score").mean()).sort(["score", "sample"], descending=[True, False])
         )
-        samples = per_sample["sample"].to_list()
+    samples = collect(ranked.head(top_samples))["sample"].to_list()
     return samples, top.select("sample", "update", "pos").to_dicts()
 
 
-__all__ = ["alert_drivers"]
+def driver_scores(run, step: int, kind: str, signal: str) -> pl.LazyFrame:
+    """The tokens of `step` an alert of `kind` on `signal` ranks, with their score (the module
+    docstring's table): columns sample, update, pos, score (Float64, never null)."""
+    tokens = run.tokens.filter(pl.col("step") == step)
+    mu, pi = pl.col("mu_logp").cast(pl.Float64), pl.col("pi_logp").cast(pl.Float64)
+    advantage = pl.col("advantage").abs().cast(pl.Float64)
+    if kind in ("reward_drop", "accuracy_drop"):
+        tokens = tokens.filter(pl.col("advantage") < 0)
+        score = advantage * (mu.exp() - pi.exp()).clip(lower_bound=0.0)
+    elif kind in ("entropy_collapse", "entropy_surge"):
+        score = pl.col("entropy").cast(pl.Float64) * (1 if kind == "entropy_surge" else -1)
+    elif kind == "mismatch_growth":
+        score = (mu - pl.coalesce(pl.col("old_logp"), pl.col("pi_logp")).cast(pl.Float64)).abs()
+    elif kind == "grad_norm_spike":
+        tokens = _unblocked(run, tokens)
+        score = advantage * pl.col("ratio").cast(pl.Float64) * (1.0 - pi.exp())
+    else:  # blocked_drift: the blocked tokens that moved furthest
+        tokens = tokens.filter(pl.col(signal))
+        score = pl.col("binary_tv").cast(pl.Float64)
+    scored = tokens.select("sample", "update", "pos", score.alias("score")).filter(pl.col("score").is_not_null())
+    return scored.filter(pl.col("score") > 0) if kind == "grad_norm_spike" else scored
+
+
+def _unblocked(run, tokens: pl.LazyFrame) -> pl.LazyFrame:
+    """`tokens` without those the run's active rule blocked (a null decision is kept)."""
+    rule = getattr(run, "active_rule", None)
+    if rule is None or blocked_column(rule) not in tokens.collect_schema().names():
+        return tokens
+    return tokens.filter(~pl.col(blocked_column(rule)).fill_null(False))
+
+
+__all__ = ["alert_drivers", "driver_scores"]

@@ -27,7 +27,9 @@ from trustlens.export.sinks import TensorBoardSink, WandbSink
 from trustlens.run import NoRowsError, load_run
 
 # columns of the driving-token table
-DRIVER_COLUMNS = ("alert_step", "kind", "severity", "sample", "update", "pos", "token", "mu", "pi", "advantage")
+DRIVER_COLUMNS = (
+    *("alert_step", "kind", "severity", "sample", "update", "pos", "token", "mu", "pi_old", "pi", "advantage"),
+)
 
 
 def export_run(run, sink) -> int:
@@ -73,11 +75,22 @@ def export_wandb(runs: Sequence[Any], *, project: str | None = None, **init: Any
 
 
 def driving_tokens(run, alerts: pl.DataFrame) -> pl.DataFrame:
-    """The tokens behind each alert (its `tokens` list, strongest first) with their text, μ, π
-    and advantage: columns DRIVER_COLUMNS. Token text is untrusted: shown as text."""
+    """The tokens behind each alert with their text, μ, π_old, π and advantage: columns
+    DRIVER_COLUMNS, one alert's tokens after another in the order of `alerts`, each alert's in the
+    order of its `tokens` list (strongest first, ties by sample, update, position:
+    `trustlens.analysis.drivers`). π_old is shown beside π because mismatch_growth ranks by μ
+    against π_old. Token text is untrusted: shown as text."""
     keys = (
-        alerts.select(pl.col("step").alias("alert_step"), "kind", "severity", pl.col("tokens"))
-        .explode("tokens")
+        alerts.with_row_index("alert")
+        .select(
+            "alert",
+            pl.col("step").alias("alert_step"),
+            "kind",
+            "severity",
+            "tokens",
+            pl.int_ranges(pl.col("tokens").list.len()).alias("rank"),
+        )
+        .explode("tokens", "rank")
         .drop_nulls("tokens")
         .unnest("tokens")
     )
@@ -85,22 +98,17 @@ def driving_tokens(run, alerts: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema=dict.fromkeys(DRIVER_COLUMNS, pl.String))
     rows = run.tokens.filter(pl.col("step").is_in(keys["alert_step"].unique().implode())).select(
         pl.col("step").alias("alert_step"),
-        "sample",
-        "update",
-        "pos",
+        pl.col("sample").cast(pl.Int64),
+        pl.col("update").cast(pl.Int64),
+        pl.col("pos").cast(pl.Int64),
         pl.col("token").cast(pl.String),
         pl.col("mu_logp").exp().alias("mu"),
+        pl.col("old_logp").exp().alias("pi_old"),
         pl.col("pi_logp").exp().alias("pi"),
         "advantage",
     )
-    joined = keys.lazy().join(
-        rows.with_columns(
-            pl.col("sample").cast(pl.Int64), pl.col("update").cast(pl.Int64), pl.col("pos").cast(pl.Int64)
-        ),
-        on=["alert_step", "sample", "update", "pos"],
-        how="left",
-    )
-    return joined.select(DRIVER_COLUMNS).collect()
+    joined = keys.lazy().join(rows, on=["alert_step", "sample", "update", "pos"], how="left")
+    return joined.sort("alert", "rank").select(DRIVER_COLUMNS).collect()
 
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:

@@ -164,6 +164,9 @@ def alerts(run) -> str:
     return (
         table_html(listed, {"step": "d", "end_step": "d"})
         + "<h4>Driving tokens</h4>"
+        + "<p>Each alert's tokens in the order of the alerts above, strongest first; mu, pi_old and pi "
+        "are the token's probabilities under μ, π_old and π (mismatch_growth ranks by μ against "
+        "π_old). How each alert scores its tokens: docs/dashboard.md, “Collapse alerts”.</p>"
         + table_html(driving_tokens(run, found), {"alert_step": "d", "sample": "d", "update": "d", "pos": "d"})
     )
 
