@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 
 import polars as pl
 import streamlit as st
@@ -31,7 +32,7 @@ from trustlens.analysis import (
     step_summary,
 )
 from trustlens.analysis import tokens as tq
-from trustlens.analysis.clipping import default_rule_pair
+from trustlens.analysis.agreement import default_rule_pair
 from trustlens.analysis.seeds import accuracy_per_step
 
 _LOG = logging.getLogger(__name__)
@@ -42,6 +43,24 @@ _warming = threading.Lock()  # held while a warmer runs: at most one at a time
 @st.cache_data(ttl=RUN_TTL, max_entries=32, show_spinner=False)
 def _accuracy(path: str, signature: tuple) -> list[tuple[int, float]]:
     return accuracy_per_step(run_at(path, signature))
+
+
+@st.cache_data(ttl=RUN_TTL, max_entries=32, show_spinner=False)
+def _samples_in_steps(path: str, signature: tuple, steps: tuple[int, int] | None) -> int | None:
+    run = run_at(path, signature)
+    if not run.files.get("samples"):
+        return None
+    rows = run.samples if steps is None else run.samples.filter(pl.col("step").is_between(*steps))
+    return int(rows.select(pl.struct("step", "sample").n_unique()).collect().item())
+
+
+def sample_count(ctx: Context) -> int | None:
+    """How many responses the run generated in the sidebar's steps (its samples table: every
+    sample, also those a sampled run kept no token row of), while the sidebar filters steps only;
+    None under a token filter or without a samples table."""
+    if replace(ctx.query, steps=None) != tq.TokenQuery():
+        return None
+    return _samples_in_steps(*ctx.key, ctx.query.steps)
 
 
 def overview(ctx: Context) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, list]:
@@ -71,8 +90,10 @@ def ppo_vs_dppo(ctx: Context, rule_a: str, rule_b: str) -> dict[str, pl.DataFram
     pair = (rule_a, rule_b)
     decided = tuple(r for r in pair if r not in ctx.rules)
     return {
-        "total": on_tokens(rule_confusion, ctx, decided=decided, rule_a=rule_a, rule_b=rule_b, per_step=False),
-        "per_step": on_tokens(rule_confusion, ctx, decided=decided, rule_a=rule_a, rule_b=rule_b),
+        "total": on_tokens(
+            rule_confusion, ctx, decided=decided, exact=True, rule_a=rule_a, rule_b=rule_b, per_step=False
+        ),
+        "per_step": on_tokens(rule_confusion, ctx, decided=decided, exact=True, rule_a=rule_a, rule_b=rule_b),
         "ratio_density": on_tokens(figure1_density, ctx, decided=decided, y="ratio", rules=pair),
         "tv_density": on_tokens(figure1_density, ctx, decided=decided, y="binary_tv", rules=pair),
         "boundaries": rule_boundaries({r: ctx.run.rules.get(r, {}) for r in pair}),

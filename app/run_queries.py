@@ -44,13 +44,16 @@ def _on_tokens(
     return fn(tokens, **options)
 
 
-def on_tokens(fn, ctx: Context, *, filtered: bool = True, decided: tuple[str, ...] = (), **kwargs):
+def on_tokens(fn, ctx: Context, *, filtered: bool = True, decided: tuple[str, ...] = (), exact: bool = False, **kwargs):
     """`fn(tokens, **kwargs)` for an analysis query `fn`, on the run's token rows (those passing
     the sidebar filters unless `filtered` is False), cached per run version, filters and kwargs.
-    `decided`: rules the run did not record, decided on its columns first (analysis.with_rules)."""
+    `decided`: rules the run did not record, decided on its columns first (analysis.with_rules).
+    `exact`: `fn` takes `aggregates` (rule_confusion): a sampled run's exact aggregates are passed
+    while the sidebar filters steps only and no rule is `decided` (they count recorded rules)."""
     query = ctx.query if filtered and ctx.query != tq.TokenQuery() else None
     name = f"{fn.__module__}.{fn.__qualname__}"
-    return _on_tokens(name, *ctx.key, query, ctx.anchor, tuple(sorted(kwargs.items())), tuple(decided))
+    exact = exact and filtered and ctx.exact and not decided
+    return _on_tokens(name, *ctx.key, query, ctx.anchor, tuple(sorted(kwargs.items())), tuple(decided), exact)
 
 
 def on_steps(fn, ctx: Context):

@@ -3,12 +3,14 @@ import math
 import polars as pl
 import pytest
 
+from trustlens.analysis.buckets import bucket_expr, bucket_table
 from trustlens.analysis.tokens import (
     TokenQuery,
     alert_query,
     alert_tokens,
     anchor_column,
     filter_tokens,
+    query_expr,
     rules_of,
     sample_summary,
     sample_text,
@@ -86,6 +88,20 @@ def test_each_filter_alone():
     assert _ids(filter_tokens(t, TokenQuery(text="."))) == []
     assert _ids(filter_tokens(t, TokenQuery(samples=(1,)))) == [(1, 0, 0), (1, 0, 1)]
     assert len(_ids(filter_tokens(t, TokenQuery()))) == 8
+
+
+def test_anchor_buckets_filter_as_bucket_expr_counts():
+    """Every bucket of the sidebar's μ filter holds the rows `bucket_expr` puts in it: μ = 1
+    (log-prob 0) in the top bucket [0.1, 1], μ = 0 in the lowest."""
+    mu = [1.0, 0.999, 0.5, 0.1000001, 0.0999999, 0.03, 1e-3, 1e-7, 0.0]
+    rows = pl.DataFrame({"mu_logp": pl.Series([math.log(m) if m else -math.inf for m in mu], dtype=pl.Float64)})
+    rows = rows.with_row_index("pos").with_columns(bucket=bucket_expr("mu_logp"))
+    table = bucket_table()
+    for b in table.iter_rows(named=True):
+        kept = rows.lazy().filter(query_expr(TokenQuery(anchor_prob=(b["p_lo"], b["p_hi"])), rules=[]))
+        assert kept.collect()["pos"].to_list() == rows.filter(pl.col("bucket") == b["bucket"])["pos"].to_list()
+    top = rows.lazy().filter(query_expr(TokenQuery(anchor_prob=(0.1, 1.0)), rules=[])).collect()
+    assert top["pos"].to_list() == [0, 1, 2, 3]
 
 
 def test_two_rules_disagreeing():

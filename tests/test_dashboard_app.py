@@ -465,7 +465,7 @@ def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
                 old_logp=mu,
                 advantages=torch.randn(8, generator=g),
             )
-            rec.log_metrics(step, {"reward/mean": 0.5})
+            rec.log_metrics(step, {"reward/mean": 0.5, "log_ppl_diff": 0.01 * step})  # the trainer's exact value
             if step in (0, 3):  # held-out evaluations, as the built-in trainer logs them
                 rec.log_metrics(step, {"eval/accuracy": 0.4 if step == 0 else 0.55})
             rec.log_samples(step, rewards=[1.0] * 8, lengths=[12] * 8)
@@ -478,13 +478,33 @@ def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
             assert any("are exact, from the run's aggregates" in i.value for i in at.info), page
         if page == "views/overview.py":  # every token of the run, not the kept rows
             assert next(m for m in at.metric if m.label == "Tokens").value == f"{4 * 8 * 12:,}"
+            # every response of the run, from its samples table, not those with a kept row
+            assert next(m for m in at.metric if m.label == "Samples").value == f"{4 * 8:,}"
             accuracy = next(m for m in at.metric if m.label == "Accuracy")
             assert (accuracy.value, accuracy.delta) == ("0.550", "+0.150")
+        if page == "views/ppo_vs_dppo.py":  # every A ≠ 0 token (no advantage is 0 here), from the aggregates
+            assert next(m for m in at.metric if m.label == "Tokens compared").value == f"{4 * 8 * 12:,}"
         if page == "views/mismatch.py":  # exact token-level tiles only: no sequence-level estimate
             labels = [m.label for m in at.metric]
             assert "prob_diff_mean" in labels and "log_ppl_abs_diff" not in labels
+            # the table's sequence-level columns: the logged log_ppl_diff, the others empty, as captioned
+            table = next(d.value for d in at.dataframe if "log_ppl_diff" in d.value.columns)
+            assert table["log_ppl_diff"].tolist() == pytest.approx([0.0, 0.01, 0.02, 0.03])
+            assert table["log_ppl_abs_diff"].isna().all() and table["chi2_seq"].isna().all()
+            assert any("empty here: log_ppl_abs_diff, chi2_seq, not logged" in c.value for c in at.caption)
         if page == "views/token_inspector.py":  # the response: its kept tokens, the others marked
             (line,) = [m.value for m in at.markdown if m.value.startswith("**Response**")]
             kept = int(re.match(r"\*\*Response\*\* · (\d+) of its 12 tokens kept", line).group(1))
             drawn = next(h.proto.body for h in at.get("html") if "title=" in h.proto.body and "#" in h.proto.body)
             assert kept < 12 and "not recorded (a sampled run keeps only some tokens)" in drawn
+    # under a token filter only the kept rows can be counted, and the tile says so
+    at = _open(at, "views/overview.py")
+    at.sidebar.selectbox(key="tl_sign").set_value("neg").run()
+    assert "Samples" not in [m.label for m in at.metric]
+    assert 0 < int(next(m for m in at.metric if m.label == "Samples with kept rows").value) <= 32
+    at = _open(at, "views/mismatch.py")  # no sequence-level value from the kept rows, logged or not
+    table = next(d.value for d in at.dataframe if "log_ppl_diff" in d.value.columns)
+    assert table[["log_ppl_diff", "log_ppl_abs_diff", "chi2_seq"]].isna().all().all()
+    assert any("Under a token filter every column is estimated" in c.value for c in at.caption)
+    at = _open(at, "views/ppo_vs_dppo.py")
+    assert "Tokens compared (estimate)" in [m.label for m in at.metric]

@@ -30,7 +30,18 @@ cols[1].metric(
     help="tokens in the filters (a sampled run: exact from its aggregates while only steps are filtered, "
     "else Σ weight of the kept rows)",
 )
-cols[2].metric("Samples", f"{int(summary['samples'].sum()):,}", help="distinct samples among the token rows")
+samples = page_data.sample_count(ctx)
+if samples is not None:
+    cols[2].metric("Samples", f"{samples:,}", help="responses generated in the steps in the filters")
+elif ctx.run.sampled:
+    cols[2].metric(
+        "Samples with kept rows",
+        f"{int(summary['samples'].sum()):,}",
+        help="distinct samples among the kept token rows passing the filters: a sampled run keeps only some "
+        "rows, so samples whose matching tokens were all dropped are not counted",
+    )
+else:
+    cols[2].metric("Samples", f"{int(summary['samples'].sum()):,}", help="distinct samples among the token rows")
 if active is not None:
     frac = last.get(f"blocked_{active}")
     cols[3].metric(

@@ -10,7 +10,7 @@ from safe_display import md
 from sidebar import context
 
 from trustlens import plots
-from trustlens.analysis.clipping import default_rule_pair
+from trustlens.analysis.agreement import default_rule_pair
 
 ctx = need_tokens(context())
 header("PPO vs DPPO", ctx)
@@ -39,7 +39,18 @@ if data["total"].is_empty() or data["total"]["count"][0] == 0:
     st.stop()
 t = data["total"].row(0, named=True)
 cols = st.columns(5)
-cols[0].metric("Tokens compared", f"{t['count']:,}", help="A ≠ 0 tokens where both rules were evaluated")
+# a sampled run counts every token only from its aggregates: with steps filtered only, for recorded rules
+estimated = ctx.run.sampled and not (ctx.exact and rule_a in ctx.rules and rule_b in ctx.rules)
+cols[0].metric(
+    "Tokens compared (estimate)" if estimated else "Tokens compared",
+    f"{t['count']:,}",
+    help="A ≠ 0 tokens where both rules were evaluated"
+    + (
+        ": Σ weight of the kept rows of this sampled run (its aggregates count only recorded rules, over steps)"
+        if estimated
+        else ""
+    ),
+)
 cols[1].metric("Blocked by both", f"{t['both']:,}")
 cols[2].metric(f"Only {md(rule_a)}", f"{t['only_a']:,}", help=f"{t['only_a_frac']:.3%} of the A ≠ 0 tokens")
 cols[3].metric(f"Only {md(rule_b)}", f"{t['only_b']:,}", help=f"{t['only_b_frac']:.3%} of the A ≠ 0 tokens")

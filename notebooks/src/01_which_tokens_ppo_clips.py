@@ -11,6 +11,7 @@
 # whichever rule it trained with, so PPO and DPPO are compared on exactly the same tokens.
 
 # %%
+import polars as pl
 from IPython.display import HTML
 
 import trustlens.analysis as A
@@ -28,9 +29,11 @@ setup()
 runs = sample_runs()
 run = runs["ppo"]
 tokens = run.tokens
-summary = A.step_summary(tokens)
-print(f"run {run.name!r}: trained with {run.active_rule}, {summary['tokens'].sum():,} token rows "
-      f"over {summary.height} steps; rules evaluated: {', '.join(run.rules)}")
+# a sampled run keeps only some token rows: its exact counts come from its aggregates
+summary = A.step_summary(tokens, aggregates=A.exact_aggregates(run))
+rows = tokens.select(pl.len()).collect().item()
+print(f"run {run.name!r}: trained with {run.active_rule}, {summary['tokens'].sum():,} tokens over "
+      f"{summary.height} steps ({rows:,} token rows kept); rules evaluated: {', '.join(run.rules)}")
 
 # %% [markdown]
 # ## Where in μ the clip bites

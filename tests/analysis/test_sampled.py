@@ -229,3 +229,18 @@ def test_the_threshold_sweep_counts_the_tokens_the_rows_stand_for(pair):
     assert got["blocked_frac"].to_list() == pytest.approx(want["blocked_frac"].to_list(), abs=0.02)
     rows_alone = threshold_sweep(pair[1].tokens.drop("weight"), ["ppo"], (1.0,))["blocked_frac"].item()
     assert rows_alone > 2 * want.filter((pl.col("rule") == "ppo") & (pl.col("scale") == 1))["blocked_frac"].item()
+
+
+@pytest.mark.parametrize("per_step", [True, False])
+def test_rule_confusion_is_exact_with_the_aggregates(pair, per_step):
+    full, sampled = pair
+    want = rule_confusion(full.tokens, "ppo", "dppo_binary_tv", per_step=per_step)
+    got = rule_confusion(sampled.tokens, "ppo", "dppo_binary_tv", per_step=per_step, aggregates=sampled.aggregates)
+    assert got.columns == want.columns
+    assert got.equals(want)
+    estimate = rule_confusion(sampled.tokens, "ppo", "dppo_binary_tv", per_step=per_step)
+    assert not estimate["neither"].equals(want["neither"])  # the kept rows alone only estimate it
+    assert estimate.select("both", "only_a", "only_b").equals(want.select("both", "only_a", "only_b"))
+    unrecorded = sampled.aggregates.drop("k_dppo_topk_tv_pos")  # as for a rule decided after the run
+    with pytest.raises(ValueError, match="no counts of 'dppo_topk_tv'"):
+        rule_confusion(sampled.tokens, "ppo", "dppo_topk_tv", aggregates=unrecorded)

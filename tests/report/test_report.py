@@ -12,7 +12,7 @@ from test_dashboard_browser import ARGS, CHROMIUM, PROMPTS, RUN_NAME, _hostile_r
 
 from trustlens import load_run
 from trustlens.analysis import detect_collapse, rule_confusion
-from trustlens.analysis.clipping import default_rule_pair
+from trustlens.analysis.agreement import default_rule_pair
 from trustlens.report import build_report, write_report
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample_run"
@@ -48,7 +48,10 @@ def test_numbers_are_the_analyses(report):
     run = load_run(SAMPLE / "ppo")
     rules = [c.removeprefix("blocked_") for c in run.tokens.collect_schema().names() if c.startswith("blocked_")]
     a, b = default_rule_pair(rules)
-    total = rule_confusion(run.tokens, a, b, per_step=False).row(0, named=True)
+    total = rule_confusion(run.tokens, a, b, per_step=False, aggregates=run.aggregates).row(0, named=True)
+    # every A ≠ 0 token both decided: the sampled run's aggregates, not the kept rows' Σ weight
+    decided = sum(run.aggregates.select(pl.sum("tokens_pos", "tokens_neg")).collect().row(0))
+    assert total["count"] == decided
     assert f"on the {total['count']:,} A ≠ 0 tokens both decided: blocked by both {total['both']:,}" in text
     # the sample is recorded with sampling: the run's block rate is the aggregates' (all tokens)
     counts = run.aggregates.select(pl.sum("k_ppo_pos", "k_ppo_neg", "tokens_pos", "tokens_neg")).collect().row(0)

@@ -1,5 +1,8 @@
 """Record-time sampling (Keep) and the exact aggregates table (trustlens.run.aggregates)."""
 
+import math
+from types import SimpleNamespace
+
 import numpy as np
 import polars as pl
 import pytest
@@ -7,7 +10,7 @@ import torch
 
 from trustlens import Keep, TokenRecorder, load_run
 from trustlens.export import token_scalars
-from trustlens.run.aggregates import _uniform, per_step_scalars
+from trustlens.run.aggregates import _uniform, aggregate_row, per_step_scalars
 
 RULES = ["ppo", "dppo_binary_tv", "dppo_topk_kl"]
 SEQUENCE_LEVEL = {"log_ppl_diff", "log_ppl_abs_diff", "chi2_seq"}
@@ -195,3 +198,16 @@ def test_sampled_rows_store_no_derivable_columns_and_read_them_back(runs):
     for c in ("ratio", "binary_tv", "binary_kl"):
         assert both[f"{c}_read"].dtype == pl.Float32
         np.testing.assert_array_equal(both[c].to_numpy(), both[f"{c}_read"].to_numpy(), err_msg=c)
+
+
+def test_mu_decades_are_closed_below():
+    """Decade k holds μ in [10^-(k+1), 10^-k): μ = 1 and μ = 0.1 in decade 0 ([0.1, 1]), 0.01 in
+    decade 1, 10⁻⁶ in decade 5, everything below 10⁻⁶ (and μ = 0) in the last; a NaN nowhere."""
+    mu = [1.0, 0.5, 0.1, 0.0999, 0.01, 1e-6, 1e-9, 0.0]
+    logp = np.array([math.log(m) if m else -math.inf for m in mu] + [math.nan])
+    batch = SimpleNamespace(
+        floats={"advantage": np.ones(len(logp), np.float32), "mu_logp": logp, "old_logp": logp, "pi_logp": logp},
+        blocked={},
+    )
+    row = aggregate_row(batch, [])
+    assert [row[f"mu_decade_{i}"] for i in range(7)] == [3, 2, 0, 0, 0, 1, 2]

@@ -2,8 +2,9 @@
 
 Modules, each documenting its return columns:
     clipping   which tokens each rule blocks: per step, by token text, by μ-probability bucket,
-               by advantage sign; two rules compared on the same tokens; Figure-1 densities and
-               rule boundaries; rules the run did not record, decided on its columns (with_rules)
+               by advantage sign; Figure-1 densities and rule boundaries; rules the run did not
+               record, decided on its columns (with_rules)
+    agreement  two rules' decisions compared on the same tokens (rule_confusion, confusion_matrix)
     mismatch   training-inference mismatch (μ vs π_old) per step, per μ bucket and its trend
                (names from trustlens.metrics, which maps them to verl's)
     signals    the per-step signals the collapse alerts watch
@@ -14,26 +15,26 @@ Modules, each documenting its return columns:
     summary    the per-step summary of a run (the dashboard's overview table); a sampled run's
                exact aggregates (exact_aggregates) for the `aggregates` argument
 
-A sampled run (recorded with `Keep`): queries on its token rows count each row with its sampling
-weight, so rates and means estimate those of all tokens; `step_summary`, `blocked_per_step` and
-`mismatch_per_step` take `aggregates=` for the exact per-step numbers of all tokens.
     tokens     token-inspector filters and one sample's tokens
     buckets    log-spaced probability buckets and shared helpers
+
+A sampled run (recorded with `Keep`): queries on its token rows count each row with its sampling
+weight, so rates and means estimate those of all tokens; `step_summary`, `blocked_per_step`,
+`mismatch_per_step` and `rule_confusion` take `aggregates=` for exact numbers over all tokens.
 
 Every query runs on polars' streaming engine and prunes by step where it filters on steps, so
 it works on runs of any size; none returns more rows than steps × rules or buckets × rules.
 """
 
+from trustlens.analysis.agreement import confusion_matrix, rule_confusion
 from trustlens.analysis.buckets import bucket_table
 from trustlens.analysis.clipping import (
     blocked_by_advantage_sign,
     blocked_by_bucket,
     blocked_by_token,
     blocked_per_step,
-    confusion_matrix,
     figure1_density,
     rule_boundaries,
-    rule_confusion,
     with_rules,
 )
 from trustlens.analysis.collapse import CollapseConfig, detect_collapse

@@ -139,15 +139,6 @@ def blocked_by_bucket(
     return long_by_rule(wide, ["bucket", "p_lo", "p_hi", "label"], rules)
 
 
-def default_rule_pair(rules: list[str]) -> tuple[str, str]:
-    """The two rules compared by default (PPO vs DPPO page, report): the first ratio rule and
-    the first DPPO rule, else the first two rules. Needs at least two rules."""
-    ratio = [r for r in rules if not r.startswith("dppo")]
-    a = ratio[0] if ratio else rules[0]
-    b = next((r for r in rules if r.startswith("dppo") and r != a), next(r for r in rules if r != a))
-    return a, b
-
-
 def blocked_by_advantage_sign(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
     """Per advantage sign (pos A > 0, neg A < 0, zero A = 0) and rule: sign, rule, count, blocked,
     blocked_frac. Rows with a null advantage are left out. The zero row counts the A = 0 tokens
@@ -164,62 +155,6 @@ def blocked_by_advantage_sign(tokens: pl.LazyFrame, rules: Rules = None) -> pl.D
     wide = signs.join(wide, on="sign", how="left", maintain_order="left")
     wide = wide.with_columns(pl.col(f"n_{r}").fill_null(0) for r in rules)
     return long_by_rule(wide, ["sign"], rules)
-
-
-def rule_confusion(tokens: pl.LazyFrame, rule_a: str, rule_b: str, *, per_step: bool = True) -> pl.DataFrame:
-    """How two rules' decisions on the same tokens compare, per step (or overall).
-
-    Columns: [step,] count (A ≠ 0 rows where both rules were evaluated), both, only_a (blocked by
-    `rule_a`, not by `rule_b`), only_b, neither, only_a_frac, only_b_frac (of count), agreement
-    ((both + neither) / count). A = 0 tokens are left out: no rule blocks them, so counting them
-    would inflate the agreement. A sampled run's rows count with their weights (estimates).
-    """
-    checked_rules(tokens, [rule_a, rule_b])
-    count = token_counter(tokens)
-    tokens = tokens.filter(nonzero_advantage())
-    a, b = pl.col(blocked_column(rule_a)), pl.col(blocked_column(rule_b))
-    aggs = [
-        count(None).alias("count"),
-        count(a & b).alias("both"),
-        count(a & ~b).alias("only_a"),
-        count(~a & b).alias("only_b"),
-        count(~a & ~b).alias("neither"),
-    ]
-    lf = tokens.filter(a.is_not_null() & b.is_not_null())
-    df = collect(lf.group_by("step").agg(aggs).sort("step") if per_step else lf.select(aggs))
-    df = df.with_columns(pl.col("count").cast(pl.Int64))
-    return df.with_columns(
-        (pl.col("only_a") / pl.col("count")).alias("only_a_frac"),
-        (pl.col("only_b") / pl.col("count")).alias("only_b_frac"),
-        ((pl.col("both") + pl.col("neither")) / pl.col("count")).alias("agreement"),
-    )
-
-
-def confusion_matrix(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
-    """For every ordered pair of rules: rule_a, rule_b, count, only_a, only_a_frac — the tokens
-    `rule_a` blocks and `rule_b` lets through (rule_a == rule_b gives 0), among the A ≠ 0 tokens
-    where both were evaluated (a sampled run's rows count with their weights). One pass over the
-    table.
-    """
-    rules = checked_rules(tokens, rules)
-    count = token_counter(tokens)
-    tokens = tokens.filter(nonzero_advantage())
-    aggs = []
-    for ra in rules:
-        for rb in rules:
-            a, b = pl.col(blocked_column(ra)), pl.col(blocked_column(rb))
-            aggs += [
-                count(a.is_not_null() & b.is_not_null()).alias(f"n|{ra}|{rb}"),
-                count((a & ~b).fill_null(False)).alias(f"k|{ra}|{rb}"),
-            ]
-    row = collect(tokens.select(aggs)).row(0, named=True) if aggs else {}
-    records = [
-        {"rule_a": ra, "rule_b": rb, "count": row[f"n|{ra}|{rb}"], "only_a": row[f"k|{ra}|{rb}"]}
-        for ra in rules
-        for rb in rules
-    ]
-    df = pl.DataFrame(records, schema={"rule_a": pl.String, "rule_b": pl.String, "count": pl.Int64, "only_a": pl.Int64})
-    return df.with_columns(pl.when(pl.col("count") > 0).then(pl.col("only_a") / pl.col("count")).alias("only_a_frac"))
 
 
 # ---------------------------------------------------------------- Figure 1 of the DPPO paper
@@ -401,10 +336,7 @@ __all__ = [
     "blocked_by_bucket",
     "blocked_by_token",
     "blocked_per_step",
-    "confusion_matrix",
-    "default_rule_pair",
     "figure1_density",
     "rule_boundaries",
-    "rule_confusion",
     "with_rules",
 ]

@@ -49,7 +49,8 @@ class TokenQuery:
 
     steps: tuple[int, int] | None = None  # inclusive range of steps
     decisions: tuple[tuple[str, bool], ...] = ()  # (rule, blocked?) pairs that must all hold
-    anchor_prob: tuple[float, float] | None = None  # anchor probability in [lo, hi), e.g. a μ bucket
+    # anchor probability in [lo, hi) ([lo, 1] when hi ≥ 1), e.g. a μ bucket
+    anchor_prob: tuple[float, float] | None = None
     advantage_sign: AdvantageSign | None = None  # sign of the token's advantage (null never matches)
     text: str | None = None  # literal, case-insensitive substring of the decoded token text
     samples: tuple[int, ...] | None = None  # keep only these sample ids
@@ -107,7 +108,9 @@ def query_expr(query: TokenQuery, *, rules: Sequence[str], anchor: str = "mu_log
     if query.anchor_prob is not None:
         lo, hi = query.anchor_prob
         prob = pl.col(anchor).exp()
-        conds.append((prob >= lo) & (prob < hi))
+        # [lo, hi), except that an interval reaching 1 holds probability 1 (log-prob 0) too, as the
+        # top bucket of trustlens.analysis.buckets does
+        conds.append((prob >= lo) & (prob < hi) if hi < 1.0 else prob >= lo)
     if query.advantage_sign is not None:
         adv = pl.col("advantage")
         conds.append({"pos": adv > 0, "neg": adv < 0, "zero": adv == 0}[query.advantage_sign])

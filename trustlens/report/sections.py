@@ -29,7 +29,7 @@ from trustlens.analysis import (
     step_signals,
     step_summary,
 )
-from trustlens.analysis.clipping import default_rule_pair
+from trustlens.analysis.agreement import default_rule_pair
 from trustlens.analysis.tokens import sample_text, sample_tokens
 from trustlens.export.exporters import driving_tokens
 from trustlens.render import colored_tokens_html, legend_html
@@ -124,7 +124,8 @@ def ppo_vs_dppo(run) -> str:
     a, b = default_rule_pair(rules)
     pair = (a, b)
     tokens = run.tokens
-    total = rule_confusion(tokens, a, b, per_step=False).row(0, named=True)
+    aggregates = exact_aggregates(run)  # the recorded rules' counts over every token of a sampled run
+    total = rule_confusion(tokens, a, b, per_step=False, aggregates=aggregates).row(0, named=True)
     head = (
         f"<p>{esc(a)} against {esc(b)} on the {total['count']:,} A ≠ 0 tokens both decided: "
         f"blocked by both {total['both']:,}, only by {esc(a)} {total['only_a']:,} "
@@ -133,7 +134,7 @@ def ppo_vs_dppo(run) -> str:
     )
     return (
         head
-        + figure_html(plots.confusion_lines(rule_confusion(tokens, a, b), a, b))
+        + figure_html(plots.confusion_lines(rule_confusion(tokens, a, b, aggregates=aggregates), a, b))
         + figure_html(
             plots.figure1(
                 figure1_density(tokens, y="ratio", rules=pair),

@@ -176,7 +176,9 @@ def aggregate_row(batch, rules: list[str]) -> dict[str, object]:
     recorded = entropy[np.isfinite(entropy)] if entropy is not None else np.zeros(0)
     row |= {"entropy_n": int(recorded.size), "sum_entropy": float(recorded.astype(np.float64).sum())}
     anchor = mu_logp if mu_logp is not None else f["pi_logp"]
-    decade = np.clip(np.floor(-anchor.astype(np.float64) / math.log(10)), 0, MU_DECADES - 1)
+    # decade k holds μ in [10^-(k+1), 10^-k): k = -floor(log10 μ) - 1, as the buckets of
+    # trustlens.analysis.buckets cut; μ = 1 joins decade 0, μ = 0 the last
+    decade = np.clip(-np.floor(anchor.astype(np.float64) / math.log(10)) - 1, 0, MU_DECADES - 1)
     counts = np.bincount(decade[np.isfinite(decade)].astype(np.int64), minlength=MU_DECADES)
     row |= {f"mu_decade_{i}": int(counts[i]) for i in range(MU_DECADES)}
     return row

@@ -1,0 +1,120 @@
+"""How two trust-region rules' decisions on the same tokens compare (polars, lazy in, small
+DataFrame out): per step or overall for one pair (`rule_confusion`), for every ordered pair at
+once (`confusion_matrix`), and which pair a page or report compares by default.
+
+As in trustlens.analysis.clipping, only A ≠ 0 tokens where both rules were evaluated count: no
+rule blocks a token with A = 0, so counting them would inflate the agreement.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from trustlens.analysis.buckets import checked_rules, collect, nonzero_advantage, token_counter
+from trustlens.analysis.clipping import Rules
+from trustlens.metrics import SIGNS
+from trustlens.run import blocked_column
+
+
+def default_rule_pair(rules: list[str]) -> tuple[str, str]:
+    """The two rules compared by default (PPO vs DPPO page, report): the first ratio rule and
+    the first DPPO rule, else the first two rules. Needs at least two rules."""
+    ratio = [r for r in rules if not r.startswith("dppo")]
+    a = ratio[0] if ratio else rules[0]
+    b = next((r for r in rules if r.startswith("dppo") and r != a), next(r for r in rules if r != a))
+    return a, b
+
+
+def rule_confusion(
+    tokens: pl.LazyFrame,
+    rule_a: str,
+    rule_b: str,
+    *,
+    per_step: bool = True,
+    aggregates: pl.LazyFrame | None = None,
+) -> pl.DataFrame:
+    """How two rules' decisions on the same tokens compare, per step (or overall).
+
+    Columns: [step,] count (A ≠ 0 rows where both rules were evaluated), both, only_a (blocked by
+    `rule_a`, not by `rule_b`), only_b, neither, only_a_frac, only_b_frac (of count), agreement
+    ((both + neither) / count). A = 0 tokens are left out: no rule blocks them, so counting them
+    would inflate the agreement. A sampled run's rows count with their weights (estimates).
+
+    aggregates: the exact aggregates of all tokens (`Run.aggregates` of a sampled run, limited to
+        the steps of `tokens`), for two rules the run recorded: count (and so neither and the
+        fractions) then comes from them. both, only_a and only_b are exact from the kept rows
+        already, since a sampled run keeps every token a recorded rule blocks, with weight 1.
+    """
+    checked_rules(tokens, [rule_a, rule_b])
+    count = token_counter(tokens)
+    tokens = tokens.filter(nonzero_advantage())
+    a, b = pl.col(blocked_column(rule_a)), pl.col(blocked_column(rule_b))
+    aggs = [
+        count(None).alias("count"),
+        count(a & b).alias("both"),
+        count(a & ~b).alias("only_a"),
+        count(~a & b).alias("only_b"),
+    ]
+    lf = tokens.filter(a.is_not_null() & b.is_not_null())
+    df = collect(lf.group_by("step").agg(aggs).sort("step") if per_step else lf.select(aggs))
+    if aggregates is not None:
+        exact = _decided_by_both(aggregates, rule_a, rule_b)
+        if per_step:
+            df = exact.join(df.drop("count"), on="step", how="left").fill_null(0)
+        else:
+            df = df.with_columns(pl.lit(int(exact["count"].sum()), pl.Int64).alias("count"))
+    df = df.with_columns(pl.col("count").cast(pl.Int64))
+    return df.with_columns(
+        (pl.col("count") - pl.col("both") - pl.col("only_a") - pl.col("only_b")).alias("neither"),
+    ).with_columns(
+        (pl.col("only_a") / pl.col("count")).alias("only_a_frac"),
+        (pl.col("only_b") / pl.col("count")).alias("only_b_frac"),
+        ((pl.col("both") + pl.col("neither")) / pl.col("count")).alias("agreement"),
+    )
+
+
+def _decided_by_both(aggregates: pl.LazyFrame, rule_a: str, rule_b: str) -> pl.DataFrame:
+    """step, count: the A ≠ 0 tokens of the calls (aggregate rows) that evaluated both rules."""
+    names = aggregates.collect_schema().names()
+    missing = [r for r in (rule_a, rule_b) if f"k_{r}_pos" not in names]
+    if missing:
+        raise ValueError(f"the aggregates hold no counts of {', '.join(map(repr, missing))}: not recorded by the run")
+    both = [
+        pl.when(pl.col(f"k_{rule_a}_{s}").is_not_null() & pl.col(f"k_{rule_b}_{s}").is_not_null())
+        .then(pl.col(f"tokens_{s}"))
+        .otherwise(0)
+        for s in SIGNS
+    ]
+    return collect(
+        aggregates.group_by("step").agg(pl.sum_horizontal(both).sum().cast(pl.Int64).alias("count")).sort("step")
+    ).with_columns(pl.col("step").cast(pl.Int32))
+
+
+def confusion_matrix(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
+    """For every ordered pair of rules: rule_a, rule_b, count, only_a, only_a_frac — the tokens
+    `rule_a` blocks and `rule_b` lets through (rule_a == rule_b gives 0), among the A ≠ 0 tokens
+    where both were evaluated (a sampled run's rows count with their weights). One pass over the
+    table.
+    """
+    rules = checked_rules(tokens, rules)
+    count = token_counter(tokens)
+    tokens = tokens.filter(nonzero_advantage())
+    aggs = []
+    for ra in rules:
+        for rb in rules:
+            a, b = pl.col(blocked_column(ra)), pl.col(blocked_column(rb))
+            aggs += [
+                count(a.is_not_null() & b.is_not_null()).alias(f"n|{ra}|{rb}"),
+                count((a & ~b).fill_null(False)).alias(f"k|{ra}|{rb}"),
+            ]
+    row = collect(tokens.select(aggs)).row(0, named=True) if aggs else {}
+    records = [
+        {"rule_a": ra, "rule_b": rb, "count": row[f"n|{ra}|{rb}"], "only_a": row[f"k|{ra}|{rb}"]}
+        for ra in rules
+        for rb in rules
+    ]
+    df = pl.DataFrame(records, schema={"rule_a": pl.String, "rule_b": pl.String, "count": pl.Int64, "only_a": pl.Int64})
+    return df.with_columns(pl.when(pl.col("count") > 0).then(pl.col("only_a") / pl.col("count")).alias("only_a_frac"))
+
+
+__all__ = ["confusion_matrix", "default_rule_pair", "rule_confusion"]
