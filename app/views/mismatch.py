@@ -1,13 +1,53 @@
 """Mismatch: how far the trainer's π_old is from the rollout engine's μ."""
 
+from dataclasses import replace
+
 import page_data
+import polars as pl
 import streamlit as st
 from page_parts import chart, header, need_tokens
+from run_cache import RUN_TTL, run_at
 from safe_display import dataframe, md, number
-from sidebar import context
+from sidebar import Context, context
 
 from trustlens import plots
 from trustlens.analysis import MISMATCH_COLUMNS, mismatch_trend
+from trustlens.analysis import tokens as tq
+from trustlens.analysis.mismatch import SEQUENCE_LEVEL, with_logged_sequence_level
+
+
+@st.cache_data(ttl=RUN_TTL, max_entries=32, show_spinner=False)
+def logged_sequence_level(path: str, signature: tuple) -> pl.DataFrame:
+    """The run's logged metric rows named as a sequence-level mismatch metric."""
+    return run_at(path, signature).metrics.filter(pl.col("name").is_in(SEQUENCE_LEVEL)).collect()
+
+
+def sources(ctx: Context, per_step: pl.DataFrame) -> str:
+    """Which of the table's columns are exact, and where the sequence-level ones come from."""
+    token_level = ", ".join(c for c in MISMATCH_COLUMNS if c not in SEQUENCE_LEVEL)
+    sequence = ", ".join(SEQUENCE_LEVEL)
+    filtered = replace(ctx.query, steps=None) != tq.TokenQuery()
+    if not ctx.run.sampled and not filtered:
+        return f"Every column is exact, from every token of the run ({sequence}: over whole responses)."
+    if not ctx.run.sampled:
+        return (
+            f"Every column is over the tokens passing the sidebar's filters; {sequence} average each "
+            "response over those tokens only."
+        )
+    if filtered:
+        return (
+            f"Under a token filter every column is estimated from the kept rows, and {sequence}, which "
+            "need every token of a response, are empty."
+        )
+    empty = [c for c in SEQUENCE_LEVEL if per_step[c].is_null().all()]
+    return (
+        f"Exact, from the run's aggregates of all tokens: {token_level}. {sequence} average over whole "
+        "responses, of which a sampled run keeps only some tokens: for a step that kept every token "
+        "they are computed from its rows, else they are the value the run logged under the same name "
+        "(the trainer's, which `trustlens export` sends too), else empty"
+        + (f" (empty here: {', '.join(empty)}, not logged)." if empty else ".")
+    )
+
 
 ctx = need_tokens(context())
 header("Mismatch", ctx)
@@ -16,11 +56,13 @@ reason, per_step, by_bucket = page_data.mismatch(ctx)
 if reason is not None or per_step is None or by_bucket is None:
     st.info(f"The training-inference mismatch cannot be measured here: {md(reason)}.")
     st.stop()
+if ctx.exact:  # a sampled run's own exact values of the sequence-level metrics, where it logged them
+    per_step = with_logged_sequence_level(per_step, logged_sequence_level(*ctx.key))
 
 # k3_kl first: a KL estimate that is never negative (mismatch_kl, the K1 estimate, can be). A
-# sampled run keeps only some tokens of a response, so its sequence-level log_ppl_abs_diff is a
-# rough estimate (3× the full run's on a test run): the exact prob_diff_mean takes its tile.
-SEQUENCE_TILE = "prob_diff_mean" if ctx.run.sampled else "log_ppl_abs_diff"
+# sampled run has log_ppl_abs_diff only where every token of a step was kept or the trainer
+# logged it: without it the exact prob_diff_mean takes its tile.
+SEQUENCE_TILE = "log_ppl_abs_diff" if per_step["log_ppl_abs_diff"].is_not_null().any() else "prob_diff_mean"
 TILES = ("k3_kl", "mismatch_kl", SEQUENCE_TILE, "chi2_token", "prob_diff_max", "prob_pearson")
 last = per_step.row(-1, named=True)
 change = dict(mismatch_trend(per_step, TILES).summary.select("metric", "change").iter_rows())
@@ -44,5 +86,6 @@ metric = st.selectbox(
 )
 chart(plots.mismatch_by_bucket_bar(by_bucket, metric), "mm_bucket")
 with st.expander("Per-step mismatch table"):
+    st.caption(sources(ctx, per_step))
     dataframe(per_step)
     st.caption(" · ".join(f"{k}: {v}" for k, v in MISMATCH_COLUMNS.items()))

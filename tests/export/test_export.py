@@ -56,6 +56,26 @@ def test_token_scalars_by_hand():
     }
 
 
+def test_token_scalars_of_sampled_rows_leave_out_the_sequence_level_mismatch():
+    """A mirror of a recorder with Keep sees the kept rows only: no response is whole, so
+    log_ppl_diff, log_ppl_abs_diff and chi2_seq are not sent (docs/metrics.md, "Sampled runs")."""
+    p_mu, p_old = [0.5, 0.8], [0.25, 0.8]  # one response: mean_t(log μ − log π_old) = log 2 / 2
+    rows = {
+        "step": [0, 0],
+        "update": [0, 0],
+        "sample": [0, 0],
+        "advantage": [1.0, 1.0],
+        "mu_logp": [math.log(p) for p in p_mu],
+        "old_logp": [math.log(p) for p in p_old],
+        "pi_logp": [math.log(p) for p in p_old],
+    }
+    sequence = {"log_ppl_diff", "log_ppl_abs_diff", "chi2_seq"}
+    full = {n: v for _, n, v in token_scalars(pl.DataFrame(rows)).rows()}
+    assert full["log_ppl_diff"] == pytest.approx(math.log(2) / 2) and sequence <= set(full)
+    sampled = {n for _, n, _ in token_scalars(pl.DataFrame({**rows, "weight": [1.0, 20.0]})).rows()}
+    assert "k3_kl" in sampled and not sequence & sampled
+
+
 def test_step_scalars_of_a_trainer_run_match_the_analyses():
     run = load_run(SAMPLE / "pg_is")
     scalars = step_scalars(run)

@@ -25,6 +25,16 @@ Sequences are (step, update, sample). π_old is `old_logp`; where a run did not 
 policy's log-probability at the first update of the step (`pi_logp` of rows with update 0,
 computed before any optimizer step, hence equal to π_old) stands in.
 
+A sampled run (recorded with `Keep`): the token-level statistics are exact from its aggregates
+(`aggregates=`). The sequence-level ones (SEQUENCE_LEVEL: log_ppl_diff, log_ppl_abs_diff,
+chi2_seq) need every token of a response, and no weighting of the kept rows gives them: a
+response's mean over its kept tokens is dominated by the tokens kept because they matter (on the
+shipped sample, log_ppl_diff over kept rows was ~8× the trainer's). They are therefore computed
+from the rows only for steps that kept every token (rows without weights, or as many rows as the
+aggregates count tokens: `Keep(rate=1)`), and are null otherwise; `with_logged_sequence_level`
+fills them with the values the run logged under the same names (`logged_per_step`, which
+`trustlens export` sends too), so that one name never carries two numbers.
+
 A run without μ (an external trainer) has no mismatch to measure: every function then returns an
 empty frame with its usual columns, and `mismatch_unavailable` says why.
 """
@@ -50,6 +60,8 @@ MISMATCH_COLUMNS: dict[str, str] = {
     **{name: describe(name) for name in MISMATCH_METRICS},
 }
 _TOKEN_LEVEL = ("mismatch_kl", "k3_kl", "chi2_token", "prob_diff_mean", "prob_diff_max", "prob_pearson")
+# The per-step metrics that average over sequences: exact only from every token of a response.
+SEQUENCE_LEVEL = ("log_ppl_diff", "log_ppl_abs_diff", "chi2_seq")
 
 
 def _trainer_logp() -> pl.Expr:
@@ -58,10 +70,12 @@ def _trainer_logp() -> pl.Expr:
 
 
 def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
-    """Rows with both μ and π_old, with their sampling weight `w` (1 in a full run) and the
-    per-token terms every statistic sums."""
+    """Rows with both μ and π_old, with their sampling weight `w` (1 in a full run), whether the
+    row is one of a sample (`kept`: it has a weight) and the per-token terms every statistic
+    sums."""
     log_rho = pl.col("old") - pl.col("mu")
     lr = log_rho.clip(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    has_weights = weighted(tokens)
     return (
         tokens.select(
             "step",
@@ -69,7 +83,8 @@ def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
             "sample",
             pl.col("mu_logp").cast(pl.Float64).alias("mu"),
             _trainer_logp().cast(pl.Float64).alias("old"),
-            (row_weight() if weighted(tokens) else pl.lit(1.0, pl.Float64)).alias("w"),
+            (row_weight() if has_weights else pl.lit(1.0, pl.Float64)).alias("w"),
+            (pl.col("weight").is_not_null() if has_weights else pl.lit(False)).alias("kept"),
         )
         .filter(pl.col("mu").is_not_null() & pl.col("old").is_not_null())
         .with_columns(
@@ -160,10 +175,12 @@ def mismatch_per_step(tokens: pl.LazyFrame, *, aggregates: pl.LazyFrame | None =
     prob_pearson; see the module docstring); sorted by step, only steps with both μ and π_old.
     Empty (same columns) when `mismatch_unavailable` gives a reason.
 
-    A sampled run's rows count with their sampling weights (estimates; a sequence-level metric
-    of a sampled run is an estimate from its kept tokens). aggregates: the exact aggregates of
-    all tokens (`Run.aggregates`, limited to the same steps): tokens and the token-level metrics
-    of steps whose aggregates hold μ–π_old pairs come from them."""
+    A sampled run's rows count with their sampling weights (estimates). aggregates: the exact
+    aggregates of all tokens (`Run.aggregates`, limited to the same steps): tokens and the
+    token-level metrics of steps whose aggregates hold μ–π_old pairs come from them. The
+    sequence-level metrics (SEQUENCE_LEVEL) of a step with sampled rows are null unless the
+    aggregates show that its rows are all of its tokens (module docstring;
+    `with_logged_sequence_level` fills them from the run's logged metrics)."""
     out_cols = MISMATCH_METRICS
     schema = _schema({"step": pl.Int32()}, out_cols)
     if "mu_logp" not in tokens.collect_schema().names():
@@ -173,27 +190,66 @@ def mismatch_per_step(tokens: pl.LazyFrame, *, aggregates: pl.LazyFrame | None =
     df = collect(
         _pairs(tokens)
         .group_by("step", "update", "sample")
-        .agg(_sums())
+        .agg(*_sums(), pl.col("kept").any())
         .group_by("step")
         .agg(
             *_token_stats(),
             lpd.mean().alias("log_ppl_diff"),
             lpd.abs().mean().alias("log_ppl_abs_diff"),
             ((2 * log_rho_seq).exp() - 1).mean().alias("chi2_seq"),
+            pl.col("kept").any(),
         )
         .sort("step")
     )
+    totals = None if aggregates is None else step_aggregates(aggregates)
+    whole = ~pl.col("kept")  # steps whose rows are every token: no row is one of a sample
+    if totals is not None and df["kept"].any():
+        whole = whole | pl.col("step").is_in(_fully_kept(tokens, totals).implode())
     df = df.select(
-        pl.col("step").cast(pl.Int32), pl.col("tokens").cast(pl.Int64), *(pl.col(c).cast(pl.Float64) for c in out_cols)
-    )
-    if aggregates is None:
+        pl.col("step").cast(pl.Int32),
+        pl.col("tokens").cast(pl.Int64),
+        *(pl.when(whole).then(pl.col(c)).alias(c) if c in SEQUENCE_LEVEL else pl.col(c) for c in out_cols),
+    ).with_columns(pl.col(c).cast(pl.Float64) for c in out_cols)
+    if totals is None:
         return df
-    steps = step_aggregates(aggregates).filter(pl.col("pairs") > 0)
+    steps = totals.filter(pl.col("pairs") > 0)
     exact = mismatch_stats(steps).select(
         pl.col("step").cast(pl.Int32), *(pl.col(c).cast(pl.Float64) for c in _TOKEN_LEVEL)
     )
     exact = exact.with_columns(steps["pairs"].cast(pl.Int64).alias("tokens"))
     return df.update(exact, on="step", how="left")
+
+
+def _fully_kept(tokens: pl.LazyFrame, totals: pl.DataFrame) -> pl.Series:
+    """The steps of a sampled run whose token rows are all of their tokens: as many rows as its
+    aggregates (`totals`, per step) count tokens (every token kept, e.g. with `Keep(rate=1)`)."""
+    rows = collect(tokens.group_by("step").agg(pl.len().alias("rows")))
+    counted = totals.select(pl.col("step").cast(rows["step"].dtype), "tokens")
+    return rows.join(counted, on="step").filter(pl.col("rows") == pl.col("tokens"))["step"]
+
+
+def logged_per_step(metrics: pl.LazyFrame, names: Sequence[str] | None = None) -> pl.DataFrame:
+    """The metrics a run logged (`Run.metrics`: step, rank, name, value), one value per step and
+    name: step, name, value (Float64), the mean over the ranks that logged it, sorted by step and
+    name; only `names` when given. What `trustlens export` sends under a logged name, and what
+    `with_logged_sequence_level` shows, so that the two cannot differ."""
+    if names is not None:
+        metrics = metrics.filter(pl.col("name").is_in(list(names)))
+    return collect(metrics.group_by("step", "name").agg(pl.col("value").cast(pl.Float64).mean()).sort("step", "name"))
+
+
+def with_logged_sequence_level(per_step: pl.DataFrame, metrics: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:
+    """`per_step` (a `mismatch_per_step` frame of a sampled run's unfiltered token rows, with its
+    aggregates) with each null sequence-level value (SEQUENCE_LEVEL: a step that kept only some
+    of its tokens) taken from the run's logged metrics of the same name at that step
+    (`logged_per_step`: the trainer's exact value, e.g. the built-in trainer's log_ppl_diff);
+    null where the run logged none. Values computed from every token of a step stay."""
+    logged = logged_per_step(metrics.lazy(), SEQUENCE_LEVEL)
+    wide = logged.group_by("step").agg(
+        pl.col("value").filter(pl.col("name") == c).first().alias(f"logged_{c}") for c in SEQUENCE_LEVEL
+    )
+    joined = per_step.join(wide.with_columns(pl.col("step").cast(pl.Int32)), on="step", how="left")
+    return joined.with_columns(pl.coalesce(c, f"logged_{c}").alias(c) for c in SEQUENCE_LEVEL).select(per_step.columns)
 
 
 def mismatch_by_bucket(tokens: pl.LazyFrame, *, min_p: float = MIN_P, per_decade: int = PER_DECADE) -> pl.DataFrame:
@@ -258,9 +314,12 @@ def mismatch_trend(per_step: pl.DataFrame, metrics: Sequence[str], *, window: in
 __all__ = [
     "LOG_RATIO_BOUND",
     "MISMATCH_COLUMNS",
+    "SEQUENCE_LEVEL",
     "MismatchTrend",
+    "logged_per_step",
     "mismatch_by_bucket",
     "mismatch_per_step",
     "mismatch_trend",
     "mismatch_unavailable",
+    "with_logged_sequence_level",
 ]

@@ -13,10 +13,12 @@ docs/metrics.md):
     reward/mean, eval/accuracy, ...          every metric the run logged (mean over ranks)
 
 A logged metric wins over the same name computed from token rows (the built-in trainer logs
-the block rates itself; they agree with the rows: tests/test_sample_run.py). A run recorded
-with `Keep` (sampled token rows) gets them from its exact aggregates instead
-(trustlens.run.aggregates.per_step_scalars); the sequence-level mismatch metrics need every
-token of a response and are left out there.
+the block rates itself; they agree with the rows: tests/test_sample_run.py); logged values are
+read by `trustlens.analysis.mismatch.logged_per_step`, as the dashboard reads them. A run
+recorded with `Keep` (sampled token rows) gets the computed ones from its exact aggregates instead
+(trustlens.run.aggregates.per_step_scalars); the sequence-level mismatch metrics (log_ppl_diff,
+log_ppl_abs_diff, chi2_seq) need every token of a response: such a run, and sampled rows seen by
+a mirror, send only those the run logged (the built-in trainer logs log_ppl_diff).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import polars as pl
 
 from trustlens.analysis.buckets import zero_advantage_frac
-from trustlens.analysis.mismatch import mismatch_per_step
+from trustlens.analysis.mismatch import logged_per_step, mismatch_per_step
 from trustlens.metrics import MISMATCH_METRICS, blocked_rate
 from trustlens.render import escape_markdown
 from trustlens.run import BLOCKED_PREFIX, NoRowsError
@@ -35,7 +37,8 @@ SCHEMA = {"step": pl.Int64, "name": pl.String, "value": pl.Float64}
 
 def token_scalars(tokens: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:
     """Per-step scalars from token rows: step, name, value (block rates by sign, zero_adv_frac,
-    mismatch metrics where μ and π_old are both recorded), sorted by step then name."""
+    mismatch metrics where μ and π_old are both recorded; not the sequence-level ones of a step
+    whose rows are a sample: `mismatch_per_step`), sorted by step then name."""
     tokens = tokens.lazy()
     names = tokens.collect_schema().names()
     if "advantage" not in names:
@@ -69,9 +72,7 @@ def token_scalars(tokens: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:
 
 def step_scalars(run) -> pl.DataFrame:
     """Per-step scalars of a recorded run (module docstring): step, name, value."""
-    logged = (
-        run.metrics.group_by("step", "name").agg(pl.col("value").cast(pl.Float64).mean()).collect(engine="streaming")
-    )
+    logged = logged_per_step(run.metrics)
     if getattr(run, "sampled", False):  # exact, from the aggregates of all tokens
         exact = per_step_scalars(run.aggregates)
         computed = pl.DataFrame(
