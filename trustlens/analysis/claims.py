@@ -45,6 +45,7 @@ from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage
 from trustlens.analysis.findings import over_updates_per_step
 from trustlens.analysis.mismatch import mismatch_per_step
 from trustlens.analysis.seeds import LOW_MU, accuracy_per_step, format_mean_se, mean_se, noise_tail, run_outcome
+from trustlens.analysis.summary import exact_aggregates
 from trustlens.run import blocked_column
 
 HOLDS, FAILS, UNTESTABLE = "holds", "does not hold at this scale", "untestable"
@@ -205,7 +206,7 @@ def _c2(r: _Runs) -> Claim:
 
 
 def _k3_series(run) -> list[tuple[int, float]]:
-    mm = mismatch_per_step(run.tokens)
+    mm = mismatch_per_step(run.tokens, aggregates=exact_aggregates(run))  # exact for a sampled run too
     return list(zip(mm["step"].to_list(), mm["k3_kl"].to_list(), strict=True))
 
 
