@@ -218,7 +218,10 @@ class TokenRecorder:
         (a ValueError naming the call's step and update, the argument and the (b, t) index), after
         doing its own work. Default sample ids
         number the samples of (step, update) on this rank in call order:
-        step · 10⁹ + rank · 10⁶ + index; default group ids equal the sample ids.
+        step · 10⁹ + rank · 10⁶ + index; default group ids equal the sample ids. They join the
+        samples table (`log_samples`, numbered the same way per step) only while every update
+        records the step's samples in the order they were logged: a loop that shuffles or
+        subsamples minibatches between updates must pass `sample_ids`.
 
         Precomputed values (computed once by the trainer, e.g. for its loss) skip the recorder's
         own computation: `topk_tv`/`topk_kl` (both or neither) replace the top-K divergence
