@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from trustlens.cli import COMMANDS
 
 
@@ -70,3 +72,26 @@ def test_claims_measures_recorded_runs(tmp_path, capsys):
     assert per_run.count("\n| ppo | ") == 2 and per_run.count("\n| dppo_binary_tv | ") == 2
     table = pl.read_csv(tmp_path / "compare.csv")
     assert table["rule"].to_list() == ["dppo_binary_tv", "ppo"] and table["n"].to_list() == [2, 2]
+
+
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_a_folder_of_runs_is_refused_naming_the_runs_inside(tmp_path, capsys, command):
+    from trustlens.cli import main
+    from trustlens.synthetic import write_synthetic_run
+
+    for name in ("ppo", "pg_is"):
+        write_synthetic_run(tmp_path / "runs" / name, steps=2, samples_per_step=8, seq_len=4)
+    out = tmp_path / "out"
+    argv = [
+        command,
+        str(tmp_path / "runs"),
+        *(["--to", "tensorboard", str(out)] if command == "export" else ["-o", str(out)]),
+    ]
+    assert main(argv) == 2
+    runs = tmp_path / "runs"
+    assert capsys.readouterr().err == (
+        f"trustlens {command}: error: {str(runs)!r} is not a trustlens run: it has no run.json (a run directory "
+        f"is written by trustlens.TokenRecorder); it is a folder of 2 runs: give those instead ({runs / 'pg_is'}, "
+        f"{runs / 'ppo'})\n"
+    )
+    assert not out.exists()

@@ -56,6 +56,44 @@ def test_not_a_run(tmp_path):
         load_run(tmp_path)
 
 
+def test_a_folder_of_runs_names_the_runs_inside(tmp_path):
+    record_run(tmp_path / "a", steps=1)
+    record_run(tmp_path / "group" / "b", steps=1)
+    (tmp_path / "group" / "c" / "d" / "too-deep").mkdir(parents=True)  # 4 folders down: not searched
+    (tmp_path / "group" / "c" / "d" / "too-deep" / "run.json").write_text("{}")
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / ".hidden" / "run.json").write_text("{}")
+    with pytest.raises(NotARunError) as err:
+        load_run(tmp_path)
+    assert str(err.value) == (
+        f"{str(tmp_path)!r} is not a trustlens run: it has no run.json (a run directory is written by "
+        f"trustlens.TokenRecorder); it is a folder of 2 runs: give those instead ({tmp_path / 'a'}, "
+        f"{tmp_path / 'group' / 'b'})"
+    )
+    with pytest.raises(
+        NotARunError, match=r"has no run\.json \(a run directory is written by trustlens\.TokenRecorder\)$"
+    ):
+        load_run(tmp_path / "a" / "tokens")  # a folder inside a run holds no run
+
+
+def test_a_folder_of_many_runs_names_the_first_eight(tmp_path):
+    for i in range(10):
+        (tmp_path / f"run{i}").mkdir()
+        (tmp_path / f"run{i}" / "run.json").write_text("{}")  # listed without being read
+    with pytest.raises(NotARunError) as err:
+        load_run(tmp_path)
+    named = ", ".join(str(tmp_path / f"run{i}") for i in range(8))
+    assert str(err.value).endswith(f"it is a folder of 10 runs: give those instead ({named}, and 2 more)")
+
+
+def test_a_newer_run_holding_runs_is_refused_without_naming_them(tmp_path):
+    record_run(tmp_path / "run" / "inner", steps=1)
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1}))
+    with pytest.raises(NotARunError) as err:
+        load_run(tmp_path / "run")
+    assert "upgrade trustlens" in str(err.value) and "inner" not in str(err.value)
+
+
 def test_corrupt_manifest_warns_and_the_parts_still_load(tmp_path):
     path = record_run(tmp_path / "run", steps=2)
     (path / "run.json").write_text("{not json")

@@ -56,6 +56,10 @@ def test_load_runs_and_synthetic_runs_on_the_store(s3):
     ranks = runs[0].tokens.group_by("rank").len().collect()
     assert sorted(ranks["rank"]) == [0, 1]
     assert runs[1].tokens.select(pl.col("step").max()).collect().item() == 2
+    with pytest.raises(
+        ValueError, match=rf"a folder of 2 runs: give those instead \(s3://{BUCKET}/sweep/a, s3://{BUCKET}/sweep/b\)$"
+    ):
+        load_run(f"s3://{BUCKET}/sweep")
 
 
 def test_unknown_or_missing_filesystems_are_named():

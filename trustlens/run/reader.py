@@ -253,8 +253,9 @@ def load_run(path: str | os.PathLike | Remote, *, verify: bool = True) -> Run:
     """The run in directory `path` (or the directory of the run.json `path` names).
 
     verify: check the page checksums of part files not verified before in this process.
-    Raises NotARunError (a ValueError) when `path` is not a run directory or was written with a
-    newer schema version than this trustlens reads. An unreadable run.json is warned about and
+    Raises NotARunError (a ValueError) when `path` is not a run directory (naming the runs up
+    to three folders below it, when it is a folder of runs) or was written with a newer schema
+    version than this trustlens reads. An unreadable run.json is warned about and
     the run's parts still load (status `unknown`).
     """
     location: Location
@@ -270,8 +271,13 @@ def load_run(path: str | os.PathLike | Remote, *, verify: bool = True) -> Run:
             location = location.parent
     try:
         manifest: dict[str, Any] | None = read_manifest(location)
-    except NotARunError:
-        raise
+    except NotARunError as err:
+        inside = _runs_inside(location)
+        if not inside:
+            raise
+        more = f", and {len(inside) - _SUGGESTED} more" if len(inside) > _SUGGESTED else ""
+        runs = ", ".join(str(run) for run in inside[:_SUGGESTED])
+        raise NotARunError(f"{err}; it is a folder of {len(inside)} runs: give those instead ({runs}{more})") from None
     except ValueError as err:
         _warn(f"{err}; loading its part files without it")
         manifest = None
@@ -282,33 +288,53 @@ def load_run(path: str | os.PathLike | Remote, *, verify: bool = True) -> Run:
 def load_runs(folder: str | os.PathLike, *, verify: bool = True) -> list[Run]:
     """Every run at or below `folder` (a directory holding run.json), sorted by path. Runs that
     cannot be loaded are skipped with a warning; table and hidden folders are not searched."""
+    location: Location
     if is_url(folder):
-        return _load_remote_runs(Remote.of(os.fspath(folder)), verify)
-    folder = local_path(folder)
-    if not folder.is_dir():
-        raise NotARunError(f"{str(folder)!r} is not a directory")
+        location = Remote.of(os.fspath(folder))
+    else:
+        location = local_path(folder)
+        if not location.is_dir():
+            raise NotARunError(f"{str(location)!r} is not a directory")
     runs = []
-    for root, dirs, names in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        if MANIFEST not in names:
-            continue
-        dirs[:] = [d for d in dirs if d not in TABLES]
+    for path in _run_dirs(location):
         try:
-            runs.append(load_run(root, verify=verify))
+            runs.append(load_run(path, verify=verify))
         except NotARunError as err:
-            warnings.warn(f"skipping {root}: {err}", RunWarning, stacklevel=2)
+            warnings.warn(f"skipping {path}: {err}", RunWarning, stacklevel=2)
     return sorted(runs, key=lambda r: str(r.path))
 
 
-def _load_remote_runs(folder: Remote, verify: bool) -> list[Run]:
-    """`load_runs` on an object store: every run.json below `folder` outside table folders."""
-    runs = []
-    for key in sorted(folder.fs.find(folder.path)):
-        parts = key[len(folder.path) :].strip("/").split("/")
-        if parts[-1] != MANIFEST or any(p in TABLES or p.startswith(".") for p in parts[:-1]):
-            continue
-        try:
-            runs.append(load_run(f"{folder.protocol}://{key}", verify=verify))
-        except NotARunError as err:
-            warnings.warn(f"skipping {folder.protocol}://{key}: {err}", RunWarning, stacklevel=2)
-    return runs
+# how many folders deep below a folder that is not a run `load_run` looks for runs to name in
+# its error, and how many of them it names
+_SEARCH_DEPTH = 3
+_SUGGESTED = 8
+
+
+def _runs_inside(folder: Location) -> list[Location]:
+    """The run directories below `folder` (at most _SEARCH_DEPTH folders down); [] when
+    `folder` is itself a run (it holds run.json) or cannot be listed."""
+    try:
+        found = _run_dirs(folder, _SEARCH_DEPTH)
+    except OSError:
+        return []
+    itself = str(folder).rstrip("/")
+    return [] if any(str(run).rstrip("/") == itself for run in found) else found
+
+
+def _run_dirs(folder: Location, depth: int | None = None) -> list[Location]:
+    """The directories holding run.json at or below `folder` (at most `depth` folders down;
+    None: any), sorted by path; table and hidden folders are not searched."""
+    found: list[Location] = []
+    if isinstance(folder, Remote):
+        for key in folder.fs.find(folder.path, maxdepth=None if depth is None else depth + 1):
+            parts = key[len(folder.path) :].strip("/").split("/")
+            if parts[-1] == MANIFEST and not any(p in TABLES or p.startswith(".") for p in parts[:-1]):
+                found.append(Remote(folder.fs, key.rsplit("/", 1)[0], folder.protocol))
+        return sorted(found, key=str)
+    for root, dirs, names in os.walk(folder):
+        deep = depth is not None and len(Path(root).relative_to(folder).parts) >= depth
+        dirs[:] = [] if deep else [d for d in dirs if not d.startswith(".")]
+        if MANIFEST in names:
+            dirs[:] = [d for d in dirs if d not in TABLES]
+            found.append(Path(root))
+    return sorted(found, key=str)
