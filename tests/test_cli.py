@@ -95,3 +95,14 @@ def test_a_folder_of_runs_is_refused_naming_the_runs_inside(tmp_path, capsys, co
         f"{runs / 'ppo'})\n"
     )
     assert not out.exists()
+
+
+def test_export_usage_puts_the_runs_first(capsys):
+    """`--to` takes one or two words, so the usage line shows the runs before it (the order that works)."""
+    from trustlens.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", "--help"])
+    assert exit_.value.code == 0
+    usage = "usage: trustlens export RUN [RUN ...] --to {tensorboard LOGDIR | wandb [PROJECT]}"
+    assert usage in capsys.readouterr().out

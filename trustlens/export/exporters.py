@@ -122,6 +122,8 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         help="tensorboard LOGDIR (one sub-directory per run), or wandb [PROJECT] (W&B settings from "
         "its environment, e.g. WANDB_MODE=offline)",
     )
+    # the runs come first: --to takes one or two words, so runs after it would be read as its own
+    parser.usage = "%(prog)s RUN [RUN ...] --to {tensorboard LOGDIR | wandb [PROJECT]}"
     parser.epilog = "What is exported and under which names: docs/export.md"
     parser.set_defaults(func=_export)
 
