@@ -19,7 +19,8 @@ from trustlens.notebook import sample_runs, setup
 
 setup()
 
-# One run per rule, same task, seed and settings: the `collapse` preset, where rollouts come from
+# One run per rule, same task, seed and settings: the `sample` preset (the `collapse` preset on
+# seed 1, recorded with sampling), where rollouts come from
 # an fp8 engine whose weights are 16 steps old (`trustlens make-sample`, or `trustlens compare
 # --preset collapse --rules ppo,dppo_binary_tv,pg_is` for your own). The sample's `learning` run
 # has other settings and is left out.
