@@ -12,8 +12,9 @@ import torch
 from s3_server import BUCKET
 from wandb_log import history
 
-from trustlens import TokenRecorder, load_run
+from trustlens import Keep, TokenRecorder, load_run
 from trustlens.analysis import detect_collapse, exact_aggregates, mismatch_per_step
+from trustlens.analysis.mismatch import SEQUENCE_LEVEL
 from trustlens.export import (
     StepMirror,
     alert_text,
@@ -57,8 +58,8 @@ def test_token_scalars_by_hand():
 
 
 def test_token_scalars_of_sampled_rows_leave_out_the_sequence_level_mismatch():
-    """A mirror of a recorder with Keep sees the kept rows only: no response is whole, so
-    log_ppl_diff, log_ppl_abs_diff and chi2_seq are not sent (docs/metrics.md, "Sampled runs")."""
+    """Weighted rows are a sample: no response is whole, so log_ppl_diff, log_ppl_abs_diff and
+    chi2_seq are left out (docs/metrics.md, "Sampled runs")."""
     p_mu, p_old = [0.5, 0.8], [0.25, 0.8]  # one response: mean_t(log μ − log π_old) = log 2 / 2
     rows = {
         "step": [0, 0],
@@ -155,33 +156,62 @@ class ListSink:
         self.closed = True
 
 
-def record_steps(rec, steps: int, gen: torch.Generator) -> None:
+def record_steps(rec, steps: int, gen: torch.Generator, responses: int = 4) -> None:
+    """`steps` steps of 2 updates of `responses` (a multiple of 4) responses of 6 tokens, with
+    advantages 1, -1, 0, 2, 1, -1, ..."""
     for step in range(steps):
-        mu = -torch.rand(4, 6, generator=gen) - 0.05
-        pi = mu + 0.3 * torch.randn(4, 6, generator=gen)
+        mu = -torch.rand(responses, 6, generator=gen) - 0.05
+        pi = mu + 0.3 * torch.randn(responses, 6, generator=gen)
         for update in range(2):
             rec.record(
                 step,
                 update=update,
-                token_ids=torch.randint(0, 50, (4, 6), generator=gen),
-                response_mask=torch.ones(4, 6),
+                token_ids=torch.randint(0, 50, (responses, 6), generator=gen),
+                response_mask=torch.ones(responses, 6),
                 pi_logp=pi.clamp(max=0),
                 mu_logp=mu,
                 old_logp=(mu + 0.01).clamp(max=0),
-                advantages=torch.tensor([1.0, -1.0, 0.0, 2.0]),
+                advantages=torch.tensor([1.0, -1.0, 0.0, 2.0]).repeat(responses // 4),
             )
         rec.log_metrics(step, {"reward/mean": float(step)})
 
 
-def test_mirror_streams_the_scalars_of_each_step(tmp_path, gen):
+@pytest.mark.parametrize("keep", [None, Keep(rate=0.01)], ids=["all-rows", "keep-0.01"])
+def test_mirror_streams_the_scalars_of_each_step(tmp_path, gen, keep):
+    """Per step, the mirror sends the names and values `trustlens export` sends (step_scalars of
+    the recorded run); of a sampled run, the exact ones of its aggregates."""
     sink = ListSink()
-    with TokenRecorder(tmp_path / "run", rules=["ppo", "dppo_binary_tv"], mirror=sink) as rec:
+    with TokenRecorder(tmp_path / "run", rules=["ppo", "dppo_binary_tv"], keep=keep, mirror=sink) as rec:
         record_steps(rec, 3, gen)
-    assert sink.closed and sorted(sink.steps) == [0, 1, 2]
-    expected = step_scalars(load_run(tmp_path / "run"))
-    for step, metric, v in expected.rows():
-        assert sink.steps[step][metric] == pytest.approx(v, rel=1e-9), (metric, step)
+    run = load_run(tmp_path / "run")
+    assert sink.closed and run.sampled == (keep is not None)
+    expected: dict[int, dict[str, float]] = {}
+    for step, metric, v in step_scalars(run).rows():
+        expected.setdefault(step, {})[metric] = v
+    assert sorted(sink.steps) == sorted(expected) == [0, 1, 2]
+    for step, values in expected.items():
+        assert sink.steps[step] == pytest.approx(values, rel=1e-9, abs=1e-15), step
+        assert {"blocked/ppo/neg", "k3_kl", "zero_adv_frac"} <= set(values)
     assert sink.steps[2]["reward/mean"] == 2.0
+
+
+def test_a_sampled_mirror_sends_the_rates_of_all_tokens_not_of_the_kept_rows(tmp_path):
+    """Keep keeps every blocked token and few others: ppo blocks ~90% of the kept A < 0 rows (what
+    the mirror sent before it read the aggregates), ~19% of all A < 0 tokens. The mirror of the
+    sampled recording sends the rates of a recording of every row, and no sequence-level mismatch."""
+    sinks = {"full": ListSink(), "sampled": ListSink()}
+    for name, keep in (("full", None), ("sampled", Keep(rate=0.01))):
+        with TokenRecorder(tmp_path / name, rules=["ppo"], keep=keep, mirror=sinks[name]) as rec:
+            record_steps(rec, 3, torch.Generator().manual_seed(0), responses=64)  # the same tokens
+    kept = load_run(tmp_path / "sampled").tokens.filter(pl.col("advantage") < 0)
+    kept_rate = dict(kept.group_by("step").agg(pl.col("blocked_ppo").mean()).collect().rows())
+    full, sampled = sinks["full"].steps, sinks["sampled"].steps
+    for step in range(3):
+        rates = {n: v for n, v in full[step].items() if n.startswith("blocked/")}
+        assert {n: sampled[step][n] for n in rates} == rates  # exact: counts over the same tokens
+        assert kept_rate[step] > 0.8 and 0.15 < full[step]["blocked/ppo/neg"] < 0.25
+        assert sampled[step]["k3_kl"] == pytest.approx(full[step]["k3_kl"], rel=1e-6)
+        assert set(SEQUENCE_LEVEL) <= set(full[step]) and not set(SEQUENCE_LEVEL) & set(sampled[step])
 
 
 def test_mirror_to_tensorboard_during_a_training_run(tmp_path):

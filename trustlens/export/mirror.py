@@ -1,11 +1,15 @@
 """Live export while training: `TokenRecorder(..., mirror=...)` streams each step's scalars
 (the same ones `trustlens export` writes, trustlens.export.scalars) to TensorBoard or W&B.
 
-The recorder's writer thread hands every batch of token rows and metrics it writes to a
-`StepMirror`; when rows of a later step arrive (or the recorder closes), the earlier steps are
-complete and their scalars go to the sink. It runs off the training step's path, and a failing
-sink never stops the recording: it warns once and the mirror turns itself off. Each rank mirrors
-the rows it records (its shard): give `mirror` on rank 0 only, or a log directory per rank.
+The recorder's writer thread hands every batch of token rows, metrics and aggregates it writes
+to a `StepMirror`; when rows of a later step arrive (or the recorder closes), the earlier steps
+are complete and their scalars go to the sink: `step_scalars` of those steps' rows, as for a
+recorded run. A step recorded with `Keep` has aggregates (trustlens.run.aggregates): its block
+rates, zero_adv_frac and token-level mismatch are the exact values over all its tokens, not
+means over the kept rows, and no sequence-level mismatch is computed from the kept rows. It
+runs off the training step's path, and a failing sink never stops the recording: it warns once
+and the mirror turns itself off. Each rank mirrors the rows it records (its shard): give
+`mirror` on rank 0 only, or a log directory per rank.
 Collapse alerts need the whole run: they are not mirrored (`trustlens export` writes them).
 """
 
@@ -29,12 +33,17 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
+TABLES = ("tokens", "metrics", "aggregates")  # the tables whose rows the mirror reads
+
+
 @dataclass
 class _Rows:
     """The rows of some steps, in the shape `step_scalars` reads (like a Run's tables)."""
 
     tokens: pl.LazyFrame
     metrics: pl.LazyFrame
+    aggregates: pl.LazyFrame
+    sampled: bool  # the token rows are a sample (recorded with Keep): the aggregates are exact
 
 
 class StepMirror:
@@ -47,15 +56,16 @@ class StepMirror:
         self._failed = False
 
     def add(self, table: str, batch: pa.RecordBatch) -> None:
-        """Called by the writer thread with each batch of `tokens` or `metrics` rows it writes."""
-        if self._failed or table not in ("tokens", "metrics") or batch.num_rows == 0:
+        """Called by the writer thread with each batch of `tokens`, `metrics` or `aggregates` rows
+        it writes."""
+        if self._failed or table not in TABLES or batch.num_rows == 0:
             return
         steps = batch.column("step")
         present = sorted(set(pc.unique(steps).to_pylist()))
         self._emit(before=present[0])
         for step in present:
             part = batch if len(present) == 1 else batch.filter(pc.equal(steps, step))
-            self._pending.setdefault(int(step), {"tokens": [], "metrics": []})[table].append(part)
+            self._pending.setdefault(int(step), {t: [] for t in TABLES})[table].append(part)
 
     def close(self) -> None:
         """Send every step still pending and close the sink."""
@@ -68,7 +78,8 @@ class StepMirror:
             rows = self._pending.pop(step)
             if self._failed:
                 continue
-            scalars = step_scalars(_Rows(_frame(rows["tokens"]), _frame(rows["metrics"])))
+            tables = {t: _frame(rows[t]) for t in TABLES}
+            scalars = step_scalars(_Rows(**tables, sampled=bool(rows["aggregates"])))
             values = dict(zip(scalars["name"].to_list(), scalars["value"].to_list(), strict=True))
             self._guard(lambda values=values, step=step: self.sink.log_step(step, values))
 

@@ -1,9 +1,9 @@
 """The per-step scalars an export or a live mirror sends to TensorBoard or W&B.
 
-One function computes them for both: `token_scalars` from token rows (a finished run's, or the
-rows of one step seen by a mirror while training), `step_scalars` for a recorded run (its
-logged metrics, then what its token rows add). Names follow the registry (`trustlens.metrics`,
-docs/metrics.md):
+One function computes them for both: `step_scalars`, of a recorded run or of the rows of the
+steps a mirror has seen while training (the logged metrics, then what the token rows add or,
+when they are a sample, the aggregates); `token_scalars` is what an unsampled run's rows add.
+Names follow the registry (`trustlens.metrics`, docs/metrics.md):
 
     blocked/<rule>/pos, blocked/<rule>/neg   share of the step's A > 0 (A < 0) tokens the rule
                                              blocks; A = 0 tokens are never blocked and not counted
@@ -15,10 +15,10 @@ docs/metrics.md):
 A logged metric wins over the same name computed from token rows (the built-in trainer logs
 the block rates itself; they agree with the rows: tests/test_sample_run.py); logged values are
 read by `trustlens.analysis.mismatch.logged_per_step`, as the dashboard reads them. A run
-recorded with `Keep` (sampled token rows) gets the computed ones from its exact aggregates instead
-(trustlens.run.aggregates.per_step_scalars); the sequence-level mismatch metrics (log_ppl_diff,
-log_ppl_abs_diff, chi2_seq) need every token of a response: such a run, and sampled rows seen by
-a mirror, send only those the run logged (the built-in trainer logs log_ppl_diff).
+recorded with `Keep` (sampled token rows, the mirror's too) gets the computed ones from its exact
+aggregates instead (trustlens.run.aggregates.per_step_scalars); the sequence-level mismatch
+metrics (log_ppl_diff, log_ppl_abs_diff, chi2_seq) need every token of a response: such a run
+sends only those it logged (the built-in trainer logs log_ppl_diff).
 """
 
 from __future__ import annotations
@@ -37,8 +37,10 @@ SCHEMA = {"step": pl.Int64, "name": pl.String, "value": pl.Float64}
 
 def token_scalars(tokens: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:
     """Per-step scalars from token rows: step, name, value (block rates by sign, zero_adv_frac,
-    mismatch metrics where μ and π_old are both recorded; not the sequence-level ones of a step
-    whose rows are a sample: `mismatch_per_step`), sorted by step then name."""
+    mismatch metrics where μ and π_old are both recorded), sorted by step then name. The rates
+    are plain means over the rows: for all of a step's tokens, not a sample's kept rows
+    (`step_scalars` takes a sampled run's from its aggregates); of weighted rows, the
+    sequence-level mismatch metrics are left out (`mismatch_per_step`)."""
     tokens = tokens.lazy()
     names = tokens.collect_schema().names()
     if "advantage" not in names:
@@ -71,9 +73,10 @@ def token_scalars(tokens: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:
 
 
 def step_scalars(run) -> pl.DataFrame:
-    """Per-step scalars of a recorded run (module docstring): step, name, value."""
+    """Per-step scalars of a recorded run (module docstring): step, name, value. `run`: a Run,
+    or anything with its `metrics`, `tokens`, `aggregates` and `sampled`."""
     logged = logged_per_step(run.metrics)
-    if getattr(run, "sampled", False):  # exact, from the aggregates of all tokens
+    if run.sampled:  # exact, from the aggregates of all tokens
         exact = per_step_scalars(run.aggregates)
         computed = pl.DataFrame(
             [(step, name, value) for step, values in exact.items() for name, value in values.items()],
