@@ -89,7 +89,7 @@ def test_c3_holds_unless_dppo_ends_outside_noise_on_more_seeds_than_chance_expla
     assert c3.verdict == "holds"
     assert (
         "dppo_binary_tv ended within noise of its best on 1/2, as runs whose accuracy never changes would "
-        "with probability 0.10 (best − final accuracy level 0.045"
+        "with probability 0.098 (best − final accuracy level 0.045"
     ) in c3.line()
     # both outside (chance 0.05² = 0.0025), or one unknown and one outside: it does not hold
     for dppo in ([False, False], [None, False]):

@@ -234,7 +234,7 @@ def _c3(r: _Runs) -> Claim:
             chance = noise_tail(outside, n)
             parts.append(
                 f"dppo_binary_tv ended within noise of its best on {n - outside}/{n}, as runs whose "
-                f"accuracy never changes would with probability {chance:.2f} "
+                f"accuracy never changes would with probability {chance:.2g} "
                 f"(best − final accuracy level {_ms(list(drops))})"
             )
             ok &= k == 0 and chance >= 0.05
