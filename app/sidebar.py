@@ -70,7 +70,7 @@ class Context:
 
     @property
     def anchor_name(self) -> str:
-        return "μ" if self.anchor == "mu_logp" else "π_old"
+        return tq.ANCHOR_SYMBOLS[self.anchor]
 
 
 def context() -> Context | None:

@@ -76,6 +76,19 @@ def test_figure1_pair(run):
     assert _points(fig) < 10_000
 
 
+def test_figures_name_the_anchor_policy(run):
+    """A run without μ is anchored on π_old: axes, titles and hover say so."""
+    t = run.tokens
+    density = A.figure1_density(t, "ratio", n_x=10, n_y=10)
+    fig = P.figure1(density, A.figure1_density(t, "binary_tv", n_x=10, n_y=10), anchor="π_old")
+    assert fig.layout.xaxis.title.text == "π_old(a_t)" and fig.layout.yaxis.title.text == "π/π_old"
+    assert [a.text for a in fig.layout.annotations] == ["ratio π/π_old vs π_old", "binary TV |π − π_old| vs π_old"]
+    assert "log10 π_old" in fig.data[0].hovertemplate and "μ" not in fig.data[0].hovertemplate
+    bars = P.blocked_by_bucket_bar(A.blocked_by_bucket(t, ["ppo"]), anchor="π_old")
+    assert bars.layout.xaxis.title.text == "π_old(a_t)" and bars.data[0].hovertemplate.startswith("π_old in ")
+    assert P.figure1(density, density).layout.xaxis.title.text == "μ(a_t)"  # μ by default
+
+
 def test_bar_and_heatmap_figures(run):
     t = run.tokens
     bar = P.blocked_tokens_bar(A.blocked_by_token(t, top=5), top=5)

@@ -73,13 +73,16 @@ chart(
         data["boundaries"],
         rule=rule_a,
         title=f"Ratio and TV against {ctx.anchor_name} (DPPO paper, Figure 1)",
+        anchor=ctx.anchor_name,
     ),
     "pv_figure1",
 )
 left, right = st.columns(2)
 with left:
     chart(
-        plots.blocked_by_bucket_bar(data["by_bucket"], title=f"Blocked fraction by {ctx.anchor_name} bucket"),
+        plots.blocked_by_bucket_bar(
+            data["by_bucket"], title=f"Blocked fraction by {ctx.anchor_name} bucket", anchor=ctx.anchor_name
+        ),
         "pv_bucket",
     )
 with right:

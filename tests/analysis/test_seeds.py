@@ -156,3 +156,25 @@ def test_run_outcome_by_hand(tmp_path):
     assert (out["collapse_step"], out["collapse_cause"], out["steps_to_collapse"]) == (8, "reward", 8)
     assert out["block_rate"] == pytest.approx(0.5) and out["block_rate_low_mu"] == pytest.approx(1.0)
     assert out["k3_start"] == pytest.approx(0.0) and out["tv_end"] == pytest.approx(0.0)
+
+
+def test_mismatch_ends_count_the_steps_with_token_rows(tmp_path):
+    """k3_start is the mean over the first 10% of the 60 steps with token rows (6), even when the
+    samples table holds only every 10th step (6 entries, whose own window would be 5)."""
+    steps = 60
+    log_rho = [0.1 if s == 5 else 0.0 for s in range(steps)]  # π_old − μ in log space, one token a step
+    tokens = {
+        "step": list(range(steps)),
+        "sample": list(range(steps)),
+        "pos": [0] * steps,
+        "mu_logp": [-1.0] * steps,
+        "old_logp": [-1.0 + r for r in log_rho],
+        "pi_logp": [-1.0] * steps,
+        "advantage": [1.0] * steps,
+        "blocked_ppo": [False] * steps,
+    }
+    samples = {"step": list(range(0, steps, 10)), "sample": list(range(0, steps, 10)), "reward": [1.0] * 6}
+    run = load_run(write_run(tmp_path / "r", tokens=tokens, samples=samples, config={"seed": 0}))
+    out = run_outcome(run)
+    k3 = math.exp(0.1) - 1 - 0.1
+    assert out["k3_start"] == pytest.approx(k3 / 6, rel=1e-6) and out["k3_end"] == pytest.approx(0.0)

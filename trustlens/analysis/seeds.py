@@ -25,7 +25,8 @@ Per run (`run_outcome`), with steps numbered as recorded:
     block_rate                       share of the A ≠ 0 tokens the run's active rule blocked (all
                                      steps and updates)
     block_rate_low_mu                the same among A ≠ 0 tokens with μ < 0.1 (LOW_MU)
-    k3_start, k3_end                 k3_kl (nats), mean over the first and the last `window` steps
+    k3_start, k3_end                 k3_kl (nats), mean over the first and the last `window` of
+                                     the steps with token rows
     tv_start, tv_end                 prob_diff_mean = mean |π_old − μ| (the binary TV), likewise
     first_critical                   the first step at which a collapse alert was critical
                                      (`detect_collapse`, its critical_step)
@@ -36,7 +37,8 @@ Per run (`run_outcome`), with steps numbered as recorded:
 Collapse (`trustlens.analysis.onset.collapse_onset`): the first evaluation whose accuracy is
 below half the first evaluation's, or the first step whose trailing mean reward over `window`
 steps is below half the mean reward of the first `window` steps, whichever comes first; `window`
-= max(5, round(0.1 · steps)) steps (`collapse_window`).
+= max(5, round(0.1 · steps)) steps (`collapse_window`), steps counted in the samples table for
+the reward and in the token rows for k3 and TV.
 
 Over seeds (`seed_table`), one row per rule: n (runs), collapsed (runs that collapsed),
 within_noise (runs that ended within noise of their best), and for
@@ -180,11 +182,11 @@ def run_outcome(run) -> dict:
     rule = run.active_rule or config.get("rule")
     acc = accuracy_per_step(run)
     reward = reward_per_step(run)
-    steps = len(reward)
-    w = collapse_window(steps)
-    onset, cause = collapse_onset(acc, reward, w)
+    onset, cause = collapse_onset(acc, reward, collapse_window(len(reward)))
     block, block_low = _block_rates(run, rule)
     mm = mismatch_per_step(run.tokens, aggregates=exact_aggregates(run)).sort("step")
+    # the ends are 10% of the steps with token rows, whatever the samples table holds
+    w = collapse_window(mm.height)
     k3 = _ends(mm["k3_kl"].to_list(), w)
     tv = _ends(mm["prob_diff_mean"].to_list(), w)
     first = reward[0][0] if reward else 0

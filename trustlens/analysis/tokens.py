@@ -61,6 +61,10 @@ def rules_of(tokens: pl.LazyFrame) -> list[str]:
     return [r for r in (rule_of_column(c) for c in tokens.collect_schema().names()) if r is not None]
 
 
+# How figures and pages name the anchor policy of each anchor column.
+ANCHOR_SYMBOLS = {"mu_logp": "μ", "old_logp": "π_old"}
+
+
 def anchor_column(tokens: pl.LazyFrame, mu_recorded: bool | None = None) -> str:
     """`mu_logp` when the run recorded μ, else `old_logp` (the anchor of a run without μ).
 

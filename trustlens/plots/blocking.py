@@ -26,8 +26,8 @@ def _decade_ticks(lo: float, hi: float) -> dict:
     return {"tickvals": vals, "ticktext": [f"1e{v}" if v else "1" for v in vals]}
 
 
-def _density_trace(density: pl.DataFrame, *, log_y: bool, rule: str | None, showscale: bool) -> go.Heatmap:
-    """A heatmap of log10(count) on (log10 μ, y) from `figure1_density` output."""
+def _density_trace(density: pl.DataFrame, *, log_y: bool, rule: str | None, showscale: bool, anchor: str) -> go.Heatmap:
+    """A heatmap of log10(count) on (log10 anchor, y) from `figure1_density` output."""
     n_x = int(density.select(pl.col("x_bin").max()).item()) + 1
     n_y = int(density.select(pl.col("y_bin").max()).item()) + 1
     z = np.full((n_y, n_x), np.nan)
@@ -52,8 +52,8 @@ def _density_trace(density: pl.DataFrame, *, log_y: bool, rule: str | None, show
         colorscale="Viridis",
         showscale=showscale,
         colorbar={"title": "log10 tokens", "x": 1.02, "len": 0.8},
-        hovertemplate="log10 μ %{x:.2f}, "
-        + ("log10 π/μ" if log_y else "|π − μ|")
+        hovertemplate=f"log10 {anchor} %{{x:.2f}}, "
+        + (f"log10 π/{anchor}" if log_y else f"|π − {anchor}|")
         + " %{y:.3g}<br>tokens: %{customdata[0]:.0f}"
         + blocked_line
         + "<extra></extra>",
@@ -77,6 +77,7 @@ def figure1(
     *,
     rule: str | None = None,
     title: str = "Ratio and TV against μ (DPPO paper, Figure 1)",
+    anchor: str = "μ",
 ) -> go.Figure:
     """The paper's Figure-1 pair: token density of π/μ (left, log scale) and of |π − μ| (right)
     against μ (log scale), with each rule's boundary (`analysis.rule_boundaries`): solid where a
@@ -84,14 +85,21 @@ def figure1(
 
     `ratio_density` / `tv_density` come from `analysis.figure1_density(tokens, "ratio")` and
     `(tokens, "binary_tv")`; with `rule` the hover shows the fraction of each cell it blocks.
+    `anchor`: the symbol of the anchor policy on the axes ("π_old" for a run without μ, whose
+    densities are against π_old: `analysis.anchor_column`).
     """
+    a = safe_text(anchor)
     fig = make_subplots(
-        rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=("ratio π/μ vs μ", "binary TV |π − μ| vs μ")
+        rows=1,
+        cols=2,
+        horizontal_spacing=0.12,
+        subplot_titles=(f"ratio π/{a} vs {a}", f"binary TV |π − {a}| vs {a}"),
     )
     for col, (density, log_y) in enumerate(((ratio_density, True), (tv_density, False)), start=1):
         if density.is_empty():
             continue
-        fig.add_trace(_density_trace(density, log_y=log_y, rule=rule, showscale=col == 2), row=1, col=col)
+        trace = _density_trace(density, log_y=log_y, rule=rule, showscale=col == 2, anchor=a)
+        fig.add_trace(trace, row=1, col=col)
     if boundaries is not None and not boundaries.is_empty():
         rules = list(dict.fromkeys(boundaries["rule"].to_list()))
         colours = rule_colours(rules)
@@ -112,17 +120,17 @@ def figure1(
                         name=safe_text(name),
                         legendgroup=safe_text(name),
                         showlegend=bool(col == 1 and side == "upper"),
-                        hovertemplate=f"{safe_text(name)} ({side})<br>log10 μ %{{x:.2f}}, %{{y:.3g}}<extra></extra>",
+                        hovertemplate=f"{safe_text(name)} ({side})<br>log10 {a} %{{x:.2f}}, %{{y:.3g}}<extra></extra>",
                     ),
                     row=1,
                     col=col,
                 )
     x_ticks = _decade_ticks(*(_axis_range(ratio_density, "x_lo", "x_hi", log=True) or (-6, 0)))
-    fig.update_xaxes(title_text="μ(a_t)", **x_ticks)
+    fig.update_xaxes(title_text=f"{a}(a_t)", **x_ticks)
     r = _axis_range(ratio_density, "y_lo", "y_hi", log=True) or (-1, 1)
     ticks = np.round(np.linspace(r[0], r[1], 5), 2)
-    fig.update_yaxes(title_text="π/μ", tickvals=ticks, ticktext=[f"{10**t:.3g}" for t in ticks], row=1, col=1)
-    fig.update_yaxes(title_text="|π − μ|", row=1, col=2)
+    fig.update_yaxes(title_text=f"π/{a}", tickvals=ticks, ticktext=[f"{10**t:.3g}" for t in ticks], row=1, col=1)
+    fig.update_yaxes(title_text=f"|π − {a}|", row=1, col=2)
     fig.update_layout(title=safe_text(title), legend={"orientation": "h", "y": -0.2})
     return fig
 
@@ -178,9 +186,13 @@ def blocked_tokens_bar(by_token: pl.DataFrame, *, top: int = 20, title: str = "M
     return fig
 
 
-def blocked_by_bucket_bar(by_bucket: pl.DataFrame, *, title: str = "Blocked fraction by μ bucket") -> go.Figure:
+def blocked_by_bucket_bar(
+    by_bucket: pl.DataFrame, *, title: str = "Blocked fraction by μ bucket", anchor: str = "μ"
+) -> go.Figure:
     """Grouped bars: the fraction of tokens each rule blocks in each μ-probability bucket
-    (`analysis.blocked_by_bucket`)."""
+    (`analysis.blocked_by_bucket`); `anchor` names the anchor policy on the axis ("π_old" for a
+    run without μ)."""
+    a = safe_text(anchor)
     if by_bucket.is_empty():
         return empty(title, "no tokens")
     rules = list(dict.fromkeys(by_bucket["rule"].to_list()))
@@ -195,7 +207,7 @@ def blocked_by_bucket_bar(by_bucket: pl.DataFrame, *, title: str = "Blocked frac
                 name=safe_text(rule),
                 marker_color=colours[rule],
                 customdata=np.column_stack([part["blocked"], part["count"]]),
-                hovertemplate="μ in %{x}: %{y:.2%} (%{customdata[0]} of %{customdata[1]})<extra>"
+                hovertemplate=f"{a} in %{{x}}: %{{y:.2%}} (%{{customdata[0]}} of %{{customdata[1]}})<extra>"
                 + safe_text(rule)
                 + "</extra>",
             )
@@ -203,7 +215,7 @@ def blocked_by_bucket_bar(by_bucket: pl.DataFrame, *, title: str = "Blocked frac
     fig.update_layout(
         title=safe_text(title),
         barmode="group",
-        xaxis_title="μ(a_t)",
+        xaxis_title=f"{a}(a_t)",
         yaxis_title="blocked fraction of A ≠ 0 tokens",
         yaxis_tickformat=".0%",
     )

@@ -30,7 +30,7 @@ from trustlens.analysis import (
     step_summary,
 )
 from trustlens.analysis.agreement import default_rule_pair
-from trustlens.analysis.tokens import sample_text, sample_tokens
+from trustlens.analysis.tokens import ANCHOR_SYMBOLS, anchor_column, sample_text, sample_tokens
 from trustlens.export.exporters import driving_tokens
 from trustlens.render import colored_tokens_html, legend_html
 from trustlens.run import BLOCKED_PREFIX, NoRowsError
@@ -124,6 +124,7 @@ def ppo_vs_dppo(run) -> str:
     a, b = default_rule_pair(rules)
     pair = (a, b)
     tokens = run.tokens
+    anchor = ANCHOR_SYMBOLS[anchor_column(tokens)]
     aggregates = exact_aggregates(run)  # the recorded rules' counts over every token of a sampled run
     total = rule_confusion(tokens, a, b, per_step=False, aggregates=aggregates).row(0, named=True)
     head = (
@@ -141,10 +142,15 @@ def ppo_vs_dppo(run) -> str:
                 figure1_density(tokens, y="binary_tv", rules=pair),
                 rule_boundaries({r: run.rules.get(r, {}) for r in pair}),
                 rule=a,
-                title="Ratio and TV against μ (DPPO paper, Figure 1)",
+                title=f"Ratio and TV against {anchor} (DPPO paper, Figure 1)",
+                anchor=anchor,
             )
         )
-        + figure_html(plots.blocked_by_bucket_bar(blocked_by_bucket(tokens, rules=pair)))
+        + figure_html(
+            plots.blocked_by_bucket_bar(
+                blocked_by_bucket(tokens, rules=pair), title=f"Blocked fraction by {anchor} bucket", anchor=anchor
+            )
+        )
         + figure_html(plots.blocked_tokens_bar(blocked_by_token(tokens, rules=pair, top=15)))
     )
 

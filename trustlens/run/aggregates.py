@@ -27,7 +27,12 @@ Aggregate columns (counts are int64, sums float64; "pairs" are tokens with finit
                                                       log π_old, k3 = ρ − 1 − log ρ (ρ = π_old/μ),
                                                       |π_old − μ|, moments for the Pearson
                                                       correlation, ρ² with log ρ clamped to ±20
-    topk_n, sum_topk_tv, max_topk_tv, sum_topk_kl     top-K divergences (sum_topk_kl may be +inf)
+    topk_n, sum_topk_tv, max_topk_tv, sum_topk_kl     the token columns topk_tv, topk_kl: μ vs π,
+                                                      the policy being updated (sum_topk_kl may be
+                                                      +inf); stored, no per-step metric: the
+                                                      metrics topk_tv_mean, topk_tv_max and
+                                                      topk_kl_mean are μ vs π_old, as a trainer
+                                                      logs them (docs/metrics.md)
     entropy_n, sum_entropy                            tokens with a recorded entropy of π and its
                                                       sum (nats); absent in runs recorded before
                                                       2026-11-26 (their entropy means are weighted
@@ -100,10 +105,10 @@ _DOCS = {
     "sum_old2": "Σ π_old(a_t)²",
     "sum_mu_old": "Σ μ(a_t) π_old(a_t)",
     "sum_rho2": "Σ ρ², log ρ clamped to ±20",
-    "topk_n": "tokens with a recorded top-K divergence",
-    "sum_topk_tv": "Σ topk_tv, probability",
-    "max_topk_tv": "max topk_tv, probability",
-    "sum_topk_kl": "Σ topk_kl, nats (+inf when one is)",
+    "topk_n": "tokens with a recorded top-K divergence of μ and π",
+    "sum_topk_tv": "Σ topk_tv (μ vs π, not π_old), probability",
+    "max_topk_tv": "max topk_tv (μ vs π, not π_old), probability",
+    "sum_topk_kl": "Σ topk_kl (KL(μ ‖ π), not π_old), nats (+inf when one is)",
     "entropy_n": "tokens with a recorded entropy of π",
     "sum_entropy": "Σ entropy of π, nats",
 }
@@ -115,6 +120,8 @@ def aggregate_doc(name: str) -> str | None:
         return _DOCS[name]
     if name.startswith("mu_decade_") and name[10:].isdigit():
         i = int(name[10:])
+        if i == 0:
+            return "tokens with μ in [10^-1, 1]"
         return f"tokens with μ in [10^-{i + 1}, 10^-{i})" if i < MU_DECADES - 1 else f"tokens with μ below 10^-{i}"
     if name.startswith("k_") and name.endswith(SIGNS_SUFFIXES):
         rule, sign = name[2:].rsplit("_", 1)
@@ -292,11 +299,12 @@ def step_aggregates(aggregates) -> pl.DataFrame:
 
 
 def mismatch_stats(steps: pl.DataFrame) -> pl.DataFrame:
-    """step and the token-level mismatch means of `step_aggregates` rows, under the names of
-    trustlens.metrics: mismatch_kl, k3_kl, chi2_token, prob_diff_mean, prob_diff_max,
-    prob_pearson over the `pairs` (null where a step has none), topk_tv_mean, topk_tv_max,
-    topk_kl_mean over `topk_n`."""
-    pairs, topk = pl.col("pairs"), pl.col("topk_n")
+    """step and the token-level mismatch of μ vs π_old from `step_aggregates` rows, under the
+    names of trustlens.metrics: mismatch_kl, k3_kl, chi2_token, prob_diff_mean, prob_diff_max,
+    prob_pearson over the `pairs` (null where a step has none). Not the top-K ones: the
+    aggregates' topk_* columns are μ vs π, and topk_tv_mean, topk_tv_max, topk_kl_mean name μ vs
+    π_old (only a trainer with π_old's logits has it)."""
+    pairs = pl.col("pairs")
 
     def mean(c: str) -> pl.Expr:
         return pl.when(pairs > 0).then(pl.col(c) / pairs)
@@ -312,18 +320,16 @@ def mismatch_stats(steps: pl.DataFrame) -> pl.DataFrame:
         mean("sum_prob_diff").alias("prob_diff_mean"),
         pl.when(pairs > 0).then(pl.col("max_prob_diff")).alias("prob_diff_max"),
         pl.when((var_mu > 0) & (var_old > 0)).then(cov / (var_mu * var_old).sqrt()).alias("prob_pearson"),
-        pl.when(topk > 0).then(pl.col("sum_topk_tv") / topk).alias("topk_tv_mean"),
-        pl.when(topk > 0).then(pl.col("max_topk_tv")).alias("topk_tv_max"),
-        pl.when(topk > 0).then(pl.col("sum_topk_kl") / topk).alias("topk_kl_mean"),
     )
 
 
 def per_step_scalars(aggregates) -> dict[int, dict[str, float]]:
     """Per-step scalars from an aggregates table (a polars LazyFrame or DataFrame, all ranks):
     {step: {name: value}} under the names of trustlens.metrics — blocked/<rule>/<sign> over A ≠ 0
-    tokens, zero_adv_frac, and the token-level mismatch means of `mismatch_stats`. Exact for all
-    tokens, however few rows were kept. Sequence-level metrics (log_ppl_*, chi2_seq) need whole
-    responses and are not among them."""
+    tokens, zero_adv_frac, and the token-level mismatch of `mismatch_stats`: the names and values
+    `trustlens.export.token_scalars` gives on every token of the run. Exact for all tokens,
+    however few rows were kept. Sequence-level metrics (log_ppl_*, chi2_seq) need whole
+    responses, and the top-K mismatch (topk_*) π_old's logits: neither is among them."""
     steps = step_aggregates(aggregates)
     rules = [c[2:] for c in steps.columns if c.startswith("n_") and not c.endswith(SIGNS_SUFFIXES)]
     stats = {row.pop("step"): row for row in mismatch_stats(steps).iter_rows(named=True)}
