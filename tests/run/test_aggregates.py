@@ -211,3 +211,29 @@ def test_mu_decades_are_closed_below():
     )
     row = aggregate_row(batch, [])
     assert [row[f"mu_decade_{i}"] for i in range(7)] == [3, 2, 0, 0, 0, 1, 2]
+
+
+def test_a_run_without_mu_keeps_and_buckets_by_pi_old(tmp_path):
+    """Without μ the analyses anchor on π_old (analysis.tokens.anchor_column): every token with
+    π_old < low_mu is kept with weight 1 and counted in π_old's decade, even where π is likely."""
+    g = torch.Generator().manual_seed(0)
+    rare = torch.zeros(4, 10, dtype=torch.bool)
+    rare[:, ::3] = True  # 16 tokens rare under π_old (0.09) but not under π (0.11)
+    old = torch.where(rare, math.log(0.09), math.log(0.5))
+    pi = torch.where(rare, math.log(0.11), math.log(0.5))
+    pi[:, 1] = math.log(0.9)  # 4 tokens with the largest |π − π_old|: the top share kept for that
+    with TokenRecorder(tmp_path / "r", rules=["ppo"], keep=Keep(rate=1e-6)) as rec:
+        rec.record(
+            0,
+            token_ids=torch.randint(0, 50, (4, 10), generator=g),
+            response_mask=torch.ones(4, 10),
+            pi_logp=pi,
+            old_logp=old,
+            advantages=torch.zeros(4),  # A = 0: no rule blocks, so only rarity and divergence keep a token
+        )
+    run = load_run(tmp_path / "r")
+    kept = run.tokens.collect()
+    assert (kept["old_logp"] < math.log(0.1)).sum() == 16 and (kept["weight"] == 1).all()
+    assert kept.height == 20  # the 16 rare and the 4 moved tokens, not the 20 others
+    agg = run.aggregates.collect()
+    assert (agg["mu_decade_0"].item(), agg["mu_decade_1"].item()) == (24, 16)

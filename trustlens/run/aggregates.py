@@ -68,7 +68,7 @@ class Keep:
 
     rate: float = 0.01  # probability of keeping a token that does not matter; its weight is 1/rate
     seed: int = 0  # seeds the random share (with step, update, rank, sample, position)
-    low_mu: float = 0.1  # tokens with μ(a_t) below this always kept (the rare tokens)
+    low_mu: float = 0.1  # tokens with μ(a_t) (π_old's without μ) below this always kept (the rare tokens)
     top_share: float = 0.01  # share of each record call's tokens with the largest divergence, always kept
 
     def __post_init__(self) -> None:
@@ -130,6 +130,13 @@ def aggregate_doc(name: str) -> str | None:
     return None
 
 
+def anchor_logp(floats: dict) -> np.ndarray:
+    """The log-probabilities of the anchor policy a batch's tokens are bucketed and kept by: μ,
+    else π_old (the anchor of a run without μ, as in trustlens.analysis.tokens.anchor_column),
+    else π."""
+    return next(floats[k] for k in ("mu_logp", "old_logp", "pi_logp") if floats.get(k) is not None)
+
+
 def aggregate_row(batch, rules: list[str]) -> dict[str, object]:
     """The aggregates of the rows of one TokenBatch (all of them: before sampling)."""
     f = batch.floats
@@ -182,7 +189,7 @@ def aggregate_row(batch, rules: list[str]) -> dict[str, object]:
     entropy = f.get("entropy")
     recorded = entropy[np.isfinite(entropy)] if entropy is not None else np.zeros(0)
     row |= {"entropy_n": int(recorded.size), "sum_entropy": float(recorded.astype(np.float64).sum())}
-    anchor = mu_logp if mu_logp is not None else f["pi_logp"]
+    anchor = anchor_logp(f)
     # decade k holds μ in [10^-(k+1), 10^-k): k = -floor(log10 μ) - 1, as the buckets of
     # trustlens.analysis.buckets cut; μ = 1 joins decade 0, μ = 0 the last
     decade = np.clip(-np.floor(anchor.astype(np.float64) / math.log(10)) - 1, 0, MU_DECADES - 1)
@@ -216,7 +223,7 @@ def keep_mask(batch, keep: Keep, rank: int) -> tuple[np.ndarray, np.ndarray]:
     for decided in batch.blocked.values():
         if decided is not None:
             matters |= decided
-    anchor = f.get("mu_logp") if f.get("mu_logp") is not None else f["pi_logp"]
+    anchor = anchor_logp(f)
     matters |= anchor < math.log(keep.low_mu)
     for values in f.values():
         if values is not None:
