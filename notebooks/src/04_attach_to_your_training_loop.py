@@ -117,8 +117,8 @@ with TokenRecorder(run_dir, rules=RECORDED, active_rule="dppo_binary_tv", tokeni
 
         # the trainer recomputes π_old, then updates: EPOCHS passes over MINIBATCHES minibatches
         with torch.no_grad():
-            old_logp = torch.log_softmax(policy(prompts, previous_tokens(responses)), -1).gather(
-                -1, responses[..., None])[..., 0]
+            old_logits = policy(prompts, previous_tokens(responses)) / TEMPERATURE
+            old_logp = torch.log_softmax(old_logits, -1).gather(-1, responses[..., None])[..., 0]
         minibatches = [rows for _ in range(EPOCHS) for rows in torch.randperm(len(prompts)).chunk(MINIBATCHES)]
         for update, rows in enumerate(minibatches):
             logits = policy(prompts[rows], previous_tokens(responses[rows])) / TEMPERATURE

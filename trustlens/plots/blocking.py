@@ -81,7 +81,7 @@ def figure1(
 ) -> go.Figure:
     """The paper's Figure-1 pair: token density of π/μ (left, log scale) and of |π − μ| (right)
     against μ (log scale), with each rule's boundary (`analysis.rule_boundaries`): solid where a
-    token with A > 0 starts to be blocked, dashed for A ≤ 0.
+    token with A > 0 starts to be blocked, dashed for A < 0.
 
     `ratio_density` / `tv_density` come from `analysis.figure1_density(tokens, "ratio")` and
     `(tokens, "binary_tv")`; with `rule` the hover shows the fraction of each cell it blocks.
