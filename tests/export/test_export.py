@@ -15,6 +15,7 @@ from wandb_log import history
 from trustlens import Keep, TokenRecorder, load_run
 from trustlens.analysis import detect_collapse, exact_aggregates, mismatch_per_step
 from trustlens.analysis.mismatch import SEQUENCE_LEVEL
+from trustlens.divergence import topk_divergence, topk_from_logits
 from trustlens.export import (
     StepMirror,
     alert_text,
@@ -25,6 +26,7 @@ from trustlens.export import (
     token_scalars,
 )
 from trustlens.export.sinks import require
+from trustlens.run.aggregates import step_aggregates
 from trustlens.synthetic import write_synthetic_run
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
@@ -212,6 +214,82 @@ def test_a_sampled_mirror_sends_the_rates_of_all_tokens_not_of_the_kept_rows(tmp
         assert kept_rate[step] > 0.8 and 0.15 < full[step]["blocked/ppo/neg"] < 0.25
         assert sampled[step]["k3_kl"] == pytest.approx(full[step]["k3_kl"], rel=1e-6)
         assert set(SEQUENCE_LEVEL) <= set(full[step]) and not set(SEQUENCE_LEVEL) & set(sampled[step])
+
+
+TOPK_MISMATCH = ("topk_tv_mean", "topk_tv_max", "topk_kl_mean")
+
+
+def record_topk_steps(path: Path, keep: Keep | None, log: bool) -> tuple[dict, dict]:
+    """3 steps of 2 updates with top-K divergences from logits, the same tokens on every call;
+    `log`: log the top-K mismatch of μ vs π_old from π_old's logits, as the built-in trainer
+    does (trustlens.train.trainer.mismatch_metrics). Returns the logged values per step and the
+    mean of the token column topk_tv (μ vs π, over the step's updates) per step."""
+    gen = torch.Generator().manual_seed(0)
+    vocab, k = 40, 5
+    logged, column_mean = {}, {}
+
+    def logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return logits.log_softmax(-1).gather(-1, ids[..., None])[..., 0]
+
+    with TokenRecorder(path, rules=["ppo", "dppo_topk_tv"], keep=keep) as rec:
+        for step in range(3):
+            mu_logits = 2 * torch.randn(8, 6, vocab, generator=gen)
+            ids = torch.multinomial(mu_logits.softmax(-1).reshape(-1, vocab), 1, generator=gen).reshape(8, 6)
+            mu_ids, mu_topk_logp = topk_from_logits(mu_logits, ids, k)
+            old_logits = mu_logits + 0.2 * torch.randn(8, 6, vocab, generator=gen)
+            pi_logits = [old_logits, old_logits + 0.8 * torch.randn(8, 6, vocab, generator=gen)]
+            for update, logits in enumerate(pi_logits):
+                rec.record(
+                    step,
+                    update=update,
+                    token_ids=ids,
+                    response_mask=torch.ones(8, 6),
+                    pi_logp=logp(logits, ids),
+                    mu_logp=logp(mu_logits, ids),
+                    old_logp=logp(old_logits, ids),
+                    advantages=torch.tensor([1.0, -1.0, 0.0, 2.0]).repeat(2),
+                    logits=logits,
+                    mu_topk_ids=mu_ids,
+                    mu_topk_logp=mu_topk_logp,
+                )
+            tv_pi = torch.stack([topk_divergence(x, mu_ids, mu_topk_logp)[0] for x in pi_logits])
+            column_mean[step] = float(tv_pi.double().mean())
+            if log:
+                tv, kl = (x.double() for x in topk_divergence(old_logits, mu_ids, mu_topk_logp))
+                logged[step] = {
+                    "topk_tv_mean": float(tv.mean()),
+                    "topk_tv_max": float(tv.max()),
+                    "topk_kl_mean": float(kl.mean()),
+                }
+                rec.log_metrics(step, logged[step])
+    return logged, column_mean
+
+
+@pytest.mark.parametrize("keep", [None, Keep(rate=0.05)], ids=["all-rows", "keep-0.05"])
+def test_topk_mismatch_is_sent_as_logged_mu_vs_pi_old_or_not_at_all(tmp_path, keep):
+    """topk_tv_mean, topk_tv_max and topk_kl_mean are μ vs π_old (docs/metrics.md): sent as the
+    run logged them, and not at all by a run that logged none, sampled or not. The token columns
+    topk_tv / topk_kl are μ vs π, whose means (stored in the aggregates) are another number."""
+    for log in (True, False):
+        logged, column_mean = record_topk_steps(tmp_path / f"log-{log}", keep, log)
+        run = load_run(tmp_path / f"log-{log}")
+        assert run.sampled == (keep is not None)
+        sent: dict[int, dict[str, float]] = {}
+        for step, name, value in step_scalars(run).rows():
+            sent.setdefault(step, {})[name] = value
+        assert sorted(sent) == [0, 1, 2]
+        for step, values in sent.items():
+            assert "k3_kl" in values
+            if log:
+                assert {n: values[n] for n in TOPK_MISMATCH} == pytest.approx(logged[step], rel=1e-6)
+                assert values["topk_tv_mean"] < 0.5 * column_mean[step]  # μ vs π is further off
+            else:
+                assert not set(TOPK_MISMATCH) & set(values)
+        if keep is not None:  # the aggregates hold the column's mean over every token, under no name
+            steps = step_aggregates(run.aggregates)
+            got = (steps["sum_topk_tv"] / steps["topk_n"]).to_list()
+            assert got == pytest.approx([column_mean[s] for s in range(3)], rel=1e-6)
+            assert steps["topk_n"].to_list() == [2 * 8 * 6] * 3
 
 
 def test_mirror_to_tensorboard_during_a_training_run(tmp_path):

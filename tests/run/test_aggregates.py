@@ -99,6 +99,11 @@ def test_aggregates_are_the_full_rows_counts_and_sums(runs):
     log_rho = (rows["old_logp"].cast(pl.Float64) - rows["mu_logp"].cast(pl.Float64)).to_numpy()
     assert agg["sum_k3"].sum() == pytest.approx(float((np.exp(log_rho) - 1 - log_rho).sum()), rel=1e-12)
     assert agg["sum_topk_kl"].sum() == float("inf")
+    # the top-K aggregates are of the token columns (μ vs π), over every token
+    topk_tv = rows["topk_tv"].cast(pl.Float64)
+    assert agg["topk_n"].sum() == rows.height and topk_tv.null_count() == 0
+    assert agg["sum_topk_tv"].sum() / agg["topk_n"].sum() == pytest.approx(topk_tv.mean(), rel=1e-12)
+    assert agg["max_topk_tv"].max() == topk_tv.max()
     entropy = rows["entropy"].drop_nulls()
     assert agg["entropy_n"].sum() == entropy.len() == (rows["update"] == 0).sum()
     assert agg["sum_entropy"].sum() == pytest.approx(entropy.cast(pl.Float64).sum(), rel=1e-12)
@@ -110,6 +115,11 @@ def test_exact_scalars_of_a_sampled_run_equal_the_full_runs(runs):
     assert truth.height > 30
     for step, name, value in truth.rows():
         assert exact[step][name] == pytest.approx(value, rel=1e-9, abs=1e-12), (step, name)
+    # the same names too: none only because the run was sampled. The top-K mismatch
+    # (topk_tv_mean, ...: μ vs π_old) is not among them: the topk_ aggregates are μ vs π.
+    for step, names in truth.group_by("step").agg("name").rows():
+        assert set(exact[step]) == set(names), step
+        assert not any(name.startswith("topk_") for name in exact[step])
 
 
 def test_every_token_that_matters_is_kept_with_weight_one(runs):

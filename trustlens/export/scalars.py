@@ -12,6 +12,10 @@ Names follow the registry (`trustlens.metrics`, docs/metrics.md):
                                              (trustlens.analysis.mismatch_per_step)
     reward/mean, eval/accuracy, ...          every metric the run logged (mean over ranks)
 
+The top-K mismatch (topk_tv_mean, topk_tv_max, topk_kl_mean: μ vs π_old, from π_old's logits)
+is sent only as the run logged it (the built-in trainer does), sampled or not: the token columns
+topk_tv and topk_kl, and the aggregates' sums of them, are μ vs π, the policy being updated.
+
 A logged metric wins over the same name computed from token rows (the built-in trainer logs
 the block rates itself; they agree with the rows: tests/test_sample_run.py); logged values are
 read by `trustlens.analysis.mismatch.logged_per_step`, as the dashboard reads them. A run
