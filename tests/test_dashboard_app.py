@@ -508,3 +508,20 @@ def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
     assert any("Under a token filter every column is estimated" in c.value for c in at.caption)
     at = _open(at, "views/ppo_vs_dppo.py")
     assert "Tokens compared (estimate)" in [m.label for m in at.metric]
+
+
+def test_compare_over_seeds_and_a_copied_run(monkeypatch, tmp_path):
+    """Runs of one setting on two seeds give the over-seeds table; a copied run (the same rule on
+    the same seed twice) is named in an error instead of counting its seed twice."""
+    import shutil
+
+    for seed in (1, 2):
+        write_synthetic_run(tmp_path / "two" / f"ppo-{seed}", **SIZES, rules=("ppo",), active_rule="ppo", seed=seed)
+    at = _open(_app(monkeypatch, tmp_path / "two").run(), "views/compare.py")
+    assert not at.exception and not at.error
+    assert [m.value for m in at.markdown] == ["Settings group 1\\: 2 runs\\, 1 rules"]  # escaped markdown
+    shutil.copytree(tmp_path / "two", tmp_path / "copied")
+    shutil.copytree(tmp_path / "two" / "ppo-1", tmp_path / "copied" / "ppo-1-copy")
+    at = _open(_app(monkeypatch, tmp_path / "copied").run(), "views/compare.py")
+    assert not at.exception
+    assert any("Settings group 1 is not shown" in e.value and "ppo\\-1\\-copy" in e.value for e in at.error)

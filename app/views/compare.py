@@ -2,7 +2,6 @@
 but differ in seed, the outcomes as mean ± standard error over seeds (trustlens.analysis.seeds)."""
 
 import html
-import json
 from pathlib import Path
 
 import polars as pl
@@ -15,7 +14,7 @@ from sidebar import context
 from view_state import multiselect_in_address
 
 from trustlens import plots
-from trustlens.analysis.seeds import OUTCOME_SCHEMA, OUTCOMES, run_outcome, seed_table
+from trustlens.analysis.seeds import OUTCOME_SCHEMA, OUTCOMES, run_outcome, seed_table, settings_key
 
 
 @st.cache_data(ttl=RUN_TTL, max_entries=64, show_spinner=False)
@@ -30,15 +29,6 @@ def run_signals(path: str, signature: tuple):
 def outcome(path: str, signature: tuple) -> dict | None:
     run = run_at(path, signature)
     return None if tokens_of(run) is None else run_outcome(run)
-
-
-def settings_key(run) -> str:
-    """The run's settings without its rule and seed: runs with equal keys differ only in those
-    (the table has one row per rule)."""
-    config = dict(run.manifest.get("config") or {})
-    config.pop("seed", None)
-    config.pop("rule", None)
-    return json.dumps(config, sort_keys=True, default=str)
 
 
 def seed_groups(paths: list[str]) -> list[tuple[list[str], pl.DataFrame]]:
@@ -111,7 +101,11 @@ if groups:
         "never changes would be (binomial evaluations, simulated)."
     )
     for i, (members, outcomes) in enumerate(groups):
-        table = seed_table(outcomes)
+        try:
+            table = seed_table(outcomes)
+        except ValueError as err:  # two runs of one rule on one seed (e.g. a copied run folder)
+            st.error(md(f"Settings group {i + 1} is not shown: {err}"))
+            continue
         st.markdown(md(f"Settings group {i + 1}: {len(members)} runs, {table.height} rules"))
         st.dataframe(table.to_pandas(), hide_index=True)
         stat = st.selectbox("Outcome", OUTCOMES, index=1, key=f"cr_seed_stat_{i}")

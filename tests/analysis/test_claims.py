@@ -62,6 +62,23 @@ def test_claims_from_given_outcomes_equal_claims_that_compute_them(tmp_path):
     assert given[0].startswith("C1 ") and len(given) == 6
 
 
+def test_claims_refuse_a_rule_and_seed_twice(tmp_path):
+    """A copied run is not a second seed: measure_claims names both runs instead of keeping one."""
+    import shutil
+
+    import pytest
+
+    from trustlens.analysis.claims import measure_claims
+    from trustlens.run import load_run
+    from trustlens.synthetic import write_synthetic_run
+
+    write_synthetic_run(tmp_path / "ppo", steps=4, samples_per_step=16, seq_len=8, active_rule="ppo", seed=1)
+    shutil.copytree(tmp_path / "ppo", tmp_path / "ppo-again")
+    runs = [load_run(tmp_path / "ppo"), load_run(tmp_path / "ppo-again")]
+    with pytest.raises(ValueError, match=r"^runs ppo and ppo-again are both rule ppo on seed 1: "):
+        measure_claims(runs)
+
+
 def test_c3_holds_unless_dppo_ends_outside_noise_on_more_seeds_than_chance_explains(tmp_path):
     from trustlens.analysis.claims import measure_claims
     from trustlens.analysis.seeds import run_outcomes

@@ -8,6 +8,7 @@ from trustlens.analysis.seeds import (
     OUTCOME_SCHEMA,
     OUTCOMES,
     accuracy_drop,
+    check_distinct_seeds,
     csv_safe,
     drop_noise,
     eval_window,
@@ -16,8 +17,11 @@ from trustlens.analysis.seeds import (
     level_drops,
     mean_se,
     noise_tail,
+    rule_and_seed,
     run_outcome,
     seed_table,
+    settings,
+    settings_key,
 )
 from trustlens.run import load_run
 from trustlens.run.tables import write_run
@@ -70,6 +74,34 @@ def test_seed_table_by_hand():
     assert table.columns == ["rule", "n", "collapsed", "within_noise", *stats]
     text = format_seed_table(table)
     assert "0.500 ± 0.115" in text and "2/3" in text and "1/3" in text and "15.000 ± 5.000" in text
+
+
+def test_seed_table_refuses_a_rule_and_seed_twice_naming_both_runs():
+    """A copied run would count its seed twice (n = 2, SE 0); runs without a seed are not compared."""
+    rows = [_outcome("ppo", 0, 0.30), _outcome("ppo", 1, 0.50), {**_outcome("ppo", 0, 0.30), "run": "copy"}]
+    with pytest.raises(ValueError) as err:
+        seed_table(pl.DataFrame(rows, schema=OUTCOME_SCHEMA))
+    assert str(err.value) == (
+        "runs ppo-seed0 and copy are both rule ppo on seed 0: measured together, that seed would count "
+        "twice; leave one of them out"
+    )
+    unseeded = [{**_outcome("ppo", None, 0.3), "run": name} for name in ("a", "b")]
+    assert seed_table(pl.DataFrame(unseeded, schema=OUTCOME_SCHEMA))["n"].to_list() == [2]
+    check_distinct_seeds([("a", "ppo", 0), ("b", "pg_is", 0), ("c", "ppo", 1)])  # distinct: passes
+
+
+def test_settings_key_leaves_out_rule_and_seed_only(tmp_path):
+    def run(name, **config):
+        tokens = {"step": [0], "sample": [0], "pos": [0], "pi_logp": [-1.0]}
+        return load_run(write_run(tmp_path / name, tokens=tokens, config=config))
+
+    a = run("a", rule="ppo", seed=0, lr=6e-5, steps=250)
+    b = run("b", rule="pg_is", seed=3, lr=6e-5, steps=250)
+    c = run("c", rule="ppo", seed=0, lr=3e-5, steps=250)
+    assert settings(a) == {"source": "hand-built", "lr": 6e-5, "steps": 250}
+    assert settings_key(a) == settings_key(b) == '{"lr": 6e-05, "source": "hand-built", "steps": 250}'
+    assert settings_key(c) != settings_key(a)
+    assert rule_and_seed(b) == ("pg_is", 3)
 
 
 def test_eval_window():

@@ -44,7 +44,15 @@ import polars as pl
 from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage, weighted, weighted_mean
 from trustlens.analysis.findings import over_updates_per_step
 from trustlens.analysis.mismatch import mismatch_per_step
-from trustlens.analysis.seeds import LOW_MU, accuracy_per_step, format_mean_se, mean_se, noise_tail, run_outcome
+from trustlens.analysis.seeds import (
+    LOW_MU,
+    accuracy_per_step,
+    check_distinct_seeds,
+    format_mean_se,
+    mean_se,
+    noise_tail,
+    run_outcome,
+)
 from trustlens.analysis.summary import exact_aggregates
 from trustlens.run import blocked_column
 
@@ -132,12 +140,14 @@ def _low_high_rates(run, rule: str) -> tuple[float | None, float | None]:
 
 
 class _Runs:
-    """Runs grouped by active rule, with their outcomes, keyed by seed."""
+    """Runs grouped by active rule, with their outcomes, keyed by seed (a rule and seed twice is
+    refused: `check_distinct_seeds`)."""
 
     def __init__(self, runs, outcomes: pl.DataFrame | None = None) -> None:
         self.by_rule: dict[str, dict[int, object]] = {}
         self.outcome: dict[str, dict[int, dict]] = {}
-        given = outcomes.iter_rows(named=True) if outcomes is not None else (run_outcome(run) for run in runs)
+        given = list(outcomes.iter_rows(named=True)) if outcomes is not None else [run_outcome(run) for run in runs]
+        check_distinct_seeds((out["run"], out["rule"], out["seed"]) for out in given)
         for run, out in zip(runs, given, strict=True):
             rule, seed = out["rule"], out["seed"]
             self.by_rule.setdefault(rule, {})[seed] = run

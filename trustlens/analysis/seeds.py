@@ -44,11 +44,13 @@ Over seeds (`seed_table`), one row per rule: n (runs), collapsed (runs that coll
 within_noise (runs that ended within noise of their best), and for
 every outcome above `<name>_mean` and `<name>_se`, the standard error s/√n with s the sample
 standard deviation (ddof = 1; null for a single run). steps_to_collapse is averaged over the
-runs that collapsed only.
+runs that collapsed only. Runs measured together should share their settings apart from rule and
+seed (`settings_key`); a rule and seed twice is refused (`check_distinct_seeds`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 
@@ -176,10 +178,46 @@ def _ends(values: list[float | None], w: int) -> tuple[float | None, float | Non
     return math.fsum(finite[:k]) / k, math.fsum(finite[-k:]) / k
 
 
+def rule_and_seed(run) -> tuple[str | None, int | None]:
+    """The rule a run trained with (its active rule, else its config's) and its seed (config)."""
+    config = run.manifest.get("config") or {}
+    return run.active_rule or config.get("rule"), config.get("seed")
+
+
+def settings(run) -> dict:
+    """The run's settings (its manifest's config) without its rule and seed."""
+    config = dict(run.manifest.get("config") or {})
+    config.pop("seed", None)
+    config.pop("rule", None)
+    return config
+
+
+def settings_key(run) -> str:
+    """`settings` as text: runs with equal keys differ only in rule and seed, so they can be
+    measured together over seeds (one `seed_table` row per rule)."""
+    return json.dumps(settings(run), sort_keys=True, default=str)
+
+
+def check_distinct_seeds(runs: Iterable[tuple[str, str | None, int | None]]) -> None:
+    """Raise ValueError naming both runs when two of the (run, rule, seed) `runs` share a rule
+    and a seed: measured together, that seed would count twice (and shrink the standard error).
+    Runs without a recorded seed are not compared."""
+    seen: dict[tuple[str | None, int], str] = {}
+    for name, rule, seed in runs:
+        if seed is None:
+            continue
+        if (rule, seed) in seen:
+            raise ValueError(
+                f"runs {seen[rule, seed]} and {name} are both rule {rule} on seed {seed}: measured "
+                "together, that seed would count twice; leave one of them out"
+            )
+        seen[rule, seed] = name
+
+
 def run_outcome(run) -> dict:
     """The outcomes of one run (module docstring) with its rule and seed."""
     config = run.manifest.get("config") or {}
-    rule = run.active_rule or config.get("rule")
+    rule, seed = rule_and_seed(run)
     acc = accuracy_per_step(run)
     reward = reward_per_step(run)
     onset, cause = collapse_onset(acc, reward, collapse_window(len(reward)))
@@ -197,7 +235,7 @@ def run_outcome(run) -> dict:
     return {
         "run": run.name,
         "rule": rule,
-        "seed": config.get("seed"),
+        "seed": seed,
         "acc_start": acc[0][1] if acc else None,
         "acc_final": acc[-1][1] if acc else None,
         "acc_best": max(a for _, a in acc) if acc else None,
@@ -243,7 +281,9 @@ def run_outcomes(runs) -> pl.DataFrame:
 
 def seed_table(outcomes: pl.DataFrame, by: str = "rule") -> pl.DataFrame:
     """Mean ± standard error over the runs of each `by` value (module docstring), in order of
-    first appearance: by, n, collapsed, <outcome>_mean, <outcome>_se for each of OUTCOMES."""
+    first appearance: by, n, collapsed, <outcome>_mean, <outcome>_se for each of OUTCOMES.
+    Raises ValueError when two runs share a `by` value and a seed (`check_distinct_seeds`)."""
+    check_distinct_seeds(outcomes.select("run", by, "seed").iter_rows())
     rows = []
     for key in outcomes[by].unique(maintain_order=True).to_list():
         part = outcomes.filter(pl.col(by) == key) if key is not None else outcomes.filter(pl.col(by).is_null())
@@ -303,12 +343,16 @@ __all__ = [
     "OUTCOMES",
     "OUTCOME_SCHEMA",
     "accuracy_drop",
+    "check_distinct_seeds",
     "csv_safe",
     "eval_window",
     "format_mean_se",
     "format_seed_table",
     "mean_se",
+    "rule_and_seed",
     "run_outcome",
     "run_outcomes",
     "seed_table",
+    "settings",
+    "settings_key",
 ]

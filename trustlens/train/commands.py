@@ -117,7 +117,12 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
             "--out", type=Path, default=Path("runs/claims"), help="runs, figures and claims.md go here [runs/claims]"
         )
         _add_run_set_options(parser)
-        parser.add_argument("--no-train", action="store_true", help="only measure the finished runs already in OUT")
+        parser.add_argument(
+            "--no-train",
+            action="store_true",
+            help="only measure the finished runs already in OUT: the largest set of them sharing their settings "
+            "apart from rule and seed (the others are named and left out)",
+        )
         parser.set_defaults(func=claims_command)
     elif name == "demo":
         parser.add_argument("--rule", default="dppo_binary_tv", help=RULE_HELP)

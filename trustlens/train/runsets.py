@@ -166,36 +166,105 @@ CLAIM_RULES = ("ppo", "dppo_binary_tv", "dppo_topk_tv", "dppo_binary_tv_recomput
 def claims_command(args: argparse.Namespace) -> int:
     from trustlens import load_run
 
-    runs = _finished_runs(args.out) if args.no_train else _train_runs(args)
+    trained = None if args.no_train else _train_runs(args)
     if not is_main():
         return 0
-    if not runs:
-        raise SystemExit(f"--out {args.out} holds no runs to measure")
-    loaded = [load_run(p) for p in runs.values()]
-    table, outcomes = compare_table(loaded, args.out)
-    report = write_claims_report(loaded, args.out, table, outcomes, preset=args.preset)
+    if trained is None:
+        runs, left_out = runs_sharing_settings(args.out)
+    else:
+        runs, left_out = [load_run(p) for p in trained.values()], []
+    table, outcomes = compare_table(runs, args.out)
+    report = write_claims_report(runs, args.out, table, outcomes, left_out=left_out)
     print(f"claims report: {report}")
     return 0
 
 
-def _finished_runs(folder: Path) -> dict[str, Path]:
-    """The finished runs directly inside `folder` (runs still being written are left out)."""
+def runs_sharing_settings(folder: Path) -> tuple[list, list[str]]:
+    """What `trustlens claims --no-train` measures: the largest set of the finished runs directly
+    inside `folder` that share their settings apart from rule and seed (`settings_key`), loaded,
+    and a line for each run left out (not finished, or which of its settings differ), printed.
+    Raises ValueError when two sets are the largest, or when two of its runs share a rule and
+    a seed (`check_distinct_seeds`, naming both folders)."""
     import json
 
-    runs = {}
+    from trustlens import load_run
+    from trustlens.analysis.seeds import check_distinct_seeds, rule_and_seed, settings, settings_key
+
+    groups: dict[str, list] = {}
+    left_out = []
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if not (path / "run.json").is_file():
+            continue
         try:
             status = json.loads((path / "run.json").read_text()).get("status")
         except (OSError, ValueError):
-            continue
+            status = "unreadable"
         if status == "finished":
-            runs[path.name] = path
-    return runs
+            run = load_run(path)
+            groups.setdefault(settings_key(run), []).append(run)
+        else:
+            left_out.append(f"{path.name}: not finished (run.json status {status})")
+    if not groups:
+        raise ValueError(f"--out {folder} holds no finished runs to measure")
+    sizes = sorted((len(g) for g in groups.values()), reverse=True)
+    if len(sizes) > 1 and sizes[0] == sizes[1]:
+        listed = "; ".join(f"{', '.join(r.name for r in g)} ({preset_of(g[0])})" for g in groups.values())
+        raise ValueError(
+            f"--out {folder} holds equally large sets of runs with different settings: {listed}; "
+            "move the runs to measure into a folder of their own"
+        )
+    measured = max(groups.values(), key=len)
+    check_distinct_seeds((str(r.path), *rule_and_seed(r)) for r in measured)
+    ours = settings(measured[0])
+    for run in (r for g in groups.values() if g is not measured for r in g):
+        theirs = settings(run)
+        keys = _differing(theirs, ours)
+        rule, seed = rule_and_seed(run)
+        left_out.append(
+            f"{run.name} ({rule}, seed {seed}; {preset_of(run)}): {_listed(theirs, keys)}; the measured runs "
+            f"have {_listed(ours, keys)}"
+        )
+    print(
+        f"measuring {len(measured)} runs in {folder} ({preset_of(measured[0])}), the largest set sharing their "
+        "settings apart from rule and seed"
+    )
+    if left_out:
+        print("left out:\n" + "\n".join(f"  {line}" for line in left_out))
+    return measured, left_out
 
 
-def write_claims_report(runs, out: Path, table, outcomes, *, preset: str) -> Path:
-    """Measure C1–C6 on `runs`, write OUT/figures/C*.html and OUT/claims.md (`table` and
-    `outcomes` from `compare_table`); the report's path."""
+def preset_of(run) -> str:
+    """How the settings of `run` read: "preset `collapse`", with the settings that differ from
+    the nearest preset ("preset `default` with keep_rate=0.03"), or that it was not trained by
+    `trustlens train`."""
+    from dataclasses import fields
+
+    from trustlens.analysis.seeds import settings
+    from trustlens.train.config import PRESETS
+
+    given = settings(run)
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    if not given or not set(given) <= set(defaults):
+        return "not trained by `trustlens train`"
+    # over the settings the run recorded (a run of an older trustlens may lack the newer ones)
+    differ = {name: _differing(given, {k: {**defaults, **PRESETS[name]}[k] for k in given}) for name in PRESETS}
+    nearest = min(PRESETS, key=lambda name: len(differ[name]))
+    return f"preset `{nearest}`" + (f" with {_listed(given, differ[nearest])}" if differ[nearest] else "")
+
+
+def _differing(given: dict, other: dict) -> list[str]:
+    """The settings of `given` (or of `other`) whose values differ between the two, sorted."""
+    return sorted(k for k in set(given) | set(other) if given.get(k) != other.get(k))
+
+
+def _listed(settings: dict, keys: list[str]) -> str:
+    return ", ".join(f"{k}={settings.get(k)}" for k in keys)
+
+
+def write_claims_report(runs, out: Path, table, outcomes, *, left_out: list[str]) -> Path:
+    """Measure C1–C6 on `runs` (of one set of settings apart from rule and seed), write
+    OUT/figures/C*.html and OUT/claims.md (`table` and `outcomes` from `compare_table`, the
+    runs `left_out` listed); the report's path."""
     from trustlens.analysis.claims import alert_leads, measure_claims, outcome_rows
     from trustlens.analysis.seeds import format_seed_table
 
@@ -205,10 +274,12 @@ def write_claims_report(runs, out: Path, table, outcomes, *, preset: str) -> Pat
     lines = [
         "# The DPPO paper's claims, measured at this scale",
         "",
-        f"{len(runs)} runs in `{out}` (preset `{preset}`), written by `trustlens claims`. "
+        f"{len(runs)} runs in `{out}` ({preset_of(runs[0])}), written by `trustlens claims`. "
         "Mean ± standard error (sample sd / √n) over seeds.",
         "",
     ]
+    if left_out:
+        lines += ["Left out (not finished, or other settings):", "", *(f"- {line}" for line in left_out), ""]
     for c in claims:
         print(c.line())
         lines += [f"## {c.key}: {c.title}", "", f"**{c.verdict}** — {c.evidence}", ""]
