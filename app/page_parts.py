@@ -3,6 +3,7 @@ token rows, and the ways into the token inspector (the alert list, a chart's ste
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import polars as pl
@@ -65,11 +66,26 @@ def inspect_tokens(**target) -> None:
     st.switch_page(INSPECTOR, query_params=view_params())
 
 
+def step_window(ctx: Context) -> tuple[int, float]:
+    """The sidebar's step range for per-step signals: its last step extends past the token rows
+    when the range reaches the run's last step, so the final held-out evaluation (logged after
+    the last training step, with no token rows) stays in view."""
+    lo, hi = ctx.shown_steps
+    return lo, (math.inf if ctx.steps is not None and hi >= ctx.steps[1] else hi)
+
+
+def in_steps(ctx: Context, frame: pl.DataFrame) -> pl.DataFrame:
+    """The rows of per-step `frame` in the sidebar's step range (`step_window`); an alerts table
+    (with end_step): the alerts that overlap it."""
+    lo, hi = step_window(ctx)
+    last = "end_step" if "end_step" in frame.columns else "step"
+    return frame.filter((pl.col(last) >= lo) & (pl.col("step") <= hi))
+
+
 def alert_list(ctx: Context, alerts: pl.DataFrame, *, limit: int = 20, key: str = "alerts") -> None:
     """The alerts within the sidebar's step range, most severe first, each with a button that
     opens the token inspector on the tokens and samples behind it."""
-    lo, hi = ctx.shown_steps
-    shown = alerts.filter((pl.col("end_step") >= lo) & (pl.col("step") <= hi))
+    shown = in_steps(ctx, alerts)
     if shown.is_empty():
         st.success("No collapse alerts in these steps.")
         return
@@ -89,7 +105,8 @@ def alert_list(ctx: Context, alerts: pl.DataFrame, *, limit: int = 20, key: str 
                     sample=samples[0] if samples else None,
                 )
     if shown.height > limit:
-        st.caption(f"{shown.height - limit} more alerts: see Collapse signals.")
+        more = shown.height - limit
+        st.caption(f"{more} more alert{'s' if more > 1 else ''}: see Collapse signals.")
 
 
 def chart(fig, key: str, *, ctx: Context | None = None) -> None:

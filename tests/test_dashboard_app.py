@@ -525,3 +525,44 @@ def test_compare_over_seeds_and_a_copied_run(monkeypatch, tmp_path):
     at = _open(_app(monkeypatch, tmp_path / "copied").run(), "views/compare.py")
     assert not at.exception
     assert any("Settings group 1 is not shown" in e.value and "ppo\\-1\\-copy" in e.value for e in at.error)
+
+
+def test_pages_keep_to_the_sidebar_steps_and_show_the_final_evaluation(monkeypatch, tmp_path):
+    """A step range limits the Overview's and Collapse page's signals, alerts and evaluations; the
+    whole run's range keeps the final evaluation, logged after the last training step."""
+    import torch
+
+    from trustlens import TokenRecorder
+
+    g = torch.Generator().manual_seed(0)
+    with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
+        for step in range(6):
+            mu = -3 * torch.rand(4, 6, generator=g)
+            rec.record(
+                step,
+                token_ids=torch.randint(0, 30, (4, 6), generator=g),
+                response_mask=torch.ones(4, 6),
+                pi_logp=mu,
+                mu_logp=mu,
+                old_logp=mu,
+                advantages=torch.randn(4, generator=g),
+            )
+            rec.log_metrics(step, {"eval/accuracy": 0.5} if step % 2 == 0 else {"reward/mean": 0.5})
+        rec.log_metrics(6, {"eval/accuracy": 0.1})  # the final evaluation: no token rows at step 6
+    at = _app(monkeypatch, tmp_path).run()
+    at = _open(at, "views/collapse.py")
+    assert at.dataframe[0].value["step"].max() == 6  # the per-step signals hold the final evaluation
+    at = _open(at, "views/overview.py")
+    assert next(m for m in at.metric if m.label == "Accuracy").value == "0.100"
+    at.sidebar.slider(key="tl_steps").set_value((1, 3)).run()
+    assert next(m for m in at.metric if m.label == "Accuracy").value == "0.500"  # steps 2 only
+    at = _open(at, "views/collapse.py")
+    assert at.dataframe[0].value["step"].to_list() == [1, 2, 3]
+
+
+def test_mismatch_page_says_when_no_token_matches_the_filters(monkeypatch, runs):
+    at = _open(_pick_run(_app(monkeypatch, runs).run(), "a_collapse"), "views/mismatch.py")
+    at.sidebar.text_input(key="tl_text").input("zzzz").run()
+    assert not at.exception
+    assert [w.value for w in at.warning] == ["No token matches the sidebar filters."]
+    assert not any("no token rows" in i.value for i in at.info)

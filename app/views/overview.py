@@ -2,7 +2,7 @@
 
 import page_data
 import streamlit as st
-from page_parts import alert_list, chart, header, need_tokens
+from page_parts import alert_list, chart, header, in_steps, need_tokens, step_window
 from safe_display import dataframe, md
 from sidebar import context
 
@@ -12,6 +12,10 @@ ctx = need_tokens(context())
 header("Overview", ctx)
 
 summary, blocked, signals, alerts, accuracy = page_data.overview(ctx)
+# the whole run's signals, alerts and evaluations, limited to the sidebar's steps like the rest
+signals, alerts = in_steps(ctx, signals), in_steps(ctx, alerts)
+window_lo, window_hi = step_window(ctx)
+accuracy = [(step, value) for step, value in accuracy if window_lo <= step <= window_hi]
 if summary.is_empty():
     st.warning("No token matches the sidebar filters.")
     st.stop()
@@ -66,8 +70,8 @@ if accuracy:
         "Accuracy",
         f"{final:.3f}",
         delta=f"{final - first:+.3f}",
-        help=f"held-out accuracy (eval/accuracy) at step {last_step}, the run's last evaluation; the change "
-        f"since its first, at step {first_step}",
+        help=f"held-out accuracy (eval/accuracy) at step {last_step}, the last evaluation in the filters' "
+        f"steps; the change since the first there, at step {first_step}",
     )
 
 left, right = st.columns(2)

@@ -51,7 +51,9 @@ def test_step_summary_is_exact_with_the_aggregates(pair):
     full, sampled = pair
     want = step_summary(full.tokens)
     got = step_summary(sampled.tokens, aggregates=exact_aggregates(sampled))
-    assert got.columns == want.columns and got["step"].to_list() == want["step"].to_list()
+    # no samples column: the kept rows hold only some samples, and the aggregates do not count them
+    assert got.columns == [c for c in want.columns if c != "samples"]
+    assert got["step"].to_list() == want["step"].to_list()
     assert got["tokens"].to_list() == want["tokens"].to_list()
     exact = ["zero_adv_frac", *(c for c in want.columns if c.startswith("blocked_"))]
     for column in exact:

@@ -4,7 +4,8 @@ Columns:
     step            training step
     tokens          tokens of the step (a sampled run: the exact count from its aggregates, else
                     Σ weight of the kept rows, an estimate)
-    samples         distinct samples among the rows
+    samples         distinct samples among the rows (not with `aggregates`: a sampled run's rows
+                    hold only some of its samples, and the aggregates do not count them)
     mean_advantage  mean token advantage
     entropy         mean entropy of π, nats
     ratio_mean      mean π/μ
@@ -88,6 +89,8 @@ def step_summary(
     full = step_summary_query(tokens)
     order = full.collect_schema().names()
     wanted = order[1:] if columns is None else [c for c in order if c in columns]
+    if aggregates is not None:
+        wanted = [c for c in wanted if c != "samples"]
     query = full if aggregates is None else step_summary_query(tokens, counts=False)
     rows = [c for c in wanted if c in query.collect_schema().names()]
     summary = collect(query.select("step", *rows))
