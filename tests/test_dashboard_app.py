@@ -566,3 +566,10 @@ def test_mismatch_page_says_when_no_token_matches_the_filters(monkeypatch, runs)
     assert not at.exception
     assert [w.value for w in at.warning] == ["No token matches the sidebar filters."]
     assert not any("no token rows" in i.value for i in at.info)
+
+
+def test_overview_says_a_reweighting_rule_never_blocks(monkeypatch, tmp_path):
+    write_synthetic_run(tmp_path / "pg_is", **SIZES, rules=("ppo", "pg_is"), active_rule="pg_is", seed=1)
+    at = _open(_app(monkeypatch, tmp_path).run(), "views/overview.py")
+    tile = next(m for m in at.metric if m.label == "Blocked by pg\\_is")
+    assert tile.value == "never"

@@ -7,6 +7,7 @@ from safe_display import dataframe, md
 from sidebar import context
 
 from trustlens import plots
+from trustlens.rules import RULES
 
 ctx = need_tokens(context())
 header("Overview", ctx)
@@ -46,7 +47,13 @@ elif ctx.run.sampled:
     )
 else:
     cols[2].metric("Samples", f"{int(summary['samples'].sum()):,}", help="distinct samples among the token rows")
-if active is not None:
+if active is not None and active in RULES and not RULES[active].blocks:
+    cols[3].metric(
+        f"Blocked by {md(active)}",
+        "never",
+        help=f"{md(active)} masks no token: it reweights the update (docs/rules.md)",
+    )
+elif active is not None:
     frac = last.get(f"blocked_{active}")
     cols[3].metric(
         f"Blocked by {md(active)}",
