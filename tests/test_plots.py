@@ -143,6 +143,7 @@ def test_collapse_timeline_joins_the_evaluations():
     fig = P.collapse_timeline(signals, alerts)
     reward, accuracy, marker = fig.data
     assert len(reward.x) == 21 and list(accuracy.x) == [0, 10, 20]
+    assert (reward.mode, accuracy.mode) == ("lines", "lines+markers")
     assert list(accuracy.y) == pytest.approx([0.4, 0.3, 0.2])
     assert (list(marker.x), list(marker.y)) == ([20], [pytest.approx(0.2)])
 
@@ -152,6 +153,15 @@ def test_overlay_runs_escapes_names(run):
     fig = P.overlay_runs({"a": s, "<b>evil</b>": s}, ["entropy", "blocked_ppo", "missing"])
     assert [tr.name for tr in fig.data[:2]] == ["a", "&lt;b&gt;evil&lt;/b&gt;"]
     assert len(fig.data) == 4  # two runs × two present columns
+
+
+def test_overlay_runs_joins_a_sparse_signal_across_its_evaluations():
+    accuracy = [0.4 - s / 100 if s % 10 == 0 else None for s in range(21)]  # evaluations at 0, 10, 20
+    frame = pl.DataFrame({"step": range(21), "entropy": [1.0] * 20 + [None], "accuracy": accuracy})
+    entropy, acc = P.overlay_runs({"a": frame}, ["entropy", "accuracy"]).data
+    assert list(acc.x) == [0, 10, 20] and list(acc.y) == pytest.approx([0.4, 0.3, 0.2])
+    assert acc.mode == "lines+markers"
+    assert list(entropy.x) == list(range(20)) and entropy.mode == "lines"  # no value at the last step: no gap
 
 
 def test_accuracy_curve_draws_the_evaluations_and_the_collapse_line():

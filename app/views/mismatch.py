@@ -13,7 +13,7 @@ from sidebar import Context, context
 from trustlens import plots
 from trustlens.analysis import MISMATCH_COLUMNS, mismatch_trend
 from trustlens.analysis import tokens as tq
-from trustlens.analysis.mismatch import SEQUENCE_LEVEL, with_logged_sequence_level
+from trustlens.analysis.mismatch import NO_ROWS, SEQUENCE_LEVEL, with_logged_sequence_level
 
 
 @st.cache_data(ttl=RUN_TTL, max_entries=32, show_spinner=False)
@@ -53,6 +53,9 @@ ctx = need_tokens(context())
 header("Mismatch", ctx)
 
 reason, per_step, by_bucket = page_data.mismatch(ctx)
+if reason == NO_ROWS:  # the run has token rows (need_tokens): the sidebar filters leave none
+    st.warning("No token matches the sidebar filters.")
+    st.stop()
 if reason is not None or per_step is None or by_bucket is None:
     st.info(f"The training-inference mismatch cannot be measured here: {md(reason)}.")
     st.stop()

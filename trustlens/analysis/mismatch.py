@@ -143,8 +143,13 @@ def _schema(keys: dict[str, pl.DataType], columns: tuple[str, ...]) -> dict[str,
     return {**keys, "tokens": pl.Int64(), **{c: pl.Float64() for c in columns}}
 
 
+NO_ROWS = "the run has no token rows yet"
+
+
 def mismatch_unavailable(tokens: pl.LazyFrame) -> str | None:
-    """Why the mismatch of this token table cannot be measured, or None when it can."""
+    """Why the mismatch of this token table cannot be measured, or None when it can. An empty
+    table gives NO_ROWS, which a caller that filtered the table words as its filters matching
+    nothing."""
     names = tokens.collect_schema().names()
     if "mu_logp" not in names:
         return "the token table has no mu_logp column: μ (the rollout engine's log-probabilities) was not recorded"
@@ -156,7 +161,7 @@ def mismatch_unavailable(tokens: pl.LazyFrame) -> str | None:
         )
     ).row(0, named=True)
     if row["rows"] == 0:
-        return "the run has no token rows yet"
+        return NO_ROWS
     if row["mu"] == 0:
         return (
             "μ (mu_logp) is null in every row: the run was recorded without the rollout "
@@ -314,6 +319,7 @@ def mismatch_trend(per_step: pl.DataFrame, metrics: Sequence[str], *, window: in
 __all__ = [
     "LOG_RATIO_BOUND",
     "MISMATCH_COLUMNS",
+    "NO_ROWS",
     "SEQUENCE_LEVEL",
     "MismatchTrend",
     "logged_per_step",

@@ -15,6 +15,16 @@ from trustlens.render import rule_colours, series_colours
 TIMELINE_SIGNALS = ("entropy", "k3_kl", "reward", "accuracy", "grad_norm")
 
 
+def _line(df: pl.DataFrame, x: str, y: str, max_points: int) -> dict:
+    """The x, y and mode of a line through the rows of `df` (sorted by `x`) where `y` has a
+    value, thinned to `max_points`: a sparse column (accuracy: logged at the evaluations only)
+    is joined across its gaps, with a marker on each value."""
+    gap = pl.col(y).is_null() & pl.col(y).forward_fill().is_not_null() & pl.col(y).backward_fill().is_not_null()
+    sparse = df.select(gap.any()).item()
+    points = thin(df.select(x, y).drop_nulls(), x=x, max_points=max_points)
+    return {"x": points[x].to_list(), "y": points[y].to_list(), "mode": "lines+markers" if sparse else "lines"}
+
+
 def collapse_timeline(
     signals: pl.DataFrame,
     alerts: pl.DataFrame | None = None,
@@ -27,13 +37,12 @@ def collapse_timeline(
     that the run has, then every blocked_<rule> fraction in one panel — with each alert
     (`analysis.detect_collapse`) marked on the panel of its signal, coloured by severity; the
     marker's hover text is the alert's message. A panel's line joins the steps that have a value
-    (accuracy: the evaluations)."""
+    (accuracy: the evaluations, marked)."""
     if signals.is_empty():
         return empty(title, "no steps")
     blocked = [c for c in signals.columns if c.startswith("blocked_")]
     shown = [p for p in panels if p in signals.columns and signals[p].drop_nulls().len() > 0]
     rows = shown + (["blocked"] if blocked else [])
-    df = thin(signals, max_points=max_points)
     fig = make_subplots(
         rows=len(rows),
         cols=1,
@@ -43,12 +52,9 @@ def collapse_timeline(
     )
     row_of = {p: i for i, p in enumerate(shown, start=1)}
     for p in shown:
-        drawn = df.select("step", p).drop_nulls()
         fig.add_trace(
             go.Scatter(
-                x=drawn["step"].to_list(),
-                y=drawn[p].to_list(),
-                mode="lines",
+                **_line(signals, "step", p, max_points),
                 name=safe_text(p),
                 showlegend=False,
                 line_color="#444",
@@ -58,6 +64,7 @@ def collapse_timeline(
         )
     if blocked:
         colours = rule_colours([c.removeprefix("blocked_") for c in blocked])
+        df = thin(signals.select("step", *blocked), max_points=max_points)
         for c in blocked:
             rule = c.removeprefix("blocked_")
             row_of[c] = len(rows)
@@ -110,7 +117,7 @@ def overlay_runs(
 
     `frames` maps a run's name to a per-step frame holding `x` and the `y` columns (e.g.
     `step_summary`, `mismatch_per_step` or `step_signals` of each run). Runs lacking a column are
-    skipped in that panel.
+    skipped in that panel; a sparse column (accuracy) is joined across its evaluations, marked.
     """
     ys = [y] if isinstance(y, str) else list(y)
     if not frames:
@@ -123,12 +130,9 @@ def overlay_runs(
         for name, df in frames.items():
             if col not in df.columns or x not in df.columns:
                 continue
-            part = thin(df.select(x, col), x=x, max_points=max_points)
             fig.add_trace(
                 go.Scatter(
-                    x=part[x].to_list(),
-                    y=part[col].to_list(),
-                    mode="lines",
+                    **_line(df, x, col, max_points),
                     name=safe_text(name),
                     legendgroup=safe_text(name),
                     showlegend=i == 1,
