@@ -1,4 +1,4 @@
-"""The driving tokens of a grad_norm_spike alert (trustlens.analysis.drivers), scored by hand."""
+"""The driving tokens and samples of collapse alerts (trustlens.analysis.drivers), scored by hand."""
 
 import math
 
@@ -22,16 +22,22 @@ ROWS = [
 SPIKE = {"step": 0, "kind": "grad_norm_spike", "signal": "grad_norm"}
 
 
+def _tokens(sample, pos, advantage, mu, pi) -> dict:
+    """The token columns of step 0, μ and π given as probabilities."""
+    return {
+        "step": [0] * len(sample),
+        "sample": sample,
+        "pos": pos,
+        "advantage": advantage,
+        "mu_logp": [math.log(p) for p in mu],
+        "pi_logp": [math.log(p) for p in pi],
+    }
+
+
 def _run(tmp_path, rules: tuple[str, ...]):
     cols = list(zip(*ROWS, strict=True))
-    tokens = {
-        "step": [0] * len(ROWS),
-        "sample": cols[0],
-        "pos": cols[1],
+    tokens = _tokens(cols[0], cols[1], *cols[3:6]) | {
         "token": cols[2],
-        "advantage": cols[3],
-        "mu_logp": [math.log(p) for p in cols[4]],
-        "pi_logp": [math.log(p) for p in cols[5]],
         "ratio": [pi / mu for mu, pi in zip(cols[4], cols[5], strict=True)],
     }
     given = {"ppo": cols[6], "dppo_binary_tv": cols[7]}
@@ -70,7 +76,7 @@ def test_grad_norm_spike_drivers_by_hand(tmp_path):
         {"sample": 2, "update": 0, "pos": 0},
         {"sample": 1, "update": 0, "pos": 2},
     ]
-    # mean score of the listed tokens: sample 0 (2.4 + 0.75)/2 = 1.575, sample 2 0.25, sample 1 1/6
+    # by each sample's strongest token: sample 0 2.4, sample 2 0.25, sample 1 1/6
     assert samples == [0, 2, 1]
     assert alert_drivers(run, SPIKE, top_tokens=2, top_samples=1) == ([0], tokens[:2])
 
@@ -91,3 +97,31 @@ def test_ties_go_to_the_lowest_sample_update_and_position(tmp_path):
     assert [(t["sample"], t["update"], t["pos"]) for t in got] == [(1, 1, 0), (1, 1, 1), (3, 0, 0), (3, 1, 0)]
     assert samples == [1, 3]
     assert driver_scores(run, **SPIKE).collect()["score"].to_list() == pytest.approx([0.5] * 4)  # 1 · 1 · 0.5
+
+
+def test_reward_drop_names_the_samples_of_its_negative_updates(tmp_path):
+    # step 0: samples 0-1 are a group that all failed (reward 0, A = 0: no gradient), the others
+    # come from groups that split; score = |A| · max(μ − π, 0) over the A < 0 tokens
+    rows = [  # (sample, pos, A, μ, π)
+        (0, 0, 0.0, 0.9, 0.1),  # A = 0: not ranked, though μ − π = 0.8 is the largest drop
+        (1, 0, 0.0, 0.9, 0.2),
+        (2, 0, -1.0, 0.5, 0.4),  # 1 · 0.1 = 0.1
+        (2, 1, -1.0, 0.3, 0.6),  # π > μ: 0
+        (3, 0, 1.0, 0.9, 0.1),  # A > 0: not ranked
+        (4, 0, -0.5, 0.8, 0.2),  # 0.5 · 0.6 = 0.3
+        (4, 1, -0.5, 0.5, 0.45),  # 0.5 · 0.05 = 0.025
+        (5, 0, 0.5, 0.5, 0.5),  # A > 0: not ranked
+        (6, 0, -1.0, 0.5, 0.3),  # 1 · 0.2 = 0.2
+    ]
+    tokens = _tokens(*zip(*rows, strict=True))
+    samples = {"step": [0] * 7, "sample": list(range(7)), "reward": [0.0, 0.0, 0.0, 1.0, 0.5, 1.0, 0.0]}
+    run = load_run(write_run(tmp_path / "run", tokens=tokens, samples=samples))
+    for kind in ("reward_drop", "accuracy_drop"):
+        got, top = alert_drivers(run, {"step": 0, "kind": kind, "signal": "reward"}, top_tokens=10, top_samples=5)
+        # 0.3, 0.2, 0.1, 0.025, 0
+        assert [(t["sample"], t["pos"]) for t in top] == [(4, 0), (6, 0), (2, 0), (4, 1), (2, 1)]
+        # by each sample's strongest token: 4 (0.3), 6 (0.2), 2 (0.1), not by the mean (6's 0.2
+        # before 4's (0.3 + 0.025)/2); the A = 0 samples 0 and 1, with the lowest reward and the
+        # largest μ − π, are not named, nor is any A > 0 sample
+        assert got == [4, 6, 2]
+        assert alert_drivers(run, {"step": 0, "kind": kind, "signal": "reward"}, 1, 1) == ([4], top[:1])

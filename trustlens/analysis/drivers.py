@@ -26,8 +26,12 @@ The weight is the uncapped ratio: a loss that caps it (ppo's min(π/μ, C), cisp
 trainer's dual clip) gives a token at most the score. A run that does not name its active rule,
 or has no blocked column for it, has no token left out as blocked.
 
-Samples are ranked by the mean score of their ranked tokens (reward_drop and accuracy_drop: the
-lowest reward first; ties: lowest sample id first).
+Driving samples are the samples holding the ranked tokens, ranked by their strongest one: by
+max_t score(t) over the sample's ranked tokens (ties: lowest sample id first), the order in which
+the token ranking first reaches each sample. So the first driving samples hold the first driving
+tokens, and a sample with no ranked token is never named: for reward_drop and accuracy_drop,
+whose ranked tokens have A < 0, a sample with A = 0 (its whole group got the same reward: no
+gradient) or A > 0 never is.
 """
 
 from __future__ import annotations
@@ -40,19 +44,13 @@ from trustlens.run import blocked_column
 
 def alert_drivers(run, ep: dict, top_tokens: int, top_samples: int) -> tuple[list[int], list[dict]]:
     """The ids of the `top_samples` samples and the (sample, update, pos) of the `top_tokens`
-    tokens at the alert's first step that drove it, strongest first. `ep` has the alert's
-    step, kind and signal (`trustlens.analysis.collapse.ALERT_SCHEMA`)."""
-    step, kind = ep["step"], ep["kind"]
-    scored = driver_scores(run, step, kind, ep["signal"])
+    tokens at the alert's first step that drove it, strongest first (the module docstring's
+    rules). `ep` has the alert's step, kind and signal (`trustlens.analysis.collapse.ALERT_SCHEMA`)."""
+    scored = driver_scores(run, ep["step"], ep["kind"], ep["signal"])
     top = collect(
         scored.sort(["score", "sample", "update", "pos"], descending=[True, False, False, False]).head(top_tokens)
     )
-    if kind in ("reward_drop", "accuracy_drop"):
-        ranked = run.samples.filter(pl.col("step") == step).sort("reward", "sample")
-    else:
-        ranked = (
-            scored.group_by("sample").agg(pl.col("score").mean()).sort(["score", "sample"], descending=[True, False])
-        )
+    ranked = scored.group_by("sample").agg(pl.col("score").max()).sort(["score", "sample"], descending=[True, False])
     samples = collect(ranked.head(top_samples))["sample"].to_list()
     return samples, top.select("sample", "update", "pos").to_dicts()
 
