@@ -447,6 +447,26 @@ def test_numbers_show_infinity(app_module):
     assert number(0.123456) == "0.1235" and number(None) == "n/a"
 
 
+def _record_step(rec, step: int, g, shape: tuple[int, int], pi_noise: float = 0.0) -> None:
+    """One step of random responses of `shape` (B, T): μ = π_old uniform in log space over
+    [−3, 0], π = μ plus Gaussian noise of scale `pi_noise` (capped at log 1), one advantage per
+    sequence."""
+    import torch
+
+    mu = -3 * torch.rand(*shape, generator=g)
+    token_ids = torch.randint(0, 30, shape, generator=g)
+    pi = (mu + pi_noise * torch.randn(*shape, generator=g)).clamp(max=0) if pi_noise else mu
+    rec.record(
+        step,
+        token_ids=token_ids,
+        response_mask=torch.ones(*shape),
+        pi_logp=pi,
+        mu_logp=mu,
+        old_logp=mu,
+        advantages=torch.randn(shape[0], generator=g),
+    )
+
+
 def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
     import torch
 
@@ -455,16 +475,7 @@ def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
     g = torch.Generator().manual_seed(0)
     with TokenRecorder(tmp_path / "sampled", rules=["ppo", "dppo_binary_tv"], keep=Keep(rate=0.1)) as rec:
         for step in range(4):
-            mu = -3 * torch.rand(8, 12, generator=g)
-            rec.record(
-                step,
-                token_ids=torch.randint(0, 30, (8, 12), generator=g),
-                response_mask=torch.ones(8, 12),
-                pi_logp=(mu + 0.3 * torch.randn(8, 12, generator=g)).clamp(max=0),
-                mu_logp=mu,
-                old_logp=mu,
-                advantages=torch.randn(8, generator=g),
-            )
+            _record_step(rec, step, g, (8, 12), pi_noise=0.3)
             rec.log_metrics(step, {"reward/mean": 0.5, "log_ppl_diff": 0.01 * step})  # the trainer's exact value
             if step in (0, 3):  # held-out evaluations, as the built-in trainer logs them
                 rec.log_metrics(step, {"eval/accuracy": 0.4 if step == 0 else 0.55})
@@ -537,16 +548,7 @@ def test_pages_keep_to_the_sidebar_steps_and_show_the_final_evaluation(monkeypat
     g = torch.Generator().manual_seed(0)
     with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
         for step in range(6):
-            mu = -3 * torch.rand(4, 6, generator=g)
-            rec.record(
-                step,
-                token_ids=torch.randint(0, 30, (4, 6), generator=g),
-                response_mask=torch.ones(4, 6),
-                pi_logp=mu,
-                mu_logp=mu,
-                old_logp=mu,
-                advantages=torch.randn(4, generator=g),
-            )
+            _record_step(rec, step, g, (4, 6))
             rec.log_metrics(step, {"eval/accuracy": 0.5} if step % 2 == 0 else {"reward/mean": 0.5})
         rec.log_metrics(6, {"eval/accuracy": 0.1})  # the final evaluation: no token rows at step 6
     at = _app(monkeypatch, tmp_path).run()
