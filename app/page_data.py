@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import replace
 
 import polars as pl
 import streamlit as st
@@ -58,7 +57,7 @@ def sample_count(ctx: Context) -> int | None:
     """How many responses the run generated in the sidebar's steps (its samples table: every
     sample, also those a sampled run kept no token row of), while the sidebar filters steps only;
     None under a token filter or without a samples table."""
-    if replace(ctx.query, steps=None) != tq.TokenQuery():
+    if not ctx.steps_only:
         return None
     return _samples_in_steps(*ctx.key, ctx.query.steps)
 

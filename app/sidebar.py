@@ -58,10 +58,15 @@ class Context:
         return steps
 
     @property
+    def steps_only(self) -> bool:
+        """Whether the sidebar filters steps only (no token filter: rule, bucket, sign, text)."""
+        return replace(self.query, steps=None) == tq.TokenQuery()
+
+    @property
     def exact(self) -> bool:
         """Whether per-step numbers of a sampled run come from its exact aggregates: the sidebar
         filters steps only (a token filter leaves only the kept rows to count)."""
-        return self.run.sampled and replace(self.query, steps=None) == tq.TokenQuery()
+        return self.run.sampled and self.steps_only
 
     @property
     def key(self) -> tuple[str, tuple]:

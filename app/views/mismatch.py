@@ -1,7 +1,5 @@
 """Mismatch: how far the trainer's π_old is from the rollout engine's μ."""
 
-from dataclasses import replace
-
 import page_data
 import polars as pl
 import streamlit as st
@@ -12,7 +10,6 @@ from sidebar import Context, context
 
 from trustlens import plots
 from trustlens.analysis import MISMATCH_COLUMNS, mismatch_trend
-from trustlens.analysis import tokens as tq
 from trustlens.analysis.mismatch import NO_ROWS, SEQUENCE_LEVEL, with_logged_sequence_level
 
 
@@ -26,7 +23,7 @@ def sources(ctx: Context, per_step: pl.DataFrame) -> str:
     """Which of the table's columns are exact, and where the sequence-level ones come from."""
     token_level = ", ".join(c for c in MISMATCH_COLUMNS if c not in SEQUENCE_LEVEL)
     sequence = ", ".join(SEQUENCE_LEVEL)
-    filtered = replace(ctx.query, steps=None) != tq.TokenQuery()
+    filtered = not ctx.steps_only
     if not ctx.run.sampled and not filtered:
         return f"Every column is exact, from every token of the run ({sequence}: over whole responses)."
     if not ctx.run.sampled:
