@@ -160,6 +160,35 @@ def test_claims_no_train_on_the_sample_measures_its_collapse_runs_one_seed_each(
     assert dppo["acc_final_mean"] == pytest.approx(0.396)
 
 
+def test_claims_no_train_with_a_preset_measures_the_runs_of_those_settings(tmp_path, capsys):
+    """--preset and training flags choose the set measured: on the sample, `learning` (the
+    default preset with keep_rate=0.03) instead of the larger set of the sample preset; settings
+    no run has are an error that names what the folder holds."""
+    import shutil
+    from pathlib import Path
+
+    import polars as pl
+
+    from trustlens.cli import main
+
+    out = tmp_path / "sample"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "data" / "sample_run", out)
+    assert main(["claims", "--no-train", "--preset", "default", "--keep-rate", "0.03", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(
+        f"measuring 1 run in {out} (preset `default` with keep_rate=0.03), the set with the settings asked for\n"
+    )
+    assert "\n  ppo (ppo, seed 1; preset `sample`): " in printed
+    assert pl.read_csv(out / "compare.csv")["rule"].to_list() == ["dppo_binary_tv"]
+    assert main(["claims", "--no-train", "--preset", "collapse", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"trustlens claims: error: --out {out} holds no finished runs with the settings asked for (preset "
+        "`collapse`); it holds "
+    )
+    assert "learning (preset `default` with keep_rate=0.03)" in err
+
+
 def test_preset_of_names_the_nearest_preset_and_what_differs():
     from dataclasses import asdict
     from types import SimpleNamespace

@@ -120,8 +120,9 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--no-train",
             action="store_true",
-            help="only measure the finished runs already in OUT: the largest set of them sharing their settings "
-            "apart from rule and seed (the others are named and left out)",
+            help="only measure the finished runs already in OUT that share their settings apart from rule and "
+            "seed: those of --preset and the training flags if given, else the largest such set (the others "
+            "are named and left out)",
         )
         parser.set_defaults(func=claims_command)
     elif name == "demo":
@@ -151,12 +152,14 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
     else:
         raise ValueError(f"trustlens.train.commands has no command {name!r}")
     if name != "make-sample":
-        preset = "collapse" if name == "claims" else "default"
+        # claims: None is collapse when training, and with --no-train the largest set of runs
+        preset = None if name == "claims" else "default"
+        chooses = "; with --no-train, it and the flags choose the runs measured" if name == "claims" else ""
         parser.add_argument(
             "--preset",
             choices=list(PRESETS),
             default=preset,
-            help=f"named settings that the flags below override (listed at the end) [{preset}]",
+            help=f"named settings that the flags below override (listed at the end){chooses} [{preset or 'collapse'}]",
         )
     parser.add_argument("--overwrite", action="store_true", help="replace existing run directories instead of refusing")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

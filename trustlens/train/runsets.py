@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from trustlens.train.config import TrainConfig
-from trustlens.train.runner import check_out, config, finish, is_main, run_one
+from trustlens.train.runner import check_out, config, finish, given, is_main, run_one
 
 
 def compare(
@@ -70,7 +70,6 @@ def _train_in_processes(todo: list, overwrite: bool, jobs: int) -> None:
     import subprocess
     import sys
     import time
-    from dataclasses import asdict
 
     code = "import sys; from trustlens.train.runsets import _run_from_json; _run_from_json(sys.argv[1])"
     waiting = list(todo)
@@ -107,7 +106,6 @@ def _run_from_json(payload: str) -> None:
 def _finished_with(path: Path, cfg) -> bool:
     """Whether `path` holds a finished run trained with exactly the settings `cfg`."""
     import json
-    from dataclasses import asdict
 
     try:
         manifest = json.loads((path / "run.json").read_text())
@@ -166,11 +164,14 @@ CLAIM_RULES = ("ppo", "dppo_binary_tv", "dppo_topk_tv", "dppo_binary_tv_recomput
 def claims_command(args: argparse.Namespace) -> int:
     from trustlens import load_run
 
+    # --preset or a training flag given with --no-train chooses the set of runs to measure
+    chosen = args.preset is not None or any(v is not None for v in given(args).values())
+    args.preset = args.preset or "collapse"
     trained = None if args.no_train else _train_runs(args)
     if not is_main():
         return 0
     if trained is None:
-        runs, left_out = runs_sharing_settings(args.out)
+        runs, left_out = runs_sharing_settings(args.out, config(args, seed=0) if chosen else None)
     else:
         runs, left_out = [load_run(p) for p in trained.values()], []
     table, outcomes = compare_table(runs, args.out)
@@ -179,12 +180,14 @@ def claims_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def runs_sharing_settings(folder: Path) -> tuple[list, list[str]]:
-    """What `trustlens claims --no-train` measures: the largest set of the finished runs directly
-    inside `folder` that share their settings apart from rule and seed (`settings_key`), loaded,
-    and a line for each run left out (not finished, or which of its settings differ), printed.
-    Raises ValueError when two sets are the largest, or when two of its runs share a rule and
-    a seed (`check_distinct_seeds`, naming both folders)."""
+def runs_sharing_settings(folder: Path, want: TrainConfig | None = None) -> tuple[list, list[str]]:
+    """What `trustlens claims --no-train` measures: the set of the finished runs directly inside
+    `folder` that share their settings apart from rule and seed (`settings_key`), loaded, and a
+    line for each run left out (not finished, or which of its settings differ), printed. The set
+    is the one trained with the settings of `want` (its rule and seed aside), or, without
+    `want`, the largest. Raises ValueError when no set has the settings of `want`, when two sets
+    are the largest, or when two of the measured runs share a rule and a seed
+    (`check_distinct_seeds`, naming both folders)."""
     import json
 
     from trustlens import load_run
@@ -206,14 +209,24 @@ def runs_sharing_settings(folder: Path) -> tuple[list, list[str]]:
             left_out.append(f"{path.name}: not finished (run.json status {status})")
     if not groups:
         raise ValueError(f"--out {folder} holds no finished runs to measure")
-    sizes = sorted((len(g) for g in groups.values()), reverse=True)
-    if len(sizes) > 1 and sizes[0] == sizes[1]:
-        listed = "; ".join(f"{', '.join(r.name for r in g)} ({preset_of(g[0])})" for g in groups.values())
-        raise ValueError(
-            f"--out {folder} holds equally large sets of runs with different settings: {listed}; "
-            "move the runs to measure into a folder of their own"
-        )
-    measured = max(groups.values(), key=len)
+    listed = "; ".join(f"{', '.join(r.name for r in g)} ({preset_of(g[0])})" for g in groups.values())
+    if want is not None:
+        wanted = {k: v for k, v in asdict(want).items() if k not in ("rule", "seed")}
+        matching = [g for g in groups.values() if not _differing_on(settings(g[0]), wanted)]
+        if not matching:
+            raise ValueError(
+                f"--out {folder} holds no finished runs with the settings asked for "
+                f"({describe_settings(wanted)}); it holds {listed}"
+            )
+        measured = matching[0]
+    else:
+        sizes = sorted((len(g) for g in groups.values()), reverse=True)
+        if len(sizes) > 1 and sizes[0] == sizes[1]:
+            raise ValueError(
+                f"--out {folder} holds equally large sets of runs with different settings: {listed}; "
+                "move the runs to measure into a folder of their own"
+            )
+        measured = max(groups.values(), key=len)
     check_distinct_seeds((str(r.path), *rule_and_seed(r)) for r in measured)
     ours = settings(measured[0])
     for run in (r for g in groups.values() if g is not measured for r in g):
@@ -224,32 +237,45 @@ def runs_sharing_settings(folder: Path) -> tuple[list, list[str]]:
             f"{run.name} ({rule}, seed {seed}; {preset_of(run)}): {_listed(theirs, keys)}; the measured runs "
             f"have {_listed(ours, keys)}"
         )
-    print(
-        f"measuring {len(measured)} runs in {folder} ({preset_of(measured[0])}), the largest set sharing their "
-        "settings apart from rule and seed"
+    n = len(measured)
+    which = (
+        "the set with the settings asked for"
+        if want
+        else "the largest set sharing their settings apart from rule and seed"
     )
+    print(f"measuring {n} run{'s' if n != 1 else ''} in {folder} ({preset_of(measured[0])}), {which}")
     if left_out:
         print("left out:\n" + "\n".join(f"  {line}" for line in left_out))
     return measured, left_out
 
 
 def preset_of(run) -> str:
-    """How the settings of `run` read: "preset `collapse`", with the settings that differ from
-    the nearest preset ("preset `default` with keep_rate=0.03"), or that it was not trained by
-    `trustlens train`."""
+    """How the settings of `run` read (`describe_settings`)."""
+    from trustlens.analysis.seeds import settings
+
+    return describe_settings(settings(run))
+
+
+def describe_settings(values: dict) -> str:
+    """How the settings `values` (a TrainConfig's fields but rule and seed) read: "preset
+    `collapse`", with the settings that differ from the nearest preset ("preset `default` with
+    keep_rate=0.03"), or that they were not those of `trustlens train`."""
     from dataclasses import fields
 
-    from trustlens.analysis.seeds import settings
     from trustlens.train.config import PRESETS
 
-    given = settings(run)
     defaults = {f.name: f.default for f in fields(TrainConfig)}
-    if not given or not set(given) <= set(defaults):
+    if not values or not set(values) <= set(defaults):
         return "not trained by `trustlens train`"
-    # over the settings the run recorded (a run of an older trustlens may lack the newer ones)
-    differ = {name: _differing(given, {k: {**defaults, **PRESETS[name]}[k] for k in given}) for name in PRESETS}
+    differ = {name: _differing_on(values, {**defaults, **PRESETS[name]}) for name in PRESETS}
     nearest = min(PRESETS, key=lambda name: len(differ[name]))
-    return f"preset `{nearest}`" + (f" with {_listed(given, differ[nearest])}" if differ[nearest] else "")
+    return f"preset `{nearest}`" + (f" with {_listed(values, differ[nearest])}" if differ[nearest] else "")
+
+
+def _differing_on(recorded: dict, other: dict) -> list[str]:
+    """The settings a run `recorded` whose values differ in `other`, sorted: over the recorded
+    ones only, as a run of an older trustlens may lack the newer settings."""
+    return _differing(recorded, {k: other.get(k) for k in recorded})
 
 
 def _differing(given: dict, other: dict) -> list[str]:
