@@ -495,6 +495,13 @@ def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
             assert (accuracy.value, accuracy.delta) == ("0.550", "+0.150")
         if page == "views/ppo_vs_dppo.py":  # every A ≠ 0 token (no advantage is 0 here), from the aggregates
             assert next(m for m in at.metric if m.label == "Tokens compared").value == f"{4 * 8 * 12:,}"
+            # the bucket bars and the confusion matrix have no exact form here: their titles say so
+            titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+            estimates = [t for t in titles if t.endswith("(estimate: Σ weight of the kept rows)")]
+            assert [t.split(" (")[0] for t in estimates] == [
+                "Blocked fraction by μ bucket",
+                "Blocked by row rule, not by column rule",
+            ]
         if page == "views/mismatch.py":  # exact token-level tiles only: no sequence-level estimate
             labels = [m.label for m in at.metric]
             assert "prob_diff_mean" in labels and "log_ppl_abs_diff" not in labels

@@ -77,14 +77,16 @@ chart(
     ),
     "pv_figure1",
 )
+# their denominators count every token, which a sampled run's aggregates do not split this way
+kept = " (estimate: Σ weight of the kept rows)" if ctx.run.sampled else ""
 left, right = st.columns(2)
 with left:
     chart(
         plots.blocked_by_bucket_bar(
-            data["by_bucket"], title=f"Blocked fraction by {ctx.anchor_name} bucket", anchor=ctx.anchor_name
+            data["by_bucket"], title=f"Blocked fraction by {ctx.anchor_name} bucket{kept}", anchor=ctx.anchor_name
         ),
         "pv_bucket",
     )
 with right:
-    chart(plots.confusion_heatmap(data["matrix"]), "pv_matrix")
+    chart(plots.confusion_heatmap(data["matrix"], title=f"Blocked by row rule, not by column rule{kept}"), "pv_matrix")
 chart(plots.blocked_tokens_bar(data["by_token"]), "pv_tokens")
