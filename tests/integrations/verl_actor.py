@@ -238,6 +238,7 @@ def drive(run_dir: str, world: int) -> None:
 
     from trustlens.integrations import verl as hook
     from trustlens.integrations._external import finish
+    from trustlens.integrations._verl_driver import _log_samples
 
     os.environ["TRUSTLENS_DIR"] = run_dir
     actor = {"clip_ratio": 0.2, "clip_ratio_high": 0.28, "policy_loss": {}}
@@ -251,6 +252,6 @@ def drive(run_dir: str, world: int) -> None:
         trainer.global_steps = step
         batch = verl.DataProto.concat([make_batch(model, r, step) for r in range(world)])
         batch.batch["token_level_scores"] = torch.zeros_like(batch.batch["old_log_probs"])
-        hook._log_samples(trainer, batch)
+        _log_samples(trainer, batch)
         tracking.log({"actor/pg_loss": 0.5 * step, "note": "text is left out"}, step=step)
     finish(hook._state, None)
