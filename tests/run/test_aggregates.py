@@ -16,8 +16,9 @@ RULES = ["ppo", "dppo_binary_tv", "dppo_topk_kl"]
 SEQUENCE_LEVEL = {"log_ppl_diff", "log_ppl_abs_diff", "chi2_seq"}
 
 
-def feed(rec, seed: int = 0, steps: int = 3) -> None:
-    """The same tokens whatever the recorder: μ with a long tail, π moved from it, top-K given."""
+def feed(rec, seed: int = 0, steps: int = 3, zero_old: tuple[int, int] | None = None) -> None:
+    """The same tokens whatever the recorder: μ with a long tail, π moved from it, top-K given;
+    `zero_old` = (step, update): there π_old gives token (1, 2) probability 0 (log π_old = −inf)."""
     g = torch.Generator().manual_seed(seed)
     for step in range(steps):
         for update in range(2):
@@ -27,6 +28,9 @@ def feed(rec, seed: int = 0, steps: int = 3) -> None:
             topk_tv = (pi.exp() - mu.exp()).abs() + 0.01 * torch.rand(12, 20, generator=g)
             topk_kl = 0.05 * torch.rand(12, 20, generator=g)
             topk_kl[0, 3] = float("inf")  # π gives 0 to one of μ's top-K: valid, and always kept
+            old = (mu + 0.05 * torch.randn(12, 20, generator=g)).clamp(max=0)
+            if (step, update) == zero_old:
+                old[1, 2] = -math.inf  # position 2 is inside every response (lengths ≥ 5)
             rec.record(
                 step,
                 update=update,
@@ -34,7 +38,7 @@ def feed(rec, seed: int = 0, steps: int = 3) -> None:
                 response_mask=torch.arange(20)[None, :] < torch.randint(5, 21, (12, 1), generator=g),
                 pi_logp=pi,
                 mu_logp=mu,
-                old_logp=(mu + 0.05 * torch.randn(12, 20, generator=g)).clamp(max=0),
+                old_logp=old,
                 advantages=torch.randn(12, generator=g).round(),
                 topk_tv=topk_tv,
                 topk_kl=topk_kl,
@@ -42,10 +46,10 @@ def feed(rec, seed: int = 0, steps: int = 3) -> None:
             )
 
 
-def record(path, keep, seed: int = 0):
+def record(path, keep, seed: int = 0, zero_old: tuple[int, int] | None = None):
     torch.manual_seed(seed)  # the Exponential sampler draws from the global generator
     with TokenRecorder(path, rules=RULES, keep=keep) as rec:
-        feed(rec, seed)
+        feed(rec, seed, zero_old=zero_old)
     return load_run(path)
 
 
@@ -120,6 +124,22 @@ def test_exact_scalars_of_a_sampled_run_equal_the_full_runs(runs):
     for step, names in truth.group_by("step").agg("name").rows():
         assert set(exact[step]) == set(names), step
         assert not any(name.startswith("topk_") for name in exact[step])
+
+
+def test_a_token_pi_old_gives_probability_0_counts_in_the_exact_mismatch(tmp_path):
+    """log π_old = −inf is a value: the full rows' k1 and k3 of its step are +inf, and the
+    aggregates of a sampled run give the same, not the mean over the other tokens."""
+    full = record(tmp_path / "full", None, zero_old=(1, 0))
+    sampled = record(tmp_path / "sampled", Keep(rate=0.05, seed=3), zero_old=(1, 0))
+    exact = per_step_scalars(sampled.aggregates)
+    truth = token_scalars(full.tokens).filter(~pl.col("name").is_in(list(SEQUENCE_LEVEL)))
+    for step, name, value in truth.rows():
+        assert exact[step][name] == pytest.approx(value, rel=1e-9, abs=1e-12), (step, name)
+    at = {name: value for step, name, value in truth.rows() if step == 1}
+    assert at["mismatch_kl"] == at["k3_kl"] == math.inf
+    assert 0 < at["prob_diff_max"] < 1 and math.isfinite(at["prob_pearson"])
+    pairs = sampled.aggregates.collect().group_by("step").agg(pl.col("pairs", "tokens").sum()).sort("step")
+    assert pairs["pairs"].to_list() == pairs["tokens"].to_list()
 
 
 def test_every_token_that_matters_is_kept_with_weight_one(runs):

@@ -16,7 +16,7 @@ Kept at random (weight 1/rate): each other token with probability `rate`, decide
     (seed, step, update, rank, sample, position) — reproducible, and independent of how the
     tokens were batched.
 
-Aggregate columns (counts are int64, sums float64; "pairs" are tokens with finite μ and π_old):
+Aggregate columns (counts are int64, sums float64; "pairs" are tokens with μ and π_old, −inf included):
     tokens, tokens_pos, tokens_neg, tokens_zero       rows by advantage sign
     k_<rule>_<sign>                                   A > 0 / A < 0 tokens the rule blocks; null
                                                       when the call did not evaluate the rule
@@ -94,7 +94,7 @@ _DOCS = {
     "tokens_pos": "tokens with A > 0",
     "tokens_neg": "tokens with A < 0",
     "tokens_zero": "tokens with A = 0 (no gradient, never blocked)",
-    "pairs": "tokens with finite log μ and log π_old (the mismatch sums are over them)",
+    "pairs": "tokens with log μ and log π_old, −inf included (the mismatch sums are over them)",
     "sum_k1": "Σ (log μ − log π_old), nats",
     "sum_k3": "Σ (ρ − 1 − log ρ), ρ = π_old/μ, nats",
     "sum_prob_diff": "Σ |π_old − μ|, probability",
@@ -154,15 +154,16 @@ def aggregate_row(batch, rules: list[str]) -> dict[str, object]:
             row[f"k_{r}_{sign}"] = int((decided & side).sum()) if decided is not None else None
     mu_logp, old_logp = f.get("mu_logp"), f.get("old_logp")
     if mu_logp is not None and old_logp is not None:
+        # every token: a log-probability of −inf (probability 0) is a value, as in the rows
+        # (trustlens.analysis.mismatch), and may make a sum infinite
         lm, lo = mu_logp.astype(np.float64), old_logp.astype(np.float64)
-        ok = np.isfinite(lm) & np.isfinite(lo)
-        lm, lo = lm[ok], lo[ok]
         mu, old = np.exp(lm), np.exp(lo)
-        log_rho = lo - lm
+        with np.errstate(invalid="ignore"):  # −inf − (−inf) is NaN, as in the rows
+            log_rho = lo - lm
         diff = np.abs(old - mu)
         row |= {
-            "pairs": int(ok.sum()),
-            "sum_k1": float((lm - lo).sum()),
+            "pairs": len(lm),
+            "sum_k1": float(-log_rho.sum()),
             "sum_k3": float((np.exp(log_rho) - 1 - log_rho).sum()),
             "sum_prob_diff": float(diff.sum()),
             "max_prob_diff": float(diff.max()) if diff.size else None,
