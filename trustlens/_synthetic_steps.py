@@ -192,7 +192,7 @@ class _Generator:
             "advantage": pa.array(adv_seq),
             "length": pa.array(lengths),
         }
-        metrics = self._metrics(step, c, ranks, owner, rewards, entropy, lengths, blocked)
+        metrics = self._metrics(step, c, ranks, owner, rewards, entropy, lengths)
         return {"batches": batches, "samples": pa.table(samples), "metrics": metrics}
 
     def _metrics(
@@ -204,9 +204,9 @@ class _Generator:
         rewards: np.ndarray,
         entropy: np.ndarray,
         lengths: np.ndarray,
-        blocked: dict[str, np.ndarray | None],
     ) -> pa.Table:
-        """Per-rank scalars, as a trainer logs them: reward, entropy, grad norm, blocked fractions."""
+        """Per-rank scalars, as a trainer logs them: reward, entropy, grad norm and response
+        length (block rates are read from the token rows, as for any run)."""
         names: list[str] = []
         values: list[float] = []
         rank_col: list[int] = []
@@ -220,7 +220,6 @@ class _Generator:
                 "grad_norm": grad,
                 "response_length/mean": float(lengths[mine].mean()),
             }
-            row.update({f"blocked/{rule}": float(m[tok].mean()) for rule, m in blocked.items() if m is not None})
             names += list(row)
             values += list(row.values())
             rank_col += [r] * len(row)
