@@ -8,15 +8,9 @@ import trustlens
 from trustlens.rules import RULES
 from trustlens.train.config import PRESETS, TrainConfig, config_from_preset
 from trustlens.train.model import ModelConfig, build_model, build_tokenizer
+from trustlens.train.pooled import local_values, log_reduced, ratio
 from trustlens.train.rollout import Rollout, RolloutConfig, RolloutEngine, response_logits
-from trustlens.train.trainer import (
-    BlockedCounter,
-    _log,
-    group_advantages,
-    mismatch_metrics,
-    token_logp,
-    train,
-)
+from trustlens.train.trainer import BlockedCounter, group_advantages, mismatch_metrics, token_logp, train
 from trustlens.train.world import World
 
 
@@ -61,7 +55,7 @@ def test_mismatch_metrics_hand_case():
     mu_probs = torch.tensor([[0.5, 0.25, 0.25], [1 / 3, 1 / 3, 1 / 3], [0.9, 0.05, 0.05]])
     ids = torch.tensor([[[0, 1], [0, 1], [0, 1]]])  # K = 2, sampled token 0
     batch = _rollout(mu_probs[:, 0].log()[None], torch.tensor([[True, True, False]]), ids, mu_probs[:, :2].log()[None])
-    m = mismatch_metrics(batch, old_logits, old_logp)
+    m = local_values(mismatch_metrics(batch, old_logits, old_logp))
     # token 1: μ(a) = 0.5 vs 1/3; token 2: equal
     assert m["mismatch_kl"] == pytest.approx((math.log(0.5) - math.log(1 / 3)) / 2, abs=1e-6)
     assert m["log_ppl_diff"] == pytest.approx(m["mismatch_kl"], abs=1e-6)
@@ -90,7 +84,7 @@ def test_trainer_and_fp32_engine_agree_at_the_same_weights(temperature):
     )
     with torch.no_grad():
         logits = response_logits(model, batch, temperature)
-    m = mismatch_metrics(batch, logits, token_logp(logits, batch.response_ids))
+    m = local_values(mismatch_metrics(batch, logits, token_logp(logits, batch.response_ids)))
     assert abs(m["mismatch_kl"]) < 1e-5 and m["topk_tv_max"] < 1e-5 and m["k3_kl"] < 1e-9
 
 
@@ -104,8 +98,9 @@ def test_blocked_counter_splits_by_advantage_sign():
         mask,
     )
     out = counter.metrics()
-    assert out == {"blocked/a/pos": 0.5, "blocked/a/neg": 1.0, "blocked/b/pos": 0.0, "blocked/b/neg": 0.0}
-    assert math.isnan(BlockedCounter(["a"]).metrics()["blocked/a/pos"])
+    assert local_values(out) == {"blocked/a/pos": 0.5, "blocked/a/neg": 1.0, "blocked/b/pos": 0.0, "blocked/b/neg": 0.0}
+    assert out["blocked/a/pos"].sums == (1.0, 2.0) and out["blocked/a/neg"].sums == (3.0, 3.0)  # pooled over ranks
+    assert math.isnan(BlockedCounter(["a"]).metrics()["blocked/a/pos"].value)
 
 
 def test_log_in_one_process_is_the_identity():
@@ -115,9 +110,12 @@ def test_log_in_one_process_is_the_identity():
         def log_metrics(self, step, metrics):
             logged[step] = metrics
 
-    out = _log(Sink(), World(0, 1), 3, {"x": 1.5, "y_max": 2.0, "z": math.nan})
+    out = log_reduced(Sink(), World(0, 1), 3, {"x": 1.5, "y_max": 2.0, "z": math.nan})
     assert logged[3] == out and out["x"] == 1.5 and out["y_max"] == 2.0 and math.isnan(out["z"])
-    assert _log(Sink(), World(0, 1), 4, {}) == {} and 4 not in logged
+    # a ratio is its own value; +inf is a value and stays one (docs/metrics.md)
+    out = log_reduced(Sink(), World(0, 1), 5, {"r": ratio(1, 4), "kl": ratio(math.inf, 3), "kl_max": math.inf})
+    assert out == {"kl": math.inf, "kl_max": math.inf, "r": 0.25} == logged[5]
+    assert log_reduced(Sink(), World(0, 1), 4, {}) == {} and 4 not in logged
 
 
 def test_config_presets_and_validation():
@@ -229,18 +227,18 @@ def test_stale_engine_mismatch_appears_once_the_policy_moves():
 
     import trustlens.train.trainer as trainer_module
 
-    real_log = trainer_module._log
-    trainer_module._log = lambda recorder, world, step, metrics: real_log(Sink(), world, step, metrics)
+    real_log = trainer_module.log_reduced
+    trainer_module.log_reduced = lambda recorder, world, step, metrics: real_log(Sink(), world, step, metrics)
     try:
         train(cfg, None, progress=False)
     finally:
-        trainer_module._log = real_log
+        trainer_module.log_reduced = real_log
     assert logged[0]["k3_kl"] < 1e-9 and logged[0]["topk_tv_max"] < 1e-5
     assert all(logged[s]["k3_kl"] > 1e-6 and logged[s]["topk_tv_mean"] > 1e-4 for s in (1, 2))
 
 
 def test_active_block_rate_skips_updates_without_signed_tokens():
-    from trustlens.train.trainer import _finite_mean
+    from trustlens.train.pooled import mean_of_ratios
 
-    assert _finite_mean([0.5, math.nan, 0.25]) == 0.375
-    assert math.isnan(_finite_mean([math.nan]))
+    assert mean_of_ratios([1, 2, 0, 0, 1, 4]) == 0.375  # updates: 1/2, no A ≠ 0 token, 1/4
+    assert math.isnan(mean_of_ratios([0, 0]))

@@ -305,6 +305,39 @@ def test_mirror_to_tensorboard_during_a_training_run(tmp_path):
         assert read[metric][step] == pytest.approx(v, rel=1e-6, abs=1e-12)
 
 
+@pytest.mark.parametrize("keep", [None, Keep(rate=0.5)], ids=["all-rows", "keep-0.5"])
+def test_the_records_win_over_a_logged_value_and_inf_is_sent(tmp_path, keep):
+    """A logged value under a name the records give (token rows, or a sampled run's aggregates)
+    is replaced by the records' exact value, what the dashboard shows; `shard=True` (one rank's
+    rows) keeps the logged one. +inf, from the records or logged, is a value and reaches
+    TensorBoard; NaN is no value and is left out."""
+    mu = torch.full((2, 4), math.log(0.5))
+    old = mu.clone()
+    old[0, 1] = -math.inf  # π_old gives the sampled token probability 0: KL(μ ‖ π_old) = +inf
+    sink = ListSink()
+    with TokenRecorder(tmp_path / "run", rules=["ppo"], keep=keep, mirror=sink) as rec:
+        rec.record(
+            0,
+            token_ids=torch.zeros(2, 4, dtype=torch.long),
+            response_mask=torch.ones(2, 4),
+            pi_logp=torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5], [0.5, 0.3, 0.3, 0.5]])),  # ppo blocks 2 of 4
+            mu_logp=mu,
+            old_logp=old,
+            advantages=torch.tensor([1.0, -1.0]),
+        )
+        logged = {"mismatch_kl": 0.25, "blocked/ppo/neg": 0.9, "topk_kl_mean": math.inf, "reward/mean": math.nan}
+        rec.log_metrics(0, logged)
+    run = load_run(tmp_path / "run")
+    sent = {n: v for _, n, v in step_scalars(run).rows()}
+    assert sent["mismatch_kl"] == sent["topk_kl_mean"] == math.inf and sent["blocked/ppo/neg"] == 0.5
+    assert "reward/mean" not in sent and sink.steps[0] == sent  # the live mirror sends the same
+    shard = {n: v for _, n, v in step_scalars(run, shard=True).rows()}
+    assert shard == {**sent, "mismatch_kl": 0.25, "blocked/ppo/neg": 0.9}
+    export_tensorboard([run], tmp_path / "tb")
+    read = scalars_of(tmp_path / "tb" / "run")
+    assert read["mismatch_kl"][0] == read["topk_kl_mean"][0] == math.inf and "reward/mean" not in read
+
+
 def test_a_failing_mirror_warns_and_the_recording_goes_on(tmp_path, gen):
     class Broken(ListSink):
         def log_step(self, step, scalars):

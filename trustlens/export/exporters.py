@@ -6,7 +6,7 @@
 Per run: every step's scalars (trustlens.export.scalars: block rates per rule and advantage sign
 over A ≠ 0 tokens, zero_adv_frac, the mismatch metrics, reward, accuracy and every other logged
 metric) and the collapse alerts (trustlens.analysis.detect_collapse). TensorBoard gets one
-sub-directory per run (LOGDIR/<run name>) with the alerts as text under the tag `alerts`; W&B
+sub-directory per run (LOGDIR/<run name>) with the alerts as text (tag `alerts/text_summary`); W&B
 gets one W&B run per trustlens run, named after it, with the alerts and their driving tokens as
 tables (`alerts`, `driving_tokens`). Runs may be local paths or object-store URLs.
 """

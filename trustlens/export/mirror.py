@@ -9,7 +9,9 @@ rates, zero_adv_frac and token-level mismatch are the exact values over all its 
 means over the kept rows, and no sequence-level mismatch is computed from the kept rows. It
 runs off the training step's path, and a failing sink never stops the recording: it warns once
 and the mirror turns itself off. Each rank mirrors the rows it records (its shard): give
-`mirror` on rank 0 only, or a log directory per rank.
+`mirror` on rank 0 only, or a log directory per rank. A `shard=True` mirror (the built-in
+trainer's rank 0 under torchrun) sends a logged value, reduced over all ranks by the trainer,
+rather than the same name computed from its shard (`step_scalars(..., shard=True)`).
 Collapse alerts need the whole run: they are not mirrored (`trustlens export` writes them).
 """
 
@@ -50,8 +52,9 @@ class StepMirror:
     """Collects the rows the writer writes, per step, and sends each complete step's scalars to
     `sink` (anything with `log_step(step, scalars)` and `close()`)."""
 
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: Sink, *, shard: bool = False) -> None:
         self.sink = sink
+        self.shard = shard  # the rows are one rank's shard of each step: logged values win
         self._pending: dict[int, dict[str, list[pa.RecordBatch]]] = {}
         self._failed = False
 
@@ -79,7 +82,7 @@ class StepMirror:
             if self._failed:
                 continue
             tables = {t: _frame(rows[t]) for t in TABLES}
-            scalars = step_scalars(_Rows(**tables, sampled=bool(rows["aggregates"])))
+            scalars = step_scalars(_Rows(**tables, sampled=bool(rows["aggregates"])), shard=self.shard)
             values = dict(zip(scalars["name"].to_list(), scalars["value"].to_list(), strict=True))
             self._guard(lambda values=values, step=step: self.sink.log_step(step, values))
 
@@ -91,22 +94,22 @@ class StepMirror:
             warnings.warn(f"trustlens mirror to {self.sink!r} failed and is switched off: {err}", stacklevel=2)
 
 
-def make_mirror(mirror: str | Sink | StepMirror) -> StepMirror:
+def make_mirror(mirror: str | Sink | StepMirror, *, shard: bool = False) -> StepMirror:
     """The StepMirror of a `mirror=` argument: a sink object, or a string
     "tensorboard:LOGDIR", "wandb" or "wandb:PROJECT" (W&B settings from its environment, e.g.
-    WANDB_MODE=offline)."""
+    WANDB_MODE=offline). `shard`: see StepMirror (a StepMirror given is returned as it is)."""
     if isinstance(mirror, StepMirror):
         return mirror
     if isinstance(mirror, str):
         kind, _, target = mirror.partition(":")
         if kind == "tensorboard" and target:
-            return StepMirror(TensorBoardSink(target))
+            return StepMirror(TensorBoardSink(target), shard=shard)
         if kind == "wandb":
-            return StepMirror(WandbSink(project=target or None))
+            return StepMirror(WandbSink(project=target or None), shard=shard)
         raise ValueError(f"mirror must be 'tensorboard:LOGDIR', 'wandb' or 'wandb:PROJECT', got {mirror!r}")
     if not callable(getattr(mirror, "log_step", None)) or not callable(getattr(mirror, "close", None)):
         raise ValueError(f"mirror must be a string or have log_step(step, scalars) and close(), got {mirror!r}")
-    return StepMirror(mirror)
+    return StepMirror(mirror, shard=shard)
 
 
 def _frame(batches: list[pa.RecordBatch]) -> pl.LazyFrame:

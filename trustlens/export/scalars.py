@@ -16,13 +16,22 @@ The top-K mismatch (topk_tv_mean, topk_tv_max, topk_kl_mean: μ vs π_old, from 
 is sent only as the run logged it (the built-in trainer does), sampled or not: the token columns
 topk_tv and topk_kl, and the aggregates' sums of them, are μ vs π, the policy being updated.
 
-A logged metric wins over the same name computed from token rows (the built-in trainer logs
-the block rates itself; they agree with the rows: tests/test_sample_run.py); logged values are
-read by `trustlens.analysis.mismatch.logged_per_step`, as the dashboard reads them. A run
-recorded with `Keep` (sampled token rows, the mirror's too) gets the computed ones from its exact
-aggregates instead (trustlens.run.aggregates.per_step_scalars); the sequence-level mismatch
-metrics (log_ppl_diff, log_ppl_abs_diff, chi2_seq) need every token of a response: such a run
-sends only those it logged (the built-in trainer logs log_ppl_diff).
+A value computed from the records wins over a logged value of the same step and name: it is
+exact over every token the run recorded, and it is the number the dashboard shows. Logged values
+(read by `trustlens.analysis.mismatch.logged_per_step`, as the dashboard reads them) fill in the
+names and steps the records give no value for. The built-in trainer's logged block rates and
+token means equal the records' (they are pooled over ranks: trustlens.train.pooled); a
+logged value that differs is another quantity under the registry's name (a mean of per-rank
+rates, a subset of the tokens), and is not sent. External trainers log under their own prefixes
+(verl/, openrlhf/, TRL's names), so nothing of theirs is replaced. A run recorded with `Keep`
+(sampled token rows, the mirror's too) gets the computed ones from its exact aggregates
+(trustlens.run.aggregates.per_step_scalars); the sequence-level mismatch metrics (log_ppl_diff,
+log_ppl_abs_diff, chi2_seq) need every token of a response: such a run sends only those it
+logged (the built-in trainer logs log_ppl_diff).
+
+`shard=True` is for rows that are one rank's shard of each step (a live mirror on rank 0 of a
+data-parallel run, whose trainer logs values reduced over all ranks): there a logged value wins
+over the one computed from the shard.
 """
 
 from __future__ import annotations
@@ -76,10 +85,12 @@ def token_scalars(tokens: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:
     return _long(parts)
 
 
-def step_scalars(run) -> pl.DataFrame:
+def step_scalars(run, *, shard: bool = False) -> pl.DataFrame:
     """Per-step scalars of a recorded run (module docstring): step, name, value. `run`: a Run,
-    or anything with its `metrics`, `tokens`, `aggregates` and `sampled`."""
-    logged = logged_per_step(run.metrics)
+    or anything with its `metrics`, `tokens`, `aggregates` and `sampled`. Where both give a
+    value for a step and name, the records' wins over the logged one; with `shard` (the rows are
+    one rank's of several), the logged one wins. NaN (no value) is left out; ±inf is a value."""
+    logged = _long([logged_per_step(run.metrics)]).filter(pl.col("value").is_not_nan())  # NaN: no value
     if run.sampled:  # exact, from the aggregates of all tokens
         exact = per_step_scalars(run.aggregates)
         computed = pl.DataFrame(
@@ -92,7 +103,11 @@ def step_scalars(run) -> pl.DataFrame:
             computed = token_scalars(run.tokens)
         except NoRowsError:
             computed = pl.DataFrame(schema=SCHEMA)
-    computed = computed.join(logged.select("name").unique(), on="name", how="anti")
+    computed = _long([computed]).filter(pl.col("value").is_not_nan())
+    if shard:
+        computed = computed.join(logged, on=["step", "name"], how="anti")
+    else:
+        logged = logged.join(computed, on=["step", "name"], how="anti")
     return _long([logged, computed])
 
 

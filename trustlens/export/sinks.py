@@ -48,8 +48,8 @@ class TensorBoardSink:
                 self._writer.add_scalar(name, value, global_step=step)
 
     def log_alerts(self, alerts: pl.DataFrame) -> None:
-        """Each step's alerts as one Markdown text under the tag `alerts` (escaped: rule names and
-        messages come from the run)."""
+        """Each step's alerts as one Markdown text, `add_text("alerts", ...)`: tensorboardX writes
+        it under the tag `alerts/text_summary` (escaped: rule names and messages come from the run)."""
         for step, text in alert_text(alerts).items():
             self._writer.add_text("alerts", text, global_step=step)
 

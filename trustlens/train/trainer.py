@@ -19,6 +19,9 @@ One training step, top to bottom (`train` below):
     vs μ and the rule decisions are computed once per update and handed to the recorder.
  6. The engine receives the new weights (`sync_weights`), as an inference server would (and
     serves them `rollout_lag` steps later).
+ 7. The step's metrics are logged once, from rank 0, reduced over ranks (trustlens.train.pooled):
+    block rates and means are pooled over every rank's tokens (Σ counts / Σ tokens), not
+    averaged over ranks.
 
 Held-out evaluation decodes with an engine of the run's precision that holds the current
 weights (no lag): it measures the policy being trained.
@@ -56,9 +59,10 @@ from trustlens.rules import evaluate_all
 from trustlens.run.aggregates import Keep
 from trustlens.train.config import RANDOM_INIT, TrainConfig
 from trustlens.train.evaluate import decode_responses, evaluate_accuracy
+from trustlens.train.pooled import Pooled, log_reduced, masked_mean, mean_of_ratios, ratio, std
 from trustlens.train.rollout import Rollout, RolloutEngine, response_logits
 from trustlens.train.tasks import ArithmeticTask
-from trustlens.train.world import World, all_reduce_, average_gradients, init_world
+from trustlens.train.world import average_gradients, init_world
 
 
 @dataclass
@@ -91,15 +95,9 @@ def token_logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return logits.gather(-1, ids[..., None]).squeeze(-1) - logits.logsumexp(-1)
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean of x over mask (True entries); NaN when the mask is empty."""
-    n = int(mask.sum())
-    return float(x[mask].double().sum() / n) if n else math.nan
-
-
-def mismatch_metrics(batch: Rollout, old_logits: torch.Tensor, old_logp: torch.Tensor) -> dict[str, float]:
+def mismatch_metrics(batch: Rollout, old_logits: torch.Tensor, old_logp: torch.Tensor) -> dict[str, float | Pooled]:
     """How far the engine's μ is from the trainer's π_old on this batch's tokens (names and
-    definitions of `trustlens.metrics`).
+    definitions of `trustlens.metrics`); the means are `Pooled` over ranks, the max a float.
 
     mismatch_kl: mean of log μ − log π_old (a ~ μ: the K1 estimate of KL(μ‖π_old), nats);
     k3_kl: mean of ρ − 1 − log ρ, ρ = π_old/μ (the K3 estimate, never negative);
@@ -110,14 +108,14 @@ def mismatch_metrics(batch: Rollout, old_logits: torch.Tensor, old_logp: torch.T
     tv, kl = topk_divergence(old_logits, batch.mu_topk_ids, batch.mu_topk_logp)
     lengths = m.sum(-1).clamp(min=1)
     log_rho = (old_logp - batch.mu_logp).double()  # (B, T)
-    nll_gap = ((batch.mu_logp - old_logp) * m).sum(-1) / lengths
+    nll_gap = torch.where(m, -log_rho, 0.0).sum(-1) / lengths  # (B,) padding never enters
     return {
         "mismatch_kl": masked_mean(-log_rho, m),
         "k3_kl": masked_mean(log_rho.exp() - 1 - log_rho, m),
         "topk_kl_mean": masked_mean(kl, m),
         "topk_tv_mean": masked_mean(tv, m),
         "topk_tv_max": float(tv[m].max()) if bool(m.any()) else math.nan,
-        "log_ppl_diff": float(nll_gap.mean()),
+        "log_ppl_diff": ratio(float(nll_gap.sum()), len(nll_gap)),
     }
 
 
@@ -137,13 +135,13 @@ class BlockedCounter:
             self.counts[i, 0] += (b & pos).sum()
             self.counts[i, 1] += (b & neg).sum()
 
-    def metrics(self) -> dict[str, float]:
-        out = {}
-        for i, rule in enumerate(self.rules):
-            for j, side in enumerate(("pos", "neg")):
-                total = float(self.totals[j])
-                out[f"blocked/{rule}/{side}"] = float(self.counts[i, j]) / total if total else math.nan
-        return out
+    def metrics(self) -> dict[str, Pooled]:
+        """blocked/<rule>/<sign>: blocked tokens / tokens of that sign, pooled over ranks."""
+        return {
+            f"blocked/{rule}/{side}": ratio(float(self.counts[i, j]), float(self.totals[j]))
+            for i, rule in enumerate(self.rules)
+            for j, side in enumerate(("pos", "neg"))
+        }
 
 
 def load_policy(cfg: TrainConfig):
@@ -165,7 +163,14 @@ def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict
     """The run's TokenRecorder, or a NullRecorder when nothing is to be written."""
     if not cfg.record or run_dir is None:
         return NullRecorder()
-    mirror = cfg.mirror if distributed_rank()[0] == 0 else None  # one rank's shard is streamed
+    rank, world_size = distributed_rank()
+    mirror = None
+    if cfg.mirror is not None and rank == 0:
+        from trustlens.export.mirror import make_mirror
+
+        # rank 0 streams its shard of each step's rows and the metrics `log_reduced` reduced over all
+        # ranks: under data parallelism those win over the same names computed from the shard
+        mirror = make_mirror(cfg.mirror, shard=world_size > 1)
     keep = None if cfg.keep_rate is None else Keep(rate=cfg.keep_rate, seed=cfg.seed)
     return TokenRecorder(
         run_dir, rules=rules, active_rule=cfg.rule, tokenizer=tokenizer, config=asdict(cfg), mirror=mirror, keep=keep
@@ -214,7 +219,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
     with make_recorder(cfg, run_dir, tokenizer, rules) as recorder:
         recording = not isinstance(recorder, NullRecorder)  # the entropy below is for the record only
         for step in range(cfg.steps + 1):
-            metrics: dict[str, float] = {}
+            metrics: dict[str, float | Pooled] = {}
             if cfg.eval_size and (step % cfg.eval_every == 0 or step == cfg.steps):
                 t = time.perf_counter()
                 accuracy = evaluate_accuracy(evaluator, tokenizer, task, eval_problems, world)
@@ -222,7 +227,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                 result.eval_accuracy_sampled[step] = accuracy["eval/accuracy_sampled"]
                 metrics.update({**accuracy, "time/eval": time.perf_counter() - t})
             if step == cfg.steps:  # the last pass only evaluates the final weights
-                _log(recorder, world, step, metrics)
+                log_reduced(recorder, world, step, metrics)
                 break
             t_step = time.perf_counter()
 
@@ -252,7 +257,8 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
 
             # 4.–5. minibatch updates under the rule, each recorded with every rule evaluated
             counter = BlockedCounter(rule_names)
-            grad_norms, active_blocked = [], []
+            grad_norms: list[float] = []
+            active_blocked: list[float] = []  # per update: blocked, A ≠ 0 tokens
             for epoch in range(cfg.epochs):
                 order = torch.randperm(n_rows, generator=rng)
                 for m, rows in enumerate(order.chunk(cfg.minibatches)):
@@ -288,7 +294,8 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                         pi_logp = pi_logp.detach()
                         blocked = evaluate_all(rules, pi_logp=pi_logp, **token_inputs)
                         counter.add(blocked, advantages[rows][:, None], mb.response_mask)
-                        active_blocked.append(float(out.blocked_frac))
+                        signed = mb.response_mask & (advantages[rows][:, None] != 0)
+                        active_blocked += [float((out.blocked & signed).sum()), float(signed.sum())]
                         if recording:
                             recorder.record(
                                 step,
@@ -317,11 +324,13 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
             metrics.update(counter.metrics())
             metrics.update(
                 {
-                    "reward/mean": float(rewards.mean()),
-                    "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-                    "response_length/mean": float(lengths.mean()),
-                    "grad_norm": sum(grad_norms) / len(grad_norms),
-                    "blocked/active": _finite_mean(active_blocked),
+                    "reward/mean": ratio(float(rewards.double().sum()), len(rewards)),
+                    "reward/std": Pooled(
+                        (len(rewards), float(rewards.double().sum()), float(rewards.double().square().sum())), std
+                    ),
+                    "response_length/mean": ratio(float(lengths.sum()), len(lengths)),
+                    "grad_norm": sum(grad_norms) / len(grad_norms),  # the same on every rank
+                    "blocked/active": Pooled(tuple(active_blocked), mean_of_ratios),
                     "time/step": step_time,
                     "time/rollout": t_rollout,
                 }
@@ -337,7 +346,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                     sample_ids=sample_ids.tolist(),
                     group_ids=group_ids.tolist(),
                 )
-            logged = _log(recorder, world, step, metrics)
+            logged = log_reduced(recorder, world, step, metrics)
             result.rewards.append(logged["reward/mean"])
             result.step_times.append(step_time)
             if bar is not None:
@@ -351,36 +360,6 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
     if bar is not None:
         bar.close()
     return result
-
-
-def _log(recorder, world: World, step: int, metrics: dict[str, float]) -> dict[str, float]:
-    """Reduce the metrics over ranks and log them once, from rank 0.
-
-    `*_max` metrics take the maximum over ranks, the others the mean of the ranks' finite values
-    (NaN, e.g. a blocked share with no A > 0 token, counts as no value).
-    """
-    if not metrics:
-        return {}
-    names = sorted(metrics)
-    values = torch.tensor([metrics[n] for n in names], dtype=torch.float64)
-    finite = torch.isfinite(values)
-    is_max = torch.tensor([n.endswith("_max") for n in names])
-    sums = all_reduce_(torch.where(finite, values, 0.0), "sum")
-    counts = all_reduce_(finite.double(), "sum")
-    maxes = all_reduce_(torch.where(finite, values, -math.inf), "max")
-    reduced_values = torch.where(is_max, maxes, sums / counts)
-    reduced = {
-        n: float(v) if math.isfinite(v) else math.nan for n, v in zip(names, reduced_values.tolist(), strict=True)
-    }
-    if world.main:
-        recorder.log_metrics(step, reduced)
-    return reduced
-
-
-def _finite_mean(values: list[float]) -> float:
-    """Mean of the finite values (an update whose minibatch has no A ≠ 0 token gives NaN), NaN if none."""
-    finite = [v for v in values if math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else math.nan
 
 
 def _progress_bar(total: int, enabled: bool):
