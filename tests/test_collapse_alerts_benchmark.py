@@ -1,10 +1,10 @@
 """benchmarks/collapse_alerts.py: the per-run listing and the per-set lines, on a synthetic
 collapse beside a healthy run, and on the shipped sample runs."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load
 
 from trustlens.synthetic import write_synthetic_run
 
@@ -14,10 +14,7 @@ SIZES = dict(steps=24, samples_per_step=32, seq_len=24)
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("collapse_alerts", ROOT / "benchmarks" / "collapse_alerts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("collapse_alerts")
 
 
 def test_alerts_against_collapses(bench, tmp_path, capsys):

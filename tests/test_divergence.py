@@ -1,9 +1,9 @@
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.distributions import Categorical, kl_divergence
@@ -20,7 +20,6 @@ from trustlens.divergence import (
     topk_from_logits,
 )
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "divergence.py"
 FEW = settings(max_examples=25, deadline=None)
 
 
@@ -274,9 +273,7 @@ def test_extra_memory_is_bounded():
     """On (256, 65536) float32 logits a full log-softmax copy is 64 MiB: the reference form needs
     it, topk_divergence and exact_divergence stay at a few 1 MiB chunks. Measured by the
     benchmark's probe (peak RSS growth); allocations this large are always fresh mappings."""
-    spec = importlib.util.spec_from_file_location("divergence_benchmark", BENCHMARK)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load("divergence")
     copy = 256 * 65536 * 4 / 2**20
     topk_inputs = bench.make_inputs(256, 65536, 20, torch.float32, exact=False)
     assert bench.peak_extra_mib(bench.topk_reference, *topk_inputs) >= 0.9 * copy  # sees a copy

@@ -210,3 +210,18 @@ def test_mismatch_ends_count_the_steps_with_token_rows(tmp_path):
     out = run_outcome(run)
     k3 = math.exp(0.1) - 1 - 0.1
     assert out["k3_start"] == pytest.approx(k3 / 6, rel=1e-6) and out["k3_end"] == pytest.approx(0.0)
+
+
+def test_line_margin_in_standard_errors_of_the_collapse_line():
+    """ℓ = 0.4/2 = 0.2 and SE = √(0.2·0.8/500) = 0.0178885 on 500 problems."""
+    import math
+
+    from trustlens.analysis.seeds import line_margin
+
+    se = math.sqrt(0.2 * 0.8 / 500)
+    collapsed = [(0, 0.4), (10, 0.3), (20, 0.19), (30, 0.05)]
+    assert line_margin(collapsed, 20, "accuracy", 500) == pytest.approx(0.01 / se)  # the collapse's evaluation
+    stable = [(0, 0.4), (10, 0.25), (20, 0.3)]
+    assert line_margin(stable, None, None, 500) == pytest.approx(0.05 / se)  # its lowest later evaluation
+    assert line_margin(collapsed, 20, "reward", 500) is None
+    assert line_margin(stable, None, None, None) is None and line_margin(stable[:1], None, None, 500) is None

@@ -41,6 +41,7 @@ from typing import Any
 
 import polars as pl
 
+from trustlens.analysis.alert_report import alert_leads, outcome_rows
 from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage, weighted, weighted_mean
 from trustlens.analysis.findings import over_updates_per_step
 from trustlens.analysis.mismatch import mismatch_per_step
@@ -48,9 +49,9 @@ from trustlens.analysis.seeds import (
     LOW_MU,
     accuracy_per_step,
     check_distinct_seeds,
-    format_mean_se,
     mean_se,
     noise_tail,
+    over_seeds,
     run_outcome,
 )
 from trustlens.analysis.summary import exact_aggregates
@@ -71,11 +72,6 @@ class Claim:
 
     def line(self) -> str:
         return f"{self.key} {self.title}: {self.verdict} — {self.evidence}"
-
-
-def _ms(values) -> str:
-    mean, se, n = mean_se(values)
-    return f"{format_mean_se(mean, se)} (n={n})"
 
 
 def _paired(a: dict[int, Any], b: dict[int, Any]) -> list[float]:
@@ -174,8 +170,8 @@ def _c1(r: _Runs) -> Claim:
     m_d, se_d, _ = mean_se(diff)
     ok = m_lo is not None and m_hi is not None and m_lo >= 2 * m_hi and m_d is not None and m_d > 2 * (se_d or 0)
     evidence = (
-        f"ppo blocks {_ms(lo)} of A ≠ 0 tokens with μ < {LOW_MU} vs {_ms(hi)} with μ ≥ {LOW_MU}; "
-        f"dppo_binary_tv blocks {_ms(dlo)} of the same low-μ tokens"
+        f"ppo blocks {over_seeds(lo)} of A ≠ 0 tokens with μ < {LOW_MU} vs {over_seeds(hi)} with μ ≥ {LOW_MU}; "
+        f"dppo_binary_tv blocks {over_seeds(dlo)} of the same low-μ tokens"
     )
     fig = _bar(
         "C1: block rate by μ (ppo runs, A ≠ 0 tokens)",
@@ -209,7 +205,8 @@ def _c2(r: _Runs) -> Claim:
         return Claim("C2", title, UNTESTABLE, f"needs ≥ 2 seeds of each; {evidence_of_one(diff)}")
     ok = m is not None and m >= -2 * (se or 0)
     evidence = (
-        f"dppo_binary_tv − ppo, paired by seed: mean accuracy over evaluations {_ms(diff)}, final accuracy {_ms(fin)}"
+        f"dppo_binary_tv − ppo, paired by seed: mean accuracy over evaluations {over_seeds(diff)}, "
+        f"final accuracy {over_seeds(fin)}"
     )
     fig = _accuracy_figure(r, ["ppo", "dppo_binary_tv"], "C2: held-out accuracy (mean ± SE over seeds)")
     return Claim("C2", title, HOLDS if ok else FAILS, evidence, fig)
@@ -237,7 +234,7 @@ def _c3(r: _Runs) -> Claim:
             e / s if s and e is not None else None
             for s, e in zip(r.stat(rule, "k3_start").values(), r.stat(rule, "k3_end").values(), strict=True)
         ]
-        parts.append(f"{rule} collapsed {k}/{n}, k3 end/start {_ms(growth)}")
+        parts.append(f"{rule} collapsed {k}/{n}, k3 end/start {over_seeds(growth)}")
         if rule == "dppo_binary_tv":
             outside = sum(v is not True for v in r.stat(rule, "within_noise").values())
             drops = r.stat(rule, "acc_drop").values()
@@ -245,7 +242,7 @@ def _c3(r: _Runs) -> Claim:
             parts.append(
                 f"dppo_binary_tv ended within noise of its best on {n - outside}/{n}, as runs whose "
                 f"accuracy never changes would with probability {chance:.2g} "
-                f"(best − final accuracy level {_ms(list(drops))})"
+                f"(best − final accuracy level {over_seeds(list(drops))})"
             )
             ok &= k == 0 and chance >= 0.05
         else:
@@ -272,7 +269,7 @@ def _c4(r: _Runs) -> Claim:
     ok = k_rec > k_mu or (m is not None and m < -2 * (se or 0))
     evidence = (
         f"collapsed {k_rec}/{n_rec} (π_old-anchored) vs {k_mu}/{n_mu} (μ-anchored); "
-        f"final accuracy π_old − μ anchored {_ms(diff)}"
+        f"final accuracy π_old − μ anchored {over_seeds(diff)}"
     )
     fig = _accuracy_figure(r, ["dppo_binary_tv", rec], "C4: held-out accuracy, μ vs π_old anchor")
     return Claim("C4", title, HOLDS if ok else FAILS, evidence, fig)
@@ -298,7 +295,7 @@ def _c5(r: _Runs) -> Claim:
     if n < 2:
         return Claim("C5", title, UNTESTABLE, f"needs ≥ 2 seeds of each; {evidence_of_one(diff)}")
     ok = m is not None and abs(m) <= max(2 * (se or 0), 0.05)
-    evidence = f"final accuracy binary − top-K {_ms(diff)}; blocked-token agreement (Jaccard) {_ms(jac)}"
+    evidence = f"final accuracy binary − top-K {over_seeds(diff)}; blocked-token agreement (Jaccard) {over_seeds(jac)}"
     fig = _accuracy_figure(r, ["dppo_binary_tv", "dppo_topk_tv"], "C5: held-out accuracy, Binary vs Top-K TV")
     return Claim("C5", title, HOLDS if ok else FAILS, evidence, fig)
 
@@ -333,7 +330,7 @@ def _c6(r: _Runs) -> Claim:
     ok = m is not None and m > 2 * (se or 0)
     evidence = (
         f"{len(runs)} collapsing runs, up to the collapse: over-update rate (beyond dppo_binary_tv's bound) "
-        f"A < 0 {_ms(neg)} vs A > 0 {_ms(pos)}"
+        f"A < 0 {over_seeds(neg)} vs A > 0 {over_seeds(pos)}"
     )
     fig = _bar("C6: over-update rate by advantage sign (collapsing runs)", ["A > 0", "A < 0"], [pos, neg], "rate")
     return Claim("C6", title, HOLDS if ok else FAILS, evidence, fig)
@@ -344,52 +341,6 @@ def measure_claims(runs, outcomes: pl.DataFrame | None = None) -> list[Claim]:
     `outcomes`: their `run_outcomes`, one row per run in the same order, when already computed."""
     r = _Runs(list(runs), outcomes)
     return [f(r) for f in (_c1, _c2, _c3, _c4, _c5, _c6)]
-
-
-def alert_leads(outcomes: pl.DataFrame) -> str:
-    """One line: how many collapsing runs got a critical alert before the collapse, the lead
-    times, and how many stable runs got a critical alert anyway."""
-    col = outcomes.filter(pl.col("collapse_step").is_not_null())
-    stable = outcomes.filter(pl.col("collapse_step").is_null())
-    leads = col["lead"].to_list()
-    warned = sum(v is not None and v >= 1 for v in leads)
-    false = int(stable["first_critical"].is_not_null().sum())
-    return (
-        f"{warned}/{col.height} collapsing runs had a critical alert before the collapse "
-        f"(lead in steps: {', '.join('–' if v is None else str(v) for v in leads) or 'none'}; "
-        f"mean {_ms([v for v in leads if v is not None])}); "
-        f"{false}/{stable.height} runs that did not collapse had a critical alert"
-    )
-
-
-def outcome_rows(outcomes: pl.DataFrame) -> list[str]:
-    """A Markdown table of `outcomes` (`run_outcomes`), one row per run, by rule then seed: held-out
-    accuracy at the start, the end, its lowest and its best, how far the final accuracy level is
-    below the best one (acc_drop, against its noise: ✓ within), the collapse step (and cause),
-    the first step at which an alert was critical (and its kind) and the lead (collapse step −
-    that step)."""
-
-    def cell(v: Any) -> str:
-        return "–" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
-
-    rows = [
-        "| rule | seed | start | final | lowest | best | best − final level (noise) | collapse at step "
-        "| first critical alert | lead |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    order = {r: i for i, r in enumerate(outcomes["rule"].unique(maintain_order=True).to_list())}
-    for o in sorted(outcomes.iter_rows(named=True), key=lambda o: (order[o["rule"]], o["seed"] is None, o["seed"])):
-        collapse = "–" if o["collapse_step"] is None else f"{o['collapse_step']} ({o['collapse_cause']})"
-        critical = "–" if o["first_critical"] is None else f"{o['first_critical']} ({o['first_critical_kind']})"
-        accuracy = [cell(o[k]) for k in ("acc_start", "acc_final", "acc_lowest", "acc_best")]
-        drop = cell(o["acc_drop"])
-        if o["acc_drop_noise"] is not None:
-            drop += f" ({o['acc_drop_noise']:.3f}{' ✓' if o['within_noise'] else ''})"
-        rows.append(
-            f"| {o['rule']} | {cell(o['seed'])} | {' | '.join(accuracy)} | {drop} | {collapse} | "
-            f"{critical} | {cell(o['lead'])} |"
-        )
-    return rows
 
 
 __all__ = ["FAILS", "HOLDS", "UNTESTABLE", "Claim", "alert_leads", "measure_claims", "outcome_rows"]

@@ -22,6 +22,13 @@ Per run (`run_outcome`), with steps numbered as recorded:
                                      best (null without acc_drop_noise)
     collapse_step                    the step the run collapsed at (`collapse_onset`), null if never
     collapse_cause                   "accuracy" or "reward", null if never
+    line_margin                      how far the evaluation that decided the outcome lies from the
+                                     collapse line ℓ = a₀/2, in binomial standard errors
+                                     SE = √(ℓ(1 − ℓ)/eval_size): (ℓ − a)/SE for the evaluation a
+                                     of an accuracy collapse, (lowest later evaluation − ℓ)/SE for
+                                     a run that did not collapse; null for a reward collapse or
+                                     without eval_size. Below LINE_MARGIN, which problems happen
+                                     to be held out can decide whether the run "collapsed"
     block_rate                       share of the A ≠ 0 tokens the run's active rule blocked (all
                                      steps and updates)
     block_rate_low_mu                the same among A ≠ 0 tokens with μ < 0.1 (LOW_MU)
@@ -170,6 +177,24 @@ def accuracy_drop(accuracy: list[float], eval_size: int | None) -> tuple[float |
     return drop, drop_noise(len(accuracy), eval_size, math.fsum(accuracy) / len(accuracy))
 
 
+# line_margin below this many standard errors: the outcome is within evaluation noise of the line
+LINE_MARGIN = 2.0
+
+
+def line_margin(
+    accuracy: list[tuple[int, float]], onset: int | None, cause: str | None, eval_size: int | None
+) -> float | None:
+    """`line_margin` of a run (module docstring) from its (step, accuracy) evaluations in step
+    order and its collapse (`collapse_onset`)."""
+    if not eval_size or eval_size <= 0 or len(accuracy) < 2 or cause == "reward" or accuracy[0][1] <= 0:
+        return None
+    line = accuracy[0][1] / 2
+    se = math.sqrt(line * (1 - line) / eval_size)
+    if onset is None:
+        return (min(a for _, a in accuracy[1:]) - line) / se
+    return (line - dict(accuracy)[onset]) / se
+
+
 def _ends(values: list[float | None], w: int) -> tuple[float | None, float | None]:
     finite = [v for v in values if v is not None and math.isfinite(v)]
     if not finite:
@@ -245,6 +270,7 @@ def run_outcome(run) -> dict:
         "within_noise": None if drop is None or noise is None else drop <= noise,
         "collapse_step": onset,
         "collapse_cause": cause,
+        "line_margin": line_margin(acc, onset, cause, config.get("eval_size")),
         "steps_to_collapse": None if onset is None else onset - first,
         "block_rate": block,
         "block_rate_low_mu": block_low,
@@ -267,6 +293,7 @@ OUTCOME_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "within_noise": pl.Boolean,
     "collapse_step": pl.Int64,
     "collapse_cause": pl.String,
+    "line_margin": pl.Float64,
     **{k: pl.Float64 for k in OUTCOMES if not k.startswith("acc_")},
     "first_critical": pl.Int64,
     "first_critical_kind": pl.String,
@@ -315,6 +342,12 @@ def format_mean_se(mean: float | None, se: float | None, digits: int = 3) -> str
     return f"{mean:{fmt}}" if se is None else f"{mean:{fmt}} ± {se:{fmt}}"
 
 
+def over_seeds(values: Iterable[float | None]) -> str:
+    """ "mean ± se (n=k)" of `values` (`mean_se`, `format_mean_se`)."""
+    mean, se, n = mean_se(values)
+    return f"{format_mean_se(mean, se)} (n={n})"
+
+
 def format_seed_table(table: pl.DataFrame, by: str = "rule") -> str:
     """The seed table as aligned text, one line per row."""
     head = [by, "n", "collapsed", "within_noise", *OUTCOMES]
@@ -339,6 +372,7 @@ def csv_safe(table: pl.DataFrame) -> pl.DataFrame:
 
 
 __all__ = [
+    "LINE_MARGIN",
     "LOW_MU",
     "OUTCOMES",
     "OUTCOME_SCHEMA",
@@ -348,7 +382,9 @@ __all__ = [
     "eval_window",
     "format_mean_se",
     "format_seed_table",
+    "line_margin",
     "mean_se",
+    "over_seeds",
     "rule_and_seed",
     "run_outcome",
     "run_outcomes",
