@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# numbers 0-99: a vocabulary wide enough that two responses to one prompt are hardly ever the same
-# (trustlens tells samples apart by content; identical copies on two ranks share an id)
+# the prompt's words and the numbers 0-99 (the digits to repeat, and the rest of what a random
+# model may answer)
 WORDS = ["user", "assistant", ":", "please", "repeat", "the", "digit", *map(str, range(100))]
 SPECIAL = ["<pad>", "<unk>", "<eos>"]
 # the tiny transformer's sizes (2 layers, width 32), shared with the actor-level verl test

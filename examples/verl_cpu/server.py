@@ -16,10 +16,9 @@ from typing import Any
 import torch
 
 NAME = "hf_cpu"
-# Responses are at least this many tokens before EOS. trustlens.integrations names a sample by a
-# hash of its tokens: two identical responses to one prompt trained on different workers share
-# that id, and a random tiny model ends a response at once (an empty response) often enough for
-# that to happen in a run (it did, one CI run in two); two identical two-word responses are rare.
+# Responses are at least this many tokens before EOS: a random tiny model would otherwise end many
+# at once, and an empty response gives the trainer no token to learn from. (Identical responses are
+# fine: the trustlens driver hook hands every row its own sample id.)
 MIN_NEW_TOKENS = 2
 
 

@@ -5,12 +5,15 @@ import math
 
 import numpy as np
 import polars as pl
+import pytest
 import torch
 
+from trustlens import TokenRecorder, load_run
 from trustlens.integrations._external import (
     WorkerRecording,
     content_id,
     external_rules,
+    id_list,
     numeric_metrics,
     padded_sequences,
     sample_ids,
@@ -71,10 +74,88 @@ def test_worker_records_each_sample_once_per_update(tmp_path):
     assert tokens["sample"].unique().sort().to_list() == sorted(sample_ids(seqs, [2, 1])[0])
 
 
-def test_closing_run_marks_the_run_finished_or_failed(tmp_path):
-    import pytest
+def _two_copies_on_two_workers(run_dir, send_ids: bool) -> pl.DataFrame:
+    """One prompt answered twice with the same response: the driver numbers both copies of the
+    step, verl / OpenRLHF hand one to each of two workers. Returns the tokens joined to the
+    driver's samples."""
+    prompt, response = torch.tensor([5, 6, 7]), torch.tensor([9, 9, 2])
+    seq = torch.cat([prompt, response])
+    rules = external_rules("minirl", None, None)
+    driver = TokenRecorder(run_dir, rank=0, world_size=3, rules=rules, active_rule="minirl")
+    ids, groups = sample_ids([seq, seq], [3, 3])
+    driver.log_samples(
+        1,
+        prompts=["p", "p"],
+        responses=["r", "r"],
+        rewards=[1.0, 1.0],
+        advantages=[0.5, 0.5],
+        lengths=[3, 3],
+        sample_ids=ids,
+        group_ids=groups,
+    )
+    for rank, sent in ((1, ids[:1]), (2, ids[1:])):
+        worker = WorkerRecording(rank, 3, rules, "minirl")
+        worker.begin_step(1)
+        logp = torch.full((1, 3), -0.5)
+        worker.record(
+            str(run_dir),
+            [seq],
+            [3],
+            ids=sent if send_ids else None,
+            token_ids=response[None],
+            response_mask=torch.ones(1, 3, dtype=torch.bool),
+            pi_logp=logp,
+            old_logp=logp,
+            mu_logp=logp,
+            advantages=torch.full((1, 3), 0.5),
+        )
+        worker.close()
+    driver.close()
+    run = load_run(run_dir)
+    return run.tokens.collect().join(run.samples.collect(), on=["step", "sample"], how="full", coalesce=True)
 
-    from trustlens import TokenRecorder, load_run
+
+def test_identical_samples_on_two_workers_keep_the_driver_s_ids(tmp_path):
+    """Ids sent with the batch: each copy's rows under its own id, once."""
+    rows = _two_copies_on_two_workers(tmp_path / "sent", send_ids=True)
+    assert rows["pos"].null_count() == 0 and rows["length"].null_count() == 0  # every token and sample joined
+    assert rows.select("step", "update", "sample", "pos").is_duplicated().sum() == 0
+    per_sample = rows.group_by("sample").agg(pl.len(), pl.col("length").first(), pl.col("rank").n_unique())
+    assert (per_sample["len"] == per_sample["length"]).all() and (per_sample["rank"] == 1).all()
+    # the fallback (no ids sent: content ids) cannot tell the copies apart: its documented limit
+    fallback = _two_copies_on_two_workers(tmp_path / "fallback", send_ids=False)
+    assert fallback.select("step", "update", "sample", "pos").drop_nulls().is_duplicated().sum() == 6
+    assert fallback["pos"].null_count() == 1  # the second copy's samples row has no tokens
+
+
+def test_worker_records_rows_under_the_ids_they_came_with(tmp_path):
+    worker = WorkerRecording(1, 2, external_rules("minirl", 0.2, 0.2), "minirl")
+    seqs = [torch.tensor([1, 2, 3, 4]), torch.tensor([1, 2, 3, 4])]  # identical rows, distinct ids
+    tensors = dict(
+        token_ids=torch.tensor([[3, 4], [3, 4]]),
+        pi_logp=torch.full((2, 2), -1.0),
+        old_logp=torch.full((2, 2), -1.1),
+        advantages=torch.tensor([1.0, 1.0]),
+    )
+    worker.begin_step(3)
+    assert worker.record(str(tmp_path), seqs, [2, 2], ids=[11, 12], response_mask=torch.ones(2, 2), **tensors) == 4
+    assert worker.record(str(tmp_path), seqs, [2, 2], ids=[11, 12], response_mask=torch.ones(2, 2), **tensors) == 0
+    with pytest.raises(ValueError, match="1 sample ids came with a micro-batch of 2 rows"):
+        worker.record(str(tmp_path), seqs, [2, 2], ids=[13], response_mask=torch.ones(2, 2), **tensors)
+    worker.close()
+    tokens = pl.read_parquet(tmp_path / "tokens" / "rank=1")
+    assert sorted(tokens["sample"].unique().to_list()) == [11, 12]
+    assert tokens["group"].unique().to_list() == [content_id(seqs[0][:2])]
+
+
+def test_id_list_reads_ids_as_trainers_carry_them():
+    assert id_list(None) is None
+    assert id_list(torch.tensor([3, 2**61])) == [3, 2**61]
+    assert id_list([torch.tensor(4), torch.tensor(5)]) == [4, 5]  # OpenRLHF's info after its collate
+    assert id_list(np.array([6])) == [6]
+
+
+def test_closing_run_marks_the_run_finished_or_failed(tmp_path):
     from trustlens.integrations._external import closing_run
 
     class Trainer:

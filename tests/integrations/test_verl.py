@@ -3,7 +3,8 @@ against the tensors verl's policy loss used; the run then opens on every dashboa
 
 Runs in a venv with verl (`.ci/run` makes them: verl 0.9.1 and 0.7.1); skipped elsewhere.
 Each rank is a subprocess running tests/integrations/verl_rank.py; this process plays verl's
-driver (rank 0: samples, metrics, run.json).
+driver (rank 0: samples, metrics, run.json), which hands the ranks their shares of each step's
+batch with the step and the samples' ids in it, as verl's `_update_actor` does.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from trustlens import load_run  # noqa: E402
 from trustlens.integrations import verl as hook  # noqa: E402
+from trustlens.integrations._external import finish  # noqa: E402
 
 RANK_SCRIPT = Path(__file__).with_name("verl_rank.py")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -42,13 +44,14 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def _train(run_dir: Path, path: str, tmp: Path) -> list[list[dict]]:
-    """Run the 2 ranks; returns each rank's spied policy-loss calls."""
+def _train(run_dir: Path, path: str, tmp: Path, batches: Path) -> list[list[dict]]:
+    """Run the 2 ranks on the driver's `batches`; returns each rank's spied policy-loss calls."""
     port = _free_port()
     outs = [tmp / f"calls{r}.json" for r in range(WORLD)]
-    env_cmd = [sys.executable, str(RANK_SCRIPT)]
+    cmd = [sys.executable, str(RANK_SCRIPT)]
     procs = [
-        subprocess.Popen([*env_cmd, str(r), str(WORLD), port, str(run_dir), str(outs[r]), path]) for r in range(WORLD)
+        subprocess.Popen([*cmd, str(r), str(WORLD), port, str(run_dir), str(outs[r]), path, str(batches)])
+        for r in range(WORLD)
     ]
     codes = [p.wait(timeout=900) for p in procs]
     assert codes == [0] * WORLD
@@ -59,10 +62,11 @@ def _train(run_dir: Path, path: str, tmp: Path) -> list[list[dict]]:
 def verl_run(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(request.param)
     run_dir = tmp / "run"
-    calls = _train(run_dir, request.param, tmp)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRUSTLENS_DIR", str(run_dir))  # drive() sets it for this process
-        verl_actor.drive(str(run_dir), WORLD)
+        verl_actor.drive(str(run_dir), WORLD, str(tmp / "batches"))
+        calls = _train(run_dir, request.param, tmp, tmp / "batches")
+        finish(hook._state, None)  # fit returns: the run is finished
     return run_dir, calls
 
 
@@ -100,6 +104,23 @@ def test_samples_and_metrics_join_the_tokens(verl_run):
     assert (lengths["len"] == lengths["length"]).all()
     assert metrics.filter(pl.col("name") == "verl/actor/pg_loss")["value"].to_list() == [0.5, 1.0]
     assert "verl/note" not in metrics["name"].to_list()
+
+
+def test_identical_answers_on_two_ranks_keep_the_driver_s_sample_ids(verl_run):
+    """Row 0's answer repeats on the same rank (another micro-batch) and on the other rank: the
+    driver gives each copy its own id and the ranks record each under it, once."""
+    run = load_run(verl_run[0])
+    tokens, samples = run.tokens.collect(), run.samples.collect()
+    assert tokens.select("step", "update", "sample", "pos").is_duplicated().sum() == 0  # across ranks too
+    per_sample = tokens.group_by("step", "sample").agg(pl.len(), pl.col("rank").unique().alias("ranks"))
+    per_sample = samples.join(per_sample, on=["step", "sample"], how="left")
+    assert per_sample["len"].null_count() == 0  # every sample trained
+    assert (per_sample["len"] == per_sample["length"]).all() and (per_sample["ranks"].list.len() == 1).all()
+    for step in (1, 2):
+        copies = per_sample.filter(pl.col("step") == step).group_by("prompt", "response").agg("sample", "ranks")
+        copies = copies.filter(pl.col("sample").list.len() > 1)
+        assert copies["sample"].list.len().to_list() == [3]  # one answer, three samples
+        assert sorted(copies["ranks"].explode().explode().to_list()) == [1, 1, 2]
 
 
 def _opens_on_every_page(run_dir: Path, monkeypatch) -> None:

@@ -11,8 +11,11 @@ once the rollout is done (verl imports the hook as `external_lib`):
 - verl 0.7 (legacy FSDP workers): `DataParallelPPOActor.update_policy` on a `DataProto`.
 
 The batches stand in for a rollout: random prompts and responses of a tiny Qwen2 built from a
-config, π_old from the model, μ = π_old + noise, per-sequence advantages. `drive` plays verl's
-driver: the samples of each step, verl-style metrics, and the run's final status.
+config, π_old from the model, μ = π_old + noise, per-sequence advantages; one answer repeats,
+identical, on both ranks and twice on rank 0. `drive` plays verl's driver before the update:
+through the hook of `_update_actor` it records each step's samples and puts the step and each
+row's sample id in the batch, which it then splits over the ranks as verl's dispatch does
+(`DataProto.chunk`), saved for the rank processes to load; and it logs verl-style metrics.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import os
 from contextlib import nullcontext
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -39,20 +43,27 @@ def tiny_qwen2():
     return Qwen2ForCausalLM(cfg).float()
 
 
-def make_batch(model, rank: int, step: int):
-    """A left-padded prompt / right-padded response batch (B, P + R) of distinct samples, with
-    π_old from the model, μ = π_old + noise and per-sequence advantages (two of them 0)."""
+def make_batch(model, step: int, world: int):
+    """The driver's batch of a step, `world` × B rows of left-padded prompts / right-padded
+    responses (B, P + R) with π_old from the model, μ = π_old + noise and per-sequence advantages
+    (the last two of each rank's share 0). Row 0's answer repeats, identical, at row 2 (the same
+    rank) and at row B (the next rank): GRPO samples that happen to agree."""
     from verl import DataProto
 
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    prompt_len = torch.randint(2, P + 1, (B,), generator=g)
-    resp_len = torch.randint(2, R + 1, (B,), generator=g)
-    input_ids = torch.zeros(B, P + R, dtype=torch.long)
-    attention = torch.zeros(B, P + R, dtype=torch.long)
-    for i in range(B):
+    n = world * B
+    g = torch.Generator().manual_seed(1000 * step)
+    prompt_len = torch.randint(2, P + 1, (n,), generator=g)
+    resp_len = torch.randint(2, R + 1, (n,), generator=g)
+    input_ids = torch.zeros(n, P + R, dtype=torch.long)
+    attention = torch.zeros(n, P + R, dtype=torch.long)
+    for i in range(n):
         input_ids[i, P - prompt_len[i] : P] = torch.randint(1, V, (int(prompt_len[i]),), generator=g)
         input_ids[i, P : P + resp_len[i]] = torch.randint(1, V, (int(resp_len[i]),), generator=g)
         attention[i, P - prompt_len[i] : P + resp_len[i]] = 1
+    adv = torch.randn(n, generator=g)
+    adv.view(world, B)[:, -2:] = 0.0
+    copies = torch.tensor([2, B])
+    input_ids[copies], attention[copies], adv[copies] = input_ids[0].clone(), attention[0].clone(), adv[0].clone()
     position_ids = (attention.cumsum(1) - 1).clamp(min=0)
     responses = input_ids[:, P:]
     response_mask = attention[:, P:].clone()
@@ -61,9 +72,8 @@ def make_batch(model, rank: int, step: int):
         logp = torch.log_softmax(logits[:, P - 1 : -1].float(), -1).gather(-1, responses[..., None])[..., 0]
     old = logp * response_mask
     mu = (old + 0.05 * torch.randn(old.shape, generator=g)).clamp(max=0) * response_mask
-    adv = torch.randn(B, generator=g)
-    adv[:2] = 0.0
-    batch = DataProto.from_dict(
+    mu[copies] = mu[0].clone()
+    return DataProto.from_dict(
         tensors={
             "input_ids": input_ids,
             "attention_mask": attention,
@@ -75,9 +85,13 @@ def make_batch(model, rank: int, step: int):
             "rollout_log_probs": mu,
             "advantages": adv[:, None] * response_mask,
         },
-        meta_info={"temperature": 1.0, "trustlens_step": step},
+        meta_info={"temperature": 1.0},
     )
-    return batch
+
+
+def batch_path(batches: str, step: int, rank: int) -> Path:
+    """Where `drive` leaves rank `rank`'s share of the batch of `step`."""
+    return Path(batches) / f"step{step}_rank{rank}.pkl"
 
 
 def actor_config(strategy: str):
@@ -108,7 +122,7 @@ def use_cpu_platform() -> None:
     set_platform(CPUPlatform())
 
 
-def run_engine(model, rank: int, world: int) -> None:
+def run_engine(model, rank: int, world: int, batches: str) -> None:
     """The engine worker path."""
     from verl.utils import tensordict_utils as tu
     from verl.workers import engine_workers
@@ -173,8 +187,10 @@ def run_engine(model, rank: int, world: int) -> None:
     worker.flops_counter = SimpleNamespace(estimate_flops=lambda *args, **kwargs: (0.0, 1.0))  # no MFU on a CPU
     worker.device_name = "cpu"
     worker.loss_fn = partial(engine_workers.ppo_loss, config=config)  # as ActorRolloutRefWorker.init_model binds it
-    for step in range(1, STEPS + 1):
-        td = left_right_2_no_padding(make_batch(model, rank, step).to_tensordict())
+    from verl import DataProto
+
+    for step in range(1, STEPS + 1):  # RayPPOTrainer._update_actor's conversion, on this rank's share
+        td = left_right_2_no_padding(DataProto.load_from_disk(batch_path(batches, step, rank)).to_tensordict())
         tu.assign_non_tensor(
             td,
             calculate_entropy=True,
@@ -188,26 +204,27 @@ def run_engine(model, rank: int, world: int) -> None:
         worker.train_mini_batch(td)
 
 
-def run_dp_actor(model, rank: int, world: int) -> None:
+def run_dp_actor(model, rank: int, world: int, batches: str) -> None:
     """The legacy worker path: DataParallelPPOActor.update_policy."""
+    from verl import DataProto
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
     config = actor_config("fsdp")
     actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=0.5))
     for step in range(1, STEPS + 1):
-        actor.update_policy(make_batch(model, rank, step))
+        actor.update_policy(DataProto.load_from_disk(batch_path(batches, step, rank)))
 
 
-def run_rank(rank: int, world: int, port: str, run_dir: str, path: str) -> None:
+def run_rank(rank: int, world: int, port: str, run_dir: str, path: str, batches: str) -> None:
     """One training rank: its gloo group, the hook imported as verl imports `external_lib`, and
-    STEPS steps through verl's `path` ("engine" or "dp_actor")."""
+    STEPS steps through verl's `path` ("engine" or "dp_actor") on its shares of `drive`'s batches."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TRUSTLENS_DIR=run_dir)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from verl.utils.import_utils import import_external_libs
 
     import_external_libs("trustlens.integrations.verl")  # what verl does with model.external_lib
     model = tiny_qwen2()
-    {"engine": run_engine, "dp_actor": run_dp_actor}[path](model, rank, world)
+    {"engine": run_engine, "dp_actor": run_dp_actor}[path](model, rank, world, batches)
     from trustlens.integrations import verl as hook
 
     hook._state["worker"].close()
@@ -229,15 +246,15 @@ class Tokenizer:
         return " ".join(f"t{i}" for i in ids)
 
 
-def drive(run_dir: str, world: int) -> None:
-    """verl's driver's part, through the hooks RayPPOTrainer gets: the samples of each step's batch
-    (every rank's share), a metric per step, and the final status."""
-    import verl
+def drive(run_dir: str, world: int, batches: str) -> None:
+    """verl's driver's part, through the hooks RayPPOTrainer gets: each step's batch goes through
+    the hook of `_update_actor` (its samples recorded, the step and each row's sample id put in
+    the batch), is split over the `world` ranks as verl's dispatch splits it (`DataProto.chunk`)
+    and saved for them (`batch_path`); a metric per step. The run's final status is the caller's
+    (`_external.finish`), once the ranks have trained."""
     from omegaconf import OmegaConf
     from verl.utils.tracking import Tracking
 
-    from trustlens.integrations import verl as hook
-    from trustlens.integrations._external import finish
     from trustlens.integrations._verl_driver import _log_samples
 
     os.environ["TRUSTLENS_DIR"] = run_dir
@@ -248,10 +265,12 @@ def drive(run_dir: str, world: int) -> None:
     )
     model = tiny_qwen2()
     tracking = Tracking(project_name="verl_cpu", experiment_name="grpo", default_backend=[])
+    Path(batches).mkdir(parents=True, exist_ok=True)
     for step in range(1, STEPS + 1):
         trainer.global_steps = step
-        batch = verl.DataProto.concat([make_batch(model, r, step) for r in range(world)])
+        batch = make_batch(model, step, world)
         batch.batch["token_level_scores"] = torch.zeros_like(batch.batch["old_log_probs"])
         _log_samples(trainer, batch)
+        for rank, share in enumerate(batch.chunk(world)):
+            share.save_to_disk(batch_path(batches, step, rank))
         tracking.log({"actor/pg_loss": 0.5 * step, "note": "text is left out"}, step=step)
-    finish(hook._state, None)

@@ -1,8 +1,9 @@
 """One training rank of tests/integrations/test_verl.py, run as a script:
 
-    python verl_rank.py RANK WORLD PORT RUN_DIR OUT_JSON PATH
+    python verl_rank.py RANK WORLD PORT RUN_DIR OUT_JSON PATH BATCHES
 
-It runs verl_actor.py's rank (verl's own actor code, PATH `engine` or `dp_actor`) with
+It runs verl_actor.py's rank (verl's own actor code, PATH `engine` or `dp_actor`, on its shares
+of the batches the driver left in BATCHES) with
 every call of verl's policy loss spied on (its registry entry wrapped): the tensors the loss got
 (log π, π_old and advantages at the response mask) go to OUT_JSON, for the test to compare with
 the recorded run.
@@ -37,8 +38,8 @@ def spy_policy_loss(calls: list) -> None:
 
 
 if __name__ == "__main__":
-    rank, world, port, run_dir, out, path = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:7]
+    rank, world, port, run_dir, out, path, batches = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:8]
     calls: list = []
     spy_policy_loss(calls)
-    verl_actor.run_rank(rank, world, port, run_dir, path)
+    verl_actor.run_rank(rank, world, port, run_dir, path, batches)
     Path(out).write_text(json.dumps(calls))

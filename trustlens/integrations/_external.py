@@ -1,18 +1,29 @@
-"""What the verl and OpenRLHF hooks share: the run directory from the environment, sample ids
-that the trainer's workers and its driver compute alike, the rule set an external trainer can
-feed, and one worker's recorder with its step / update bookkeeping.
+"""What the verl and OpenRLHF hooks share: the run directory from the environment, the sample ids
+the driver gives each row of a step and sends to the workers, the rule set an external trainer
+can feed, and one worker's recorder with its step / update bookkeeping.
 
 Ranks of a run recorded from a Ray trainer: rank 0 is the driver (samples, metrics, run.json and
 its final status); the training worker of data-parallel rank r writes its tokens as rank r + 1.
 
-Sample ids: a trainer's micro-batches carry no id of the sample they came from, and shuffle and
-split the batch between the driver and the update. A sample's id is therefore derived from its
-content: a 62-bit hash of its valid token ids (prompt and response), so the worker's tokens and
-the driver's samples row get the same id. Identical (prompt, response) pairs of one step are told
-apart by their order within one call; a sequence a worker meets again in a later micro-batch of
-the same update (a re-run micro-batch, or an identical copy, whose rows would be identical) is
-recorded once. Identical copies hold the same tokens, reward and advantage, so a join on the id
-stays right in content. The group id is the hash of the prompt.
+Steps: the driver's step, sent to the workers with the batch (`STEP_KEY`); a worker that gets
+none counts its own training steps from 1.
+
+Sample ids: the driver sees every sample of a step, so it numbers them (`sample_ids`): a 62-bit
+hash of the sample's valid token ids (prompt and response), identical (prompt, response) pairs of
+the step told apart by their order. It records its samples rows under these ids and sends each
+row's id to the workers with the training batch (`SAMPLE_KEY`: verl, a per-row field of the batch;
+OpenRLHF, an entry of each experience's `info`); a worker records its rows under the ids they
+came with, so tokens and samples join on (step, sample) whichever worker trained a row.
+
+A worker whose rows came without ids (a driver that is not hooked, or a trainer path that drops
+the field) falls back to the same content hash of each row, repeats numbered only within one
+micro-batch. That fallback cannot tell identical (prompt, response) pairs of one step apart when
+they are trained on different workers or in different micro-batches: they share the first id,
+so two ranks write rows under one (step, update, sample) and the other copy's samples row has
+no tokens (on one worker the later copy is taken for a re-run and dropped).
+
+A row a worker meets again in a later micro-batch of the same update (a re-run micro-batch: same
+id) is recorded once. The group id is the hash of the prompt.
 """
 
 from __future__ import annotations
@@ -31,6 +42,8 @@ from trustlens.rules import RULES, Rule
 
 # the environment variable naming the run directory of an attached trainer
 ENV_DIR = "TRUSTLENS_DIR"
+# what the driver sends the workers with a training batch: its step, and each row's sample id
+STEP_KEY, SAMPLE_KEY = "trustlens_step", "trustlens_sample"
 # rules an external trainer cannot feed: it keeps no top-K of μ
 _NEEDS_TOPK = ("dppo_topk_tv", "dppo_topk_kl")
 _HASH_BITS = (1 << 62) - 1
@@ -51,7 +64,7 @@ def content_id(tokens: torch.Tensor, salt: int = 0) -> int:
 def sample_ids(sequences: Iterable[torch.Tensor], prompt_lengths: Iterable[int]) -> tuple[list[int], list[int]]:
     """(sample ids, group ids) of `sequences` (each the 1-D valid token ids of prompt and response,
     whose first `prompt_lengths` tokens are the prompt). Repeats of one sequence within the call
-    are numbered in order."""
+    are numbered in order: call it once on all the samples of a step."""
     seen: dict[int, int] = {}
     samples, groups = [], []
     for seq, n_prompt in zip(sequences, prompt_lengths, strict=True):
@@ -61,6 +74,15 @@ def sample_ids(sequences: Iterable[torch.Tensor], prompt_lengths: Iterable[int])
         samples.append(base if repeat == 0 else content_id(seq, repeat))
         groups.append(content_id(seq[: int(n_prompt)]))
     return samples, groups
+
+
+def id_list(ids: Any) -> list[int] | None:
+    """Sample ids sent with a batch (a tensor, or a list of 0-d tensors or ints) as ints; None if absent."""
+    if ids is None:
+        return None
+    if isinstance(ids, torch.Tensor):
+        ids = ids.reshape(-1)
+    return [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
 
 
 def padded_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int):
@@ -78,10 +100,12 @@ def sample_columns(
     responses: torch.Tensor,  # (B, T) response token ids
     mask: torch.Tensor,  # (B, T) bool: the response tokens trained on
     advantages: torch.Tensor,  # (B, T) per-token advantages
+    ids: tuple[list[int], list[int]] | None = None,  # (sample ids, group ids) when numbered already
 ) -> dict[str, Any]:
     """TokenRecorder.log_samples arguments of a batch (but step and rewards): prompt and response
-    text, the mean advantage over the response, its length and the content ids."""
-    samples, groups = sample_ids(sequences, prompt_lengths)
+    text, the mean advantage over the response, its length and the ids (`ids`, else `sample_ids`
+    of the batch)."""
+    samples, groups = sample_ids(sequences, prompt_lengths) if ids is None else ids
     decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
     return {
         "prompts": [decode(s[:n].tolist()) for s, n in zip(sequences, prompt_lengths, strict=True)],
@@ -106,8 +130,9 @@ class WorkerRecording:
     """One training worker's recorder (opened on first use) with its step, update and dedup state.
 
     The trainer calls `begin_step` at each policy update call (one training step), `next_update`
-    after each optimizer step, and `record` per micro-batch; rows of a (step, update, sample) this
-    worker already recorded (a re-run micro-batch) are dropped.
+    after each optimizer step, and `record` per micro-batch with the sample ids its rows came with
+    (else their content ids); rows of a (step, update, sample) this worker already recorded (a
+    re-run micro-batch) are dropped.
     """
 
     def __init__(self, rank: int, world_size: int, rules: list[Rule], active_rule: str | None) -> None:
@@ -144,10 +169,18 @@ class WorkerRecording:
         run_dir: str,
         sequences: list[torch.Tensor],
         prompt_lengths: list[int],
+        ids: list[int] | None = None,
         **tensors: Any,
     ) -> int:
-        """Record one micro-batch: `tensors` are TokenRecorder.record's (B, T) arguments."""
-        samples, groups = sample_ids(sequences, prompt_lengths)
+        """Record one micro-batch: `tensors` are TokenRecorder.record's (B, T) arguments, `ids` the
+        rows' sample ids from the driver (None: their content ids, see the module's docstring)."""
+        if ids is None:
+            samples, groups = sample_ids(sequences, prompt_lengths)
+        elif len(ids) != len(sequences):
+            raise ValueError(f"{len(ids)} sample ids came with a micro-batch of {len(sequences)} rows")
+        else:
+            samples = list(ids)
+            groups = [content_id(seq[: int(n)]) for seq, n in zip(sequences, prompt_lengths, strict=True)]
         keep = [(self.step, self.update, s) not in self._done for s in samples]
         mask = tensors.pop("response_mask").bool() & torch.tensor(keep, device=tensors["token_ids"].device)[:, None]
         self._done.update((self.step, self.update, s) for s in samples)
@@ -168,18 +201,24 @@ def finish(state: dict[str, Any], error: BaseException | None) -> None:
         state["driver"] = None
 
 
+def finishing(state: dict[str, Any], fit: Any, *args: Any, **kwargs: Any) -> Any:
+    """`fit(*args, **kwargs)` (a trainer's training loop), then `finish` the run: finished when it
+    returns, failed (the error re-raised) when it raises."""
+    try:
+        out = fit(*args, **kwargs)
+    except BaseException as err:
+        finish(state, err)
+        raise
+    finish(state, None)
+    return out
+
+
 def closing_run(fit: Any, state: dict[str, Any]) -> Any:
     """`fit` (a trainer's training loop method) wrapped to `finish` the run when it returns or raises."""
 
     @functools.wraps(fit)
     def hooked_fit(self, *args, **kwargs):
-        try:
-            out = fit(self, *args, **kwargs)
-        except BaseException as err:
-            finish(state, err)
-            raise
-        finish(state, None)
-        return out
+        return finishing(state, fit, self, *args, **kwargs)
 
     return hooked_fit
 

@@ -2,6 +2,10 @@
 reward, sequence advantage, length) at `_update_actor` of `RayPPOTrainer` and of verl 0.9's
 default v1 `PPOTrainer`, every number verl logs through `Tracking.log` (as `verl/<name>`), and
 the run's end when `fit` returns (finished, or failed with the error).
+
+At `_update_actor` the driver numbers the step's samples (`_external.sample_ids`) and sends the
+workers, with the batch, its global step (`_STEP_KEY`: batch-level) and each row's sample id
+(`_SAMPLE_KEY`: a per-row int64 field, which verl's dispatch splits with the rows).
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from trustlens.integrations._external import (
     padded_sequences,
     run_dir_from_env,
     sample_columns,
+    sample_ids,
 )
 from trustlens.integrations._verl_compat import _verl_version
 from trustlens.integrations._verl_rules import verl_active_rule
-from trustlens.integrations._verl_state import _STEP_KEY, _state
+from trustlens.integrations._verl_state import _SAMPLE_KEY, _STEP_KEY, _state
 from trustlens.recorder import TokenRecorder
 
 
@@ -56,39 +61,58 @@ def _log_samples(trainer: Any, batch: Any) -> None:
     tensors = batch.batch
     responses = tensors["responses"]
     seqs, prompt_lengths = padded_sequences(tensors["input_ids"], tensors["attention_mask"], responses.shape[1])
+    ids = sample_ids(seqs, prompt_lengths)
+    tensors[_SAMPLE_KEY] = torch.tensor(ids[0], dtype=torch.int64, device=responses.device)
     scores = tensors.get("token_level_scores")
+    mask = tensors["response_mask"].bool()
     recorder.log_samples(
         step,
         rewards=None if scores is None else scores.sum(-1).float(),
-        **sample_columns(
-            trainer.tokenizer, seqs, prompt_lengths, responses, tensors["response_mask"].bool(), tensors["advantages"]
-        ),
+        **sample_columns(trainer.tokenizer, seqs, prompt_lengths, responses, mask, tensors["advantages"], ids),
     )
 
 
 def _log_samples_v1(trainer: Any, batch: Any) -> None:
     """`_log_samples` for verl ≥ 0.9's v1 trainer, whose batch (a `KVBatchMeta`) names rows kept in
-    TransferQueue: the columns are read from there, as nested (per-sample) tensors. The no-op rows
-    verl appends to make the batch divisible (tag `is_padding`, nothing trained) are left out."""
+    TransferQueue: the columns are read from there, as nested (per-sample) tensors, and the sample
+    ids written back as a field of every row (the batch's field list, when it has one, names it
+    too, so that the workers read it). The no-op rows verl appends to make the batch divisible (tag
+    `is_padding`, nothing trained) get ids but no samples row."""
     recorder = _driver(trainer)
     if recorder is None:
         return
     import transfer_queue as tq
+    from tensordict import TensorDict
 
     step = int(trainer.global_steps)
     batch.extra_info[_STEP_KEY] = step
     fields = ["prompts", "responses", "response_mask", "advantages", "rm_scores"]
-    keys = [k for k, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
-    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
     prompts = list(data["prompts"].unbind())
     padded = data.select("responses", "response_mask", "advantages", "rm_scores").to_padded_tensor()
     responses = padded["responses"]
     mask = padded["response_mask"].bool()
     seqs = [torch.cat([p, r[m]]) for p, r, m in zip(prompts, responses, mask, strict=True)]
+    prompt_lengths = [len(p) for p in prompts]
+    samples, groups = sample_ids(seqs, prompt_lengths)
+    ids = TensorDict({_SAMPLE_KEY: torch.tensor(samples, dtype=torch.int64)}, batch_size=len(samples))
+    tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=ids)
+    if batch.fields is not None and _SAMPLE_KEY not in batch.fields:
+        batch.fields = [*batch.fields, _SAMPLE_KEY]
+    real = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
+    keep = torch.tensor(real, dtype=torch.long)
     recorder.log_samples(
         step,
-        rewards=padded["rm_scores"].sum(-1).float(),
-        **sample_columns(trainer.tokenizer, seqs, [len(p) for p in prompts], responses, mask, padded["advantages"]),
+        rewards=padded["rm_scores"][keep].sum(-1).float(),
+        **sample_columns(
+            trainer.tokenizer,
+            [seqs[i] for i in real],
+            [prompt_lengths[i] for i in real],
+            responses[keep],
+            mask[keep],
+            padded["advantages"][keep],
+            ([samples[i] for i in real], [groups[i] for i in real]),
+        ),
     )
 
 

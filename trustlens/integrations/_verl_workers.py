@@ -3,7 +3,8 @@ passes only, at `losses.ppo_loss` on verl 0.8–0.9's engine workers (`_patch_en
 at `DataParallelPPOActor._forward_micro_batch` inside `update_policy` on verl 0.7's legacy FSDP
 workers (`_patch_dp_actor`). The worker of data-parallel rank r records as rank r + 1, one rank
 per tensor- or sequence-parallel group; what it records is in trustlens.integrations.verl's
-docstring.
+docstring. Each row is recorded under the sample id the driver sent with it (`_SAMPLE_KEY`), else
+its content id (`trustlens.integrations._external`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,15 @@ from typing import Any
 
 import torch
 
-from trustlens.integrations._external import WorkerRecording, external_rules, padded_sequences, run_dir_from_env
+from trustlens.integrations._external import (
+    WorkerRecording,
+    external_rules,
+    id_list,
+    padded_sequences,
+    run_dir_from_env,
+)
 from trustlens.integrations._verl_rules import verl_active_rule
-from trustlens.integrations._verl_state import _STEP_KEY, _state
+from trustlens.integrations._verl_state import _SAMPLE_KEY, _STEP_KEY, _state
 
 
 def _worker(actor_config: Any, dp_rank: int, dp_size: int, enabled: bool) -> WorkerRecording | None:
@@ -30,10 +37,11 @@ def _worker(actor_config: Any, dp_rank: int, dp_size: int, enabled: bool) -> Wor
     return _state["worker"] or None
 
 
-def _record_micro_batch(sequences, prompt_lengths, **tensors: Any) -> None:
+def _record_micro_batch(sequences, prompt_lengths, ids, **tensors: Any) -> None:
     run_dir, worker = run_dir_from_env(), _state["worker"]
     if worker and run_dir:
-        worker.record(run_dir, sequences, prompt_lengths, **{k: v for k, v in tensors.items() if v is not None})
+        tensors = {k: v for k, v in tensors.items() if v is not None}
+        worker.record(run_dir, sequences, prompt_lengths, ids=id_list(ids), **tensors)
 
 
 def _wrap_ppo_loss(ppo_loss):
@@ -53,6 +61,7 @@ def _wrap_ppo_loss(ppo_loss):
                 _record_micro_batch(
                     seqs,
                     prompt_lengths,
+                    data.get(_SAMPLE_KEY, None),
                     token_ids=responses,
                     response_mask=padded["response_mask"],
                     pi_logp=no_padding_2_padding(model_output["log_probs"], data).detach().float(),
@@ -129,6 +138,21 @@ def _patch_engine_workers() -> None:
     worker_cls.train_batch = train_batch_hooked
 
 
+def _keep_sample_ids(data: Any) -> None:
+    """Make `data.select` (update_policy keeps only the columns it uses) keep the driver's sample
+    ids too, so that they reach the micro-batches."""
+    if data.batch is None or _SAMPLE_KEY not in data.batch:
+        return
+    select = data.select
+
+    def select_with_ids(batch_keys=None, *args, **kwargs):
+        if batch_keys is not None and _SAMPLE_KEY not in batch_keys:
+            batch_keys = [*batch_keys, _SAMPLE_KEY]
+        return select(batch_keys, *args, **kwargs)
+
+    data.select = select_with_ids
+
+
 def _patch_dp_actor() -> None:
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
@@ -146,11 +170,13 @@ def _patch_dp_actor() -> None:
         worker.begin_step(data.meta_info.get(_STEP_KEY))
         mini = self.config.ppo_mini_batch_size
         self._trustlens = {"rows": 0, "mini": mini, "on_policy": len(data) <= mini and self.config.ppo_epochs == 1}
+        _keep_sample_ids(data)
         try:
             return update_policy(self, data)
         finally:
             worker.next_update()
             del self._trustlens
+            data.__dict__.pop("select", None)
 
     @functools.wraps(forward)
     def hooked_forward(self, micro_batch, temperature, calculate_entropy=False):
@@ -173,6 +199,7 @@ def _patch_dp_actor() -> None:
             _record_micro_batch(
                 seqs,
                 prompt_lengths,
+                micro_batch.get(_SAMPLE_KEY),
                 token_ids=micro_batch["responses"],
                 response_mask=micro_batch["response_mask"],
                 pi_logp=log_prob,

@@ -24,15 +24,31 @@ blocks the same tokens); its `gspo` loss has no matching rule.
 The driver (rank 0) records each step's samples (prompt and response text, reward, mean
 advantage, length, from the experience batches) and OpenRLHF's logged numbers as
 `openrlhf/<name>`, and marks the run finished, or failed with the error, when `PPOTrainer.fit`
-returns. The actor of data-parallel rank r writes tokens as rank r + 1. Steps: the driver's
-count of PPO steps on the driver, the count of `ppo_train` calls on a worker (the same, from 1);
-`update`: the optimizer step within the step.
+returns. The actor of data-parallel rank r writes tokens as rank r + 1.
+
+Steps: the step OpenRLHF's `fit` logs. `fit` calls `train_step(samples, global_step)` and then
+`save_logs_and_checkpoints(global_step + 1)`, so the samples of that call and the tokens trained
+on them are recorded at global_step + 1, as the metrics and checkpoint (`global_step<N>`) are, and
+a run resumed from a checkpoint goes on from there. The driver sends the step to the actors with
+the experiences (`info["trustlens_step"]`), with each sample's id (`info["trustlens_sample"]`,
+numbered over all the step's experiences: `trustlens.integrations._external`); the actor takes
+both out of `info` (OpenRLHF would log them as metrics) and records its rows under them. An
+actor whose experiences came without them counts its `ppo_train` calls from 1 and uses content
+ids. `update`: the optimizer step within the step.
+
+PPOTrainer is a Ray actor class: Ray copies its methods when the class is decorated and ships that
+copy to the actor's process, so `setup` patches the copy (`__ray_metadata__.modified_class`) as
+well as OpenRLHF's classes, with module-level functions that pickle by reference; the process that
+creates the trainer (the launcher, or your driver script) must have called `setup` first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import os
+import re
 import runpy
 import sys
 from typing import Any
@@ -42,19 +58,26 @@ from packaging.version import Version
 
 from trustlens.integrations._external import (
     ENV_DIR,
+    SAMPLE_KEY,
+    STEP_KEY,
     WorkerRecording,
     closing_run,
     external_rules,
+    finishing,
+    id_list,
     numeric_metrics,
     run_dir_from_env,
     sample_columns,
+    sample_ids,
     warn_untested,
 )
 from trustlens.recorder import TokenRecorder
 
 # tests/integrations/test_openrlhf.py passes on 0.11.2
 TESTED = (Version("0.11.0"), Version("0.11.2"))
-_state: dict[str, Any] = {"patched": False, "worker": None, "driver": None, "step": 0, "ctx": None}
+_state: dict[str, Any] = {"patched": False, "worker": None, "driver": None, "ctx": None}
+# the BasePPOTrainer methods setup replaced in this process, by name
+_originals: dict[str, Any] = {}
 
 
 def openrlhf_active_rule(loss: Any) -> tuple[str | None, float | None, float | None, str]:
@@ -80,6 +103,14 @@ def _sequences(experience: Any) -> tuple[list[torch.Tensor], list[int], torch.Te
 # ---- the actors ----
 
 
+def _buffer_step(buffer: Any) -> int | None:
+    """The driver's step sent with the experiences of a replay buffer (the latest, should it hold
+    several steps' experiences: OpenRLHF keeps those of the steps its actor is frozen), or None."""
+    steps = [item.info.get(STEP_KEY) for item in buffer.items]
+    sent = [int(step) for step in steps if step is not None]
+    return max(sent) if sent else None
+
+
 def _worker(trainer: Any) -> WorkerRecording:
     if _state["worker"] is None:
         dist = torch.distributed
@@ -99,12 +130,15 @@ def _patch_actor() -> None:
     @functools.wraps(ppo_train)
     def hooked_ppo_train(self, *args, **kwargs):
         if run_dir_from_env():
-            _worker(self).begin_step(None)
+            _worker(self).begin_step(_buffer_step(self.replay_buffer))
             self._trustlens_calls = 0
         return ppo_train(self, *args, **kwargs)
 
     @functools.wraps(training_step)
     def hooked_training_step(self, experience, *args, **kwargs):
+        # what the driver sent: out of info, which OpenRLHF logs as metrics
+        ids = id_list(experience.info.pop(SAMPLE_KEY, None))
+        experience.info.pop(STEP_KEY, None)
         if not run_dir_from_env():
             return training_step(self, experience, *args, **kwargs)
         worker = _worker(self)
@@ -112,7 +146,7 @@ def _patch_actor() -> None:
         while worker.update < calls // max(int(self.strategy.accumulated_gradient), 1):
             worker.next_update()
         self._trustlens_calls = calls + 1
-        _state["ctx"] = experience
+        _state["ctx"] = (experience, ids)
         try:
             return training_step(self, experience, *args, **kwargs)
         finally:
@@ -120,14 +154,16 @@ def _patch_actor() -> None:
 
     @functools.wraps(loss_forward)
     def hooked_forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None, **kw):
-        experience, run_dir = _state["ctx"], run_dir_from_env()
-        if experience is not None and run_dir and torch.is_grad_enabled():
+        ctx, run_dir = _state["ctx"], run_dir_from_env()
+        if ctx is not None and run_dir and torch.is_grad_enabled():
+            experience, ids = ctx
             with torch.no_grad():
                 seqs, prompt_lengths, responses = _sequences(experience)
                 _state["worker"].record(
                     run_dir,
                     seqs,
                     prompt_lengths,
+                    ids=ids,
                     token_ids=responses,
                     response_mask=action_mask,
                     pi_logp=log_probs.detach().float(),
@@ -181,54 +217,101 @@ def _policy_loss_of(args: Any) -> Any:
     )
 
 
-def _log_samples(trainer: Any, experiences: list) -> None:
+def _log_samples(trainer: Any, experiences: list, step: int) -> None:
+    """Record the samples of one step's experiences and give each experience, in `info`, the step
+    and its samples' ids (numbered over all the experiences), for the actors."""
     recorder = _driver(trainer)
     if recorder is None:
         return
-    for exp in experiences:
-        seqs, prompt_lengths, responses = _sequences(exp)
+    parts = [_sequences(exp) for exp in experiences]
+    samples, groups = sample_ids(
+        [seq for seqs, _, _ in parts for seq in seqs], [n for _, lengths, _ in parts for n in lengths]
+    )
+    start = 0
+    for exp, (seqs, prompt_lengths, responses) in zip(experiences, parts, strict=True):
+        ids = samples[start : start + len(seqs)], groups[start : start + len(seqs)]
+        start += len(seqs)
+        exp.info[SAMPLE_KEY] = torch.tensor(ids[0], dtype=torch.int64)
+        exp.info[STEP_KEY] = torch.full((len(seqs),), step, dtype=torch.int64)
         reward = exp.info.get("reward")
         recorder.log_samples(
-            _state["step"],
+            step,
             rewards=None if reward is None else torch.as_tensor(reward, dtype=torch.float32),
             **sample_columns(
-                trainer.tokenizer, seqs, prompt_lengths, responses, exp.action_mask.bool(), exp.advantages
+                trainer.tokenizer, seqs, prompt_lengths, responses, exp.action_mask.bool(), exp.advantages, ids
             ),
         )
+
+
+def _original(trainer: Any, name: str) -> Any:
+    """The OpenRLHF method `name` that trustlens' hook of `trainer`'s class stands in for: the first
+    definition in its class hierarchy that is not a hook (behind Ray's own wrapper, in a class
+    Ray shipped), else the one `setup` replaced in this process."""
+    for klass in type(trainer).__mro__:
+        method = klass.__dict__.get(name)
+        if method is not None and inspect.unwrap(method) not in _HOOKS:
+            return method
+    return _originals[name]
+
+
+def _train_step(self: Any, rollout_samples: Any, global_step: int, *args: Any, **kwargs: Any) -> Any:
+    """BasePPOTrainer.train_step, recording the samples of the experiences it makes at the step
+    `fit` logs this training step under (global_step + 1) and sending the actors that step and
+    the samples' ids with the experiences."""
+    train_step = _original(self, "train_step")
+    if _driver(self) is None:
+        return train_step(self, rollout_samples, global_step, *args, **kwargs)
+    step = int(global_step) + 1
+    maker = self.experience_maker
+    make = maker.make_experience_batch
+
+    def make_and_log(*a, **k):
+        experiences = make(*a, **k)
+        _log_samples(self, experiences, step)
+        return experiences
+
+    maker.make_experience_batch = make_and_log
+    try:
+        return train_step(self, rollout_samples, global_step, *args, **kwargs)
+    finally:
+        maker.make_experience_batch = make
+
+
+def _save_logs(self: Any, global_step: int, logs_dict: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """BasePPOTrainer.save_logs_and_checkpoints, recording the numbers OpenRLHF logs."""
+    recorder = _driver(self)
+    if recorder is not None and logs_dict:
+        recorder.log_metrics(int(global_step), numeric_metrics(logs_dict, "openrlhf/"))
+    return _original(self, "save_logs_and_checkpoints")(self, global_step, logs_dict, *args, **kwargs)
+
+
+def _fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """The trainer's fit, marking the run finished when it returns and failed when it raises."""
+    return finishing(_state, _original(self, "fit"), self, *args, **kwargs)
+
+
+_HOOKS = (_train_step, _save_logs, _fit)
 
 
 def _patch_driver() -> None:
     from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
 
-    train_step, save_logs, fit = BasePPOTrainer.train_step, BasePPOTrainer.save_logs_and_checkpoints, PPOTrainer.fit
+    hooks = {"train_step": _train_step, "save_logs_and_checkpoints": _save_logs}
+    for name, hook in hooks.items():
+        _originals[name] = getattr(BasePPOTrainer, name)
+        setattr(BasePPOTrainer, name, hook)
+    trainers = [PPOTrainer]
+    with contextlib.suppress(ImportError):  # OpenRLHF's asynchronous trainer (--train.async_enable)
+        from openrlhf.trainer.ppo_trainer_async import TrainingActor
 
-    @functools.wraps(train_step)
-    def hooked_train_step(self, rollout_samples, global_step, *args, **kwargs):
-        _state["step"] = int(global_step)
-        maker = self.experience_maker
-        make = maker.make_experience_batch
-
-        def make_and_log(*a, **k):
-            experiences = make(*a, **k)
-            _log_samples(self, experiences)
-            return experiences
-
-        maker.make_experience_batch = make_and_log
-        try:
-            return train_step(self, rollout_samples, global_step, *args, **kwargs)
-        finally:
-            maker.make_experience_batch = make
-
-    @functools.wraps(save_logs)
-    def hooked_save_logs(self, global_step, logs_dict=None, *args, **kwargs):
-        recorder = _driver(self)
-        if recorder is not None and logs_dict:
-            recorder.log_metrics(int(global_step), numeric_metrics(logs_dict, "openrlhf/"))
-        return save_logs(self, global_step, logs_dict, *args, **kwargs)
-
-    BasePPOTrainer.train_step = hooked_train_step
-    BasePPOTrainer.save_logs_and_checkpoints = hooked_save_logs
-    PPOTrainer.fit = closing_run(fit, _state)
+        trainers.append(TrainingActor)
+    for trainer in trainers:
+        shipped = getattr(getattr(trainer, "__ray_metadata__", None), "modified_class", None)
+        if shipped is None:  # not a Ray actor class
+            trainer.fit = closing_run(trainer.fit, _state)
+            continue
+        for name, hook in {**hooks, "fit": _fit}.items():
+            setattr(shipped, name, hook)
 
 
 def setup() -> None:
@@ -245,16 +328,21 @@ def setup() -> None:
     _patch_driver()
 
 
+def _is_url(path: str) -> bool:
+    """Whether `path` is a URL ("scheme://…", such as s3://bucket/run) rather than a local path."""
+    return re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", path) is not None
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m trustlens.integrations.openrlhf ARGS`: OpenRLHF's train_ppo_ray with the hook."""
+    run_dir = run_dir_from_env()
+    if run_dir is None:
+        raise SystemExit(f"set {ENV_DIR} to the run directory to record into")
     import ray
 
     from trustlens.integrations import openrlhf as hook  # this module, also when run as __main__
 
-    run_dir = run_dir_from_env()
-    if run_dir is None:
-        raise SystemExit(f"set {ENV_DIR} to the run directory to record into")
-    env = {ENV_DIR: os.path.abspath(run_dir)}
+    env = {ENV_DIR: run_dir if _is_url(run_dir) else os.path.abspath(run_dir)}
     os.environ[ENV_DIR] = env[ENV_DIR]
     ray.init(runtime_env={"worker_process_setup_hook": "trustlens.integrations.openrlhf.setup", "env_vars": env})
     hook.setup()

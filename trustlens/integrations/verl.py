@@ -38,8 +38,10 @@ Ranks: rank 0 is the driver; the worker of verl data-parallel rank r writes toke
 Tested on verl 0.9.1 (`main_ppo` end to end, and engine workers) and 0.7.1 (legacy workers);
 docs/attach.md says how.
 Steps: verl's global step (sent by the driver with the batch), else the count of the worker's
-update calls. `update`: the mini-batch update within the step. Sample ids:
-`trustlens.integrations._external`.
+update calls. `update`: the mini-batch update within the step. Sample ids: the driver numbers the
+step's samples and sends each row's id with the batch (a per-row field, `trustlens_sample`); a
+worker records a row under the id it came with, else under its content id
+(`trustlens.integrations._external` says where that fallback falls short).
 
 Every name is importable from here; the code is in trustlens.integrations' `_verl_compat` (the
 verl releases supported, `UnsupportedVerlVersion`), `_verl_rules` (`verl_active_rule`),
