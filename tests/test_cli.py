@@ -238,3 +238,22 @@ def test_export_usage_puts_the_runs_first(capsys):
     assert exit_.value.code == 0
     usage = "usage: trustlens export RUN [RUN ...] --to {tensorboard LOGDIR | wandb [PROJECT]}"
     assert usage in capsys.readouterr().out
+
+
+def test_an_object_store_without_credentials_is_one_line_naming_what_to_set(tmp_path, monkeypatch, capsys):
+    """botocore's NoCredentialsError is not an OSError: one line, not a traceback."""
+    pytest.importorskip("s3fs")
+    from trustlens.cli import main
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # never reached
+    monkeypatch.delenv("TRUSTLENS_DEBUG", raising=False)
+    assert main(["export", "s3://bucket/runs/ppo", "--to", "tensorboard", str(tmp_path / "tb")]) == 2
+    assert capsys.readouterr().err == (
+        "trustlens export: error: object store: NoCredentialsError: Unable to locate credentials (set "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and AWS_ENDPOINT_URL for a server other than AWS)\n"
+    )

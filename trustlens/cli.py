@@ -78,6 +78,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise
         print(f"trustlens {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except Exception as err:
+        from trustlens.run.storage import storage_error
+
+        message = storage_error(err)
+        if message is None or os.environ.get("TRUSTLENS_DEBUG"):
+            raise
+        print(f"trustlens {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -21,6 +21,24 @@ from typing import IO, Any
 INSTALL = {"s3": "pip install 'trustlens[s3]'", "s3a": "pip install 'trustlens[s3]'", "gs": "pip install gcsfs"}
 
 
+# the client libraries of the object stores fsspec reaches, whose errors are not OSErrors
+_CLIENTS = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google", "adlfs", "azure")
+_HINTS = {
+    "NoCredentialsError": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and AWS_ENDPOINT_URL for a "
+    "server other than AWS",
+}
+
+
+def storage_error(err: BaseException) -> str | None:
+    """One line for an error raised by an object store's client library (e.g. botocore's
+    NoCredentialsError, which is not an OSError), with what to set when known; None for any
+    other error."""
+    if type(err).__module__.split(".")[0] not in _CLIENTS:
+        return None
+    hint = _HINTS.get(type(err).__name__)
+    return f"object store: {type(err).__name__}: {err}" + (f" ({hint})" if hint else "")
+
+
 def is_url(path: str | os.PathLike) -> bool:
     """Whether `path` names an object-store location (a URL other than file://)."""
     return isinstance(path, str) and "://" in path and not path.startswith("file://")
