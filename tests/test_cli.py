@@ -238,6 +238,13 @@ def test_export_usage_puts_the_runs_first(capsys):
     assert exit_.value.code == 0
     usage = "usage: trustlens export RUN [RUN ...] --to {tensorboard LOGDIR | wandb [PROJECT]}"
     assert usage in capsys.readouterr().out
+    # runs after --to are read as its words: the error says where they go
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", "--to", "tensorboard", "tb", "runs/ppo"])
+    assert exit_.value.code == (
+        "trustlens export: no RUN given: put the runs before --to (--to takes one or two words, got "
+        "['tensorboard', 'tb', 'runs/ppo'])"
+    )
 
 
 def test_an_object_store_without_credentials_is_one_line_naming_what_to_set(tmp_path, monkeypatch, capsys):

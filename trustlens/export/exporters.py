@@ -113,7 +113,8 @@ def driving_tokens(run, alerts: pl.DataFrame) -> pl.DataFrame:
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
     """Flags of `trustlens export`."""
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="recorded runs (folders or object-store URLs)")
+    # "*": runs written after --to are taken by it; _export says so instead of "RUN is required"
+    parser.add_argument("runs", nargs="*", metavar="RUN", help="recorded runs (folders or object-store URLs)")
     parser.add_argument(
         "--to",
         nargs="+",
@@ -130,6 +131,10 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     kind, *dest = args.to
+    if not args.runs:
+        raise SystemExit(
+            f"trustlens export: no RUN given: put the runs before --to (--to takes one or two words, got {args.to})"
+        )
     if kind == "tensorboard" and len(dest) == 1:
         done = export_tensorboard(args.runs, dest[0])
     elif kind == "wandb" and len(dest) <= 1:
