@@ -78,9 +78,9 @@ claims[2].figure.show()
 #
 # For each collapsing run, the first critical alert of `trustlens.analysis.detect_collapse` and
 # how many steps before the collapse it came; runs that did not collapse should have none. A run
-# whose deciding evaluation lies within two binomial standard errors of the collapse line
-# (`line_margin`) could have gone the other way on another draw of held-out problems, so the
-# counts are given again over the runs decided away from the line.
+# whose lowest evaluation lies within two standard errors of the collapse line (`line_margin`)
+# could well have gone the other way on another draw of held-out problems, so the counts are
+# given again over the other runs.
 
 # %%
 print(alert_leads(outcomes))

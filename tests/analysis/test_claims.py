@@ -32,16 +32,16 @@ def test_alert_leads_counts_warned_collapses_and_false_alarms():
 
 
 def test_alert_leads_counts_again_over_the_runs_decided_away_from_the_line():
-    """pg_is seed 1 collapsed 3 standard errors below the line, dppo_binary_tv's lowest evaluation
-    was 0.5 above it, pg_is seed 0 collapsed on its reward (no margin): the second count is over
+    """pg_is seed 1 fell 3 standard errors below the line, dppo_binary_tv's lowest evaluation was
+    0.5 above it, pg_is seed 0 collapsed on its reward (no margin): the second count is over
     pg_is seed 1 alone."""
     margins = pl.Series("line_margin", [3.0, 0.5, None], dtype=pl.Float64)
     assert alert_leads(_outcomes().with_columns(margins)) == (
         "1/2 collapsing runs had a critical alert before the collapse (lead in steps: 12, -10; "
-        "mean 1.000 ± 11.000 (n=2)); 1/1 runs that did not collapse had a critical alert. 1 of the 3 runs were "
-        "decided within 2 binomial standard errors of the collapse line, by one evaluation of the held-out "
-        "problems (another draw of problems could turn them); over the 1 others, 1/1 collapsing runs had a "
-        "critical alert before the collapse; 0/0 runs that did not collapse had a critical alert"
+        "mean 1.000 ± 11.000 (n=2)); 1/1 runs that did not collapse had a critical alert. 1 of the 3 runs came "
+        "within 2 standard errors of the collapse line at their lowest evaluation (another draw of held-out "
+        "problems could well turn their outcome); over the 1 others, 1/1 collapsing runs had a critical alert "
+        "before the collapse; 0/0 runs that did not collapse had a critical alert"
     )
 
 

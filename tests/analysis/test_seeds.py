@@ -213,15 +213,16 @@ def test_mismatch_ends_count_the_steps_with_token_rows(tmp_path):
 
 
 def test_line_margin_in_standard_errors_of_the_collapse_line():
-    """ℓ = 0.4/2 = 0.2 and SE = √(0.2·0.8/500) = 0.0178885 on 500 problems."""
+    """a₀ = 0.4: ℓ = 0.2 and SE = √((0.2·0.8 + 0.4·0.6/4)/500) = 0.0209762 on 500 problems; the
+    margin is the lowest later evaluation's distance from ℓ, below it or above."""
     import math
 
     from trustlens.analysis.seeds import line_margin
 
-    se = math.sqrt(0.2 * 0.8 / 500)
-    collapsed = [(0, 0.4), (10, 0.3), (20, 0.19), (30, 0.05)]
-    assert line_margin(collapsed, 20, "accuracy", 500) == pytest.approx(0.01 / se)  # the collapse's evaluation
+    se = math.sqrt((0.2 * 0.8 + 0.4 * 0.6 / 4) / 500)
+    collapsed = [(0, 0.4), (10, 0.3), (20, 0.19), (30, 0.05)]  # collapsed at 20, and far below later
+    assert line_margin(collapsed, "accuracy", 500) == pytest.approx(0.15 / se)
     stable = [(0, 0.4), (10, 0.25), (20, 0.3)]
-    assert line_margin(stable, None, None, 500) == pytest.approx(0.05 / se)  # its lowest later evaluation
-    assert line_margin(collapsed, 20, "reward", 500) is None
-    assert line_margin(stable, None, None, None) is None and line_margin(stable[:1], None, None, 500) is None
+    assert line_margin(stable, None, 500) == pytest.approx(0.05 / se)
+    assert line_margin(collapsed, "reward", 500) is None
+    assert line_margin(stable, None, None) is None and line_margin(stable[:1], None, 500) is None

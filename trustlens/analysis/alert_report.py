@@ -25,9 +25,9 @@ def alert_leads(outcomes: pl.DataFrame) -> str:
         return line
     clear = outcomes.filter(pl.col("line_margin") > LINE_MARGIN)
     return (
-        f"{line}. {near.height} of the {outcomes.height} runs were decided within {LINE_MARGIN:g} binomial "
-        "standard errors of the collapse line, by one evaluation of the held-out problems (another draw of "
-        f"problems could turn them); over the {clear.height} others, {_alerted(clear)}"
+        f"{line}. {near.height} of the {outcomes.height} runs came within {LINE_MARGIN:g} standard errors of "
+        "the collapse line at their lowest evaluation (another draw of held-out problems could well turn "
+        f"their outcome); over the {clear.height} others, {_alerted(clear)}"
     )
 
 

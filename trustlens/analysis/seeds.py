@@ -22,13 +22,14 @@ Per run (`run_outcome`), with steps numbered as recorded:
                                      best (null without acc_drop_noise)
     collapse_step                    the step the run collapsed at (`collapse_onset`), null if never
     collapse_cause                   "accuracy" or "reward", null if never
-    line_margin                      how far the evaluation that decided the outcome lies from the
-                                     collapse line ℓ = a₀/2, in binomial standard errors
-                                     SE = √(ℓ(1 − ℓ)/eval_size): (ℓ − a)/SE for the evaluation a
-                                     of an accuracy collapse, (lowest later evaluation − ℓ)/SE for
-                                     a run that did not collapse; null for a reward collapse or
-                                     without eval_size. Below LINE_MARGIN, which problems happen
-                                     to be held out can decide whether the run "collapsed"
+    line_margin                      how far the lowest evaluation a after the first lies from
+                                     the collapse line a₀/2 (whether a run collapsed on accuracy
+                                     depends on it alone), |a − a₀/2| / SE in standard errors of
+                                     that difference, both evaluations binomial over eval_size
+                                     problems: SE² = (ℓ(1 − ℓ) + a₀(1 − a₀)/4)/eval_size, ℓ =
+                                     a₀/2; null for a reward collapse or without eval_size. Below
+                                     LINE_MARGIN another draw of held-out problems could well turn
+                                     the outcome (beyond it, less often)
     block_rate                       share of the A ≠ 0 tokens the run's active rule blocked (all
                                      steps and updates)
     block_rate_low_mu                the same among A ≠ 0 tokens with μ < 0.1 (LOW_MU)
@@ -181,18 +182,15 @@ def accuracy_drop(accuracy: list[float], eval_size: int | None) -> tuple[float |
 LINE_MARGIN = 2.0
 
 
-def line_margin(
-    accuracy: list[tuple[int, float]], onset: int | None, cause: str | None, eval_size: int | None
-) -> float | None:
+def line_margin(accuracy: list[tuple[int, float]], cause: str | None, eval_size: int | None) -> float | None:
     """`line_margin` of a run (module docstring) from its (step, accuracy) evaluations in step
-    order and its collapse (`collapse_onset`)."""
+    order and the cause of its collapse (`collapse_onset`)."""
     if not eval_size or eval_size <= 0 or len(accuracy) < 2 or cause == "reward" or accuracy[0][1] <= 0:
         return None
-    line = accuracy[0][1] / 2
-    se = math.sqrt(line * (1 - line) / eval_size)
-    if onset is None:
-        return (min(a for _, a in accuracy[1:]) - line) / se
-    return (line - dict(accuracy)[onset]) / se
+    first = accuracy[0][1]
+    line = first / 2
+    se = math.sqrt((line * (1 - line) + first * (1 - first) / 4) / eval_size)
+    return abs(min(a for _, a in accuracy[1:]) - line) / se
 
 
 def _ends(values: list[float | None], w: int) -> tuple[float | None, float | None]:
@@ -270,7 +268,7 @@ def run_outcome(run) -> dict:
         "within_noise": None if drop is None or noise is None else drop <= noise,
         "collapse_step": onset,
         "collapse_cause": cause,
-        "line_margin": line_margin(acc, onset, cause, config.get("eval_size")),
+        "line_margin": line_margin(acc, cause, config.get("eval_size")),
         "steps_to_collapse": None if onset is None else onset - first,
         "block_rate": block,
         "block_rate_low_mu": block_low,
