@@ -239,11 +239,10 @@ def test_export_usage_puts_the_runs_first(capsys):
     usage = "usage: trustlens export RUN [RUN ...] --to {tensorboard LOGDIR | wandb [PROJECT]}"
     assert usage in capsys.readouterr().out
     # runs after --to are read as its words: the error says where they go
-    with pytest.raises(SystemExit) as exit_:
-        main(["export", "--to", "tensorboard", "tb", "runs/ppo"])
-    assert exit_.value.code == (
-        "trustlens export: no RUN given: put the runs before --to (--to takes one or two words, got "
-        "['tensorboard', 'tb', 'runs/ppo'])"
+    assert main(["export", "--to", "tensorboard", "tb", "runs/ppo"]) == 2
+    assert capsys.readouterr().err == (
+        "trustlens export: error: no RUN given: put the runs before --to (--to takes one or two words, got "
+        "['tensorboard', 'tb', 'runs/ppo'])\n"
     )
 
 

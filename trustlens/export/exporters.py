@@ -131,16 +131,14 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     kind, *dest = args.to
-    if not args.runs:
-        raise SystemExit(
-            f"trustlens export: no RUN given: put the runs before --to (--to takes one or two words, got {args.to})"
-        )
+    if not args.runs:  # main prints "trustlens export: error: ..." and exits 2, as argparse would
+        raise ValueError(f"no RUN given: put the runs before --to (--to takes one or two words, got {args.to})")
     if kind == "tensorboard" and len(dest) == 1:
         done = export_tensorboard(args.runs, dest[0])
     elif kind == "wandb" and len(dest) <= 1:
         done = export_wandb(args.runs, project=dest[0] if dest else None)
     else:
-        raise SystemExit(f"trustlens export: --to must be 'tensorboard LOGDIR' or 'wandb [PROJECT]', got {args.to}")
+        raise ValueError(f"--to must be 'tensorboard LOGDIR' or 'wandb [PROJECT]', got {args.to}")
     for name, steps in done.items():
         print(f"{name}: {steps} steps exported to {kind}{' ' + dest[0] if dest else ''}")
     return 0

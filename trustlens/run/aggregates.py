@@ -137,6 +137,30 @@ def anchor_logp(floats: dict) -> np.ndarray:
     return next(floats[k] for k in ("mu_logp", "old_logp", "pi_logp") if floats.get(k) is not None)
 
 
+def _mismatch_sums(lm: np.ndarray, lo: np.ndarray) -> dict[str, object]:
+    """The token-level mismatch sums over every token of log μ `lm` and log π_old `lo` (float64):
+    a log-probability of −inf (probability 0) is a value, as in the rows
+    (trustlens.analysis.mismatch), and may make a sum infinite, or NaN (−inf − (−inf), ∞ − ∞) as
+    there."""
+    with np.errstate(invalid="ignore"):
+        mu, old = np.exp(lm), np.exp(lo)
+        log_rho = lo - lm
+        diff = np.abs(old - mu)
+        return {
+            "pairs": len(lm),
+            "sum_k1": float(-log_rho.sum()),
+            "sum_k3": float((np.exp(log_rho) - 1 - log_rho).sum()),
+            "sum_prob_diff": float(diff.sum()),
+            "max_prob_diff": float(diff.max()) if diff.size else None,
+            "sum_mu": float(mu.sum()),
+            "sum_old": float(old.sum()),
+            "sum_mu2": float((mu * mu).sum()),
+            "sum_old2": float((old * old).sum()),
+            "sum_mu_old": float((mu * old).sum()),
+            "sum_rho2": float(np.exp(2 * np.clip(log_rho, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)).sum()),
+        }
+
+
 def aggregate_row(batch, rules: list[str]) -> dict[str, object]:
     """The aggregates of the rows of one TokenBatch (all of them: before sampling)."""
     f = batch.floats
@@ -154,26 +178,7 @@ def aggregate_row(batch, rules: list[str]) -> dict[str, object]:
             row[f"k_{r}_{sign}"] = int((decided & side).sum()) if decided is not None else None
     mu_logp, old_logp = f.get("mu_logp"), f.get("old_logp")
     if mu_logp is not None and old_logp is not None:
-        # every token: a log-probability of −inf (probability 0) is a value, as in the rows
-        # (trustlens.analysis.mismatch), and may make a sum infinite
-        lm, lo = mu_logp.astype(np.float64), old_logp.astype(np.float64)
-        mu, old = np.exp(lm), np.exp(lo)
-        with np.errstate(invalid="ignore"):  # −inf − (−inf) is NaN, as in the rows
-            log_rho = lo - lm
-        diff = np.abs(old - mu)
-        row |= {
-            "pairs": len(lm),
-            "sum_k1": float(-log_rho.sum()),
-            "sum_k3": float((np.exp(log_rho) - 1 - log_rho).sum()),
-            "sum_prob_diff": float(diff.sum()),
-            "max_prob_diff": float(diff.max()) if diff.size else None,
-            "sum_mu": float(mu.sum()),
-            "sum_old": float(old.sum()),
-            "sum_mu2": float((mu * mu).sum()),
-            "sum_old2": float((old * old).sum()),
-            "sum_mu_old": float((mu * old).sum()),
-            "sum_rho2": float(np.exp(2 * np.clip(log_rho, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)).sum()),
-        }
+        row |= _mismatch_sums(mu_logp.astype(np.float64), old_logp.astype(np.float64))
     else:
         row |= {"pairs": 0, **dict.fromkeys(SUMS, 0.0), "max_prob_diff": None}
     tv, kl = f.get("topk_tv"), f.get("topk_kl")

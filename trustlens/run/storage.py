@@ -22,7 +22,7 @@ INSTALL = {"s3": "pip install 'trustlens[s3]'", "s3a": "pip install 'trustlens[s
 
 
 # the client libraries of the object stores fsspec reaches, whose errors are not OSErrors
-_CLIENTS = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google", "adlfs", "azure")
+_CLIENTS = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google.auth", "google.api_core", "adlfs", "azure.core")
 _HINTS = {
     "NoCredentialsError": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and AWS_ENDPOINT_URL for a "
     "server other than AWS",
@@ -33,7 +33,8 @@ def storage_error(err: BaseException) -> str | None:
     """One line for an error raised by an object store's client library (e.g. botocore's
     NoCredentialsError, which is not an OSError), with what to set when known; None for any
     other error."""
-    if type(err).__module__.split(".")[0] not in _CLIENTS:
+    module = type(err).__module__
+    if not any(module == client or module.startswith(client + ".") for client in _CLIENTS):
         return None
     hint = _HINTS.get(type(err).__name__)
     return f"object store: {type(err).__name__}: {err}" + (f" ({hint})" if hint else "")
