@@ -142,6 +142,14 @@ def test_torchrun_logs_block_rates_pooled_over_ranks(ranks):
     for key, v in exact.items():
         assert sent[key] == pytest.approx(v, rel=1e-12), key
         assert mirrored[key] == pytest.approx(v, rel=1e-6), key  # float32 event values
+    # the trainer logs, pooled, every token-level name the export computes from the aggregates,
+    # so rank 0's mirror (logged wins over its shard) sends the step's values for them too
+    pooled = ("zero_adv_frac", "mismatch_kl", "k3_kl", "chi2_token", "prob_diff_mean", "prob_diff_max", "prob_pearson")
+    checked = [(step, name) for step, name in sent if name in pooled]
+    assert {name for _, name in checked} == set(pooled)
+    for key in checked:
+        assert logged[key] == pytest.approx(sent[key], rel=1e-6, abs=1e-12), key
+        assert mirrored[key] == pytest.approx(sent[key], rel=1e-5, abs=1e-9), key
 
 
 def test_log_pools_over_ranks_and_keeps_non_finite_values(ranks):

@@ -27,7 +27,7 @@ rates, a subset of the tokens), and is not sent. External trainers log under the
 (sampled token rows, the mirror's too) gets the computed ones from its exact aggregates
 (trustlens.run.aggregates.per_step_scalars); the sequence-level mismatch metrics (log_ppl_diff,
 log_ppl_abs_diff, chi2_seq) need every token of a response: such a run sends only those it
-logged (the built-in trainer logs log_ppl_diff).
+logged (the built-in trainer logs all three).
 
 `shard=True` is for rows that are one rank's shard of each step (a live mirror on rank 0 of a
 data-parallel run, whose trainer logs values reduced over all ranks): there a logged value wins

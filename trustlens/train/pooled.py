@@ -50,6 +50,35 @@ def std(sums: list[float]) -> float:
     return math.sqrt(max(s2 - s1 * s1 / n, 0.0) / (n - 1)) if n > 1 else 0.0
 
 
+def _mean_minus_one(sums: list[float]) -> float:
+    """(Σx, n) -> Σx/n − 1, NaN when n = 0 (a χ² from the mean of squared ratios)."""
+    return _divide(sums) - 1
+
+
+def _pearson(sums: list[float]) -> float:
+    """(n, Σx, Σy, Σx², Σy², Σxy) -> the Pearson correlation of the n pairs (population moments,
+    clipped to [−1, 1]); NaN for fewer than two pairs or a constant x or y."""
+    n, sx, sy, sxx, syy, sxy = sums
+    if n < 2:
+        return math.nan
+    var_x, var_y = sxx / n - (sx / n) ** 2, syy / n - (sy / n) ** 2
+    if var_x <= 0 or var_y <= 0:
+        return math.nan
+    return min(1.0, max(-1.0, (sxy / n - sx * sy / n**2) / math.sqrt(var_x * var_y)))
+
+
+def pooled_chi2(squares: torch.Tensor, mask: torch.Tensor) -> Pooled:
+    """Mean of `squares` over mask minus 1, over all ranks (χ² = E[ρ²] − 1)."""
+    return Pooled((float(squares[mask].double().sum()), int(mask.sum())), _mean_minus_one)
+
+
+def pooled_pearson(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> Pooled:
+    """The Pearson correlation of x and y over mask, over all ranks' pairs (from pooled moments)."""
+    a, b = x[mask].double(), y[mask].double()
+    sums = (len(a), a.sum(), b.sum(), (a * a).sum(), (b * b).sum(), (a * b).sum())
+    return Pooled(tuple(float(v) for v in sums), _pearson)
+
+
 def ratio(num: float, den: float) -> Pooled:
     """Σ num / Σ den over ranks; NaN when Σ den = 0 (e.g. a block rate of a sign no rank saw)."""
     return Pooled((float(num), float(den)), _divide)
@@ -101,4 +130,14 @@ def log_reduced(recorder, world: World, step: int, metrics: Mapping[str, float |
     return reduced
 
 
-__all__ = ["Pooled", "local_values", "log_reduced", "masked_mean", "mean_of_ratios", "ratio", "std"]
+__all__ = [
+    "Pooled",
+    "local_values",
+    "log_reduced",
+    "masked_mean",
+    "mean_of_ratios",
+    "pooled_chi2",
+    "pooled_pearson",
+    "ratio",
+    "std",
+]

@@ -56,10 +56,19 @@ from trustlens.loss import policy_loss
 from trustlens.record_args import distributed_rank
 from trustlens.recorder import NullRecorder, TokenRecorder
 from trustlens.rules import evaluate_all
-from trustlens.run.aggregates import Keep
+from trustlens.run.aggregates import LOG_RATIO_BOUND, Keep
 from trustlens.train.config import RANDOM_INIT, TrainConfig
 from trustlens.train.evaluate import decode_responses, evaluate_accuracy
-from trustlens.train.pooled import Pooled, log_reduced, masked_mean, mean_of_ratios, ratio, std
+from trustlens.train.pooled import (
+    Pooled,
+    log_reduced,
+    masked_mean,
+    mean_of_ratios,
+    pooled_chi2,
+    pooled_pearson,
+    ratio,
+    std,
+)
 from trustlens.train.rollout import Rollout, RolloutEngine, response_logits
 from trustlens.train.tasks import ArithmeticTask
 from trustlens.train.world import average_gradients, init_world
@@ -97,25 +106,40 @@ def token_logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 def mismatch_metrics(batch: Rollout, old_logits: torch.Tensor, old_logp: torch.Tensor) -> dict[str, float | Pooled]:
     """How far the engine's μ is from the trainer's π_old on this batch's tokens (names and
-    definitions of `trustlens.metrics`); the means are `Pooled` over ranks, the max a float.
+    definitions of `trustlens.metrics`, as trustlens.analysis.mismatch computes them from the
+    token rows); the means are `Pooled` over ranks, the maxima floats (a max over ranks).
 
     mismatch_kl: mean of log μ − log π_old (a ~ μ: the K1 estimate of KL(μ‖π_old), nats);
     k3_kl: mean of ρ − 1 − log ρ, ρ = π_old/μ (the K3 estimate, never negative);
+    chi2_token: mean of ρ² − 1 (log ρ clamped to ±LOG_RATIO_BOUND before exp);
+    prob_diff_mean / prob_diff_max / prob_pearson: |π_old − μ| per token, and the correlation of
+    μ and π_old over the tokens;
     topk_kl_mean / topk_tv_mean / topk_tv_max: the top-K KL and TV (docs/rules.md) per token;
-    log_ppl_diff: mean over responses of log PPL(π_old) − log PPL(μ), the per-token mean NLL gap.
+    log_ppl_diff / log_ppl_abs_diff: mean over responses of log PPL(π_old) − log PPL(μ), the
+    per-token mean NLL gap, and of its absolute value; chi2_seq: mean over responses of
+    ρ_seq² − 1, log ρ_seq = Σ log ρ over the response (clamped likewise).
     """
     m = batch.response_mask
     tv, kl = topk_divergence(old_logits, batch.mu_topk_ids, batch.mu_topk_logp)
     lengths = m.sum(-1).clamp(min=1)
     log_rho = (old_logp - batch.mu_logp).double()  # (B, T)
     nll_gap = torch.where(m, -log_rho, 0.0).sum(-1) / lengths  # (B,) padding never enters
+    log_rho_seq = torch.where(m, log_rho, 0.0).sum(-1).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # (B,)
+    mu, old = batch.mu_logp.double().exp(), old_logp.double().exp()  # (B, T)
+    diff = (old - mu).abs()
     return {
         "mismatch_kl": masked_mean(-log_rho, m),
         "k3_kl": masked_mean(log_rho.exp() - 1 - log_rho, m),
+        "chi2_token": pooled_chi2((2 * log_rho.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)).exp(), m),
+        "prob_diff_mean": masked_mean(diff, m),
+        "prob_diff_max": float(diff[m].max()) if bool(m.any()) else math.nan,
+        "prob_pearson": pooled_pearson(mu, old, m),
         "topk_kl_mean": masked_mean(kl, m),
         "topk_tv_mean": masked_mean(tv, m),
         "topk_tv_max": float(tv[m].max()) if bool(m.any()) else math.nan,
         "log_ppl_diff": ratio(float(nll_gap.sum()), len(nll_gap)),
+        "log_ppl_abs_diff": ratio(float(nll_gap.abs().sum()), len(nll_gap)),
+        "chi2_seq": ratio(float(((2 * log_rho_seq).exp() - 1).sum()), len(nll_gap)),
     }
 
 
@@ -253,6 +277,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                 old_logp = token_logp(old_logits, batch.response_ids)
                 metrics.update(mismatch_metrics(batch, old_logits, old_logp))
                 metrics["entropy/mean"] = masked_mean(entropy_from_logits(old_logits), mask)
+                metrics["zero_adv_frac"] = ratio(int((mask & (advantages[:, None] == 0)).sum()), int(mask.sum()))
             del old_logits
 
             # 4.–5. minibatch updates under the rule, each recorded with every rule evaluated
