@@ -56,6 +56,7 @@ def s3(s3_endpoint, monkeypatch, tmp_path):
     for obj in client.list_objects_v2(Bucket=BUCKET).get("Contents", []):
         client.delete_object(Bucket=BUCKET, Key=obj["Key"])
     client.delete_bucket(Bucket=BUCKET)
+    s3fs.S3FileSystem.clear_instance_cache()  # no later test reuses a filesystem with these credentials
     assert not (tmp_path / "s3:").exists()
 
 

@@ -248,8 +248,10 @@ def test_export_usage_puts_the_runs_first(capsys):
 
 def test_an_object_store_without_credentials_is_one_line_naming_what_to_set(tmp_path, monkeypatch, capsys):
     """botocore's NoCredentialsError is not an OSError: one line, not a traceback."""
-    pytest.importorskip("s3fs")
+    s3fs = pytest.importorskip("s3fs")
     from trustlens.cli import main
+
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec caches filesystems with their credentials
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
