@@ -4,8 +4,8 @@ default v1 `PPOTrainer`, every number verl logs through `Tracking.log` (as `verl
 the run's end when `fit` returns (finished, or failed with the error).
 
 At `_update_actor` the driver numbers the step's samples (`_external.sample_ids`) and sends the
-workers, with the batch, its global step (`_STEP_KEY`: batch-level) and each row's sample id
-(`_SAMPLE_KEY`: a per-row int64 field, which verl's dispatch splits with the rows).
+workers, with the batch, its global step (`STEP_KEY`: batch-level) and each row's sample id
+(`SAMPLE_KEY`: a per-row int64 field, which verl's dispatch splits with the rows).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from trustlens.integrations._external import (
+    SAMPLE_KEY,
+    STEP_KEY,
     closing_run,
     external_rules,
     numeric_metrics,
@@ -27,7 +29,7 @@ from trustlens.integrations._external import (
 )
 from trustlens.integrations._verl_compat import _verl_version
 from trustlens.integrations._verl_rules import verl_active_rule
-from trustlens.integrations._verl_state import _SAMPLE_KEY, _STEP_KEY, _state
+from trustlens.integrations._verl_state import _state
 from trustlens.recorder import TokenRecorder
 
 
@@ -57,12 +59,12 @@ def _log_samples(trainer: Any, batch: Any) -> None:
     if recorder is None:
         return
     step = int(trainer.global_steps)
-    batch.meta_info[_STEP_KEY] = step
+    batch.meta_info[STEP_KEY] = step
     tensors = batch.batch
     responses = tensors["responses"]
     seqs, prompt_lengths = padded_sequences(tensors["input_ids"], tensors["attention_mask"], responses.shape[1])
     ids = sample_ids(seqs, prompt_lengths)
-    tensors[_SAMPLE_KEY] = torch.tensor(ids[0], dtype=torch.int64, device=responses.device)
+    tensors[SAMPLE_KEY] = torch.tensor(ids[0], dtype=torch.int64, device=responses.device)
     scores = tensors.get("token_level_scores")
     mask = tensors["response_mask"].bool()
     recorder.log_samples(
@@ -85,7 +87,7 @@ def _log_samples_v1(trainer: Any, batch: Any) -> None:
     from tensordict import TensorDict
 
     step = int(trainer.global_steps)
-    batch.extra_info[_STEP_KEY] = step
+    batch.extra_info[STEP_KEY] = step
     fields = ["prompts", "responses", "response_mask", "advantages", "rm_scores"]
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
     prompts = list(data["prompts"].unbind())
@@ -95,10 +97,10 @@ def _log_samples_v1(trainer: Any, batch: Any) -> None:
     seqs = [torch.cat([p, r[m]]) for p, r, m in zip(prompts, responses, mask, strict=True)]
     prompt_lengths = [len(p) for p in prompts]
     samples, groups = sample_ids(seqs, prompt_lengths)
-    ids = TensorDict({_SAMPLE_KEY: torch.tensor(samples, dtype=torch.int64)}, batch_size=len(samples))
+    ids = TensorDict({SAMPLE_KEY: torch.tensor(samples, dtype=torch.int64)}, batch_size=len(samples))
     tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=ids)
-    if batch.fields is not None and _SAMPLE_KEY not in batch.fields:
-        batch.fields = [*batch.fields, _SAMPLE_KEY]
+    if batch.fields is not None and SAMPLE_KEY not in batch.fields:
+        batch.fields = [*batch.fields, SAMPLE_KEY]
     real = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
     keep = torch.tensor(real, dtype=torch.long)
     recorder.log_samples(

@@ -3,7 +3,7 @@ passes only, at `losses.ppo_loss` on verl 0.8–0.9's engine workers (`_patch_en
 at `DataParallelPPOActor._forward_micro_batch` inside `update_policy` on verl 0.7's legacy FSDP
 workers (`_patch_dp_actor`). The worker of data-parallel rank r records as rank r + 1, one rank
 per tensor- or sequence-parallel group; what it records is in trustlens.integrations.verl's
-docstring. Each row is recorded under the sample id the driver sent with it (`_SAMPLE_KEY`), else
+docstring. Each row is recorded under the sample id the driver sent with it (`SAMPLE_KEY`), else
 its content id (`trustlens.integrations._external`).
 """
 
@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from trustlens.integrations._external import (
+    SAMPLE_KEY,
+    STEP_KEY,
     WorkerRecording,
     external_rules,
     id_list,
@@ -24,7 +26,7 @@ from trustlens.integrations._external import (
     run_dir_from_env,
 )
 from trustlens.integrations._verl_rules import verl_active_rule
-from trustlens.integrations._verl_state import _SAMPLE_KEY, _STEP_KEY, _state
+from trustlens.integrations._verl_state import _state
 
 
 def _worker(actor_config: Any, dp_rank: int, dp_size: int, enabled: bool) -> WorkerRecording | None:
@@ -61,7 +63,7 @@ def _wrap_ppo_loss(ppo_loss):
                 _record_micro_batch(
                     seqs,
                     prompt_lengths,
-                    data.get(_SAMPLE_KEY, None),
+                    data.get(SAMPLE_KEY, None),
                     token_ids=responses,
                     response_mask=padded["response_mask"],
                     pi_logp=no_padding_2_padding(model_output["log_probs"], data).detach().float(),
@@ -123,7 +125,7 @@ def _patch_engine_workers() -> None:
                 engine.is_mp_src_rank_with_outputs(),
             )
             if worker is not None:
-                worker.begin_step(tu.get(data, key=_STEP_KEY, default=None))
+                worker.begin_step(tu.get(data, key=STEP_KEY, default=None))
         return mini_batch(self, data)
 
     @functools.wraps(train_batch)
@@ -141,13 +143,13 @@ def _patch_engine_workers() -> None:
 def _keep_sample_ids(data: Any) -> None:
     """Make `data.select` (update_policy keeps only the columns it uses) keep the driver's sample
     ids too, so that they reach the micro-batches."""
-    if data.batch is None or _SAMPLE_KEY not in data.batch:
+    if data.batch is None or SAMPLE_KEY not in data.batch:
         return
     select = data.select
 
     def select_with_ids(batch_keys=None, *args, **kwargs):
-        if batch_keys is not None and _SAMPLE_KEY not in batch_keys:
-            batch_keys = [*batch_keys, _SAMPLE_KEY]
+        if batch_keys is not None and SAMPLE_KEY not in batch_keys:
+            batch_keys = [*batch_keys, SAMPLE_KEY]
         return select(batch_keys, *args, **kwargs)
 
     data.select = select_with_ids
@@ -167,7 +169,7 @@ def _patch_dp_actor() -> None:
             worker = _worker(self.config, rank // sp, world // sp, rank % sp == 0)
         if worker is None:
             return update_policy(self, data)
-        worker.begin_step(data.meta_info.get(_STEP_KEY))
+        worker.begin_step(data.meta_info.get(STEP_KEY))
         mini = self.config.ppo_mini_batch_size
         self._trustlens = {"rows": 0, "mini": mini, "on_policy": len(data) <= mini and self.config.ppo_epochs == 1}
         _keep_sample_ids(data)
@@ -199,7 +201,7 @@ def _patch_dp_actor() -> None:
             _record_micro_batch(
                 seqs,
                 prompt_lengths,
-                micro_batch.get(_SAMPLE_KEY),
+                micro_batch.get(SAMPLE_KEY),
                 token_ids=micro_batch["responses"],
                 response_mask=micro_batch["response_mask"],
                 pi_logp=log_prob,

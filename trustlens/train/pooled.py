@@ -69,7 +69,7 @@ def _pearson(sums: list[float]) -> float:
 
 def pooled_chi2(squares: torch.Tensor, mask: torch.Tensor) -> Pooled:
     """Mean of `squares` over mask minus 1, over all ranks (χ² = E[ρ²] − 1)."""
-    return Pooled((float(squares[mask].double().sum()), int(mask.sum())), _mean_minus_one)
+    return Pooled(masked_mean(squares, mask).sums, _mean_minus_one)
 
 
 def pooled_pearson(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> Pooled:
@@ -88,6 +88,12 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> Pooled:
     """Mean of x over mask (True entries), over all ranks' tokens; NaN when every mask is empty.
     Summed in float64; a +inf entry makes it +inf."""
     return ratio(float(x[mask].double().sum()), int(mask.sum()))
+
+
+def masked_max(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """Max of x over mask, NaN when the mask is empty: a plain value, which `log_reduced` takes
+    the maximum of over ranks (name it `*_max`)."""
+    return float(x[mask].max()) if bool(mask.any()) else math.nan
 
 
 def local_values(metrics: Mapping[str, float | Pooled]) -> dict[str, float]:
@@ -134,6 +140,7 @@ __all__ = [
     "Pooled",
     "local_values",
     "log_reduced",
+    "masked_max",
     "masked_mean",
     "mean_of_ratios",
     "pooled_chi2",

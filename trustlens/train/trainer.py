@@ -44,7 +44,6 @@ Units: log-probabilities in nats, TV in probability mass, KL in nats, times in s
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -62,6 +61,7 @@ from trustlens.train.evaluate import decode_responses, evaluate_accuracy
 from trustlens.train.pooled import (
     Pooled,
     log_reduced,
+    masked_max,
     masked_mean,
     mean_of_ratios,
     pooled_chi2,
@@ -132,11 +132,11 @@ def mismatch_metrics(batch: Rollout, old_logits: torch.Tensor, old_logp: torch.T
         "k3_kl": masked_mean(log_rho.exp() - 1 - log_rho, m),
         "chi2_token": pooled_chi2((2 * log_rho.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)).exp(), m),
         "prob_diff_mean": masked_mean(diff, m),
-        "prob_diff_max": float(diff[m].max()) if bool(m.any()) else math.nan,
+        "prob_diff_max": masked_max(diff, m),
         "prob_pearson": pooled_pearson(mu, old, m),
         "topk_kl_mean": masked_mean(kl, m),
         "topk_tv_mean": masked_mean(tv, m),
-        "topk_tv_max": float(tv[m].max()) if bool(m.any()) else math.nan,
+        "topk_tv_max": masked_max(tv, m),
         "log_ppl_diff": ratio(float(nll_gap.sum()), len(nll_gap)),
         "log_ppl_abs_diff": ratio(float(nll_gap.abs().sum()), len(nll_gap)),
         "chi2_seq": ratio(float(((2 * log_rho_seq).exp() - 1).sum()), len(nll_gap)),
