@@ -69,8 +69,8 @@ def on_steps(fn, ctx: Context):
 def decidable_rules(ctx: Context) -> list[str]:
     """Blocking rules of the registry the run did not record but whose inputs it holds: they can
     be decided on its columns (analysis.with_rules) and compared with the recorded ones."""
-    from trustlens.rule_columns import rule_columns
     from trustlens.rules import RULES
+    from trustlens.rules.columns import rule_columns
 
     names = set(ctx.tokens.collect_schema().names()) if ctx.tokens is not None else set()
     return [

@@ -10,14 +10,14 @@ import math
 import polars as pl
 import streamlit as st
 
-from trustlens.render import FORMULA_START, escape_markdown, visible_token
+from trustlens.core.render import FORMULA_START, escape_markdown, visible_token
 
 # Most rows a download holds: a browser download of millions of rows helps nobody.
 MAX_DOWNLOAD_ROWS = 1_000_000
 
 
 def md(text: object) -> str:
-    """Untrusted text made inert for st.markdown / labels (see trustlens.render.escape_markdown)."""
+    """Untrusted text made inert for st.markdown / labels (see trustlens.core.render.escape_markdown)."""
     return escape_markdown(str(text))
 
 
@@ -58,7 +58,7 @@ def dataframe(df: pl.DataFrame, **kwargs) -> None:
 
 def csv_safe(df: pl.DataFrame) -> pl.DataFrame:
     """`df` with every text cell a spreadsheet would run as a formula (starting with =, +, -, @,
-    tab or CR) prefixed with an apostrophe, so it opens as text (trustlens.render.csv_cell)."""
+    tab or CR) prefixed with an apostrophe, so it opens as text (trustlens.core.render.csv_cell)."""
     text = [c for c, t in df.schema.items() if t in (pl.String, pl.Categorical)]
     fixes = []
     for c in text:

@@ -17,7 +17,7 @@ measured in this run, on one thread:
 Goals: topk_divergence ≤ 0.6× the eager reference's time, ≤ 1/4 of its peak extra memory, and
 against the compiled reference ≤ 1.0× its time for float32 logits, ≤ 1.15× for bfloat16. The
 inputs are random logits (flat rows), where topk_divergence takes its compiled one-pass kernel
-(trustlens._vocab_chunks.COMPILE_MIN_ELEMENTS); its compile step runs in the warm-up call.
+(trustlens.divergence.vocab_chunks.COMPILE_MIN_ELEMENTS); its compile step runs in the warm-up call.
 """
 
 from __future__ import annotations

@@ -7,14 +7,18 @@ tools that only read recorded runs.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "TokenRecorder": "trustlens.recorder",
-    "NullRecorder": "trustlens.recorder",
+    "TokenRecorder": "trustlens.record",
+    "NullRecorder": "trustlens.record",
     "load_run": "trustlens.run",
     "load_runs": "trustlens.run",
     "Run": "trustlens.run",
@@ -25,8 +29,8 @@ _EXPORTS = {
     "Rule": "trustlens.rules",
     "evaluate": "trustlens.rules",
     "evaluate_all": "trustlens.rules",
-    "policy_loss": "trustlens.loss",
-    "PolicyLoss": "trustlens.loss",
+    "policy_loss": "trustlens.rules.loss",
+    "PolicyLoss": "trustlens.rules.loss",
     "binary_tv": "trustlens.divergence",
     "binary_kl": "trustlens.divergence",
     "topk_divergence": "trustlens.divergence",
@@ -46,9 +50,9 @@ if TYPE_CHECKING:
         topk_divergence,
         topk_from_logits,
     )
-    from trustlens.loss import PolicyLoss, policy_loss
-    from trustlens.recorder import NullRecorder, TokenRecorder
+    from trustlens.record import NullRecorder, TokenRecorder
     from trustlens.rules import RULES, Rule, evaluate, evaluate_all
+    from trustlens.rules.loss import PolicyLoss, policy_loss
     from trustlens.run import NoRowsError, NotARunError, Run, load_run, load_runs
     from trustlens.run.aggregates import Keep
 
@@ -82,3 +86,34 @@ def __getattr__(name: str):
         raise ImportError(f"trustlens.{name}: {message}", name=err.name) from err
     globals()[name] = value
     return value
+
+
+# Module paths that earlier releases documented -> where the module lives now. `import trustlens.loss`
+# (or `from trustlens.recorder import TokenRecorder`) still works and gives the module itself.
+MOVED_MODULES = {
+    "trustlens.loss": "trustlens.rules.loss",
+    "trustlens.recorder": "trustlens.record",
+    "trustlens.render": "trustlens.core.render",
+    "trustlens.rule_columns": "trustlens.rules.columns",
+}
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a moved module under its old name: the module object is the new one."""
+
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MOVED_MODULES:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return importlib.import_module(MOVED_MODULES[spec.name])
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass
+
+
+if not any(isinstance(finder, _MovedModuleFinder) for finder in sys.meta_path):
+    sys.meta_path.append(_MovedModuleFinder())

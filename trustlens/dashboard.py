@@ -38,7 +38,7 @@ PRELOAD = (
     "plotly.io",
     "trustlens.analysis",
     "trustlens.plots",
-    "trustlens.render",
+    "trustlens.core.render",
     "trustlens.run",
 )
 

@@ -9,7 +9,7 @@ from safe_display import dataframe, download_buttons, md, number
 from sidebar import context
 
 from trustlens.analysis import tokens as tq
-from trustlens.render import colored_tokens_html, legend_html
+from trustlens.core.render import colored_tokens_html, legend_html
 from trustlens.run import blocked_column, column_doc
 
 # Quantities a response can be coloured by, when the run holds them.

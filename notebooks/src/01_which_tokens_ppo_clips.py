@@ -19,7 +19,7 @@ from trustlens import plots
 from trustlens.analysis.findings import blocked_anchor_quantiles, blocked_token_anchor, motivating_examples
 from trustlens.analysis.tokens import sample_tokens
 from trustlens.notebook import sample_runs, setup
-from trustlens.render import colored_tokens_html, legend_html
+from trustlens.core.render import colored_tokens_html, legend_html
 
 setup()
 

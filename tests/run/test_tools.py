@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trustlens import Keep, TokenRecorder, load_run
-from trustlens.recorder import SAMPLE_RANK, SAMPLE_STEP
+from trustlens.record import SAMPLE_RANK, SAMPLE_STEP
 from trustlens.run import TABLES
 
 B, T = 3, 5

@@ -47,12 +47,12 @@ def with_rules(
     tokens: pl.LazyFrame, rules: Sequence[str], *, base: Mapping[str, Mapping] | None = None
 ) -> pl.LazyFrame:
     """`tokens` with a `blocked_<rule>` column for each of `rules` the table lacks, decided on the
-    recorded columns by `trustlens.rule_columns.evaluate_columns` (no torch): a rule the run did not
+    recorded columns by `trustlens.rules.columns.evaluate_columns` (no torch): a rule the run did not
     evaluate, compared counterfactually. `base` ({rule: manifest entry}, `Run.rules`) gives
     thresholds and brings back custom rules; the anchor is μ, or π_old in a run without μ.
     ValueError naming the rule when the table lacks a column it reads."""
-    from trustlens.rule_columns import evaluate_columns, rule_columns
     from trustlens.rules import Rule, get_rule
+    from trustlens.rules.columns import evaluate_columns, rule_columns
 
     names = tokens.collect_schema().names()
     mu = anchor_column(tokens)

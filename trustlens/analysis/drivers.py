@@ -14,7 +14,7 @@ mismatch_growth: where a token has no π_old, its π stands in.
 reward_drop and accuracy_drop: over-updates on negative samples, the tokens pushed furthest below
 μ (the paper's collapse driver).
 
-grad_norm_spike: the size of the token's gradient. A token's loss (`trustlens.loss`,
+grad_norm_spike: the size of the token's gradient. A token's loss (`trustlens.rules.loss`,
 docs/rules.md) is −A · sg(w) · (1 − blocked) · log π(a_t) with the importance weight w = π/μ
 (the `ratio` column; π/π_old in a run without μ). Its gradient with respect to the position's
 logits z (before the loss aggregation's common 1/N) is −A · w · (1 − blocked) · (e_{a_t} −

@@ -3,7 +3,7 @@
 A recorded run stores one decision per rule (`blocked_<rule>`) at the thresholds it was recorded
 with. `threshold_sweep` asks what each rule would have blocked at other thresholds: for a scale
 s, the rule's thresholds become (s · low, s · high) — ε for the ratio rules, δ for the DPPO
-rules — and the rule is decided again on every token by `trustlens.rule_columns.evaluate_columns` (the
+rules — and the rule is decided again on every token by `trustlens.rules.columns.evaluate_columns` (the
 recorder's decision function on the run's columns, no torch), so at s = 1 the sweep reproduces
 the recorded columns. Scaling every rule by the same factors puts PPO's ε and DPPO's δ, which
 live in different units, on one axis. Block rates are over A ≠ 0 tokens (docs/rules.md).
@@ -29,8 +29,8 @@ from trustlens.analysis.buckets import (
     rules_of,
     weighted,
 )
-from trustlens.rule_columns import evaluate_columns, rule_columns
 from trustlens.rules import Rule, get_rule
+from trustlens.rules.columns import evaluate_columns, rule_columns
 
 # Default scales of every rule's thresholds: a quarter of the recorded thresholds up to four times.
 DEFAULT_SCALES: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)

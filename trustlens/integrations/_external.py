@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from trustlens.recorder import TokenRecorder
+from trustlens.record import TokenRecorder
 from trustlens.rules import RULES, Rule
 
 # the environment variable naming the run directory of an attached trainer

@@ -70,7 +70,7 @@ class TrustLensGRPOMixin(_MixinBase):
         return getattr(self.processing_class, "tokenizer", self.processing_class)
 
     def _tl_open_recorder(self, run_dir: str | Path, rules: Any) -> Any:
-        from trustlens.recorder import TokenRecorder
+        from trustlens.record import TokenRecorder
 
         active, thresholds = active_rule_of(self.args)
         if rules is None:
@@ -84,7 +84,7 @@ class TrustLensGRPOMixin(_MixinBase):
     def _tl_topk_recordable(self) -> bool:
         """Whether this run has μ's top-K (a top-K DPPO run) and the recorder takes precomputed
         top-K divergences."""
-        from trustlens.recorder import TokenRecorder
+        from trustlens.record import TokenRecorder
 
         topk_run = str(getattr(self.args, "divergence_type", "")).startswith("topk_")
         return topk_run and _accepts_topk(TokenRecorder.record)

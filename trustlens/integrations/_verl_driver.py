@@ -30,7 +30,7 @@ from trustlens.integrations._external import (
 from trustlens.integrations._verl_compat import _verl_version
 from trustlens.integrations._verl_rules import verl_active_rule
 from trustlens.integrations._verl_state import _state
-from trustlens.recorder import TokenRecorder
+from trustlens.record import TokenRecorder
 
 
 def _driver(trainer: Any) -> TokenRecorder | None:

@@ -71,7 +71,7 @@ from trustlens.integrations._external import (
     sample_ids,
     warn_untested,
 )
-from trustlens.recorder import TokenRecorder
+from trustlens.record import TokenRecorder
 
 # tests/integrations/test_openrlhf.py passes on 0.11.2
 TESTED = (Version("0.11.0"), Version("0.11.2"))

@@ -19,7 +19,7 @@ every string a figure shows goes through `safe_text` (HTML-escaped, `$` as an en
 characters shown as visible escapes): trace names, axis and subplot titles, and the `title`
 argument of every function here (a caller may build it from a run or rule name).
 
-Rules have one fixed colour each (`trustlens.render.rule_colour`), the same in every figure.
+Rules have one fixed colour each (`trustlens.core.render.rule_colour`), the same in every figure.
 """
 
 from trustlens.plots.blocking import (

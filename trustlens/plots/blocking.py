@@ -1,7 +1,7 @@
 """Figures of what the rules block: the DPPO paper's Figure 1 (token density against μ with each
 rule's boundary), the most-blocked tokens, the blocked fraction by μ bucket and per step, and
 two rules' masks compared (confusion_heatmap, confusion_lines). Each rule keeps its colour
-(`trustlens.render.rule_colours`)."""
+(`trustlens.core.render.rule_colours`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
+from trustlens.core.render import rule_colours
 from trustlens.plots.common import MAX_POINTS, empty, safe_text, thin, token_labels
-from trustlens.render import rule_colours
 
 _SIDE_DASH = {"upper": "solid", "lower": "dash"}
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 import polars as pl
 
-from trustlens.render import visible_text
+from trustlens.core.render import visible_text
 
 # Curves longer than this are averaged over equal step bins.
 MAX_POINTS = 2000

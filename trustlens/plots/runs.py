@@ -9,8 +9,8 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
+from trustlens.core.render import rule_colours, series_colours
 from trustlens.plots.common import MAX_POINTS, SEVERITY_COLOURS, empty, safe_text, thin
-from trustlens.render import rule_colours, series_colours
 
 TIMELINE_SIGNALS = ("entropy", "k3_kl", "reward", "accuracy", "grad_norm")
 

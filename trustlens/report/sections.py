@@ -31,8 +31,8 @@ from trustlens.analysis import (
 )
 from trustlens.analysis.agreement import default_rule_pair
 from trustlens.analysis.tokens import ANCHOR_SYMBOLS, anchor_column, sample_text, sample_tokens
+from trustlens.core.render import colored_tokens_html, legend_html
 from trustlens.export.exporters import driving_tokens
-from trustlens.render import colored_tokens_html, legend_html
 from trustlens.run import BLOCKED_PREFIX, NoRowsError
 
 # token rows the colour-coded sample shows at most

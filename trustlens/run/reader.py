@@ -29,7 +29,7 @@ from typing import Any
 import polars as pl
 import pyarrow.parquet as pq
 
-from trustlens import _logspace
+from trustlens.core import logspace
 from trustlens.run.errors import CorruptPartWarning, NoRowsError, NotARunError, RunWarning
 from trustlens.run.manifest import MANIFEST, read_manifest
 from trustlens.run.parts import Location, list_folder, source
@@ -157,12 +157,12 @@ DERIVED = ("ratio", "binary_tv", "binary_kl")
 
 def _with_derived(tokens: pl.LazyFrame) -> pl.LazyFrame:
     """`tokens` with ratio, binary_tv and binary_kl computed from pi_logp and the anchor (μ, else
-    π_old) as the recorder computes them (`trustlens._logspace.derived_columns`).
+    π_old) as the recorder computes them (`trustlens.core.logspace.derived_columns`).
     Declared elementwise, so that polars' streaming engine computes it batch by batch (otherwise
     it gathers the whole column first: 16.6 GB for step_summary on a 197M-row run)."""
 
     def derive(both: pl.Series) -> pl.Series:
-        values = _logspace.derived_columns(both.struct.field("pi").to_numpy(), both.struct.field("anchor").to_numpy())
+        values = logspace.derived_columns(both.struct.field("pi").to_numpy(), both.struct.field("anchor").to_numpy())
         return pl.DataFrame(values).to_struct("derived")
 
     kind = pl.Struct({name: pl.Float32 for name in DERIVED})

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 
 RANDOM_INIT = "random"  # `checkpoint` value that starts from a random model instead of a warm start
 TV_MEASURES = ("binary_tv", "topk_tv")  # the measures `tv_bound` sets the bound of
-LOSS_AGG_MODES_HELP = "token-mean or seq-mean-token-sum-norm"  # see trustlens.loss.LOSS_AGG_MODES
+LOSS_AGG_MODES_HELP = "token-mean or seq-mean-token-sum-norm"  # see trustlens.rules.loss.LOSS_AGG_MODES
 
 
 @dataclass
@@ -48,7 +48,7 @@ class TrainConfig:
     mirror: str | None = None  # live scalars from rank 0: "tensorboard:LOGDIR", "wandb" or "wandb:PROJECT"
 
     def __post_init__(self) -> None:
-        from trustlens.loss import LOSS_AGG_MODES
+        from trustlens.rules.loss import LOSS_AGG_MODES
 
         if self.tv_bound is not None and not 0 < self.tv_bound < 1:
             raise ValueError(f"tv_bound must be in (0, 1), got {self.tv_bound}")

@@ -12,7 +12,7 @@ One training step, top to bottom (`train` below):
     the engine's (docs/rules.md). μ vs π_old is the training–inference mismatch, logged per step.
  4. The batch is shuffled and split into `minibatches`; each minibatch is one optimizer update
     (for `epochs` passes), so from the second update on π has moved away from μ and π_old and
-    the trust-region rule has something to decide. The loss is `trustlens.loss.policy_loss`
+    the trust-region rule has something to decide. The loss is `trustlens.rules.loss.policy_loss`
     under the configured rule; AdamW with gradient-norm clipping.
  5. Every update is recorded token by token (`TokenRecorder`), with every rule of
     `trustlens.rules.RULES` evaluated counterfactually on the same tokens. The top-K TV/KL of π
@@ -51,10 +51,10 @@ from pathlib import Path
 import torch
 
 from trustlens.divergence import entropy_from_logits, topk_divergence
-from trustlens.loss import policy_loss
-from trustlens.record_args import distributed_rank
-from trustlens.recorder import NullRecorder, TokenRecorder
+from trustlens.record import NullRecorder, TokenRecorder
+from trustlens.record.args import distributed_rank
 from trustlens.rules import evaluate_all
+from trustlens.rules.loss import policy_loss
 from trustlens.run.aggregates import LOG_RATIO_BOUND, Keep
 from trustlens.train.config import RANDOM_INIT, TrainConfig
 from trustlens.train.evaluate import decode_responses, evaluate_accuracy

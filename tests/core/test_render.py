@@ -4,7 +4,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from trustlens.render import (
+from trustlens.core.render import (
     MISSING_BACKGROUND,
     NEGATIVE_RGB,
     POSITIVE_RGB,

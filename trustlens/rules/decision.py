@@ -24,13 +24,13 @@ direction condition still applies. Log-probabilities of −inf are valid input.
 
 Rules are named by the registry `RULES`. Each rule is defined once and decided by one function,
 `decide`, on torch tensors (`evaluate`, `evaluate_all`: what the recorder and the trainer call)
-and on the columns of a recorded run (`trustlens.rule_columns.evaluate_columns`: numpy, no
+and on the columns of a recorded run (`trustlens.rules.columns.evaluate_columns`: numpy, no
 torch needed, what the analyses and the dashboard call). This module imports no torch at import time. Rules can be
 evaluated counterfactually: the inputs only describe the tokens, not the rule they were trained
 under.
 
-Every name is importable from here; `Rule`, `RULES`, `get_rule` and `resolve_rules` are defined
-in trustlens._rule_registry, the decision and its evaluation on tensors here.
+Every name is importable from trustlens.rules; `Rule`, `RULES`, `get_rule` and `resolve_rules` are
+defined in trustlens.rules.registry, the decision and its evaluation on tensors here.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trustlens import _logspace
-from trustlens._rule_registry import RULES, Anchor, Measure, Rule, RuleSpec, WeightKind, get_rule, resolve_rules
+from trustlens.core import logspace
+from trustlens.rules.registry import RULES, Anchor, Measure, Rule, RuleSpec, WeightKind, get_rule, resolve_rules
 
 if TYPE_CHECKING:
     import torch
@@ -88,10 +88,10 @@ def decide(rule: Rule, d: Any, pi_logp: Any, anchor_logp: Any, advantages: Any) 
 def _distance(measure: str, pi_logp: Any, anchor_logp: Any, eps: float, xp: Any) -> Any:
     """d(π, anchor) of a computed measure (ratio, binary TV/KL) per token, in namespace xp."""
     if measure == "ratio":
-        return _logspace.ratio_distance(pi_logp, anchor_logp, xp)
+        return logspace.ratio_distance(pi_logp, anchor_logp, xp)
     if measure == "binary_tv":
-        return _logspace.abs_diff_exp(pi_logp, anchor_logp, xp)
-    return _logspace.binary_kl(pi_logp, anchor_logp, eps, xp)
+        return logspace.abs_diff_exp(pi_logp, anchor_logp, xp)
+    return logspace.binary_kl(pi_logp, anchor_logp, eps, xp)
 
 
 class TokenInputs:
@@ -111,10 +111,10 @@ class TokenInputs:
     ) -> None:
         import torch
 
-        from trustlens._checks import broadcast_advantages, check_logp, check_nonnegative, check_same_shape
+        from trustlens.core.checks import broadcast_advantages, check_logp, check_nonnegative, check_same_shape
 
         self.pi_logp = check_logp("pi_logp", pi_logp).detach()
-        # binary_kl reads log π = 0 as 1 − π = eps/2 of the (upcast) dtype: see _logspace.binary_kl
+        # binary_kl reads log π = 0 as 1 − π = eps/2 of the (upcast) dtype: see logspace.binary_kl
         self.eps = _eps(self.pi_logp.dtype == torch.float64)
         self.mu_logp = check_logp("mu_logp", mu_logp).detach()
         self.old_logp = None if old_logp is None else check_logp("old_logp", old_logp).detach()

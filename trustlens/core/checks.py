@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from trustlens._logspace import LOGP_TOLERANCE
-from trustlens._torch import torch
+from trustlens.core.logspace import LOGP_TOLERANCE
+from trustlens.core.torch_import import torch
 
 
 def _first_index(mask: torch.Tensor) -> tuple[int, ...]:

@@ -27,7 +27,7 @@ compiles it (seconds; cached on disk by torch). Peaked rows, small inputs, and m
 torch.compile fails (a warning says so) or TRUSTLENS_NO_COMPILE=1 use the eager chunk loop,
 with the same results to float32 rounding.
 
-The chunked passes, the compiled kernel and both constants live in `trustlens._vocab_chunks`;
+The chunked passes, the compiled kernel and both constants live in `trustlens.divergence.vocab_chunks`;
 this module checks the arguments and turns bucket log-probabilities into divergences.
 """
 
@@ -35,29 +35,30 @@ from __future__ import annotations
 
 import math
 
-from trustlens import _logspace, _vocab_chunks
-from trustlens._checks import (
+from trustlens.core import logspace
+from trustlens.core.checks import (
     LOGP_TOLERANCE,
     check_logp,
     check_same_shape,
     check_tensor,
     check_token_ids,
 )
-from trustlens._torch import torch
+from trustlens.core.torch_import import torch
+from trustlens.divergence import vocab_chunks
 
 # `entropy_from_logits` works on three chunk-sized tensors at once (input, log-softmax, exp):
 # chunks a quarter as large keep them together in cache (fastest of 2^14…2^18 when measured).
-ENTROPY_CHUNK_ELEMENTS = _vocab_chunks.CHUNK_ELEMENTS // 4
+ENTROPY_CHUNK_ELEMENTS = vocab_chunks.CHUNK_ELEMENTS // 4
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
     """log(1 − exp(x)) for x ≤ 0, exact at both ends (Mächler 2012): −inf at x = 0."""
-    return _logspace.log1mexp(x, torch)
+    return logspace.log1mexp(x, torch)
 
 
 def _abs_diff_exp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|exp(a) − exp(b)|, exact when a ≈ b, 0 when both are −inf (see _logspace.abs_diff_exp)."""
-    return _logspace.abs_diff_exp(a, b, torch)
+    """|exp(a) − exp(b)|, exact when a ≈ b, 0 when both are −inf (see logspace.abs_diff_exp)."""
+    return logspace.abs_diff_exp(a, b, torch)
 
 
 def binary_tv(pi_logp: torch.Tensor, mu_logp: torch.Tensor) -> torch.Tensor:
@@ -84,7 +85,7 @@ def binary_kl(pi_logp: torch.Tensor, mu_logp: torch.Tensor) -> torch.Tensor:
     in_dtype = pi_logp.dtype if isinstance(pi_logp, torch.Tensor) else torch.float32
     pi_logp, mu_logp = check_logp("pi_logp", pi_logp), check_logp("mu_logp", mu_logp)
     check_same_shape(pi_logp=pi_logp, mu_logp=mu_logp)
-    return _logspace.binary_kl(pi_logp, mu_logp, torch.finfo(in_dtype).eps, torch)
+    return logspace.binary_kl(pi_logp, mu_logp, torch.finfo(in_dtype).eps, torch)
 
 
 def _bucket_divergence(log_mu: torch.Tensor, log_pi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,7 +158,7 @@ def topk_divergence(
     in float64. A bucket with μ > 0 to which π gives probability 0 (a −inf logit) makes the KL
     +inf, a valid value.
     π's log-probs come from one exp-and-sum pass over the vocabulary, chunk by chunk, plus a
-    gather (see `trustlens._vocab_chunks.logp_on_ids`): extra memory O(N·K) plus one chunk.
+    gather (see `trustlens.divergence.vocab_chunks.logp_on_ids`): extra memory O(N·K) plus one chunk.
     Float32 results (float64 when an input is).
     """
     temperature = _check_temperature(temperature)
@@ -183,7 +184,7 @@ def topk_divergence(
         ids, log_mu = _force_sampled(pi_logits, ids, log_mu, sampled_ids, sampled_logp)
     log_mu_rest = _log_rest("mu_topk_logp", log_mu, logp_dtype, pi_logits.shape[:-1], whole=K == V)
 
-    log_pi, log_pi_rest = _vocab_chunks.logp_on_ids("pi_logits", pi_logits, ids, temperature, dtype, log_mu_rest)
+    log_pi, log_pi_rest = vocab_chunks.logp_on_ids("pi_logits", pi_logits, ids, temperature, dtype, log_mu_rest)
     tv, kl = _bucket_divergence(
         torch.cat([log_mu, log_mu_rest[:, None]], -1), torch.cat([log_pi, log_pi_rest[:, None]], -1)
     )
@@ -285,11 +286,11 @@ def exact_divergence(
     dtype = _result_dtype(pi_logits, mu_logits)
     n = math.prod(pi_logits.shape[:-1])
     tv, kl = (torch.empty(n, dtype=dtype, device=pi_logits.device) for _ in range(2))
-    rows = min(n, max(1, _vocab_chunks.CHUNK_ELEMENTS // pi_logits.shape[-1]))
+    rows = min(n, max(1, vocab_chunks.CHUNK_ELEMENTS // pi_logits.shape[-1]))
     log_mu, log_pi, work = (
         torch.empty(rows, pi_logits.shape[-1], dtype=dtype, device=pi_logits.device) for _ in range(3)
     )
-    for first, (pi, mu) in _vocab_chunks.row_chunks(pi_logits, mu_logits):
+    for first, (pi, mu) in vocab_chunks.row_chunks(pi_logits, mu_logits):
         sl, r = slice(first, first + pi.shape[0]), pi.shape[0]
         for logits, out in ((mu, log_mu[:r]), (pi, log_pi[:r])):
             if logits.dtype != dtype:
@@ -306,7 +307,7 @@ def exact_divergence(
     bad = torch.nonzero(tv.isnan())[:1, 0]  # the first such row
     if bad.numel():
         for name, logits in (("pi_logits", pi_logits), ("mu_logits", mu_logits)):
-            _vocab_chunks.check_row_maxima(name, logits, _vocab_chunks.flat_rows(logits, bad).amax(-1), bad)
+            vocab_chunks.check_row_maxima(name, logits, vocab_chunks.flat_rows(logits, bad).amax(-1), bad)
     lead = pi_logits.shape[:-1]
     return tv.mul_(0.5).clamp_(0.0, 1.0).reshape(lead), kl.clamp_(min=0.0).reshape(lead)
 
@@ -327,7 +328,7 @@ def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0) -> to
     out = torch.empty(n, dtype=dtype, device=logits.device)
     rows = min(n, max(1, ENTROPY_CHUNK_ELEMENTS // logits.shape[-1]))
     logp, work = (torch.empty(rows, logits.shape[-1], dtype=dtype, device=logits.device) for _ in range(2))
-    for first, (chunk,) in _vocab_chunks.row_chunks(logits, rows=rows):
+    for first, (chunk,) in vocab_chunks.row_chunks(logits, rows=rows):
         r = chunk.shape[0]
         if chunk.dtype != dtype:
             chunk = work[:r].copy_(chunk)  # upcast once, in cache
@@ -339,7 +340,7 @@ def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0) -> to
         torch.linalg.vecdot(p, logp[:r], out=out[first : first + r])
     bad = torch.nonzero(out.isnan())[:1, 0]  # NaN/+inf or a row of only −inf: find the culprit
     if bad.numel():
-        _vocab_chunks.check_row_maxima("logits", logits, _vocab_chunks.flat_rows(logits, bad).amax(-1), bad)
+        vocab_chunks.check_row_maxima("logits", logits, vocab_chunks.flat_rows(logits, bad).amax(-1), bad)
     return out.neg_().clamp_(min=0.0).reshape(logits.shape[:-1])
 
 
@@ -363,6 +364,6 @@ def topk_from_logits(
     missing = ~(ids == sampled).any(-1)
     ids[missing, -1] = sampled[missing, 0]
     dtype = _result_dtype(logits)
-    logp = _vocab_chunks.logp_on_ids("logits", logits, ids, temperature, dtype)[0].to(dtype)
+    logp = vocab_chunks.logp_on_ids("logits", logits, ids, temperature, dtype)[0].to(dtype)
     lead = logits.shape[:-1]
     return ids.reshape(*lead, k), logp.reshape(*lead, k)

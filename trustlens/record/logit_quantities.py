@@ -15,8 +15,8 @@ import math
 import torch
 
 from trustlens.divergence import entropy_from_logits, topk_divergence
-from trustlens.record_args import check_tensor_shape, id_tensor
-from trustlens.token_rows import check_token_range
+from trustlens.record.args import check_tensor_shape, id_tensor
+from trustlens.record.token_rows import check_token_range
 
 # logits are processed in gathered chunks of about this many elements (rows × vocabulary)
 LOGIT_CHUNK_ELEMENTS = 1 << 24

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from trustlens.divergence import binary_kl, binary_tv
-from trustlens.loss import policy_loss
 from trustlens.rules import RULES, evaluate
+from trustlens.rules.loss import policy_loss
 
 
 def _logp(*probs, dtype=torch.float64):
@@ -41,7 +41,7 @@ def _grad(rule, x, **kw):
 
 
 def _textbook_ppo(pi, mu, adv, mask, low, high, agg):
-    """−min(r·A, clip(r, 1 − low, 1 + high)·A), r = π/μ, aggregated as in trustlens.loss."""
+    """−min(r·A, clip(r, 1 − low, 1 + high)·A), r = π/μ, aggregated as in trustlens.rules.loss."""
     r = torch.exp(pi - mu)
     a = adv[:, None].expand_as(pi)
     surrogate = -torch.minimum(r * a, torch.clamp(r, 1 - low, 1 + high) * a)

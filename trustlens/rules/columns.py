@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from trustlens._logspace import LOGP_TOLERANCE
-from trustlens.rules import Rule, RuleSpec, _distance, _eps, decide, get_rule, resolve_rules
+from trustlens.core.logspace import LOGP_TOLERANCE
+from trustlens.rules.decision import Rule, RuleSpec, _distance, _eps, decide, get_rule, resolve_rules
 
 # The run's column each input of a rule is read from; the μ anchor's column is a parameter.
 _COLUMN_OF = {"old_logp": "old_logp", "topk_tv": "topk_tv", "topk_kl": "topk_kl"}

@@ -25,8 +25,8 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from trustlens._checks import check_mask, upcast
-from trustlens._torch import torch
+from trustlens.core.checks import check_mask, upcast
+from trustlens.core.torch_import import torch
 from trustlens.rules import Rule, TokenInputs, get_rule
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum-norm")
@@ -93,7 +93,7 @@ def policy_loss(
                                  (Dr. GRPO's) convention; pad responses to the generation budget
                                  so that T stays constant across steps.
 
-    `rule`, `low`, `high` and the inputs are as in `trustlens.rules.evaluate`; everything but
+    `rule`, `low`, `high` and the inputs are as in `trustlens.rules.decision`; everything but
     pi_logp is detached. Raises KeyError for an unknown rule and ValueError for bad input.
     """
     rule = get_rule(rule).with_thresholds(low, high)

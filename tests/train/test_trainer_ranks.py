@@ -20,7 +20,7 @@ from trustlens.export import step_scalars
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def torchrun(*args: str, timeout: int = 300) -> None:

@@ -1,14 +1,14 @@
 """TokenRecorder, the per-token logging hook of a training loop (overview and example:
-trustlens.recorder, where it is imported from).
+trustlens.record, where it is imported from).
 
 The class holds a run's open writer and the state its calls share (the reused copies, the default
 sample ids, the rule and column bookkeeping) and orders each call's work: arguments checked,
 inputs copied and the quantities from π's logits derived in the caller's thread, then the rows
-handed to the background writer. The pieces are in trustlens.record_args (argument checks),
-trustlens.token_rows (the rows of a `record` call), trustlens.logit_quantities (entropy and
-top-K divergences from π's logits), trustlens.recorded_columns (which rules a call decides, the
-manifest's anchor and missing columns), trustlens.sample_ids (sample and group ids) and
-trustlens.logged_rows (the rows of `log_metrics` and `log_samples`).
+handed to the background writer. The pieces are in trustlens.record.args (argument checks),
+trustlens.record.token_rows (the rows of a `record` call), trustlens.record.logit_quantities (entropy and
+top-K divergences from π's logits), trustlens.record.columns (which rules a call decides, the
+manifest's anchor and missing columns), trustlens.record.sample_ids (sample and group ids) and
+trustlens.record.logged_rows (the rows of `log_metrics` and `log_samples`).
 """
 
 from __future__ import annotations
@@ -18,14 +18,12 @@ import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from trustlens._checks import check_mask, check_tensor
-from trustlens.logged_rows import metrics_batch, samples_batch
-from trustlens.logit_quantities import logit_quantities
-from trustlens.record_args import (
+from trustlens.core.checks import check_mask, check_tensor
+from trustlens.record.args import (
     check_arguments,
     checked_advantages,
     config_dict,
@@ -33,16 +31,11 @@ from trustlens.record_args import (
     int_arg,
     positive_seconds,
 )
-from trustlens.recorded_columns import RecordedColumns
-from trustlens.rules import RULES, RuleSpec, resolve_rules
-from trustlens.run import signals
-from trustlens.run.aggregates import Keep
-from trustlens.run.background import BackgroundWriter
-from trustlens.run.manifest import new_manifest
-from trustlens.run.storage import Remote
-from trustlens.run.writer import RankWriter, WriterStats
-from trustlens.sample_ids import SampleIds
-from trustlens.token_rows import (
+from trustlens.record.columns import RecordedColumns
+from trustlens.record.logged_rows import metrics_batch, samples_batch
+from trustlens.record.logit_quantities import logit_quantities
+from trustlens.record.sample_ids import SampleIds
+from trustlens.record.token_rows import (
     Buffers,
     TokenRows,
     check_rows,
@@ -52,11 +45,18 @@ from trustlens.token_rows import (
     snapshot_values,
     take_rows,
 )
+from trustlens.rules import RULES, RuleSpec, resolve_rules
+from trustlens.run import signals
+from trustlens.run.aggregates import Keep
+from trustlens.run.background import BackgroundWriter
+from trustlens.run.manifest import new_manifest
+from trustlens.run.storage import Remote
+from trustlens.run.writer import RankWriter, WriterStats
 
 
 class TokenRecorder:
     """Records every generated token of a run into RUN_DIR (docs/run-format.md); see the
-    docstring of trustlens.recorder.
+    docstring of trustlens.record.
 
     run_dir: the run directory; created. It may be an object-store URL (`s3://bucket/prefix/run`:
         docs/run-format.md). A directory already holding this rank's rows (or, on
@@ -89,11 +89,13 @@ class TokenRecorder:
         The scalars are those of this rank's rows. None: no mirror.
     """
 
-    def __new__(cls, *args: Any, enabled: bool = True, **kwargs: Any) -> TokenRecorder:
-        if not enabled and cls is TokenRecorder:
-            from trustlens.null_recorder import NullRecorder  # a TokenRecorder: imported when needed
+    # The class `TokenRecorder(..., enabled=False)` returns: NullRecorder, a subclass defined in
+    # trustlens.record.null, which registers itself here (importing trustlens.record does).
+    disabled_class: ClassVar[type[TokenRecorder] | None] = None
 
-            return super().__new__(NullRecorder)
+    def __new__(cls, *args: Any, enabled: bool = True, **kwargs: Any) -> TokenRecorder:
+        if not enabled and cls is TokenRecorder and cls.disabled_class is not None:
+            return super().__new__(cls.disabled_class)
         return super().__new__(cls)
 
     def __init__(
@@ -348,7 +350,7 @@ class TokenRecorder:
 
     def flush(self) -> None:
         """Block until every row recorded so far is in complete part files. Raises the
-        RejectedInputError of a call whose input the writer thread found bad (trustlens.recorder)."""
+        RejectedInputError of a call whose input the writer thread found bad (trustlens.record)."""
         self._check_open()
         self._writer.flush()
 

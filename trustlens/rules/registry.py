@@ -43,7 +43,7 @@ class Rule:
     anchor: Anchor  # centre of the trust region: "mu" (rollout policy) or "old" (π_old)
     measure: Measure | None  # the distance compared with low/high; None: the rule never blocks
     description: str  # one line, for docs, the dashboard and the CLI
-    weight: WeightKind = "ratio"  # the loss weight w, see trustlens.loss.policy_loss
+    weight: WeightKind = "ratio"  # the loss weight w, see trustlens.rules.loss.policy_loss
     tis_cap: float | None = None  # grpo_tis only: C_tis, the truncation of the weight π_old/μ
 
     def __post_init__(self) -> None:

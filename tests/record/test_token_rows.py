@@ -4,10 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from trustlens import _logspace
-from trustlens.rules import RULES
-from trustlens.run import RejectedInputError
-from trustlens.token_rows import (
+from trustlens.core import logspace
+from trustlens.record.token_rows import (
     Buffers,
     TokenRows,
     check_token_range,
@@ -16,6 +14,8 @@ from trustlens.token_rows import (
     snapshot_token_ids,
     snapshot_values,
 )
+from trustlens.rules import RULES
+from trustlens.run import RejectedInputError
 
 MASK = torch.tensor([[True, True, False], [True, False, False]])
 
@@ -157,7 +157,7 @@ def test_derive_rows_takes_the_valid_positions_and_derives_as_the_reader():
     assert batch.blocked["dppo_binary_tv"].tolist() == [False, True, False]
     assert batch.floats["advantage"].tolist() == [-1.0, -1.0, 2.0]
     assert batch.floats["old_logp"] is None and batch.floats["entropy"] is None
-    for name, expected in _logspace.derived_columns(pi, mu).items():
+    for name, expected in logspace.derived_columns(pi, mu).items():
         np.testing.assert_array_equal(batch.floats[name], expected)
     np.testing.assert_allclose(batch.floats["ratio"], np.exp(pi.astype(np.float64) - mu), rtol=1e-6)
 
@@ -195,7 +195,7 @@ def test_rows_decide_every_rule_as_the_torch_rules(gen, dtype):
         "pi_logp": pi,
         "mu_logp": mu,
         "old_logp": old,
-        "topk_tv": _logspace.abs_diff_exp(pi, mu, torch) + 0.05 * torch.rand(b, t, generator=gen, dtype=dtype),
+        "topk_tv": logspace.abs_diff_exp(pi, mu, torch) + 0.05 * torch.rand(b, t, generator=gen, dtype=dtype),
         "topk_kl": torch.rand(b, t, generator=gen, dtype=dtype),
     }
     adv = torch.randn(b, generator=gen, dtype=dtype)

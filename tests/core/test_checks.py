@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from trustlens._checks import broadcast_advantages, check_logp, check_nonnegative, check_same_shape, check_tensor
+from trustlens.core.checks import broadcast_advantages, check_logp, check_nonnegative, check_same_shape, check_tensor
 from trustlens.divergence import binary_kl, binary_tv
 
 

@@ -1,4 +1,4 @@
-"""The checks of TokenRecorder's arguments (trustlens.record_args), called directly."""
+"""The checks of TokenRecorder's arguments (trustlens.record.args), called directly."""
 
 import math
 from dataclasses import dataclass
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from trustlens.record_args import (
+from trustlens.record.args import (
     check_arguments,
     check_unique,
     checked_advantages,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trustlens.record.recorder import TokenRecorder
 from trustlens.run.writer import WriterStats
-from trustlens.token_recorder import TokenRecorder
 
 
 class NullRecorder(TokenRecorder):
@@ -44,3 +44,6 @@ class NullRecorder(TokenRecorder):
 
     def __exit__(self, exc_type, exc, tb) -> None:
         pass
+
+
+TokenRecorder.disabled_class = NullRecorder

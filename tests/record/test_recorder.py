@@ -15,7 +15,7 @@ import torch
 
 from trustlens import NullRecorder, TokenRecorder, __version__, load_run
 from trustlens.divergence import topk_divergence, topk_from_logits
-from trustlens.recorder import SAMPLE_RANK, SAMPLE_STEP
+from trustlens.record import SAMPLE_RANK, SAMPLE_STEP
 from trustlens.rules import RULES, evaluate
 from trustlens.run import META_SCHEMA_VERSION, META_TRUSTLENS_VERSION, SCHEMA_VERSION, RejectedInputError, WriterError
 from trustlens.run.parts import PartFiles
@@ -650,7 +650,7 @@ def test_resident_memory_does_not_grow_with_rows(tmp_path):
 
 
 def test_rank_and_world_size_explicit_then_distributed_then_environment(tmp_path, gen, monkeypatch):
-    from trustlens.record_args import distributed_rank
+    from trustlens.record.args import distributed_rank
 
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from trustlens.record_args import check_unique
+from trustlens.record.args import check_unique
 from trustlens.run import table_schema
 
 

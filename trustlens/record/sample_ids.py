@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from trustlens.record_args import check_unique, id_tensor
+from trustlens.record.args import check_unique, id_tensor
 
 SAMPLE_STEP, SAMPLE_RANK = 10**9, 10**6
 

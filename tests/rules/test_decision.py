@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from trustlens import rules as rules_module
+import trustlens.rules.decision as rules_module
 from trustlens.divergence import binary_kl
 from trustlens.rules import RULES, Rule, evaluate, evaluate_all, resolve_rules
 
@@ -454,7 +454,7 @@ def test_rules_import_no_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"  # any `import torch` now raises ImportError
         "import polars as pl\n"
-        "from trustlens.rule_columns import evaluate_columns\n"
+        "from trustlens.rules.columns import evaluate_columns\n"
         "from trustlens.rules import RULES\n"
         "f = pl.DataFrame({'pi_logp': [-0.1], 'mu_logp': [-1.0], 'old_logp': [-1.0], 'advantage': [1.0],"
         " 'topk_tv': [0.5], 'topk_kl': [float('inf')]})\n"

@@ -3,7 +3,7 @@
 A synthetic run looks like a GRPO/DPPO run on a small vocabulary: long-tailed rollout
 log-probabilities μ, π_old = μ plus training-inference mismatch, π moved from π_old by the
 update along the advantage, 0/1 rewards with group-normalised advantages, and optionally a
-collapse (`collapse_at`). trustlens._synthetic_steps draws the steps and says how each is drawn.
+collapse (`collapse_at`). trustlens.synthetic.steps draws the steps and says how each is drawn.
 
 Every derived column (ratio, binary and top-K divergences, `blocked_<rule>`) is computed from
 those log-probabilities with trustlens' own functions, so analyses of a synthetic run are
@@ -19,12 +19,12 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from trustlens._synthetic_steps import _check_shape, _Generator, _Shape
 from trustlens.run.aggregates import Keep
 from trustlens.run.manifest import new_manifest
 from trustlens.run.parts import Location
 from trustlens.run.tables import check_status, rule_entries, write_ranks
-from trustlens.synthetic_vocab import HOSTILE_VOCAB, VOCAB
+from trustlens.synthetic.steps import _check_shape, _Generator, _Shape
+from trustlens.synthetic.vocab import HOSTILE_VOCAB, VOCAB
 
 DEFAULT_RULES: tuple[str, ...] = (
     "ppo",

@@ -28,10 +28,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from trustlens import _logspace
-from trustlens._checks import LOGP_TOLERANCE, _first_index, check_logp, check_nonnegative, check_tensor
-from trustlens.rule_columns import decide_columns
+from trustlens.core import logspace
+from trustlens.core.checks import LOGP_TOLERANCE, _first_index, check_logp, check_nonnegative, check_tensor
 from trustlens.rules import Rule
+from trustlens.rules.columns import decide_columns
 from trustlens.run.aggregates import Keep, keep_rows
 from trustlens.run.errors import RejectedInputError
 from trustlens.run.parts import TokenBatch
@@ -234,7 +234,7 @@ def finish_rows(
     """`batch` (from `take_rows`) as the run stores it, with numpy: the decision of every
     evaluable rule the caller did not decide (`rule_columns.decide_columns`, in the inputs' dtype; a
     μ-anchored rule anchors on π_old when μ is not given), the ratio π/anchor and binary TV and
-    KL derived from the float32 log-probs (`_logspace.derived_columns`, as the reader derives
+    KL derived from the float32 log-probs (`logspace.derived_columns`, as the reader derives
     them for sampled runs), every float column float32; sampled under `keep` when given.
 
     numpy rather than torch: in the writer thread, numpy's work holds the GIL once per call
@@ -246,7 +246,7 @@ def finish_rows(
     anchor = "mu_logp" if f["mu_logp"] is not None else "old_logp"
     pi, anchor_logp = f["pi_logp"], f[anchor]
     assert pi is not None and anchor_logp is not None  # record requires them
-    derived = _logspace.derived_columns(pi, anchor_logp)
+    derived = logspace.derived_columns(pi, anchor_logp)
     # the stored binary TV and KL are the distances of the rules anchored there (same function,
     # same float32 inputs); float64 inputs are decided in float64
     shared = pi.dtype == np.float32

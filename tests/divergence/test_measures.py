@@ -8,8 +8,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.distributions import Categorical, kl_divergence
 
-import trustlens._vocab_chunks as vocab_chunks
 import trustlens.divergence as divergence
+import trustlens.divergence.vocab_chunks as vocab_chunks
 from trustlens.divergence import (
     binary_kl,
     binary_tv,

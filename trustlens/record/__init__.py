@@ -13,10 +13,10 @@ logits when not given) and the decision of every evaluated rule (`blocked_<rule>
 trustlens.rules), and hands the rows to the run's background writer (trustlens.run.background): the
 training step does not wait on disk unless the writer's bounded queue is full.
 
-Where the work happens (trustlens.token_rows): the caller's thread checks the arguments (shapes,
+Where the work happens (trustlens.record.token_rows): the caller's thread checks the arguments (shapes,
 types; a bad one raises from `record` and records nothing) while copying the per-token inputs and
 token ids into one snapshot, and derives what needs π's logits (entropy, top-K:
-trustlens.logit_quantities), on the tensors' device. Checking the values, taking the valid
+trustlens.record.logit_quantities), on the tensors' device. Checking the values, taking the valid
 positions and deriving the rest (rule decisions on the device; ratio and binary divergences from
 the float32 log-probs with numpy, as the reader derives them) happen by the caller for
 accelerator tensors, so that only compact rows leave the device, and by the writer thread for
@@ -34,13 +34,13 @@ divided by it) so that π and μ describe the same distribution (docs/rules.md);
 `old_logp` must come from logits divided by τ too.
 
 This module is where the recorder's public names are imported from: `TokenRecorder` (its code:
-trustlens.token_recorder), `NullRecorder` (trustlens.null_recorder), and SAMPLE_STEP and
+trustlens.record.recorder), `NullRecorder` (trustlens.record.null), and SAMPLE_STEP and
 SAMPLE_RANK, the numbering of default sample ids: step · SAMPLE_STEP + rank · SAMPLE_RANK + index
-(trustlens.sample_ids).
+(trustlens.record.sample_ids).
 """
 
-from trustlens.null_recorder import NullRecorder
-from trustlens.sample_ids import SAMPLE_RANK, SAMPLE_STEP
-from trustlens.token_recorder import TokenRecorder
+from trustlens.record.null import NullRecorder
+from trustlens.record.recorder import TokenRecorder
+from trustlens.record.sample_ids import SAMPLE_RANK, SAMPLE_STEP
 
 __all__ = ["SAMPLE_RANK", "SAMPLE_STEP", "NullRecorder", "TokenRecorder"]

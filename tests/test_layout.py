@@ -1,0 +1,149 @@
+"""The package's layout: no import cycle between trustlens' modules, and the root holds only entry points.
+
+Every import statement counts, at module level or inside a function (a lazy import only hides a
+cycle), except those under `if TYPE_CHECKING:`. `from a.b import c` is an edge to `a.b.c` when that
+is a module, else to `a.b`.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "trustlens"
+ROOT_MODULES = {"__init__.py", "cli.py", "dashboard.py", "metrics.py", "notebook.py", "paths.py"}
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The trustlens modules that `name` imports."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base]) if base else ".".join(anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in modules else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    # Importing a.b.c first runs the packages a and a.b: an edge to each, unless `name` is inside
+    # that package already (then it is initialised before `name` runs).
+    for target in list(found):
+        parts = target.split(".")
+        for n in range(1, len(parts)):
+            ancestor = ".".join(parts[:n])
+            if not (name == ancestor or name.startswith(ancestor + ".")):
+                found.add(ancestor)
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    names = module_names()
+    return {name: imports_of(name, path, set(names)) for name, path in names.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def test_the_graph_sees_known_edges():
+    graph = import_graph()
+    assert "trustlens.record.recorder" in graph["trustlens.record.null"]
+    assert "trustlens.rules.decision" in graph["trustlens.rules"]
+    assert "trustlens.core.torch_import" in graph["trustlens.divergence.measures"]
+
+
+def test_cycles_finds_a_planted_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_root_holds_only_entry_points():
+    root = {p.name for p in PACKAGE.glob("*.py")}
+    assert root == ROOT_MODULES
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("trustlens.loss", "trustlens.rules.loss"),
+        ("trustlens.recorder", "trustlens.record"),
+        ("trustlens.render", "trustlens.core.render"),
+        ("trustlens.rule_columns", "trustlens.rules.columns"),
+    ],
+)
+def test_documented_old_paths_still_import(old, new):
+    assert importlib.import_module(old) is importlib.import_module(new)
+
+
+def test_every_public_name_resolves():
+    import trustlens
+
+    for name in trustlens.__all__:
+        assert getattr(trustlens, name) is not None, name

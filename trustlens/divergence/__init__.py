@@ -1,0 +1,30 @@
+"""Divergences between the rollout policy μ and the trained policy π, per token (docs/rules.md).
+
+- `measures`: binary, top-K and exact TV and KL, the entropy and μ's top-K from logits; the
+  argument checks and the math in log space (its docstring states every formula and unit).
+- `vocab_chunks`: the passes over the vocabulary that never build a (N, V) log-softmax.
+"""
+
+from trustlens.divergence.measures import (
+    ENTROPY_CHUNK_ELEMENTS,
+    binary_kl,
+    binary_tv,
+    entropy_from_logits,
+    exact_divergence,
+    log1mexp,
+    topk_divergence,
+    topk_divergence_from_logp,
+    topk_from_logits,
+)
+
+__all__ = [
+    "ENTROPY_CHUNK_ELEMENTS",
+    "binary_kl",
+    "binary_tv",
+    "entropy_from_logits",
+    "exact_divergence",
+    "log1mexp",
+    "topk_divergence",
+    "topk_divergence_from_logp",
+    "topk_from_logits",
+]
