@@ -1,0 +1,144 @@
+"""Checks of plain (non-tensor) arguments: numbers, integers, choices, names and paths.
+
+Every check takes the argument's name and its value, returns the value in its canonical form
+(an int, a float, a `Path`) and raises TypeError (wrong kind of object) or ValueError (right kind,
+value outside its domain) with a message naming the argument, the value and what was expected:
+
+    check_positive("merge_gap", -5)  ->  ValueError: merge_gap must be > 0, got -5
+
+bool is not a number here (True is refused where a count or a threshold is expected), and an
+integer argument refuses a float even when it is whole (1.0), so that a truncated value never
+passes silently. The tensor checks are in trustlens.core.checks.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_number(
+    name: str,
+    value: object,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+    finite: bool = True,
+) -> float:
+    """A real number in the interval from `low` to `high` (closed ends unless `low_open` /
+    `high_open`); NaN always refused, ±inf unless finite=False. Returns it as a float."""
+    if not _is_real(value):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    x = float(value)  # type: ignore[arg-type]
+    if math.isnan(x) or (finite and math.isinf(x)):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if x < low or x > high or (low_open and x == low) or (high_open and x == high):
+        if high == math.inf:
+            expected = f"{'>' if low_open else '≥'} {low:g}"
+        elif low == -math.inf:
+            expected = f"{'<' if high_open else '≤'} {high:g}"
+        else:
+            expected = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be a number {expected}, got {value!r}")
+    return x
+
+
+def check_positive(name: str, value: object) -> float:
+    """A finite number > 0 (a threshold, a factor, seconds, a temperature)."""
+    x = check_number(name, value)
+    if not x > 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return x
+
+
+def check_nonnegative_number(name: str, value: object) -> float:
+    """A finite number ≥ 0 (a noise level, a fraction that may be zero)."""
+    x = check_number(name, value)
+    if x < 0:
+        raise ValueError(f"{name} must be a finite number ≥ 0, got {value!r}")
+    return x
+
+
+def check_fraction(name: str, value: object, *, zero: bool = True, one: bool = True) -> float:
+    """A number in [0, 1]; zero=False or one=False opens that end."""
+    return check_number(name, value, low=0.0, high=1.0, low_open=not zero, high_open=not one)
+
+
+def check_int(name: str, value: object, *, low: int | None = None, high: int | None = None) -> int:
+    """An integer (a Python or numpy int, not a bool, not a float even when whole) in
+    [low, high] (None: unbounded on that side). Returns it as an int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    n = int(value)
+    if (low is not None and n < low) or (high is not None and n > high):
+        expected = f"≥ {low}" if high is None else (f"≤ {high}" if low is None else f"in [{low}, {high}]")
+        raise ValueError(f"{name} must be an integer {expected}, got {n}")
+    return n
+
+
+def check_optional_int(name: str, value: object, *, low: int | None = None, high: int | None = None) -> int | None:
+    """None, or an integer as `check_int` requires."""
+    return None if value is None else check_int(name, value, low=low, high=high)
+
+
+def closest(value: str, choices: Iterable[str]) -> str:
+    """' (did you mean X?)' naming the closest of `choices` to `value`, or '' when none is close."""
+    match = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
+    """One of `choices` (strings); a typo names the closest choice."""
+    options = list(choices)
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {', '.join(options)}; got {type(value).__name__} {value!r}")
+    if value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(options)}; got {value!r}{closest(value, options)}")
+    return value
+
+
+def check_str(name: str, value: object, *, empty: bool = False) -> str:
+    """A string; an empty one is refused unless empty=True."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__} {value!r}")
+    if not value and not empty:
+        raise ValueError(f"{name} must be a non-empty string, got ''")
+    return value
+
+
+def check_path(name: str, value: object) -> str | os.PathLike:
+    """A path (a str or os.PathLike, an object-store URL included) that is not empty or blank:
+    an empty path would silently mean the current directory. Returned unchanged."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(value).__name__} {value!r}")
+    text = os.fspath(value)
+    if isinstance(text, bytes):
+        raise TypeError(f"{name} must be a text path, got bytes {text!r}")
+    if not text.strip():
+        raise ValueError(f"{name} must be a non-empty path, got {text!r} (use '.' for the current directory)")
+    if "\x00" in text:
+        raise ValueError(f"{name} holds a NUL character: {text!r}")
+    return value
+
+
+def check_existing_dir(name: str, value: object) -> Path:
+    """A local directory that exists, as a Path."""
+    path = Path(check_path(name, value))
+    if not path.is_dir():
+        raise ValueError(f"{name} {str(path)!r} is not a directory" + ("" if path.exists() else " (it does not exist)"))
+    return path
+
+
+def check_port(name: str, value: object) -> int:
+    """A TCP port: an integer in [1, 65535]."""
+    return check_int(name, value, low=1, high=65535)
