@@ -10,6 +10,7 @@ by step. Only `trustlens.run.writer` writes through here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,3 +229,29 @@ def last_step(files: list[Location]) -> int | None:
             if stats is not None and stats.has_min_max:
                 last = max(stats.max, last) if last is not None else stats.max
     return last
+
+
+def check_resumed_rules(run_dir: str | os.PathLike, rank: int, rules: list[str]) -> None:
+    """Refuse to resume the run in `run_dir` with another rule set than it was recorded with
+    (run.json's rules, and the `blocked_<rule>` columns of this rank's last token part): its
+    parts would no longer share one schema. Nothing to compare (a new run) passes."""
+    from trustlens.run.manifest import read_manifest
+    from trustlens.run.schema import rule_of_column
+    from trustlens.run.storage import is_url, local_path
+
+    location: Location = Remote.of(os.fspath(run_dir)) if is_url(run_dir) else local_path(run_dir)
+    recorded: dict[str, list[str]] = {}
+    with contextlib.suppress(ValueError, OSError):  # no run yet, or an unreadable run.json: the parts still say
+        recorded["run.json"] = list(read_manifest(location).get("rules") or {})
+    tokens = existing_parts(location, rank)["tokens"]
+    if tokens:
+        names = pq.read_schema(source(tokens[-1])).names
+        recorded[str(tokens[-1])] = [r for r in map(rule_of_column, names) if r is not None]
+    for where, had in recorded.items():
+        if set(had) != set(rules):
+            added, dropped = sorted(set(rules) - set(had)), sorted(set(had) - set(rules))
+            raise ValueError(
+                f"rules differ from those the run in {str(location)!r} was recorded with ({where}): "
+                f"added {added or 'none'}, dropped {dropped or 'none'}; resume with rules={had!r} "
+                "or record a new run"
+            )

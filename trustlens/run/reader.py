@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trustlens.core import logspace
@@ -42,6 +43,7 @@ from trustlens.run.schema import (
     part_index,
     rank_of_dir,
     rule_of_column,
+    table_schema,
 )
 from trustlens.run.storage import Remote, is_url, local_path
 
@@ -58,6 +60,9 @@ class Part:
     path: Location  # the file
     rank: int  # from its rank=R folder
     rank_in_file: bool  # schema 1: the file holds a `rank` column too
+    # (name, Arrow type) of the file's columns, from its footer: parts that differ from the run's
+    # schema are read apart and conformed to it (`_conform`)
+    columns: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -131,22 +136,32 @@ class Run:
         if not parts:
             rules = list(self.rules) if table in ("tokens", "aggregates") else []
             return pl.from_arrow(frame_schema(table, rules).empty_table()).lazy()  # type: ignore[union-attr]
-        groups: dict[tuple[int, bool], list[Location]] = {}
+        rules = list(self.rules) if table in ("tokens", "aggregates") else []
+        expected = _column_key(table_schema(table, rules))
+        # parts of one rank and one schema are scanned together; a schema other than the run's
+        # (a column dropped, added, renamed or widened by hand, an older aggregates table, a rule
+        # set changed on resume) is read apart and conformed to the run's columns
+        groups: dict[tuple[int, bool, tuple[tuple[str, str], ...]], list[Location]] = {}
         for p in parts:
-            groups.setdefault((p.rank, p.rank_in_file), []).append(p.path)
+            columns = tuple(c for c in p.columns if c[0] != RANK)
+            groups.setdefault((p.rank, p.rank_in_file, columns), []).append(p.path)
         frames = []
-        for (rank, in_file), files in groups.items():
-            # aggregates gained columns (entropy_n, sum_entropy): a resumed older run mixes both
-            frame = (
-                _scan_files(files)
-                if table != "aggregates"
-                else pl.concat([_scan_files([f]) for f in files], how="diagonal_relaxed")
-            )
+        target: pl.Schema | None = None
+        for (rank, in_file, columns), files in groups.items():
+            frame = _scan_files(files)
             if not in_file:
-                names = frame.collect_schema().names()
+                names = [name for name, _ in columns] or frame.collect_schema().names()
                 at = names.index("step" if table in ("samples", "metrics") else "update") + 1
                 frame = frame.select(*names[:at], pl.lit(rank, pl.Int16).alias(RANK), *names[at:])
+            if columns and columns != expected:
+                if target is None:
+                    target = pl.from_arrow(frame_schema(table, rules).empty_table()).schema  # type: ignore[union-attr]
+                frame = _conform(frame, target, files)
+                if frame is None:
+                    continue
             frames.append(frame)
+        if not frames:
+            return pl.from_arrow(frame_schema(table, rules).empty_table()).lazy()  # type: ignore[union-attr]
         out = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
         return _with_derived(out) if table == "tokens" and self.sampled else out
 
@@ -171,6 +186,49 @@ def _with_derived(tokens: pl.LazyFrame) -> pl.LazyFrame:
         tokens.with_columns(pair.map_batches(derive, return_dtype=kind, is_elementwise=True).alias("_derived"))
         .with_columns(*(pl.col("_derived").struct.field(name).alias(name) for name in DERIVED))
         .drop("_derived")
+    )
+
+
+def _column_key(schema: pa.Schema) -> tuple[tuple[str, str], ...]:
+    """(name, Arrow type) of each column of `schema`: parts with one key scan together."""
+    return tuple((f.name, str(f.type)) for f in schema)
+
+
+# columns without which a row cannot be placed: a part lacking one is skipped, not conformed
+KEY_COLUMNS = ("step", "update", "sample", "pos", "name")
+
+
+def _castable(have: pl.DataType, want: pl.DataType) -> bool:
+    """Whether a column read as `have` can stand for one of type `want`: the same type, numbers
+    as numbers (a widened or narrowed int or float), text as text (a plain or a dictionary
+    string)."""
+    text = (pl.String, pl.Categorical)
+    return (
+        have == want
+        or (have.is_numeric() and want.is_numeric())
+        or (isinstance(have, text) and isinstance(want, text))
+        or (have == pl.Null)
+    )
+
+
+def _conform(frame: pl.LazyFrame, target: pl.Schema, files: list[Location]) -> pl.LazyFrame | None:
+    """`frame` (parts whose columns differ from the run's) in the run's columns `target`: a
+    missing column null, an extra one dropped, another type of number or text cast (a value
+    the run's type cannot hold becomes null). Parts that lack a key column (step, update,
+    sample, pos, name) or hold a column of another kind (text for a number) are skipped with a
+    RunWarning naming the files: None."""
+    have = frame.collect_schema()
+    named = ", ".join(str(f) for f in files)
+    lacking = [c for c in KEY_COLUMNS if c in target and c not in have]
+    if lacking:
+        _warn(f"skipping part file(s) {named}: no column {', '.join(lacking)}")
+        return None
+    wrong = [f"{c} ({have[c]}, not {t})" for c, t in target.items() if c in have and not _castable(have[c], t)]
+    if wrong:
+        _warn(f"skipping part file(s) {named}: column {', '.join(wrong)}")
+        return None
+    return frame.select(
+        pl.col(c).cast(t, strict=False) if c in have else pl.lit(None, t).alias(c) for c, t in target.items()
     )
 
 
@@ -237,7 +295,7 @@ def _readable_parts(path: Location, table: str, verify: bool) -> tuple[Part, ...
                 f"part file {f} was written with schema version {version}; this trustlens reads up "
                 f"to version {SCHEMA_VERSION}: upgrade trustlens"
             )
-        readable.append(Part(f, rank, RANK in meta.schema.names))
+        readable.append(Part(f, rank, RANK in meta.schema.names, _column_key(meta.schema.to_arrow_schema())))
     return tuple(readable)
 
 
