@@ -151,14 +151,16 @@ class Run:
             frame = _scan_files(files)
             if not in_file:
                 names = [name for name, _ in columns] or frame.collect_schema().names()
-                at = names.index("step" if table in ("samples", "metrics") else "update") + 1
+                anchor = "step" if table in ("samples", "metrics") else "update"
+                at = names.index(anchor) + 1 if anchor in names else len(names)
                 frame = frame.select(*names[:at], pl.lit(rank, pl.Int16).alias(RANK), *names[at:])
             if columns and columns != expected:
                 if target is None:
                     target = pl.from_arrow(frame_schema(table, rules).empty_table()).schema  # type: ignore[union-attr]
-                frame = _conform(frame, target, files)
-                if frame is None:
+                conformed = _conform(frame, target, files)
+                if conformed is None:
                     continue
+                frame = conformed
             frames.append(frame)
         if not frames:
             return pl.from_arrow(frame_schema(table, rules).empty_table()).lazy()  # type: ignore[union-attr]
