@@ -12,15 +12,24 @@ Modules, each documenting its return columns:
     onset      the collapse itself (collapse_onset), against which the alerts are measured
     drivers    the tokens and samples that drove a collapse alert
     seeds      per-run outcomes and their mean ± standard error over seeds (trustlens compare)
+    findings   the paper's findings located in a run (motivating examples, where blocked tokens sit)
+    sweep      what each rule blocks with its thresholds scaled (threshold_sweep)
     summary    the per-step summary of a run (the dashboard's overview table); a sampled run's
                exact aggregates (exact_aggregates) for the `aggregates` argument
 
     tokens     token-inspector filters and one sample's tokens
     buckets    log-spaced probability buckets and shared helpers
 
-A sampled run (recorded with `Keep`): queries on its token rows count each row with its sampling
-weight, so rates and means estimate those of all tokens; `step_summary`, `blocked_per_step`,
-`mismatch_per_step` and `rule_confusion` take `aggregates=` for exact numbers over all tokens.
+Every query takes a `Run` (`load_run`) or its token rows (`run.tokens`, a LazyFrame); those that
+need the run's metrics or manifest (`detect_collapse`, `step_signals`, `run_outcomes`) take the
+`Run` (anything else is a TypeError naming the argument: `inputs`).
+
+A sampled run (recorded with `Keep`): given the `Run`, `step_summary`, `blocked_per_step`,
+`mismatch_per_step` and `rule_confusion` take their counts, block rates and token-level mismatch
+from the run's exact aggregates of all tokens, as the dashboard shows them (given only
+`run.tokens`, pass `aggregates=run.aggregates` for the same). Everything else, and those four's
+columns the aggregates do not hold (the sequence-level mismatch, entropy where not summed), is
+estimated from the kept rows, each counted with its sampling weight.
 
 Every query runs on polars' streaming engine and prunes by step where it filters on steps, so
 it works on runs of any size; none returns more rows than steps × rules or buckets × rules.
@@ -38,6 +47,12 @@ from trustlens.analysis.clipping import (
     with_rules,
 )
 from trustlens.analysis.collapse import CollapseConfig, detect_collapse
+from trustlens.analysis.findings import (
+    blocked_anchor_quantiles,
+    blocked_token_anchor,
+    motivating_examples,
+    over_updates_per_step,
+)
 from trustlens.analysis.mismatch import (
     MISMATCH_COLUMNS,
     MismatchTrend,
@@ -50,15 +65,18 @@ from trustlens.analysis.onset import collapse_onset
 from trustlens.analysis.seeds import run_outcomes, seed_table
 from trustlens.analysis.signals import step_signals
 from trustlens.analysis.summary import exact_aggregates, step_summary
+from trustlens.analysis.sweep import threshold_sweep
 
 __all__ = [
     "MISMATCH_COLUMNS",
     "CollapseConfig",
     "MismatchTrend",
+    "blocked_anchor_quantiles",
     "blocked_by_advantage_sign",
     "blocked_by_bucket",
     "blocked_by_token",
     "blocked_per_step",
+    "blocked_token_anchor",
     "bucket_table",
     "collapse_onset",
     "confusion_matrix",
@@ -69,11 +87,14 @@ __all__ = [
     "mismatch_per_step",
     "mismatch_trend",
     "mismatch_unavailable",
+    "motivating_examples",
+    "over_updates_per_step",
     "rule_boundaries",
     "rule_confusion",
     "run_outcomes",
     "seed_table",
     "step_signals",
     "step_summary",
+    "threshold_sweep",
     "with_rules",
 ]

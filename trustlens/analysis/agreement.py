@@ -12,6 +12,7 @@ import polars as pl
 
 from trustlens.analysis.buckets import checked_rules, collect, nonzero_advantage, token_counter
 from trustlens.analysis.clipping import Rules
+from trustlens.analysis.inputs import RunOrTokens, lazy_rows, token_rows
 from trustlens.metrics import SIGNS
 from trustlens.run import blocked_column
 
@@ -26,7 +27,7 @@ def default_rule_pair(rules: list[str]) -> tuple[str, str]:
 
 
 def rule_confusion(
-    tokens: pl.LazyFrame,
+    tokens: RunOrTokens,
     rule_a: str,
     rule_b: str,
     *,
@@ -45,6 +46,7 @@ def rule_confusion(
         fractions) then comes from them. both, only_a and only_b are exact from the kept rows
         already, since a sampled run keeps every token a recorded rule blocks, with weight 1.
     """
+    tokens, aggregates = token_rows("rule_confusion", tokens, aggregates)
     checked_rules(tokens, [rule_a, rule_b])
     count = token_counter(tokens)
     tokens = tokens.filter(nonzero_advantage())
@@ -90,12 +92,13 @@ def _decided_by_both(aggregates: pl.LazyFrame, rule_a: str, rule_b: str) -> pl.D
     ).with_columns(pl.col("step").cast(pl.Int32))
 
 
-def confusion_matrix(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
+def confusion_matrix(tokens: RunOrTokens, rules: Rules = None) -> pl.DataFrame:
     """For every ordered pair of rules: rule_a, rule_b, count, only_a, only_a_frac — the tokens
     `rule_a` blocks and `rule_b` lets through (rule_a == rule_b gives 0), among the A ≠ 0 tokens
     where both were evaluated (a sampled run's rows count with their weights). One pass over the
     table.
     """
+    tokens = lazy_rows("confusion_matrix", tokens)
     rules = checked_rules(tokens, rules)
     count = token_counter(tokens)
     tokens = tokens.filter(nonzero_advantage())

@@ -36,21 +36,26 @@ from trustlens.analysis.buckets import (
     token_counter,
     weighted,
 )
+from trustlens.analysis.inputs import RunOrTokens, lazy_rows, token_rows
 from trustlens.analysis.tokens import ADVANTAGE_SIGNS
 from trustlens.run import blocked_column
 from trustlens.run.aggregates import step_aggregates
+from trustlens.run.reader import Run
 
 Rules = str | Sequence[str] | None
 
 
 def with_rules(
-    tokens: pl.LazyFrame, rules: Sequence[str], *, base: Mapping[str, Mapping] | None = None
+    tokens: RunOrTokens, rules: Sequence[str], *, base: Mapping[str, Mapping] | None = None
 ) -> pl.LazyFrame:
     """`tokens` with a `blocked_<rule>` column for each of `rules` the table lacks, decided on the
     recorded columns by `trustlens.rules.columns.evaluate_columns` (no torch): a rule the run did not
     evaluate, compared counterfactually. `base` ({rule: manifest entry}, `Run.rules`) gives
     thresholds and brings back custom rules; the anchor is μ, or π_old in a run without μ.
     ValueError naming the rule when the table lacks a column it reads."""
+    if base is None and isinstance(tokens, Run):
+        base = tokens.rules
+    tokens = lazy_rows("with_rules", tokens)
     from trustlens.rules import Rule, get_rule
     from trustlens.rules.columns import evaluate_columns, rule_columns
 
@@ -79,13 +84,14 @@ def with_rules(
 
 
 def blocked_per_step(
-    tokens: pl.LazyFrame, rules: Rules = None, *, aggregates: pl.LazyFrame | None = None
+    tokens: RunOrTokens, rules: Rules = None, *, aggregates: pl.LazyFrame | None = None
 ) -> pl.DataFrame:
     """Per step and rule: step, rule, count, blocked, blocked_frac; sorted by step, rule order.
 
     aggregates: the exact aggregates of all tokens (`Run.aggregates` of a sampled run, limited to
         the steps wanted): counts from them, not from the kept rows. Otherwise a sampled run's
         rows count with their weights (estimates)."""
+    tokens, aggregates = token_rows("blocked_per_step", tokens, aggregates)
     rules = checked_rules(tokens, rules)
     if aggregates is not None:
         wide = step_aggregates(aggregates)
@@ -94,7 +100,7 @@ def blocked_per_step(
     return long_by_rule(wide, ["step"], rules).sort("step", maintain_order=True)
 
 
-def blocked_by_token(tokens: pl.LazyFrame, rules: Rules = None, *, top: int = 20, min_count: int = 1) -> pl.DataFrame:
+def blocked_by_token(tokens: RunOrTokens, rules: Rules = None, *, top: int = 20, min_count: int = 1) -> pl.DataFrame:
     """The most-blocked token texts of each rule: rule, token, count, blocked, blocked_frac.
 
     For each rule, the `top` token texts with the most blocked rows (ties: higher fraction, then
@@ -102,6 +108,7 @@ def blocked_by_token(tokens: pl.LazyFrame, rules: Rules = None, *, top: int = 20
     out. `count` is how often the text occurs (where the rule was evaluated). Token text is
     untrusted: render it escaped (trustlens.plots does).
     """
+    tokens = lazy_rows("blocked_by_token", tokens)
     rules = checked_rules(tokens, rules)
     # grouping on the (categorical) column itself is ~5× faster than on its text; two categories
     # with one text (parts written with different dictionaries) are summed after the cast
@@ -122,11 +129,12 @@ def blocked_by_token(tokens: pl.LazyFrame, rules: Rules = None, *, top: int = 20
 
 
 def blocked_by_bucket(
-    tokens: pl.LazyFrame, rules: Rules = None, *, min_p: float = MIN_P, per_decade: int = PER_DECADE
+    tokens: RunOrTokens, rules: Rules = None, *, min_p: float = MIN_P, per_decade: int = PER_DECADE
 ) -> pl.DataFrame:
     """Per anchor-probability bucket and rule: bucket, p_lo, p_hi, label, rule, count, blocked,
     blocked_frac; every bucket is listed (count 0 where no token falls). Rows with a null anchor
     are left out."""
+    tokens = lazy_rows("blocked_by_bucket", tokens)
     rules = checked_rules(tokens, rules)
     anchor = anchor_column(tokens)
     wide = collect(
@@ -139,10 +147,11 @@ def blocked_by_bucket(
     return long_by_rule(wide, ["bucket", "p_lo", "p_hi", "label"], rules)
 
 
-def blocked_by_advantage_sign(tokens: pl.LazyFrame, rules: Rules = None) -> pl.DataFrame:
+def blocked_by_advantage_sign(tokens: RunOrTokens, rules: Rules = None) -> pl.DataFrame:
     """Per advantage sign (pos A > 0, neg A < 0, zero A = 0) and rule: sign, rule, count, blocked,
     blocked_frac. Rows with a null advantage are left out. The zero row counts the A = 0 tokens
     where the rule was evaluated; none of them is blocked."""
+    tokens = lazy_rows("blocked_by_advantage_sign", tokens)
     rules = checked_rules(tokens, rules)
     adv = pl.col("advantage")
     sign = pl.when(adv > 0).then(pl.lit("pos")).when(adv < 0).then(pl.lit("neg")).otherwise(pl.lit("zero"))
@@ -165,7 +174,7 @@ TV_RANGE = (0.0, 0.5)
 
 
 def figure1_density(
-    tokens: pl.LazyFrame,
+    tokens: RunOrTokens,
     y: str = "ratio",
     *,
     rules: Rules = (),
@@ -185,6 +194,7 @@ def figure1_density(
     blocked_<rule> (blocked tokens in the cell) for each of `rules`; in a sampled run, tokens the
     kept rows stand for (Σ weight, rounded). Only non-empty cells.
     """
+    tokens = lazy_rows("figure1_density", tokens)
     rules = checked_rules(tokens, rules)
     if n_x < 1 or n_y < 1:
         raise ValueError(f"n_x and n_y must be ≥ 1, got {n_x}, {n_y}")

@@ -64,6 +64,7 @@ import numpy as np
 import polars as pl
 
 from trustlens.analysis.drivers import alert_drivers
+from trustlens.analysis.inputs import require_run
 from trustlens.analysis.onset import collapse_window
 from trustlens.analysis.signals import step_signals
 from trustlens.run import blocked_column
@@ -337,6 +338,7 @@ def detect_collapse(
     (sample, update, pos) tokens at its first step that drove it, strongest driver first, for
     clicking through to the token inspector.
     """
+    run = require_run("detect_collapse", run)
     if signals is None:
         signals = step_signals(run)
     if signals.is_empty():

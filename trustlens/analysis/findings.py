@@ -29,6 +29,7 @@ from trustlens.analysis.buckets import (
     weighted_quantile,
 )
 from trustlens.analysis.clipping import blocked_by_token
+from trustlens.analysis.inputs import RunOrTokens, lazy_rows
 from trustlens.run import blocked_column
 
 EXAMPLE_CASES = ("rare token pushed up", "near-certain token pushed down")
@@ -37,7 +38,7 @@ NEAR_CERTAIN = 0.5
 
 
 def motivating_examples(
-    tokens: pl.LazyFrame,
+    tokens: RunOrTokens,
     ratio_rule: str = "ppo",
     divergence_rule: str = "dppo_binary_tv",
     *,
@@ -57,6 +58,7 @@ def motivating_examples(
     advantage, blocked_<ratio_rule>, blocked_<divergence_rule>. A case with no such token in the
     run has no rows.
     """
+    tokens = lazy_rows("motivating_examples", tokens)
     checked_rules(tokens, [ratio_rule, divergence_rule])
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
@@ -95,7 +97,7 @@ def motivating_examples(
 
 
 def blocked_anchor_quantiles(
-    tokens: pl.LazyFrame, rules: str | Sequence[str] | None = None, quantiles: Sequence[float] = (0.1, 0.5, 0.9)
+    tokens: RunOrTokens, rules: str | Sequence[str] | None = None, quantiles: Sequence[float] = (0.1, 0.5, 0.9)
 ) -> pl.DataFrame:
     """Where in μ each rule's blocked tokens sit: a first row "all tokens", then one per rule.
 
@@ -106,6 +108,7 @@ def blocked_anchor_quantiles(
     `weight` times: tokens is Σ weight and the quantiles are weighted (`weighted_quantile`);
     otherwise tokens counts rows and quantiles are polars' nearest-rank ones.
     """
+    tokens = lazy_rows("blocked_anchor_quantiles", tokens)
     rules = checked_rules(tokens, rules)
     qs = [float(q) for q in quantiles]
     bad = [q for q in qs if not 0.0 <= q <= 1.0]
@@ -140,12 +143,13 @@ def blocked_anchor_quantiles(
     )
 
 
-def blocked_token_anchor(tokens: pl.LazyFrame, rule: str = "ppo", *, top: int = 20, min_count: int = 1) -> pl.DataFrame:
+def blocked_token_anchor(tokens: RunOrTokens, rule: str = "ppo", *, top: int = 20, min_count: int = 1) -> pl.DataFrame:
     """The `top` token texts `rule` blocks most (`clipping.blocked_by_token`) with where they
     sit in μ: token, count, blocked, blocked_frac, mu_median (median anchor probability over
     all occurrences of the text), mu_median_blocked (over the blocked ones); weighted medians
     (`weighted_quantile`) for a table with sampling weights. Token text is untrusted: render it
     escaped."""
+    tokens = lazy_rows("blocked_token_anchor", tokens)
     top_tokens = blocked_by_token(tokens, rule, top=top, min_count=min_count).drop("rule")
     if top_tokens.is_empty():
         return top_tokens.with_columns(
@@ -166,7 +170,7 @@ def blocked_token_anchor(tokens: pl.LazyFrame, rule: str = "ppo", *, top: int = 
     return top_tokens.join(medians, on="token", how="left", maintain_order="left")
 
 
-def over_updates_per_step(tokens: pl.LazyFrame, rule: str = "dppo_binary_tv") -> pl.DataFrame:
+def over_updates_per_step(tokens: RunOrTokens, rule: str = "dppo_binary_tv") -> pl.DataFrame:
     """Per step, split by the advantage's sign: how many tokens were updated beyond `rule`'s
     trust region in the direction their advantage asks for (π pushed up past the bound when
     A > 0, down past it when A < 0) — exactly the tokens `rule` blocks, counterfactually in a
@@ -178,6 +182,7 @@ def over_updates_per_step(tokens: pl.LazyFrame, rule: str = "dppo_binary_tv") ->
     not evaluated are left out. In a sampled run (`Keep`) counts and means are over the tokens
     the kept rows stand for (weighted).
     """
+    tokens = lazy_rows("over_updates_per_step", tokens)
     checked_rules(tokens, [rule])
     over, adv = pl.col(blocked_column(rule)), pl.col("advantage")
     count, weights = token_counter(tokens), weighted(tokens)

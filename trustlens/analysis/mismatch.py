@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from trustlens.analysis.buckets import MIN_P, PER_DECADE, bucket_expr, bucket_table, collect, row_weight, weighted
+from trustlens.analysis.inputs import RunOrTokens, lazy_rows, token_rows
 from trustlens.metrics import MISMATCH_METRICS, describe
 from trustlens.run.aggregates import mismatch_stats, step_aggregates
 
@@ -146,10 +147,11 @@ def _schema(keys: dict[str, pl.DataType], columns: tuple[str, ...]) -> dict[str,
 NO_ROWS = "the run has no token rows yet"
 
 
-def mismatch_unavailable(tokens: pl.LazyFrame) -> str | None:
+def mismatch_unavailable(tokens: RunOrTokens) -> str | None:
     """Why the mismatch of this token table cannot be measured, or None when it can. An empty
     table gives NO_ROWS, which a caller that filtered the table words as its filters matching
     nothing."""
+    tokens = lazy_rows("mismatch_unavailable", tokens)
     names = tokens.collect_schema().names()
     if "mu_logp" not in names:
         return "the token table has no mu_logp column: μ (the rollout engine's log-probabilities) was not recorded"
@@ -174,7 +176,7 @@ def mismatch_unavailable(tokens: pl.LazyFrame) -> str | None:
     return None
 
 
-def mismatch_per_step(tokens: pl.LazyFrame, *, aggregates: pl.LazyFrame | None = None) -> pl.DataFrame:
+def mismatch_per_step(tokens: RunOrTokens, *, aggregates: pl.LazyFrame | None = None) -> pl.DataFrame:
     """Per step: step, tokens and the `trustlens.metrics.MISMATCH_METRICS` (mismatch_kl, k3_kl,
     log_ppl_diff, log_ppl_abs_diff, chi2_token, chi2_seq, prob_diff_mean, prob_diff_max,
     prob_pearson; see the module docstring); sorted by step, only steps with both μ and π_old.
@@ -186,6 +188,7 @@ def mismatch_per_step(tokens: pl.LazyFrame, *, aggregates: pl.LazyFrame | None =
     sequence-level metrics (SEQUENCE_LEVEL) of a step with sampled rows are null unless the
     aggregates show that its rows are all of its tokens (module docstring;
     `with_logged_sequence_level` fills them from the run's logged metrics)."""
+    tokens, aggregates = token_rows("mismatch_per_step", tokens, aggregates)
     out_cols = MISMATCH_METRICS
     schema = _schema({"step": pl.Int32()}, out_cols)
     if "mu_logp" not in tokens.collect_schema().names():
@@ -257,10 +260,11 @@ def with_logged_sequence_level(per_step: pl.DataFrame, metrics: pl.LazyFrame | p
     return joined.with_columns(pl.coalesce(c, f"logged_{c}").alias(c) for c in SEQUENCE_LEVEL).select(per_step.columns)
 
 
-def mismatch_by_bucket(tokens: pl.LazyFrame, *, min_p: float = MIN_P, per_decade: int = PER_DECADE) -> pl.DataFrame:
+def mismatch_by_bucket(tokens: RunOrTokens, *, min_p: float = MIN_P, per_decade: int = PER_DECADE) -> pl.DataFrame:
     """Per μ-probability bucket: bucket, p_lo, p_hi, label, tokens, mismatch_kl, k3_kl,
     chi2_token, prob_diff_mean, prob_diff_max, prob_pearson; every bucket listed (tokens 0 and nulls where empty).
     Empty when `mismatch_unavailable` gives a reason."""
+    tokens = lazy_rows("mismatch_by_bucket", tokens)
     buckets = bucket_table(min_p, per_decade)
     schema = {**buckets.schema, **_schema({}, _TOKEN_LEVEL)}
     if "mu_logp" not in tokens.collect_schema().names():

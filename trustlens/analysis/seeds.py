@@ -68,6 +68,7 @@ import polars as pl
 from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage, weighted, weighted_mean
 from trustlens.analysis.clipping import blocked_per_step
 from trustlens.analysis.collapse import detect_collapse
+from trustlens.analysis.inputs import require_run
 from trustlens.analysis.mismatch import mismatch_per_step
 from trustlens.analysis.onset import collapse_onset, collapse_window, evaluations
 from trustlens.analysis.summary import exact_aggregates
@@ -239,6 +240,7 @@ def check_distinct_seeds(runs: Iterable[tuple[str, str | None, int | None]]) -> 
 
 def run_outcome(run) -> dict:
     """The outcomes of one run (module docstring) with its rule and seed."""
+    run = require_run("run_outcome", run)
     config = run.manifest.get("config") or {}
     rule, seed = rule_and_seed(run)
     acc = accuracy_per_step(run)

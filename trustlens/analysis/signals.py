@@ -18,6 +18,7 @@ from __future__ import annotations
 import polars as pl
 
 from trustlens.analysis.buckets import checked_rules, collect
+from trustlens.analysis.inputs import require_run
 from trustlens.analysis.mismatch import mismatch_per_step
 from trustlens.analysis.onset import evaluations
 from trustlens.analysis.summary import exact_aggregates, step_summary
@@ -38,6 +39,7 @@ def step_signals(run) -> pl.DataFrame:
     accuracy, grad_norm, blocked_<rule>…; null where a run lacks the source. `run` has .tokens, .samples
     and .metrics LazyFrames (a `trustlens.run.Run`); a sampled run's block rates and mismatch
     come from its exact aggregates."""
+    run = require_run("step_signals", run)
     tokens = run.tokens
     rules = checked_rules(tokens, None)
     aggregates = exact_aggregates(run)

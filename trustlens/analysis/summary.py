@@ -35,6 +35,7 @@ from trustlens.analysis.buckets import (
     weighted_mean,
     zero_advantage_frac,
 )
+from trustlens.analysis.inputs import RunOrTokens, token_rows
 from trustlens.run.aggregates import step_aggregates
 
 
@@ -78,7 +79,7 @@ def step_summary_query(tokens: pl.LazyFrame, *, counts: bool = True) -> pl.LazyF
 
 
 def step_summary(
-    tokens: pl.LazyFrame, *, aggregates: pl.LazyFrame | None = None, columns: tuple[str, ...] | None = None
+    tokens: RunOrTokens, *, aggregates: pl.LazyFrame | None = None, columns: tuple[str, ...] | None = None
 ) -> pl.DataFrame:
     """One row per step (see the module docstring), sorted by step.
 
@@ -86,6 +87,7 @@ def step_summary(
         the same steps as `tokens`): tokens, zero_adv_frac, the block rates and (when they hold
         its sum) entropy come from them.
     columns: only these columns besides step (the others are not computed)."""
+    tokens, aggregates = token_rows("step_summary", tokens, aggregates)
     full = step_summary_query(tokens)
     order = full.collect_schema().names()
     wanted = order[1:] if columns is None else [c for c in order if c in columns]

@@ -14,6 +14,7 @@ size is swept in bounded memory; the result has one row per rule × scale (× bu
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -29,8 +30,10 @@ from trustlens.analysis.buckets import (
     rules_of,
     weighted,
 )
+from trustlens.analysis.inputs import RunOrTokens, lazy_rows
 from trustlens.rules import Rule, get_rule
 from trustlens.rules.columns import evaluate_columns, rule_columns
+from trustlens.run.reader import Run
 
 # Default scales of every rule's thresholds: a quarter of the recorded thresholds up to four times.
 DEFAULT_SCALES: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -55,13 +58,20 @@ SWEEP_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-def _resolve(names: Sequence[str], base: Mapping[str, Mapping] | None) -> dict[str, Rule]:
+def _resolve(names: Sequence[str], base: Mapping[str, Mapping] | None, *, skip: bool = False) -> dict[str, Rule]:
     """Each rule as the run recorded it (`base`, a manifest's rules: custom rules come back with
-    their measure and anchor), else the registry's."""
+    their measure and anchor), else the registry's. skip=True (the rules were not named by the
+    caller): a rule that cannot be rebuilt (a custom rule of a run recorded before manifests kept
+    its measure) is left out with a warning naming it instead of stopping the other rules."""
     out = {}
     for name in names:
         given = (base or {}).get(name)
-        out[name] = Rule.from_manifest(name, given) if isinstance(given, Mapping) and given else get_rule(name)
+        try:
+            out[name] = Rule.from_manifest(name, given) if isinstance(given, Mapping) and given else get_rule(name)
+        except (KeyError, ValueError) as err:
+            if not skip:
+                raise
+            warnings.warn(f"threshold_sweep: rule {name!r} left out: {err.args[0]}", stacklevel=3)
     return out
 
 
@@ -76,7 +86,7 @@ def _check_scales(scales: Sequence[float]) -> list[float]:
 
 
 def threshold_sweep(
-    tokens: pl.LazyFrame,
+    tokens: RunOrTokens,
     rules: str | Sequence[str] | None = None,
     scales: Sequence[float] = DEFAULT_SCALES,
     *,
@@ -106,10 +116,13 @@ def threshold_sweep(
     Columns: rule, scale, low, high, [bucket, p_lo, p_hi, label,] count, blocked, blocked_frac,
     count_pos, blocked_frac_pos (A > 0), count_neg, blocked_frac_neg (A < 0), count_zero.
     """
+    if base is None and isinstance(tokens, Run):
+        base = tokens.rules
+    tokens = lazy_rows("threshold_sweep", tokens)
     names = tokens.collect_schema().names()
     anchor = anchor_column(tokens)
     if rules is None:
-        rules = [r for r, rule in _resolve(rules_of(tokens), base).items() if rule.blocks]
+        rules = [r for r, rule in _resolve(rules_of(tokens), base, skip=True).items() if rule.blocks]
     rules = [rules] if isinstance(rules, str) else list(rules)
     resolved = _resolve(rules, base)
     thresholds: dict[str, tuple[float, float]] = {}

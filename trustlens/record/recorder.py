@@ -135,10 +135,7 @@ class TokenRecorder:
         writer_timeout = positive_seconds("writer_timeout", writer_timeout)
         self.rank, self.world_size = distributed_rank(rank, world_size)
         manifest = new_manifest(
-            rules={
-                r.name: {"low": r.low, "high": r.high, "anchor": r.anchor, "description": r.description}
-                for r in self.rules
-            },
+            rules={r.name: r.manifest_entry() for r in self.rules},
             active_rule=active_rule,
             config=config_dict(config),
             world_size=self.world_size,

@@ -38,7 +38,7 @@ MANIFEST_FIELDS: dict[str, str] = {
     "updated": "UTC time of the last part file or status change, ISO 8601",
     "resumed": "UTC times the run was reopened with resume=True",
     "config": "the training configuration passed to the recorder (free-form JSON)",
-    "rules": "every evaluated rule: {name: {low, high, anchor, description}}",
+    "rules": "every evaluated rule: {name: {low, high, anchor, measure, weight, tis_cap, description}}",
     "active_rule": "the rule the run trains with (null when unknown)",
     "world_size": "number of ranks recording shards",
     "anchor": "what ratio and divergences compare π with: mu (the rollout policy), old (π_old, "

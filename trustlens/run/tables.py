@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,9 +22,13 @@ from trustlens.run.parts import Location
 from trustlens.run.schema import RANK, table_schema, token_columns
 from trustlens.run.writer import RankWriter
 
+if TYPE_CHECKING:
+    from trustlens.rules import Rule
 
-def rule_entries(rules: Sequence[str]) -> dict[str, dict]:
-    """The manifest's `rules` entry: {name: {low, high, anchor, description}}."""
+
+def rule_entries(rules: Sequence[str | Rule]) -> dict[str, dict]:
+    """The manifest's `rules` entry: {name: `Rule.manifest_entry()`}, every field a rule needs to be
+    evaluated again without its code."""
     from trustlens.rules import get_rule
 
     out: dict[str, dict] = {}
@@ -33,7 +37,7 @@ def rule_entries(rules: Sequence[str]) -> dict[str, dict]:
             rule = get_rule(name)
         except KeyError as err:
             raise ValueError(f"rules: {err.args[0]}") from None
-        out[name] = {"low": rule.low, "high": rule.high, "anchor": rule.anchor, "description": rule.description}
+        out[rule.name] = rule.manifest_entry()
     return out
 
 
