@@ -11,6 +11,7 @@ Modules, each documenting its return columns:
     collapse   collapse alerts with the tokens and samples behind them
     onset      the collapse itself (collapse_onset), against which the alerts are measured
     drivers    the tokens and samples that drove a collapse alert
+    doctor     log-probability bugs that fake a training–inference mismatch (doctor, Finding)
     seeds      per-run outcomes and their mean ± standard error over seeds (trustlens compare)
     findings   the paper's findings located in a run (motivating examples, where blocked tokens sit)
     sweep      what each rule blocks with its thresholds scaled (threshold_sweep)
@@ -47,6 +48,7 @@ from trustlens.analysis.clipping import (
     with_rules,
 )
 from trustlens.analysis.collapse import CollapseConfig, detect_collapse
+from trustlens.analysis.doctor import Finding, doctor
 from trustlens.analysis.findings import (
     blocked_anchor_quantiles,
     blocked_token_anchor,
@@ -70,6 +72,7 @@ from trustlens.analysis.sweep import threshold_sweep
 __all__ = [
     "MISMATCH_COLUMNS",
     "CollapseConfig",
+    "Finding",
     "MismatchTrend",
     "blocked_anchor_quantiles",
     "blocked_by_advantage_sign",
@@ -81,6 +84,7 @@ __all__ = [
     "collapse_onset",
     "confusion_matrix",
     "detect_collapse",
+    "doctor",
     "exact_aggregates",
     "figure1_density",
     "mismatch_by_bucket",

@@ -1,0 +1,306 @@
+"""How often `trustlens doctor` names a planted log-probability bug, and how often it finds
+something on clean runs (issue 30, point 5; the table of docs/doctor.md).
+
+    python benchmarks/doctor_detection.py [--seeds 20] [--train-steps 30] [--trained-seeds 0]
+
+Planted runs (synthetic, `--seeds` seeds per defect): responses of `SEQ_LEN` tokens over a
+vocabulary of `VOCAB` ids, each position's logits drawn so that π's entropy ranges from near 0
+(one dominant token) to ~2 nats, sampled at τ = 0.5 by an engine whose logits carry Gaussian
+noise (k3 ≈ 1e-4, a bf16 engine's level). The trainer's log π_old is the exact log-softmax of
+the noise-free logits / τ. Each defect is the bug's math applied while sampling or when the
+rollout reaches the trainer, at the magnitudes issue 30 quotes:
+
+    raw_logprobs   μ reported from log softmax(logits), sampled at τ = 0.5     -> temperature
+    top_p          sampled with top-p 0.8, μ renormalised over the kept tokens -> truncation
+    shifted        log μ of position t − 1 at position t                      -> shift
+    sentinel       log μ written as 0 at 10% of the tokens                    -> sentinel
+    token_ids      the trainer scores one fixed id wherever the engine sampled
+                   one frequent token (~5% of the tokens)                     -> token_ids
+    first_token    π_old/μ = 2 on the first token (TRL #4159)                  -> where
+    level          an engine 10× noisier (k3 ≈ 1e-2, dense model)             -> level
+    engine_drift   lr = 0 and the engine's noise grows so that mean |Δ log p|
+                   goes 0.011 → 0.036 over the run (vime #64)                -> engine_drift
+
+A defect counts as detected when its check's verdict is "problem" and it is the first finding.
+Clean runs: the same generator without a defect, the built-in presets' clean runs (`trustlens
+train --preset P --steps N --eval-size 0`) and the shipped sample runs (data/sample_run).
+With `--trained-seeds K` and a trainer that has `--engine`, each defect is also planted in K
+real built-in training runs (`trustlens train --engine DEFECT`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 48  # vocabulary of the planted runs
+SEQ_LEN = 24  # response length
+SAMPLES = 64  # responses per step
+STEPS = 8  # steps per planted run
+TAU = 0.5  # sampling temperature
+NOISE = 0.04  # std of the clean engine's logit noise (on logits / τ): k3 ≈ 1e-4
+TOP_P = 0.8
+SENTINEL_SHARE = 0.1
+FIRST_RATIO = 2.0
+LEVEL_NOISE = 10 * NOISE
+DRIFT_FROM, DRIFT_TO = 0.011, 0.036  # mean |Δ log p| at the first and last step of engine_drift
+ABS_PER_NOISE = 0.207  # this generator's mean |Δ log p| per unit of logit-noise std (measured: 0.0083 at 0.04)
+# defect -> the check that should name it
+DEFECTS = {
+    "raw_logprobs": "temperature",
+    "top_p": "truncation",
+    "shifted": "shift",
+    "sentinel": "sentinel",
+    "token_ids": "token_ids",
+    "first_token": "where",
+    "level": "level",
+    "engine_drift": "engine_drift",
+}
+# the defects `trustlens train --engine` plants (issue 30, point 4)
+TRAINED = {
+    "raw_logprobs": "temperature",
+    "top_p": "truncation",
+    "shifted": "shift",
+    "sentinel": "sentinel",
+    "token_ids": "token_ids",
+}
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def _sample(rng: np.random.Generator, logp: np.ndarray) -> np.ndarray:
+    """One id per row of log-probabilities (..., V)."""
+    p = np.exp(logp)
+    u = rng.random((*p.shape[:-1], 1))
+    return np.minimum((p.cumsum(axis=-1) < u * p.sum(axis=-1, keepdims=True)).sum(axis=-1), p.shape[-1] - 1)
+
+
+def _top_p(logp: np.ndarray, p: float) -> np.ndarray:
+    """log-probs renormalised over the smallest set of ids holding mass ≥ p (−inf elsewhere)."""
+    order = np.argsort(-logp, axis=-1)
+    sorted_p = np.exp(np.take_along_axis(logp, order, axis=-1))
+    before = sorted_p.cumsum(axis=-1) - sorted_p  # mass of the ids ahead of each
+    keep_sorted = before < p
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    kept = np.where(keep, logp, -np.inf)
+    return kept - np.log(np.exp(kept).sum(axis=-1, keepdims=True))
+
+
+def planted_tokens(defect: str, seed: int) -> tuple[dict[str, list], dict]:
+    """The token columns of one planted run (`defect` "clean" for none) and its config."""
+    rng = np.random.default_rng(seed)
+    n = STEPS * SAMPLES
+    shape = (STEPS, SAMPLES, SEQ_LEN)
+    # logits / τ as the trainer computes them: one dominant id with a margin of 0-12 nats
+    scaled = rng.normal(0.0, 1.5, (*shape, VOCAB))
+    top = rng.integers(0, VOCAB, shape)
+    np.put_along_axis(scaled, top[..., None], rng.uniform(0.0, 12.0, shape)[..., None] + 3.0, axis=-1)
+    noise = np.full(STEPS, LEVEL_NOISE if defect == "level" else NOISE)
+    if defect == "engine_drift":
+        # mean |Δ log p| grows about linearly with the noise's std: DRIFT_FROM → DRIFT_TO
+        noise = np.linspace(DRIFT_FROM, DRIFT_TO, STEPS) / ABS_PER_NOISE
+    engine = scaled + rng.normal(0.0, 1.0, scaled.shape) * noise[:, None, None, None]
+    old = _log_softmax(scaled)  # (S, B, T, V)
+    engine_logp = _log_softmax(engine)
+    sampling = _top_p(engine_logp, TOP_P) if defect == "top_p" else engine_logp
+    ids = _sample(rng, sampling)  # (S, B, T)
+    reported = _log_softmax(engine * TAU) if defect == "raw_logprobs" else sampling
+    mu = np.take_along_axis(reported, ids[..., None], axis=-1)[..., 0]
+    trainer_ids = ids.copy()
+    if defect == "token_ids":
+        frequent = np.bincount(ids.ravel(), minlength=VOCAB).argmax()
+        trainer_ids = np.where(ids == frequent, (frequent + 1) % VOCAB, ids)
+    old_logp = np.take_along_axis(old, trainer_ids[..., None], axis=-1)[..., 0]
+    if defect == "shifted":
+        mu = np.concatenate([mu[..., :1], mu[..., :-1]], axis=-1)
+    elif defect == "sentinel":
+        mu = np.where(rng.random(shape) < SENTINEL_SHARE, 0.0, mu)
+    elif defect == "first_token":
+        mu[..., 0] = old_logp[..., 0] - np.log(FIRST_RATIO)
+    p_old = np.exp(old)
+    entropy = -(p_old * old).sum(axis=-1)
+    # two updates per step (minibatches): samples of update 1 see a policy that moved (lr > 0)
+    update = np.broadcast_to((np.arange(SAMPLES) % 2)[None, :, None], shape)
+    lr = 0.0 if defect == "engine_drift" else 3e-5
+    move = 0.0 if lr == 0 else 0.01
+    pi_logp = np.minimum(old_logp + update * rng.normal(0.0, move, shape), 0.0)
+    step = np.broadcast_to(np.arange(STEPS)[:, None, None], shape)
+    sample = step * 10_000 + np.broadcast_to(np.arange(SAMPLES)[None, :, None], shape)
+    pos = np.broadcast_to(np.arange(SEQ_LEN)[None, None, :], shape)
+    cols = {
+        "step": step,
+        "update": update,
+        "sample": sample,
+        "pos": pos,
+        "token_id": trainer_ids,
+        "mu_logp": np.minimum(mu, 0.0),
+        "old_logp": old_logp,
+        "pi_logp": pi_logp,
+        "entropy": entropy,
+        "advantage": np.broadcast_to(rng.normal(0.0, 1.0, (STEPS, SAMPLES, 1)), shape),
+    }
+    out = {k: np.asarray(v).reshape(n * SEQ_LEN).tolist() for k, v in cols.items()}
+    config = {"temperature": TAU, "lr": lr, "planted": defect, "seed": seed}
+    return out, config
+
+
+def write_planted(path: Path, defect: str, seed: int) -> Path:
+    """A planted run at `path` (run.json with the sampling the engine claims: τ, processed)."""
+    from trustlens.run.tables import write_run
+
+    tokens, config = planted_tokens(defect, seed)
+    write_run(path, tokens=tokens, rules=[], config=config)
+    manifest = json.loads((path / "run.json").read_text())
+    manifest["sampling"] = {"temperature": TAU, "top_p": None, "top_k": None, "min_p": None, "logprobs": None}
+    manifest["model_kind"] = "dense"
+    (path / "run.json").write_text(json.dumps(manifest))
+    return path
+
+
+def verdicts(run_path: Path) -> list[tuple[str, str]]:
+    """(check, verdict) of every finding, most severe first."""
+    from trustlens.analysis import doctor
+
+    return [(f.check, f.verdict) for f in doctor(run_path)]
+
+
+def planted_table(seeds: int, folder: Path) -> tuple[list[str], list[dict]]:
+    """Per defect over `seeds` seeds: problem (its check's verdict is problem), first (its check
+    is the first finding) and detected (both), and the defect's measured size; and the clean
+    synthetic runs' findings."""
+    import polars as pl
+
+    from trustlens import load_run
+
+    lines, clean = [], []
+    for defect, check in {"clean": None, **DEFECTS}.items():
+        problem = first = detected = 0
+        sizes = []
+        for seed in range(seeds):
+            path = write_planted(folder / f"{defect}-{seed}", defect, seed)
+            found = verdicts(path)
+            if check is None:
+                clean.append({"run": f"synthetic clean seed {seed}", "findings": found})
+                continue
+            mine = dict(found)[check]
+            problem += mine == "problem"
+            first += found[0][0] == check
+            detected += mine == "problem" and found[0][0] == check
+            if defect == "engine_drift":
+                per_step = (
+                    load_run(path)
+                    .tokens.group_by("step")
+                    .agg((pl.col("mu_logp") - pl.col("old_logp")).abs().mean().alias("a"))
+                    .sort("step")
+                    .collect()["a"]
+                )
+                sizes.append((per_step[0], per_step[-1]))
+        if check is not None:
+            size = (
+                f"; mean \\|Δ log p\\| {np.mean([a for a, _ in sizes]):.3f} → {np.mean([b for _, b in sizes]):.3f}"
+                if sizes
+                else ""
+            )
+            lines.append(f"| {defect} | {check} | {problem}/{seeds} | {first}/{seeds} | {detected}/{seeds}{size} |")
+    return lines, clean
+
+
+def trained_runs(defects: dict[str, str], seeds: int, steps: int, folder: Path) -> list[str]:
+    """Per defect of `trustlens train --engine` over `seeds` seeds of the default preset."""
+    lines = []
+    for defect, check in defects.items():
+        problem = first = detected = 0
+        for seed in range(seeds):
+            out = folder / f"engine-{defect}-{seed}"
+            _train(out, "default", steps, ["--engine", defect, "--seed", str(seed)])
+            found = verdicts(out)
+            mine = dict(found)[check]
+            problem += mine == "problem"
+            first += found[0][0] == check
+            detected += mine == "problem" and found[0][0] == check
+        lines.append(f"| {defect} (trained) | {check} | {problem}/{seeds} | {first}/{seeds} | {detected}/{seeds} |")
+    return lines
+
+
+def _train(out: Path, preset: str, steps: int, extra: list[str]) -> None:
+    cmd = [sys.executable, "-m", "trustlens.cli", "train", "--preset", preset, "--out", str(out), "--overwrite"]
+    cmd += ["--quiet", "--eval-size", "0", *extra] + (["--steps", str(steps)] if steps else [])
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+
+
+def clean_real_runs(steps: int, folder: Path) -> list[dict]:
+    """Findings on every built-in preset's clean run (`steps` steps; the quick preset its own
+    3) and on the shipped sample runs."""
+    from trustlens.train.config import PRESETS
+
+    out = []
+    for preset in PRESETS:
+        path = folder / f"preset-{preset}"
+        _train(path, preset, 0 if preset == "quick" else steps, [])
+        out.append({"run": f"preset {preset}", "findings": verdicts(path)})
+    for path in sorted((ROOT / "data" / "sample_run").iterdir()):
+        if (path / "run.json").exists():
+            out.append({"run": f"data/sample_run/{path.name}", "findings": verdicts(path)})
+    return out
+
+
+def engine_flag() -> bool:
+    """Whether `trustlens train` has --engine (issue 30, point 4)."""
+    try:
+        from trustlens.train.engine_defects import ENGINE_DEFECTS  # noqa: F401
+    except ImportError:
+        return False
+    help_text = subprocess.run(
+        [sys.executable, "-m", "trustlens.cli", "train", "--help"], capture_output=True, text=True, cwd=ROOT
+    ).stdout
+    return "--engine" in help_text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=20, help="seeds per planted defect [20]")
+    parser.add_argument("--train-steps", type=int, default=30, help="steps of each preset's clean run [30]")
+    parser.add_argument("--trained-seeds", type=int, default=0, help="seeds per `train --engine` defect [0]")
+    parser.add_argument("--trained-steps", type=int, default=10, help="steps of each `train --engine` run [10]")
+    parser.add_argument("--no-train", action="store_true", help="skip the presets' clean runs")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="doctor-") as tmp:
+        folder = Path(tmp)
+        lines, clean = planted_table(args.seeds, folder)
+        print("| planted defect | check | problem | first | detected |")
+        print("|---|---|---|---|---|")
+        print("\n".join(lines))
+        if args.trained_seeds:
+            if engine_flag():
+                print("\n".join(trained_runs(TRAINED, args.trained_seeds, args.trained_steps, folder)))
+            else:
+                print("(trustlens train has no --engine here: trained defects skipped)")
+        if not args.no_train:
+            clean += clean_real_runs(args.train_steps, folder)
+    pairs = [v for run in clean for _, v in run["findings"]]
+    problems = [f"{r['run']}: {c}" for r in clean for c, v in r["findings"] if v == "problem"]
+    warnings = [f"{r['run']}: {c}" for r in clean for c, v in r["findings"] if v == "warning"]
+    print(
+        f"\nclean runs: {len(clean)}, findings {len(pairs)}: {len(problems)} problem, {len(warnings)} warning "
+        f"({len(warnings) / max(len(pairs), 1):.1%})"
+    )
+    for line in problems + warnings:
+        print("  " + line)
+    print(f"wall time {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

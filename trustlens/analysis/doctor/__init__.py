@@ -1,0 +1,53 @@
+"""`doctor(run)`: find the log-probability bugs that fake a training–inference mismatch.
+
+Each check (docs/doctor.md) reads the run's token rows lazily and returns a `Finding`:
+
+    sentinel      log μ written as 0, a large negative constant or nothing (1d)
+    token_ids     the trainer scores other token ids than the engine sampled (1e)
+    shift         log μ and log π_old shifted by one position (1c)
+    temperature   μ not at the sampling temperature (raw log-probs) (1a)
+    truncation    μ renormalised over a truncated support (top-p, top-k, min-p) (1b)
+    engine_drift  the mismatch grows while the policy does not change (1h)
+    where         where the mismatch sits: first tokens, position, entropy, μ decade (1f)
+    level         the mismatch against the published ranges for dense and MoE models (1g)
+
+`doctor` lists them most severe first (`finding.ordered`); `trustlens doctor RUN` prints them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from trustlens.analysis.doctor.alignment import sentinel_check, shift_check, token_ids_check
+from trustlens.analysis.doctor.finding import CHECKS, VERDICTS, Finding, ordered
+from trustlens.analysis.doctor.inputs import Inputs, Sampling, inputs_of, read_sampling
+from trustlens.analysis.doctor.level import engine_drift_check, level_check, per_step_mismatch, where_check
+from trustlens.analysis.doctor.sampling import temperature_check, truncation_check
+
+
+def doctor(run: Any) -> list[Finding]:
+    """Every check's finding on `run` (a Run, a run path, or a token LazyFrame), most severe
+    first. A run without μ gets one ok finding per check saying so."""
+    if isinstance(run, str | os.PathLike):
+        from trustlens.run import load_run
+
+        run = load_run(run)
+    inp = inputs_of(run)
+    if not inp.has_mu:
+        return [Finding(c, "ok", "no μ recorded: nothing to compare with π_old") for c in CHECKS]
+    per_step = per_step_mismatch(inp)
+    findings = [
+        sentinel_check(inp),
+        token_ids_check(inp),
+        shift_check(inp),
+        temperature_check(inp),
+        truncation_check(inp),
+        engine_drift_check(inp, per_step),
+        where_check(inp),
+        level_check(inp, per_step),
+    ]
+    return ordered(findings)
+
+
+__all__ = ["CHECKS", "VERDICTS", "Finding", "Inputs", "Sampling", "doctor", "inputs_of", "ordered", "read_sampling"]

@@ -1,0 +1,67 @@
+"""`trustlens doctor RUN [--json]`: the doctor's findings on a recorded run, most severe first."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from trustlens.analysis.doctor.finding import Finding
+
+MARKS = {"problem": "PROBLEM", "warning": "warning", "ok": "ok"}
+
+
+def configure(name: str, parser: argparse.ArgumentParser) -> None:
+    """Flags of `trustlens doctor`."""
+    parser.add_argument("run", metavar="RUN", help="a recorded run (folder or object-store URL)")
+    parser.add_argument(
+        "--json", action="store_true", help="print a JSON list of {check, verdict, summary, evidence, fix}"
+    )
+    parser.epilog = "The checks, their statistics and thresholds: docs/doctor.md"
+    parser.set_defaults(func=_doctor)
+
+
+def _plain(value: Any) -> Any:
+    """`value` with non-finite floats as strings ("inf", "nan"): strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def as_text(findings: list[Finding]) -> str:
+    """The findings as terminal lines: verdict, check, summary, then the fix and up to three
+    example tokens (step/sample/pos) of each finding that is not ok. Token text is shown with
+    repr(), so control characters in it cannot act on the terminal."""
+    lines = []
+    for f in findings:
+        lines.append(f"{MARKS[f.verdict]:<8} {f.check:<13} {f.summary}")
+        if f.verdict == "ok":
+            continue
+        if f.fix:
+            lines.append(f"{'':<22} fix: {f.fix}")
+        for ex in f.evidence.get("examples", [])[:3]:
+            lines.append(
+                f"{'':<22} e.g. step {ex['step']} sample {ex['sample']} pos {ex['pos']} token {ex['token']!r}: "
+                f"μ {ex['mu']:.3g}, π_old {ex['old']:.3g}"
+            )
+    return "\n".join(lines)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from trustlens.analysis.doctor import doctor
+    from trustlens.run import load_run
+
+    findings = doctor(load_run(args.run))
+    if args.json:
+        print(json.dumps([_plain(f.to_json()) for f in findings], indent=1, allow_nan=False, ensure_ascii=False))
+    else:
+        print(as_text(findings))
+    return 0
+
+
+__all__ = ["as_text", "configure"]

@@ -1,0 +1,220 @@
+"""Checks that describe the mismatch itself: where it sits (1f), its level against the ranges
+published for dense and MoE models (1g), and whether it grows without training (1h)."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+from trustlens.analysis.alert_levels import MISMATCH_K3_NORMAL
+from trustlens.analysis.buckets import bucket_expr, bucket_table, collect
+from trustlens.analysis.doctor.finding import Finding
+from trustlens.analysis.doctor.inputs import Inputs, examples
+from trustlens.analysis.mismatch import mismatch_per_step
+
+# where: position buckets [lo, hi) of the response
+POSITIONS = ((0, 1), (1, 4), (4, 16), (16, 64), (64, 256), (256, 1 << 30))
+ENTROPIES = ((0.0, 0.1), (0.1, 1.0), (1.0, math.inf))  # π's entropy buckets, nats
+FIRST_WARNING = 0.1  # mean |log μ − log π_old| on the first token (nats) that warns ...
+FIRST_PROBLEM = math.log(1.5)  # ... and that is a problem (an average ratio beyond 1.5×)
+FIRST_FACTOR = 5.0  # ... when it is also this many times the rest's
+# level: the published ranges of k3 (docs/doctor.md), dense's upper end as the collapse alerts use it
+K3_RANGE = {"dense": (1e-5, MISMATCH_K3_NORMAL["dense"]), "moe": (1e-3, 1e-1)}
+PROB_DIFF_WARNING = 0.01  # verl: prob_diff_mean above 0.01 points at the engine's precision
+EXTREME_PROBLEM = 0.1  # R3: more than 10% of tokens with ρ > 2 or ρ < 0.5
+K3_PROBLEM_FACTOR = 10.0  # k3 this many times the range's upper end is a problem
+# engine_drift: growth of k3 (mean of the last third of the steps over the first third)
+DRIFT_GROWTH = 4.0  # (|Δ log p| doubling shows as k3 × 4)
+STATIC_MOVE = 1e-6  # mean |log π − log π_old| at updates ≥ 1 below this: the policy did not move
+MIN_STEPS = 6
+
+
+def _mean_abs_d() -> pl.Expr:
+    w = pl.col("w")
+    return (w * pl.col("d").abs()).sum() / w.sum()
+
+
+def _table(pairs: pl.LazyFrame, key: pl.Expr) -> pl.DataFrame:
+    return collect(
+        pairs.with_columns(key.alias("bucket"))
+        .group_by("bucket")
+        .agg(pl.col("w").sum().alias("tokens"), _mean_abs_d().alias("mean_abs_d"))
+        .sort("bucket")
+    )
+
+
+def _bucket(col: str, edges: tuple[tuple[float, float], ...]) -> pl.Expr:
+    x = pl.col(col)
+    out = pl.lit(None, pl.Int32)
+    for i, (lo, hi) in enumerate(reversed(edges)):
+        out = pl.when((x >= lo) & (x < hi)).then(pl.lit(len(edges) - 1 - i, pl.Int32)).otherwise(out)
+    return out
+
+
+def where_check(inp: Inputs) -> Finding:
+    """1f. Where the mismatch sits: mean |log μ − log π_old| (nats) by position in the response
+    (0, 1–3, 4–15, 16–63, 64–255, 256+), by π's entropy (< 0.1, 0.1–1, ≥ 1 nats) and by μ
+    decade, in the evidence.
+
+    Verdict from the first token, where engines and trainers most often disagree on the context
+    (TRL #4159: an IS ratio of 2.0 on first tokens): its mean |Δ| ≥ 0.1 nats and ≥ 5× the other
+    positions' warns; ≥ log 1.5 (a ratio beyond 1.5× on average) and ≥ 5× is a problem."""
+    pairs = inp.pairs
+    by_pos = _table(pairs, _bucket("pos", POSITIONS))
+    evidence: dict = {
+        "by_position": [
+            {"pos": f"{POSITIONS[b][0]}–{POSITIONS[b][1] - 1}", "tokens": t, "mean_abs_d": m}
+            for b, t, m in by_pos.iter_rows()
+            if b is not None
+        ],
+    }
+    if "entropy" in pairs.collect_schema().names():
+        by_h = _table(pairs.filter(pl.col("entropy").is_not_null()), _bucket("entropy", ENTROPIES))
+        evidence["by_entropy"] = [
+            {"entropy": f"{ENTROPIES[b][0]:g}–{ENTROPIES[b][1]:g}", "tokens": t, "mean_abs_d": m}
+            for b, t, m in by_h.iter_rows()
+        ]
+    labels = bucket_table()["label"].to_list()
+    by_mu = _table(pairs, bucket_expr("mu"))
+    evidence["by_mu_decade"] = [{"mu": labels[b], "tokens": t, "mean_abs_d": m} for b, t, m in by_mu.iter_rows()]
+    s = collect(
+        pairs.select(
+            pl.when(pl.col("pos") == 0).then(pl.col("w") * pl.col("d").abs()).sum().alias("first_sum"),
+            pl.when(pl.col("pos") == 0).then(pl.col("w")).sum().alias("first_w"),
+            pl.when(pl.col("pos") > 0).then(pl.col("w") * pl.col("d").abs()).sum().alias("rest_sum"),
+            pl.when(pl.col("pos") > 0).then(pl.col("w")).sum().alias("rest_w"),
+        )
+    ).row(0, named=True)
+    if not s["first_w"] or not s["rest_w"]:
+        return Finding("where", "ok", "too few tokens to compare the first position with the rest", evidence)
+    first, rest = s["first_sum"] / s["first_w"], s["rest_sum"] / s["rest_w"]
+    factor = first / rest if rest > 0 else math.inf
+    evidence |= {"first_token_mean_abs_d": first, "rest_mean_abs_d": rest, "first_over_rest": factor}
+    verdict = "ok"
+    if factor >= FIRST_FACTOR:
+        verdict = "problem" if first >= FIRST_PROBLEM else ("warning" if first >= FIRST_WARNING else "ok")
+    worst = max(evidence["by_position"], key=lambda r: r["mean_abs_d"] or 0.0)
+    if verdict == "ok":
+        summary = (
+            f"the mismatch is largest at positions {worst['pos']} (mean |Δ log p| {worst['mean_abs_d']:.4f} "
+            "nats); no first-token excess"
+        )
+        return Finding("where", verdict, summary, evidence)
+    summary = (
+        f"the first token carries a mean |log μ − log π_old| of {first:.3f} nats (ratio ~{math.exp(first):.2f}), "
+        f"{factor:.0f}× the other positions'"
+    )
+    evidence["examples"] = examples(pairs.filter(pl.col("pos") == 0), pl.col("d").abs())
+    fix = (
+        "compare the first response token's context in engine and trainer (chat template, BOS, the prompt's last token)"
+    )
+    return Finding("where", verdict, summary, evidence, fix, strength=first / FIRST_PROBLEM)
+
+
+def per_step_mismatch(inp: Inputs) -> pl.DataFrame:
+    """mismatch_per_step of the run (exact from a sampled run's aggregates)."""
+    return mismatch_per_step(inp.run if inp.run is not None else inp.tokens)
+
+
+def level_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
+    """1g. The level of the mismatch against the published ranges.
+
+    Statistics over the whole run (token-weighted means of the per-step values of
+    `trustlens.analysis.mismatch_per_step`, exact on a sampled run): k3_kl, prob_diff_mean, and
+    the share of tokens with ρ = π_old/μ > 2 or < 0.5. Ranges: k3 1e-5–1e-3 for dense models
+    and 1e-3–1e-1 for MoE (run.json's model_kind; default dense); verl: prob_diff_mean below
+    0.005 is normal, above 0.01 points at the engine's precision; R3: over 10% of tokens with
+    ρ > 2 is a problem. Threshold: k3 above its range or prob_diff_mean > 0.01 warns; k3 over
+    10× the range's upper end or an extreme share > 10% is a problem — a warning only in a run
+    whose config sets rollout_lag > 0 (stale rollouts: μ is an older policy by design)."""
+    w = pl.col("w")
+    extreme = (pl.col("d").abs() > math.log(2.0)).cast(pl.Float64)
+    share = collect(inp.pairs.select(((w * extreme).sum() / w.sum()).alias("x"))).item()
+    lo, hi = K3_RANGE[inp.model_kind]
+    evidence: dict = {"model_kind": inp.model_kind, "k3_range": [lo, hi], "extreme_share": share}
+    if per_step.is_empty() or share is None:
+        return Finding("level", "ok", "no μ–π_old pairs to measure", evidence)
+    n = per_step["tokens"].cast(pl.Float64)
+    k3 = float((per_step["k3_kl"] * n).sum()) / float(n.sum())
+    pdm = float((per_step["prob_diff_mean"] * n).sum()) / float(n.sum())
+    evidence |= {"k3_kl": k3, "prob_diff_mean": pdm, "prob_diff_warning": PROB_DIFF_WARNING}
+    evidence["extreme_problem"] = EXTREME_PROBLEM
+    strength = max(k3 / (K3_PROBLEM_FACTOR * hi), share / EXTREME_PROBLEM)
+    lag = inp.config.get("rollout_lag")
+    stale = isinstance(lag, int | float) and lag > 0
+    text = (
+        f"k3 {k3:.2e} ({inp.model_kind} range {lo:g}–{hi:g}), prob_diff_mean {pdm:.4f}, "
+        f"ρ beyond [0.5, 2] on {share:.2%}"
+    )
+    if strength >= 1:
+        verdict = "warning" if stale else "problem"
+    elif k3 > hi or pdm > PROB_DIFF_WARNING:
+        verdict = "warning"
+    else:
+        return Finding("level", "ok", f"within the published range: {text}", evidence, strength=strength)
+    summary = f"above the published range: {text}" + (f" (stale rollouts: rollout_lag {lag})" if stale else "")
+    evidence["examples"] = examples(inp.pairs, pl.col("d").abs())
+    fix = (
+        "serve the engine in the trainer's precision (bf16/fp32 lm_head, same kernels) or correct with "
+        "truncated IS (TIS/MIS)"
+    )
+    return Finding("level", verdict, summary, evidence, fix, strength=strength)
+
+
+def engine_drift_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
+    """1h. Mismatch not explained by training: it grows while π_old does not change.
+
+    Statistic: g = mean k3_kl over the last third of the steps / over the first third, and the
+    policy's movement: config lr = 0, or the mean |log π − log π_old| of the rows at updates ≥ 1
+    (π has taken optimizer steps there) below 1e-6 nats. Threshold: g ≥ 4 (|Δ log p| doubling)
+    with a static policy is a problem; g ≥ 4 where the movement cannot be told (no update ≥ 1
+    rows, no lr) warns; a growth with a moving policy is training's (ok)."""
+    evidence: dict = {"growth_at": DRIFT_GROWTH}
+    steps = per_step.filter(pl.col("k3_kl").is_not_null())
+    if steps.height < MIN_STEPS:
+        return Finding("engine_drift", "ok", f"too few steps ({steps.height}) to follow the mismatch", evidence)
+    third = steps.height // 3
+    first, last = steps["k3_kl"].head(third).mean(), steps["k3_kl"].tail(third).mean()
+    first, last = float(first or 0.0), float(last or 0.0)  # type: ignore[arg-type]
+    growth = last / first if first > 0 else (math.inf if last > 0 else 1.0)
+    move = collect(
+        inp.tokens.filter(pl.col("update") >= 1).select(
+            (pl.col("pi_logp").cast(pl.Float64) - pl.col("old_logp").cast(pl.Float64)).abs().mean().alias("m"),
+            pl.len().alias("n"),
+        )
+    ).row(0, named=True)
+    lr = inp.config.get("lr")
+    static = lr == 0 or (move["n"] > 0 and move["m"] is not None and move["m"] < STATIC_MOVE)
+    unknown = lr is None and not move["n"]
+    evidence |= {
+        "k3_first_third": first,
+        "k3_last_third": last,
+        "growth": growth,
+        "steps": [int(steps["step"][0]), int(steps["step"][-1])],
+        "policy_move": move["m"],
+        "lr": lr,
+    }
+    if growth < DRIFT_GROWTH:
+        return Finding(
+            "engine_drift",
+            "ok",
+            f"the mismatch does not grow on its own (k3 ×{growth:.2f} first → last third)",
+            evidence,
+        )
+    if not static and not unknown:
+        summary = (
+            f"the mismatch grows ×{growth:.1f} while the policy trains (mean |Δ log π| {move['m']:.2e} per "
+            "update): training's"
+        )
+        return Finding("engine_drift", "ok", summary, evidence)
+    verdict = "problem" if static else "warning"
+    why = "lr = 0" if lr == 0 else ("π does not move at its updates" if static else "whether π moved is not recorded")
+    summary = (
+        f"the mismatch grows ×{growth:.1f} (k3 {first:.2e} → {last:.2e}) while {why}: the engine drifts, not the policy"
+    )
+    fix = "check the engine's weight sync and cache (stale or partially synced weights, prefix cache across updates)"
+    return Finding("engine_drift", verdict, summary, evidence, fix, strength=growth / DRIFT_GROWTH)
+
+
+__all__ = ["engine_drift_check", "level_check", "per_step_mismatch", "where_check"]
