@@ -282,5 +282,5 @@ def test_bad_inputs(rule, changes, message):
 
 
 def test_unknown_rule():
-    with pytest.raises(KeyError, match=r"unknown rule 'dppo_tv'; known rules: ppo,"):
+    with pytest.raises(KeyError, match=r"unknown rule 'dppo_tv' \(did you mean 'dppo_topk_tv'\?\); known rules: ppo,"):
         policy_loss("dppo_tv", **_ok())

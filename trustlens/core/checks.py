@@ -162,3 +162,26 @@ def check_mask(name: str, t: object, like: torch.Tensor) -> torch.Tensor:
             idx = _first_index(bad)
             raise ValueError(f"{name} must hold only 0 and 1, got {float(t[idx]):.6g} at index {idx}")
     return t.bool()
+
+
+def check_same_device(**tensors: object) -> None:
+    """Require the given tensors (non-tensors and None are skipped: their own checks name them)
+    to be on one device, raising a ValueError that names each argument's device. Called first,
+    before any value check reads the data."""
+    devices = {k: v.device for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+    if len(set(devices.values())) > 1:
+        listed = ", ".join(f"{k} on {d}" for k, d in devices.items())
+        raise ValueError(f"device mismatch: {listed}; move these tensors to one device")
+
+
+def check_tv(name: str, t: object) -> torch.Tensor:
+    """Require total-variation distances: values in [0, 1] (up to LOGP_TOLERANCE), NaN and ±inf
+    raise. Returns them upcast and clamped to [0, 1]."""
+    t = check_nonnegative(name, t)
+    over = t > 1 + LOGP_TOLERANCE
+    if bool(over.any()):
+        idx = _first_index(over)
+        raise ValueError(
+            f"{name} holds values above 1 (e.g. {float(t[idx]):.6g} at index {idx}); a total variation is in [0, 1]"
+        )
+    return t.clamp(max=1.0)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from trustlens.core import logspace
-from trustlens.core.checks import LOGP_TOLERANCE, _first_index, check_logp, check_nonnegative, check_tensor
+from trustlens.core.checks import LOGP_TOLERANCE, _first_index, check_logp, check_nonnegative, check_tensor, check_tv
 from trustlens.rules import Rule
 from trustlens.rules.columns import decide_columns
 from trustlens.run.aggregates import Keep, keep_rows
@@ -43,11 +43,14 @@ _DIVERGENCES = ("entropy", "topk_tv", "topk_kl")
 def _allowed(name: str, lo: float, hi: float) -> bool:
     """Whether an input whose values span [lo, hi] holds only allowed values (NaN fails every
     test): log-probabilities ≤ LOGP_TOLERANCE (−inf is probability 0), finite advantages, and
-    divergences ≥ −LOGP_TOLERANCE and finite, +inf allowed for topk_kl (π = 0 < μ)."""
+    divergences ≥ −LOGP_TOLERANCE and finite, +inf allowed for topk_kl (π = 0 < μ), topk_tv
+    ≤ 1 + LOGP_TOLERANCE."""
     if name in _LOGP:
         return hi <= LOGP_TOLERANCE
     if name == "advantages":
         return math.isfinite(lo) and math.isfinite(hi)
+    if name == "topk_tv" and hi > 1 + LOGP_TOLERANCE:
+        return False
     return lo >= -LOGP_TOLERANCE and (name == "topk_kl" or hi < math.inf)
 
 
@@ -55,7 +58,7 @@ def _allowed(name: str, lo: float, hi: float) -> bool:
 _CHECKS: dict[str, Callable[..., torch.Tensor]] = {
     "advantages": check_tensor,
     "entropy": check_nonnegative,
-    "topk_tv": check_nonnegative,
+    "topk_tv": check_tv,
     "topk_kl": functools.partial(check_nonnegative, allow_inf=True),
 }
 
@@ -147,6 +150,8 @@ def check_values(names: list[str], values: torch.Tensor, mask: torch.Tensor) -> 
             v.clamp_(max=0.0)
         elif name in _DIVERGENCES and not lo >= 0:
             v.clamp_(min=0.0)
+        if name == "topk_tv" and hi > 1:
+            v.clamp_(max=1.0)
 
 
 def snapshot_token_ids(token_ids: torch.Tensor, mask: torch.Tensor, buffers: Buffers = NO_REUSE) -> torch.Tensor:

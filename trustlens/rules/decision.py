@@ -111,8 +111,23 @@ class TokenInputs:
     ) -> None:
         import torch
 
-        from trustlens.core.checks import broadcast_advantages, check_logp, check_nonnegative, check_same_shape
+        from trustlens.core.checks import (
+            broadcast_advantages,
+            check_logp,
+            check_nonnegative,
+            check_same_device,
+            check_same_shape,
+            check_tv,
+        )
 
+        check_same_device(
+            pi_logp=pi_logp,
+            mu_logp=mu_logp,
+            advantages=advantages,
+            old_logp=old_logp,
+            topk_tv=topk_tv,
+            topk_kl=topk_kl,
+        )
         self.pi_logp = check_logp("pi_logp", pi_logp).detach()
         # binary_kl reads log π = 0 as 1 − π = eps/2 of the (upcast) dtype: see logspace.binary_kl
         self.eps = _eps(self.pi_logp.dtype == torch.float64)
@@ -120,7 +135,7 @@ class TokenInputs:
         self.old_logp = None if old_logp is None else check_logp("old_logp", old_logp).detach()
         self.given = {
             "old_logp": self.old_logp,
-            "topk_tv": None if topk_tv is None else check_nonnegative("topk_tv", topk_tv).detach(),
+            "topk_tv": None if topk_tv is None else check_tv("topk_tv", topk_tv).detach(),
             "topk_kl": None if topk_kl is None else check_nonnegative("topk_kl", topk_kl, allow_inf=True).detach(),
         }
         check_same_shape(pi_logp=self.pi_logp, mu_logp=self.mu_logp, **self.given)

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
+from trustlens.core.values import closest
+
 Anchor = Literal["mu", "old"]
 Measure = Literal["ratio", "binary_tv", "binary_kl", "topk_tv", "topk_kl"]
 WeightKind = Literal["ratio", "cispo", "tis"]
@@ -201,7 +203,8 @@ def get_rule(rule: str | Rule) -> Rule:
     try:
         return RULES[rule]
     except (KeyError, TypeError):
-        raise KeyError(f"unknown rule {rule!r}; known rules: {', '.join(RULES)}") from None
+        hint = closest(rule, RULES) if isinstance(rule, str) else ""
+        raise KeyError(f"unknown rule {rule!r}{hint}; known rules: {', '.join(RULES)}") from None
 
 
 RuleSpec = Iterable[str | Rule] | Mapping[str, tuple[float | None, float | None]] | Mapping[str, Mapping[str, Any]]
