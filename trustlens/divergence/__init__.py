@@ -3,14 +3,18 @@
 - `measures`: binary, top-K and exact TV and KL, the entropy and μ's top-K from logits; the
   argument checks and the math in log space (its docstring states every formula and unit).
 - `vocab_chunks`: the passes over the vocabulary that never build a (N, V) log-softmax.
+- `kernels`: one pass over π's logits on CUDA (a Triton kernel, or its torch reference), which
+  the functions here use for CUDA tensors; the CPU keeps the chunked passes.
 """
 
 from trustlens.divergence.measures import (
     ENTROPY_CHUNK_ELEMENTS,
     binary_kl,
     binary_tv,
+    bucket_divergence,
     entropy_from_logits,
     exact_divergence,
+    force_sampled,
     log1mexp,
     topk_divergence,
     topk_divergence_from_logp,
@@ -21,8 +25,10 @@ __all__ = [
     "ENTROPY_CHUNK_ELEMENTS",
     "binary_kl",
     "binary_tv",
+    "bucket_divergence",
     "entropy_from_logits",
     "exact_divergence",
+    "force_sampled",
     "log1mexp",
     "topk_divergence",
     "topk_divergence_from_logp",

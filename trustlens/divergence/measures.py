@@ -39,12 +39,13 @@ from trustlens.core import logspace
 from trustlens.core.checks import (
     LOGP_TOLERANCE,
     check_logp,
+    check_same_device,
     check_same_shape,
     check_tensor,
     check_token_ids,
 )
 from trustlens.core.torch_import import torch
-from trustlens.divergence import vocab_chunks
+from trustlens.divergence import kernels, vocab_chunks
 
 # `entropy_from_logits` works on three chunk-sized tensors at once (input, log-softmax, exp):
 # chunks a quarter as large keep them together in cache (fastest of 2^14…2^18 when measured).
@@ -64,6 +65,7 @@ def _abs_diff_exp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def binary_tv(pi_logp: torch.Tensor, mu_logp: torch.Tensor) -> torch.Tensor:
     """|π(a_t) − μ(a_t)| from log-probabilities of the sampled tokens; any shape, float32+.
     A log-probability of −inf (probability 0) is valid."""
+    check_same_device(pi_logp=pi_logp, mu_logp=mu_logp)
     pi_logp, mu_logp = check_logp("pi_logp", pi_logp), check_logp("mu_logp", mu_logp)
     check_same_shape(pi_logp=pi_logp, mu_logp=mu_logp)
     return _abs_diff_exp(pi_logp, mu_logp)
@@ -83,12 +85,13 @@ def binary_kl(pi_logp: torch.Tensor, mu_logp: torch.Tensor) -> torch.Tensor:
     whose μ(a_t) < 1. The rules use the same reading (trustlens.rules).
     """
     in_dtype = pi_logp.dtype if isinstance(pi_logp, torch.Tensor) else torch.float32
+    check_same_device(pi_logp=pi_logp, mu_logp=mu_logp)
     pi_logp, mu_logp = check_logp("pi_logp", pi_logp), check_logp("mu_logp", mu_logp)
     check_same_shape(pi_logp=pi_logp, mu_logp=mu_logp)
     return logspace.binary_kl(pi_logp, mu_logp, torch.finfo(in_dtype).eps, torch)
 
 
-def _bucket_divergence(log_mu: torch.Tensor, log_pi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def bucket_divergence(log_mu: torch.Tensor, log_pi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(TV, KL(μ ‖ π)) over the last dim of bucket log-probabilities (N, B), in float64.
 
     A bucket with μ = 0 adds nothing to the KL; one with μ > 0 and π = 0 makes it +inf.
@@ -161,6 +164,13 @@ def topk_divergence(
     gather (see `trustlens.divergence.vocab_chunks.logp_on_ids`): extra memory O(N·K) plus one chunk.
     Float32 results (float64 when an input is).
     """
+    check_same_device(
+        pi_logits=pi_logits,
+        mu_topk_ids=mu_topk_ids,
+        mu_topk_logp=mu_topk_logp,
+        sampled_ids=sampled_ids,
+        sampled_logp=sampled_logp,
+    )
     temperature = _check_temperature(temperature)
     pi_logits = _check_logits("pi_logits", pi_logits)
     if not isinstance(mu_topk_ids, torch.Tensor):
@@ -184,8 +194,13 @@ def topk_divergence(
         ids, log_mu = _force_sampled(pi_logits, ids, log_mu, sampled_ids, sampled_logp)
     log_mu_rest = _log_rest("mu_topk_logp", log_mu, logp_dtype, pi_logits.shape[:-1], whole=K == V)
 
-    log_pi, log_pi_rest = vocab_chunks.logp_on_ids("pi_logits", pi_logits, ids, temperature, dtype, log_mu_rest)
-    tv, kl = _bucket_divergence(
+    if (impl := kernels.pass_impl(pi_logits.device)) is not None:  # one pass on the accelerator
+        done = kernels.run_pass(pi_logits, kernels.row_starts(pi_logits), ids, K, temperature, impl)
+        kernels.raise_bad_row("pi_logits", pi_logits, done.bad)
+        log_pi, log_pi_rest = done.logp_ids, done.log_rest
+    else:
+        log_pi, log_pi_rest = vocab_chunks.logp_on_ids("pi_logits", pi_logits, ids, temperature, dtype, log_mu_rest)
+    tv, kl = bucket_divergence(
         torch.cat([log_mu, log_mu_rest[:, None]], -1), torch.cat([log_pi, log_pi_rest[:, None]], -1)
     )
     lead = pi_logits.shape[:-1]
@@ -223,6 +238,7 @@ def topk_divergence_from_logp(
     (float64 when an input is); +inf KL where π gives 0 to an id of S that μ gave mass to.
     """
     pi_dtype, mu_dtype = (getattr(t, "dtype", torch.float32) for t in (pi_topk_logp, mu_topk_logp))
+    check_same_device(pi_topk_logp=pi_topk_logp, mu_topk_logp=mu_topk_logp)
     pi_topk_logp = check_logp("pi_topk_logp", pi_topk_logp)
     mu_topk_logp = check_logp("mu_topk_logp", mu_topk_logp)
     check_same_shape(pi_topk_logp=pi_topk_logp, mu_topk_logp=mu_topk_logp)
@@ -233,7 +249,7 @@ def topk_divergence_from_logp(
     log_pi, log_mu = pi_topk_logp.double().reshape(-1, K), mu_topk_logp.double().reshape(-1, K)
     rest_pi = _log_rest("pi_topk_logp", log_pi, pi_dtype, lead, whole=False)
     rest_mu = _log_rest("mu_topk_logp", log_mu, mu_dtype, lead, whole=False)
-    tv, kl = _bucket_divergence(torch.cat([log_mu, rest_mu[:, None]], -1), torch.cat([log_pi, rest_pi[:, None]], -1))
+    tv, kl = bucket_divergence(torch.cat([log_mu, rest_mu[:, None]], -1), torch.cat([log_pi, rest_pi[:, None]], -1))
     return tv.to(dtype).reshape(lead), kl.to(dtype).reshape(lead)
 
 
@@ -261,11 +277,21 @@ def _force_sampled(
         )
     logp = check_logp("sampled_logp", sampled_logp)
     _check_lead("sampled_logp", logp, "pi_logits", pi_logits, extra=0)
-    last = log_mu[missing].argmin(-1)  # (M,) the least probable entry of each such set
-    ids, log_mu = ids.clone(), log_mu.clone()
-    ids[missing, last] = sampled[missing, 0]
-    log_mu[missing, last] = logp.double().reshape(-1).to(log_mu.device)[missing]
-    return ids, log_mu
+    return force_sampled(ids, log_mu, sampled[:, 0], logp.double().reshape(-1).to(log_mu.device))
+
+
+def force_sampled(
+    ids: torch.Tensor,  # (N, K) int64 μ's top-K ids
+    log_mu: torch.Tensor,  # (N, K) their log μ
+    sampled: torch.Tensor,  # (N,) int64 the sampled token a_t
+    sampled_logp: torch.Tensor,  # (N,) log μ(a_t)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, log_mu) with a_t in every set: in a row that lacks it, a_t and log μ(a_t) replace
+    the entry of smallest log μ. New tensors; no host synchronisation."""
+    missing = ~(ids == sampled[:, None]).any(-1)  # (N,)
+    slot = torch.arange(ids.shape[-1], device=ids.device) == log_mu.argmin(-1, keepdim=True)  # (N, K)
+    hit = missing[:, None] & slot
+    return torch.where(hit, sampled[:, None], ids), torch.where(hit, sampled_logp[:, None].to(log_mu.dtype), log_mu)
 
 
 def exact_divergence(
@@ -279,6 +305,7 @@ def exact_divergence(
     (N, V) copies. A token with μ_v = 0 (a −inf logit) adds 0 to the KL; one with μ_v > 0 = π_v
     makes it +inf.
     """
+    check_same_device(pi_logits=pi_logits, mu_logits=mu_logits)
     temperature = _check_temperature(temperature)
     pi_logits = _check_logits("pi_logits", pi_logits)
     mu_logits = _check_logits("mu_logits", mu_logits)
@@ -324,6 +351,10 @@ def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0) -> to
     temperature = _check_temperature(temperature)
     logits = _check_logits("logits", logits)
     dtype = _result_dtype(logits)
+    if (impl := kernels.pass_impl(logits.device)) is not None:  # one pass on the accelerator
+        done = kernels.run_pass(logits, kernels.row_starts(logits), None, 0, temperature, impl)
+        kernels.raise_bad_row("logits", logits, done.bad)
+        return done.entropy.to(dtype).reshape(logits.shape[:-1])
     n = math.prod(logits.shape[:-1])
     out = torch.empty(n, dtype=dtype, device=logits.device)
     rows = min(n, max(1, ENTROPY_CHUNK_ELEMENTS // logits.shape[-1]))
@@ -364,6 +395,11 @@ def topk_from_logits(
     missing = ~(ids == sampled).any(-1)
     ids[missing, -1] = sampled[missing, 0]
     dtype = _result_dtype(logits)
-    logp = vocab_chunks.logp_on_ids("logits", logits, ids, temperature, dtype)[0].to(dtype)
+    if (impl := kernels.pass_impl(logits.device)) is not None:  # one pass on the accelerator
+        done = kernels.run_pass(logits, kernels.row_starts(logits), ids, 0, temperature, impl)
+        kernels.raise_bad_row("logits", logits, done.bad)
+        logp = done.logp_ids.to(dtype)
+    else:
+        logp = vocab_chunks.logp_on_ids("logits", logits, ids, temperature, dtype)[0].to(dtype)
     lead = logits.shape[:-1]
     return ids.reshape(*lead, k), logp.reshape(*lead, k)

@@ -2,19 +2,34 @@
 
 - entropy: H(π) = −Σ_v π_v log π_v of π = softmax(logits / τ), nats (`entropy_from_logits`);
 - topk_tv, topk_kl: TV(μ, π) and KL(μ ‖ π) over μ's top-K ids plus one bucket for the rest of the
-  vocabulary, KL in nats (`topk_divergence`, docs/rules.md).
+  vocabulary, KL in nats (`topk_divergence`, docs/rules.md). The sampled token a_t is always in
+  the set: where μ's set lacks it, a_t replaces the id of smallest log μ with log μ(a_t) from
+  `mu_logp` (without `mu_logp` such a set is a ValueError naming its (b, t)), so that
+  topk_tv ≥ binary_tv and topk_kl ≥ binary_kl on every row.
 
-The logits are gathered a chunk of about LOGIT_CHUNK_ELEMENTS (rows × vocabulary) at a time, so
-that no (N, V) copy of the valid rows is made.
+On the CPU the valid rows are gathered a chunk of about LOGIT_CHUNK_ELEMENTS (rows × vocabulary)
+at a time, so that no (N, V) copy of them is made. On CUDA one logit pass
+(trustlens.divergence.kernels) reads every valid row in place once for all three quantities; the
+checks of the inputs are device-side flags read back in one host synchronisation, and only when
+one is set does the chunked path run again to name the argument and the (b, t) of the bad value.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
-from trustlens.divergence import entropy_from_logits, topk_divergence
+from trustlens.core.checks import LOGP_TOLERANCE
+from trustlens.divergence import (
+    bucket_divergence,
+    entropy_from_logits,
+    force_sampled,
+    kernels,
+    log1mexp,
+    topk_divergence,
+)
 from trustlens.record.args import check_tensor_shape, id_tensor
 from trustlens.record.token_rows import check_token_range
 
@@ -26,8 +41,9 @@ def logit_quantities(
     logits: object,  # (B, T, V) π's logits, divided by `temperature` here
     mask: torch.Tensor,  # (B, T) bool: True at the valid positions
     ids: torch.Tensor,  # (B, T) int: the sampled ids
-    topk_ids: object,  # (B, T, K) μ's top-K ids, sampled id included; None: no top-K
+    topk_ids: object,  # (B, T, K) μ's top-K ids; None: no top-K
     topk_logp: object,  # (B, T, K) their log μ; None with topk_ids
+    mu_logp: torch.Tensor | None,  # (B, T) log μ(a_t), forced into sets that lack a_t; None: none
     temperature: float,  # the rollout's sampling temperature τ
     *,
     want_entropy: bool,
@@ -41,19 +57,76 @@ def logit_quantities(
         raise ValueError(f"logits must be a (B, T, V) tensor with (B, T) = {tuple(mask.shape)}, got {got}")
     if not logits.is_floating_point():
         raise ValueError(f"logits must be a floating-point tensor, got dtype {logits.dtype}")
-    vocab = logits.shape[-1]
-    check_token_range(ids, mask, vocab, " (the vocabulary of logits)")
-    index = torch.nonzero(mask.reshape(-1))[:, 0]  # (N,) the valid positions, flat
-    topk: tuple[torch.Tensor, torch.Tensor] | None = None  # (N, K) μ's top-K ids and log μ, valid positions
+    topk: tuple[torch.Tensor, torch.Tensor] | None = None  # (B·T, K) μ's top-K ids and log μ, every position
     if topk_ids is not None:
         k = topk_ids.shape[-1] if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 3 else -1
         checked_ids = id_tensor("mu_topk_ids", topk_ids, (*mask.shape, k))
         check_tensor_shape("mu_topk_logp", topk_logp, (*mask.shape, k))
         assert isinstance(topk_logp, torch.Tensor), "checked by check_tensor_shape"
-        topk = (
-            checked_ids.to(mask.device).reshape(-1, k).index_select(0, index),
-            topk_logp.to(mask.device).reshape(-1, k).index_select(0, index),
+        topk = checked_ids.to(mask.device).reshape(-1, k), topk_logp.to(mask.device).reshape(-1, k)
+    given = LogitInputs(logits, mask, ids, topk, mu_logp, temperature, want_entropy)
+    impl = kernels.pass_impl(logits.device)
+    found = None if impl is None else _one_pass(given, impl)
+    return _chunked(given) if found is None else found
+
+
+@dataclasses.dataclass
+class LogitInputs:
+    """The arguments of `logit_quantities`, the top-K's shapes checked."""
+
+    logits: torch.Tensor  # (B, T, V)
+    mask: torch.Tensor  # (B, T) bool
+    ids: torch.Tensor  # (B, T) the sampled ids
+    topk: tuple[torch.Tensor, torch.Tensor] | None  # (B·T, K) μ's top-K ids and log μ, every position
+    mu_logp: torch.Tensor | None  # (B, T) log μ(a_t)
+    temperature: float  # τ
+    want_entropy: bool  # whether the entropy is wanted
+
+    def parts(self) -> tuple:
+        """The fields in order, not copied (dataclasses.astuple would deep-copy the tensors)."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+
+def _sampled_in_sets(
+    topk: tuple[torch.Tensor, torch.Tensor],  # (N, K) ids and log μ of the sets
+    sampled: torch.Tensor,  # (N,) the sampled ids
+    mu_logp: torch.Tensor | None,  # (N,) log μ(a_t); None: not given
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, log μ, lacking (N,) bool): the sets with a_t forced in from `mu_logp`; without
+    `mu_logp` the sets as given, and `lacking` marks those without a_t (record raises for them)."""
+    ids, log_mu = topk[0].long(), topk[1].double()
+    if mu_logp is None:
+        return ids, log_mu, ~(ids == sampled[:, None]).any(-1)
+    ids, log_mu = force_sampled(ids, log_mu, sampled, mu_logp.double())
+    return ids, log_mu, torch.zeros_like(sampled, dtype=torch.bool)
+
+
+def _raise_lacking(lacking: torch.Tensor, index: torch.Tensor, sampled: torch.Tensor, width: int) -> None:
+    """ValueError for the first set (flat row `index`) without its sampled token, if any."""
+    found = torch.nonzero(lacking)[:1, 0]
+    if found.numel():
+        row = int(found[0])
+        raise ValueError(
+            f"mu_topk_ids at (b, t) = {divmod(int(index[row]), width)} lacks the sampled token "
+            f"{int(sampled[row])} ({int(lacking.sum())} positions do); pass mu_logp so that record "
+            "forces it into the set (topk_tv ≥ binary_tv needs it there), or top-K sets that hold it"
         )
+
+
+def _chunked(given: LogitInputs) -> dict[str, torch.Tensor]:
+    """The quantities from gathered chunks of valid rows, every input checked on the way."""
+    logits, mask, ids, topk, mu_logp, temperature, want_entropy = given.parts()
+    vocab = logits.shape[-1]
+    check_token_range(ids, mask, vocab, " (the vocabulary of logits)")
+    index = torch.nonzero(mask.reshape(-1))[:, 0]  # (N,) the valid positions, flat
+    if topk is not None:
+        sampled = ids.to(mask.device).reshape(-1).long().index_select(0, index)
+        given_mu = None if mu_logp is None else mu_logp.to(mask.device).reshape(-1).index_select(0, index)
+        k_ids, k_logp, lacking = _sampled_in_sets(
+            (topk[0].index_select(0, index), topk[1].index_select(0, index)), sampled, given_mu
+        )
+        _raise_lacking(lacking, index, sampled, mask.shape[1])
+        topk = k_ids, k_logp.to(topk[1].dtype)
     wanted = (["entropy"] if want_entropy else []) + (["topk_tv", "topk_kl"] if topk is not None else [])
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     out = {name: torch.zeros(mask.numel(), dtype=dtype, device=mask.device) for name in wanted}  # (B·T,)
@@ -77,4 +150,47 @@ def logit_quantities(
                 raise ValueError(f"{err} ({where}; index counted over them)") from err
             out["topk_tv"][chunk_index] = chunk_tv.to(dtype)
             out["topk_kl"][chunk_index] = chunk_kl.to(dtype)
+    return {name: t.reshape(mask.shape) for name, t in out.items()}
+
+
+def _one_pass(given: LogitInputs, impl: str) -> dict[str, torch.Tensor] | None:
+    """The quantities from one logit pass over the valid rows in place, with no Python loop over
+    rows and one host synchronisation; None when an input check fails (the caller then runs
+    `_chunked`, which names the bad value). The checks, as device-side flags: sampled ids in
+    the vocabulary, top-K ids in it and distinct, log μ on them ≤ 0 and of total mass ≤ 1, a_t in
+    every set without `mu_logp`, and finite logits rows (from the pass's own running values)."""
+    logits, mask, ids, topk, mu_logp, temperature, want_entropy = given.parts()
+    vocab, device = logits.shape[-1], logits.device
+    valid = mask.to(device).reshape(-1)  # (B·T,)
+    sampled = ids.to(device).reshape(-1).long()
+    flags = [valid & ((sampled < 0) | (sampled >= vocab))]  # (B·T,) each: a failed check at a valid row
+    sampled = sampled.clamp(0, vocab - 1)  # the pass never reads outside a row
+    set_ids, k = None, 0
+    if topk is not None:
+        k = topk[0].shape[-1]
+        given_mu = None if mu_logp is None else mu_logp.to(device).reshape(-1)
+        set_ids, log_mu, lacking = _sampled_in_sets((topk[0].to(device), topk[1].to(device)), sampled, given_mu)
+        ordered = set_ids.sort(-1).values
+        mass = torch.logsumexp(log_mu, -1)  # (B·T,) log Σ_S μ
+        tolerance = max(LOGP_TOLERANCE, 4 * torch.finfo(topk[1].dtype).eps)
+        bad_sets = ((set_ids < 0) | (set_ids >= vocab)).any(-1) | (ordered[:, 1:] == ordered[:, :-1]).any(-1)
+        bad_sets |= (log_mu.isnan() | (log_mu > tolerance)).any(-1) | (mass > tolerance) | lacking
+        flags.append(valid & bad_sets)
+        set_ids = set_ids.clamp(0, vocab - 1)
+        log_mu_rest = torch.full_like(mass, -math.inf) if k == vocab else log1mexp(mass.clamp(max=0.0))
+    done = kernels.run_pass(logits, kernels.row_starts(logits, valid), set_ids, k, temperature, impl)
+    flags.append(done.bad)
+    if bool(torch.stack([f.any() for f in flags]).any()):  # the one host synchronisation
+        return None
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    out = {}
+    if want_entropy:
+        out["entropy"] = done.entropy.to(dtype)
+    if topk is not None:
+        tv, kl = bucket_divergence(
+            torch.cat([log_mu.clamp(max=0.0), log_mu_rest[:, None]], -1),
+            torch.cat([done.logp_ids, done.log_rest[:, None]], -1),
+        )
+        zero = torch.zeros((), dtype=tv.dtype, device=device)
+        out["topk_tv"], out["topk_kl"] = (torch.where(valid, t, zero).to(dtype) for t in (tv, kl))
     return {name: t.reshape(mask.shape) for name, t in out.items()}

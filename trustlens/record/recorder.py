@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from trustlens.core.checks import check_mask, check_tensor
+from trustlens.core.checks import check_mask, check_same_device, check_tensor
 from trustlens.record.args import (
     check_arguments,
     checked_advantages,
@@ -50,6 +50,7 @@ from trustlens.run import signals
 from trustlens.run.aggregates import Keep
 from trustlens.run.background import BackgroundWriter
 from trustlens.run.manifest import new_manifest
+from trustlens.run.parts import check_resumed_rules
 from trustlens.run.storage import Remote
 from trustlens.run.writer import RankWriter, WriterStats
 
@@ -84,6 +85,12 @@ class TokenRecorder:
     keep: a `Keep` (trustlens.run.aggregates): record every token that matters and a seeded
         random share of the rest, with sampling weights, plus the exact `aggregates` table of
         all tokens (docs/run-format.md). None (default): record every token.
+    sampling: how the rollout engine sampled and what log μ it reported, for run.json:
+        {"temperature": τ, "top_p", "top_k", "min_p", "logprobs": "raw" | "processed"}, each
+        None when not known (or the filter is off); checked and completed by
+        `trustlens.run.manifest.normalise_sampling`. None: not known. A resumed run keeps the
+        values it was started with.
+    model_kind: "dense" (default) or "moe", for run.json (the published mismatch ranges differ).
     mirror: stream each step's scalars live to TensorBoard or W&B: "tensorboard:LOGDIR",
         "wandb", "wandb:PROJECT" or a sink object (trustlens.export.mirror; docs/export.md).
         The scalars are those of this rank's rows. None: no mirror.
@@ -117,6 +124,8 @@ class TokenRecorder:
         writer_timeout: float = 60.0,
         mirror: Any | None = None,
         keep: Keep | None = None,
+        sampling: Mapping[str, Any] | None = None,
+        model_kind: str = "dense",
     ) -> None:
         if keep is not None and not isinstance(keep, Keep):
             raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
@@ -140,12 +149,16 @@ class TokenRecorder:
             config=config_dict(config),
             world_size=self.world_size,
             flush={"rows_per_file": rows_per_file, "flush_seconds": flush_seconds},
+            sampling=sampling,
+            model_kind=model_kind,
         )
         tap = None  # made first: a bad mirror argument fails before the run is opened
         if mirror is not None:
             from trustlens.export.mirror import make_mirror
 
             tap = make_mirror(mirror)
+        if resume:
+            check_resumed_rules(run_dir, self.rank, names)
         rank_writer = RankWriter(
             run_dir,
             rank=self.rank,
@@ -163,6 +176,10 @@ class TokenRecorder:
         self._writer = BackgroundWriter(
             rank_writer, flush_seconds=flush_seconds, queue_size=queue_size, writer_timeout=writer_timeout, tap=tap
         )
+        kept = rank_writer.manifest or {}  # a resumed run keeps how μ was made; an older run gains it
+        gained = {key: manifest[key] for key in ("sampling", "model_kind") if key not in kept}
+        if gained:
+            self._writer.put_manifest(gained)
         if keep is not None:  # run.json says the token rows are a sample, and how it was drawn
             self._writer.put_manifest({"keep": dataclasses.asdict(keep)})
         self._ids = SampleIds(self.rank)
@@ -239,9 +256,23 @@ class TokenRecorder:
             "topk_tv": topk_tv,
             "topk_kl": topk_kl,
         }
+        check_same_device(
+            token_ids=token_ids,
+            response_mask=response_mask,
+            advantages=advantages,
+            logits=logits,
+            mu_topk_ids=mu_topk_ids,
+            mu_topk_logp=mu_topk_logp,
+            **per_token,
+        )
         shape = check_arguments(token_ids, per_token, mu_topk_ids, mu_topk_logp, temperature)
         if (topk_tv is None) != (topk_kl is None):
             raise ValueError("topk_tv and topk_kl must be given together")
+        if mu_topk_ids is not None and logits is None and topk_tv is None:
+            raise ValueError(
+                "mu_topk_ids and mu_topk_logp were given without logits: the top-K TV and KL also need "
+                "π's logits (logits=, (B, T, V)), or pass them precomputed as topk_tv and topk_kl"
+            )
         decided = self._columns.check_blocked(blocked, shape)
         device = pi_logp.device
         given_mask = check_mask("response_mask", response_mask, token_ids)
@@ -265,6 +296,7 @@ class TokenRecorder:
                     ids,
                     None if given_topk else mu_topk_ids,
                     None if given_topk else mu_topk_logp,
+                    mu_logp,
                     temperature,
                     want_entropy=entropy is None,
                 )
@@ -298,8 +330,7 @@ class TokenRecorder:
             job = functools.partial(finish_rows, taken, self.rules, evaluable, self.keep, self.rank)
         # last: the writer thread wakes up to it and would compete for the GIL with any torch op after
         self._writer.put_tokens(job)
-        if sample_ids is None:
-            self._ids.take(id_key, shape[0])
+        self._ids.note(id_key, samples, shape[0])
         self._writer.raise_rejected()  # an earlier call's bad input, found by the writer thread
         return n_rows
 
@@ -340,9 +371,10 @@ class TokenRecorder:
         }
         key = ("samples", step)
         batch, default_ids = samples_batch(step, given, lambda n: self._ids.first(key, n))
+        ids = batch.column("sample").to_numpy()
+        self._ids.check_new("sample_ids", key, ids)
         self._writer.put_table("samples", batch)
-        if default_ids:
-            self._ids.take(key, batch.num_rows)
+        self._ids.note(key, int(ids[0]) if default_ids and len(ids) else torch.from_numpy(ids), batch.num_rows)
         self._writer.raise_rejected()
 
     def flush(self) -> None:

@@ -1,0 +1,160 @@
+"""The one-pass logit kernel (trustlens.divergence.kernels) on the CPU: the Triton kernel under
+Triton's interpreter and its torch reference, against float64 definitions; the dispatch; and the
+public functions and the recorder's quantities through the pass, against the CPU's chunked path."""
+
+import math
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: kernels run on CPU tensors
+
+import pytest
+import torch
+
+import trustlens.divergence.kernels as kernels
+from trustlens.divergence import entropy_from_logits, topk_divergence, topk_from_logits
+from trustlens.record.logit_quantities import logit_quantities
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's inf − inf inside the interpreter
+
+IMPLS = ["triton", "torch"]
+V = 4100  # two blocks of the kernel, the second one 4 wide
+
+
+def oracle(logits, ids, n_excluded, temperature):
+    """Entropy, log π on ids, log π of the rest (outside the first n_excluded ids), float64."""
+    logp = torch.log_softmax(logits.double() / temperature, -1)  # (N, V)
+    entropy = -(logp.exp() * logp.clamp(min=torch.finfo(torch.float64).min)).sum(-1)
+    rest = logp.scatter(-1, ids[:, :n_excluded], -math.inf).logsumexp(-1)
+    return entropy, logp.gather(-1, ids), rest
+
+
+def make_logits(gen, shape, dtype=torch.float32):
+    x = torch.randn(*shape, V, generator=gen) * 3
+    x[..., 7:40] = -math.inf  # masked tokens
+    x[..., 100] += 12  # a peaked token: the rest mass is far below the top-K's
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pass_matches_float64(gen, impl, dtype):
+    base = make_logits(gen, (3, 4), dtype)
+    view = base[:, :-1]  # rows 0…2 of each batch, strided: read in place
+    valid = torch.tensor([[True, True, False], [True, False, True], [True, True, True]])
+    ids = torch.stack([torch.randperm(V, generator=gen)[:6] for _ in range(9)])
+    ids[:, 0] = 100
+    done = kernels.run_pass(view, kernels.row_starts(view, valid), ids, 5, 0.7, impl)
+    flat, rows = view.reshape(-1, V), valid.reshape(-1)
+    entropy, logp, rest = oracle(flat, ids, 5, 0.7)
+    assert not done.bad.any()
+    torch.testing.assert_close(done.entropy[rows], entropy[rows], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(done.logp_ids[rows], logp[rows], rtol=0, atol=2e-6)
+    torch.testing.assert_close(done.log_rest[rows], rest[rows], rtol=0, atol=2e-5)  # log of a rest ≈ e^-12
+    assert (done.entropy[~rows] == 0).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [(math.nan, "NaN"), (math.inf, "inf"), (-math.inf, "a row of only -inf")],
+)
+def test_bad_rows_raise_as_on_the_cpu(gen, monkeypatch, impl, value, message):
+    logits = make_logits(gen, (2, 3))
+    if value == -math.inf:
+        logits[1, 2] = -math.inf
+    else:
+        logits[1, 2, 4099] = value
+    with pytest.raises(ValueError, match=message) as cpu:
+        entropy_from_logits(logits)
+    monkeypatch.setattr(kernels, "pass_impl", lambda device: impl)
+    with pytest.raises(ValueError, match=message) as one_pass:
+        entropy_from_logits(logits)
+    assert str(one_pass.value) == str(cpu.value)
+
+
+def test_dispatch(monkeypatch):
+    cuda = torch.device("cuda", 0)
+    monkeypatch.delenv(kernels.KERNELS_ENV, raising=False)
+    assert kernels.pass_impl(torch.device("cpu")) is None  # the CPU keeps its chunked passes
+    assert kernels.pass_impl(cuda) == "triton"
+    monkeypatch.setenv(kernels.KERNELS_ENV, "torch")
+    assert kernels.pass_impl(cuda) == "torch"
+    monkeypatch.delenv(kernels.KERNELS_ENV)
+    monkeypatch.setattr(kernels, "triton_available", lambda: False)
+    assert kernels.pass_impl(cuda) == "torch"
+
+
+def test_row_starts_follow_the_strides():
+    base = torch.zeros(3, 5, 7)
+    view = base[:, 1:4]  # (3, 3, 7), rows not evenly spaced
+    starts = kernels.row_starts(view)
+    assert starts.dtype == torch.int64
+    expected = [b * 35 + t * 7 for b in range(3) for t in range(3)]  # from view's first element (1 row in)
+    assert starts.tolist() == expected
+    picked = kernels.row_starts(view, rows=torch.tensor([4, 8]))
+    assert picked.tolist() == [expected[4], expected[8]]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_public_functions_through_the_pass(gen, monkeypatch, impl, dtype):
+    pi = make_logits(gen, (2, 3), dtype)
+    mu = (pi.float() + torch.randn(2, 3, V, generator=gen)).to(dtype)
+    sampled = torch.randint(0, V, (2, 3), generator=gen)
+    sampled[0, 0] = 100
+    mu_ids, mu_logp = topk_from_logits(mu, sampled, 5, temperature=0.8)
+    mu_ids[1, 1] = torch.tensor([1, 2, 3, 4, 5])  # a set that lacks a_t: forced in from sampled_logp
+    sampled_logp = torch.log_softmax(mu.double() / 0.8, -1).gather(-1, sampled[..., None])[..., 0].float()
+    cpu = (
+        entropy_from_logits(pi, temperature=0.8),
+        *topk_divergence(pi, mu_ids, mu_logp, temperature=0.8, sampled_ids=sampled, sampled_logp=sampled_logp),
+        *topk_from_logits(mu, sampled, 5, temperature=0.8),
+    )
+    monkeypatch.setattr(kernels, "pass_impl", lambda device: impl)
+    one_pass = (
+        entropy_from_logits(pi, temperature=0.8),
+        *topk_divergence(pi, mu_ids, mu_logp, temperature=0.8, sampled_ids=sampled, sampled_logp=sampled_logp),
+        *topk_from_logits(mu, sampled, 5, temperature=0.8),
+    )
+    for got, want in zip(one_pass, cpu, strict=True):
+        if want.is_floating_point():
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        else:
+            assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_record_quantities_through_the_pass(gen, monkeypatch, impl):
+    logits = make_logits(gen, (3, 4))
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    mask[0, 2:] = False
+    ids = torch.randint(0, V, (3, 4), generator=gen)
+    ids[0, 3] = -5  # padding may hold anything
+    mu_logits = logits + torch.randn(3, 4, V, generator=gen)
+    mu_ids, mu_topk = topk_from_logits(mu_logits, ids.clamp(min=0), 4)
+    mu_ids[2, 1] = torch.tensor([1, 2, 3, 4])  # lacks a_t: forced in from mu_logp
+    mu_logp = torch.log_softmax(mu_logits, -1).gather(-1, ids.clamp(min=0)[..., None])[..., 0]
+    args = (logits, mask, ids, mu_ids, mu_topk, mu_logp, 1.3)
+    cpu = logit_quantities(*args, want_entropy=True)
+    monkeypatch.setattr(kernels, "pass_impl", lambda device: impl)
+    one_pass = logit_quantities(*args, want_entropy=True)
+    assert set(one_pass) == {"entropy", "topk_tv", "topk_kl"}
+    for name, want in cpu.items():
+        torch.testing.assert_close(one_pass[name], want, rtol=1e-5, atol=1e-6, msg=name)
+    logits[1, 3, 5] = math.nan  # a bad input: the chunked path runs again and names it
+    with pytest.raises(ValueError, match=r"logits hold NaN or \+inf at \(b, t\) = \(1, 3\)"):
+        logit_quantities(*args, want_entropy=True)
+
+
+def test_the_op_keeps_a_compiled_graph_whole(gen):
+    logits = make_logits(gen, (4,))
+    starts = kernels.row_starts(logits)
+    ids = torch.tensor([[100, 3]] * 4)
+
+    def entropy(x):
+        _, sum_rest, usum_rest, _ = kernels.logit_pass_op(x, starts, ids, 0, 1.0)
+        return torch.log(sum_rest) - usum_rest / sum_rest
+
+    compiled = torch.compile(entropy, fullgraph=True, backend="aot_eager")  # a graph break raises
+    torch.testing.assert_close(compiled(logits), oracle(logits, ids, 0, 1.0)[0].float(), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,111 @@
+"""The logit pass as a Triton kernel: one read of each valid row of π's logits (..., V).
+
+Per row, with x = logits / τ in float32 and M = max_v x_v (every token counts in M):
+
+    sum_rest  = Σ_{v∉E} e^(x_v − M)                 (E: the row's excluded ids, μ's top-K set)
+    usum_rest = Σ_{v∉E} (x_v − M) e^(x_v − M)
+    x_ids     = x on the row's ids (gathered, E first)
+
+The sums run per lane with a running max (online softmax: a lane's sums are rescaled by
+e^(m_old − m_new) when its max grows) and are combined across lanes at the end, so the row is read
+once. A −inf logit adds 0; NaN or +inf turn the sums NaN and a row of only −inf gives M = −inf:
+`trustlens.divergence.kernels.finish` finds such rows from these values. E is left out of the
+sums element by element (not subtracted afterwards), so that a rest mass far below the top-K's
+keeps its relative precision. Offsets are int64; rows are addressed by their element offset
+(`row_start`, −1: skip the row) and the vocabulary stride, so views are read in place.
+
+`trustlens.divergence.kernels.logit_pass_reference` computes the same four tensors with torch.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from trustlens.core.torch_import import torch
+
+# Logits read per loop iteration of one row (elements): a multiple of every warp count used.
+BLOCK = 4096
+
+
+@triton.jit
+def _logit_pass_kernel(
+    logits_ptr,  # the first element of the logits tensor (its storage offset applied)
+    row_start_ptr,  # (N,) int64 element offset of each row; −1: not a valid row, skipped
+    col_stride,  # elements between two tokens of a row
+    V,  # vocabulary size
+    ids_ptr,  # (N, K_ALL) int64 ids to gather; the first K_EXCL are left out of the sums
+    K_ALL,
+    K_EXCL,
+    temperature,  # τ > 0, applied in float32
+    max_ptr,  # (N,) float32 out: M
+    sum_ptr,  # (N,) float32 out: sum_rest
+    usum_ptr,  # (N,) float32 out: usum_rest
+    x_ids_ptr,  # (N, K_ALL) float32 out: x on the ids
+    BLOCK: tl.constexpr,
+):
+    i = tl.program_id(0).to(tl.int64)
+    start = tl.load(row_start_ptr + i)
+    if start >= 0:
+        row_ptr = logits_ptr + start
+        ids_row = ids_ptr + i * K_ALL
+        lanes = tl.arange(0, BLOCK)
+        m = tl.full([BLOCK], float("-inf"), tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        u = tl.zeros([BLOCK], tl.float32)
+        for first in range(0, V, BLOCK):
+            cols = first + lanes
+            x = tl.load(row_ptr + cols.to(tl.int64) * col_stride, mask=cols < V, other=float("-inf"))
+            x = x.to(tl.float32) / temperature
+            m_new = tl.maximum(m, x)
+            for j in range(K_EXCL):  # the excluded ids in this block: set to −inf for the sums
+                idj = tl.load(ids_row + j)
+                if (idj >= first) & (idj < first + BLOCK):
+                    x = tl.where(cols == idj, float("-inf"), x)
+            live = m_new > float("-inf")
+            scale = tl.where(live, tl.exp(m - m_new), 0.0)
+            p = tl.where(x == float("-inf"), 0.0, tl.exp(x - m_new))  # NaN stays NaN: the row is bad
+            u = scale * (u + tl.where(s > 0, (m - m_new) * s, 0.0)) + tl.where(p > 0, (x - m_new) * p, 0.0)
+            s = scale * s + p
+            m = m_new
+        top = tl.max(m, 0)
+        alpha = tl.where(m > float("-inf"), tl.exp(m - top), 0.0)
+        tl.store(max_ptr + i, top)
+        tl.store(sum_ptr + i, tl.sum(alpha * s, 0))
+        tl.store(usum_ptr + i, tl.sum(alpha * (u + tl.where(s > 0, (m - top) * s, 0.0)), 0))
+        for j in range(K_ALL):
+            idj = tl.load(ids_row + j)
+            xj = tl.load(row_ptr + idj * col_stride).to(tl.float32) / temperature
+            tl.store(x_ids_ptr + i * K_ALL + j, xj)
+
+
+def logit_pass_triton(
+    logits: torch.Tensor,  # (..., V) any float dtype, any strides
+    row_start: torch.Tensor,  # (N,) int64 element offsets of the rows; −1: skipped
+    ids: torch.Tensor,  # (N, K_all) int64
+    n_excluded: int,  # the first n_excluded ids of each row are left out of the sums
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(M (N,), sum_rest (N,), usum_rest (N,), x_ids (N, K_all)) float32, as the module states;
+    skipped rows hold 0."""
+    n, k_all = ids.shape
+    V = logits.shape[-1]
+    outs = [torch.zeros(n, dtype=torch.float32, device=logits.device) for _ in range(3)]
+    x_ids = torch.zeros(n, k_all, dtype=torch.float32, device=logits.device)
+    if n:
+        block = min(BLOCK, triton.next_power_of_2(V))
+        _logit_pass_kernel[(n,)](
+            logits,
+            row_start,
+            logits.stride(-1),
+            V,
+            ids,
+            k_all,
+            n_excluded,
+            float(temperature),
+            *outs,
+            x_ids,
+            BLOCK=block,
+            num_warps=8 if block >= 2048 else 4,
+        )
+    return outs[0], outs[1], outs[2], x_ids

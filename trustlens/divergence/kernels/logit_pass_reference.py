@@ -1,0 +1,92 @@
+"""The logit pass in torch: the same four tensors as the Triton kernel
+(`trustlens.divergence.kernels.logit_pass`), for CUDA machines without Triton and for
+TRUSTLENS_KERNELS=torch. The rows are read through their element offsets (so views are read in
+place) a chunk of rows at a time, so that the extra memory is one chunk whatever N is; on CUDA the
+chunk function is compiled with dynamic shapes (one compilation for every batch size), which
+fuses the gather, the exps and the sums into one read of the chunk.
+"""
+
+from __future__ import annotations
+
+import math
+
+from trustlens.core.torch_import import torch
+
+# Logits per chunk of rows (rows × V): 64 MiB of float32 when the eager path materialises it.
+CHUNK_ELEMENTS = 1 << 24
+
+_compiled: dict[str, object] = {}  # "chunk": the compiled `_chunk`, or None where compiling failed
+
+
+def _chunk(
+    flat: torch.Tensor,  # the logits' storage seen as 1-D from their first element
+    row_start: torch.Tensor,  # (R,) int64; −1: skipped
+    cols: torch.Tensor,  # (V,) int64 element offsets of the tokens in a row
+    ids: torch.Tensor,  # (R, K_all) int64
+    n_excluded: int,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The logit pass of R rows; a skipped row reads row 0's place and its results are zeroed."""
+    valid = row_start >= 0
+    start = row_start.clamp(min=0)[:, None]
+    ids = torch.where(valid[:, None], ids, 0)  # a skipped row's ids may be padding
+    x = flat[start + cols[None, :]].float() / temperature  # (R, V)
+    x_ids = flat[start + cols[ids]].float() / temperature  # (R, K_all)
+    top = x.amax(-1, keepdim=True)  # (R, 1)
+    excluded = torch.zeros_like(x, dtype=torch.bool).scatter_(-1, ids[:, :n_excluded], True)
+    z = x - top
+    p = torch.where(excluded | (x == -math.inf), 0.0, torch.exp(z))
+    s = p.sum(-1)
+    u = torch.where(p > 0, z * p, 0.0).sum(-1)
+    zero = torch.zeros((), dtype=torch.float32, device=x.device)
+    return (
+        torch.where(valid, top[:, 0], zero),
+        torch.where(valid, s, zero),
+        torch.where(valid, u, zero),
+        torch.where(valid[:, None], x_ids, zero),
+    )
+
+
+def _chunk_function():
+    """`_chunk`, compiled with dynamic shapes on first use where torch.compile works (else eager,
+    with a warning); TRUSTLENS_NO_COMPILE=1 keeps it eager."""
+    import os
+
+    if os.environ.get("TRUSTLENS_NO_COMPILE"):
+        return _chunk
+    if "chunk" not in _compiled:
+        try:
+            _compiled["chunk"] = torch.compile(_chunk, dynamic=True)
+        except Exception as err:  # no compiler for this platform
+            import warnings
+
+            warnings.warn(f"trustlens: torch.compile unavailable ({err}); the logit pass runs eagerly", stacklevel=3)
+            _compiled["chunk"] = None
+    return _compiled["chunk"] or _chunk
+
+
+def logit_pass_torch(
+    logits: torch.Tensor,  # (..., V) any float dtype, any strides
+    row_start: torch.Tensor,  # (N,) int64 element offsets of the rows; −1: skipped
+    ids: torch.Tensor,  # (N, K_all) int64
+    n_excluded: int,
+    temperature: float,
+    *,
+    compiled: bool | None = None,  # None: compiled on CUDA only
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(M, sum_rest, usum_rest, x_ids) as `logit_pass_triton` returns them."""
+    V = logits.shape[-1]
+    span = 1 + sum((size - 1) * stride for size, stride in zip(logits.shape, logits.stride(), strict=True))
+    flat = logits.as_strided((span,), (1,), logits.storage_offset())
+    cols = torch.arange(V, device=logits.device, dtype=torch.int64) * logits.stride(-1)
+    use_compiled = logits.is_cuda if compiled is None else compiled
+    fn = _chunk_function() if use_compiled else _chunk
+    rows = max(1, CHUNK_ELEMENTS // V)
+    parts = [
+        fn(flat, row_start[first : first + rows], cols, ids[first : first + rows], n_excluded, float(temperature))
+        for first in range(0, row_start.shape[0], rows)
+    ]
+    if not parts:
+        empty = torch.zeros(0, dtype=torch.float32, device=logits.device)
+        return empty, empty, empty, torch.zeros(0, ids.shape[1], dtype=torch.float32, device=logits.device)
+    return tuple(torch.cat(t) for t in zip(*parts, strict=True))  # type: ignore[return-value]
