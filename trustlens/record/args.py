@@ -133,3 +133,15 @@ def checked_advantages(advantages: object, shape: tuple[int, int]) -> torch.Tens
         f"advantages has shape {tuple(getattr(advantages, 'shape', ()))}; expected per-sequence "
         f"({shape[0]},) or per-token {shape}"
     )
+
+
+def check_tokenizer(tokenizer: object) -> None:
+    """None, or an object with a callable `decode(list[int]) -> str` (a Hugging Face tokenizer);
+    a model name or a path is refused here, not at the first flush."""
+    if tokenizer is None:
+        return
+    if not callable(getattr(tokenizer, "decode", None)):
+        hint = " (load it first, e.g. AutoTokenizer.from_pretrained(...))" if isinstance(tokenizer, str) else ""
+        raise TypeError(
+            f"tokenizer must have a decode(list[int]) -> str method, got {type(tokenizer).__name__} {tokenizer!r}{hint}"
+        )

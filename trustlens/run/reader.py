@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trustlens.core import logspace
+from trustlens.core.values import check_path
 from trustlens.run.errors import CorruptPartWarning, NoRowsError, NotARunError, RunWarning
 from trustlens.run.manifest import MANIFEST, read_manifest
 from trustlens.run.parts import Location, list_folder, source
@@ -321,7 +322,7 @@ def load_run(path: str | os.PathLike | Remote, *, verify: bool = True) -> Run:
     location: Location
     if isinstance(path, Remote):
         location = path
-    elif is_url(path):
+    elif is_url(check_path("path", path)):
         location = Remote.of(os.fspath(path))
         if location.name == MANIFEST:
             location = Remote(location.fs, location.path.rsplit("/", 1)[0], location.protocol)
@@ -349,7 +350,7 @@ def load_runs(folder: str | os.PathLike, *, verify: bool = True) -> list[Run]:
     """Every run at or below `folder` (a directory holding run.json), sorted by path. Runs that
     cannot be loaded are skipped with a warning; table and hidden folders are not searched."""
     location: Location
-    if is_url(folder):
+    if is_url(check_path("folder", folder)):
         location = Remote.of(os.fspath(folder))
     else:
         location = local_path(folder)
