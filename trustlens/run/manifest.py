@@ -13,7 +13,9 @@ sees the previous or the next version, never a partial one. Statuses:
 from __future__ import annotations
 
 import json
+import math
 import uuid
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -45,7 +47,13 @@ MANIFEST_FIELDS: dict[str, str] = {
     "when μ was not recorded) or mixed; null before the first record",
     "missing": "token quantities never recorded so far (their columns are null)",
     "flush": "writer settings: rows_per_file and flush_seconds (the most a killed run loses)",
+    "sampling": "how the rollout engine sampled and what log μ it reported: {temperature, top_p, top_k, "
+    "min_p, logprobs}, null for a filter that is off or a value not known; null when not given",
+    "model_kind": "dense or moe: the kind of model trained (the published mismatch ranges differ)",
 }
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "logprobs")  # the keys of run.json `sampling`
+LOGPROBS_MODES = ("raw", "processed")  # log μ before (raw) or after the temperature and the filters
+MODEL_KINDS = ("dense", "moe")
 
 
 def utc_now() -> str:
@@ -62,8 +70,14 @@ def new_manifest(
     anchor: str | None = None,
     missing: list[str] | None = None,
     flush: dict[str, Any] | None = None,
+    sampling: Mapping[str, Any] | None = None,
+    model_kind: str = "dense",
 ) -> dict[str, Any]:
-    """A run.json for a new run (status `running`), with every field of MANIFEST_FIELDS."""
+    """A run.json for a new run (status `running`), with every field of MANIFEST_FIELDS;
+    `sampling` and `model_kind` checked (`normalise_sampling`, MODEL_KINDS)."""
+    if model_kind not in MODEL_KINDS:
+        raise ValueError(f"model_kind must be one of {', '.join(MODEL_KINDS)}, got {model_kind!r}")
+    sampling = normalise_sampling(sampling)
     now = utc_now()
     return {
         "schema_version": SCHEMA_VERSION,
@@ -82,7 +96,51 @@ def new_manifest(
         "anchor": anchor,
         "missing": list(missing or []),
         "flush": flush,
+        "sampling": sampling,
+        "model_kind": model_kind,
     }
+
+
+def normalise_sampling(sampling: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """`sampling` of run.json with every key of SAMPLING_KEYS: temperature τ (finite, > 0), top_p
+    in (0, 1], top_k an int ≥ 1, min_p in [0, 1), logprobs "raw" or "processed"; each may be None
+    (not known). A filter that is off becomes None: top_p 1, top_k 0 or −1 (HF and vLLM's "off"),
+    min_p 0. None stays None (not recorded). Raises ValueError naming the key for an unknown key
+    or a value out of range."""
+    if sampling is None:
+        return None
+    if not isinstance(sampling, Mapping):
+        raise ValueError(f"sampling must be a mapping with keys {', '.join(SAMPLING_KEYS)}, got {sampling!r}")
+    unknown = sorted(set(sampling) - set(SAMPLING_KEYS))
+    if unknown:
+        raise ValueError(f"sampling has unknown keys {unknown}; known: {', '.join(SAMPLING_KEYS)}")
+    out: dict[str, Any] = dict.fromkeys(SAMPLING_KEYS)
+    for key in ("temperature", "top_p", "min_p"):
+        value = sampling.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"sampling[{key!r}] must be a number or None, got {value!r}")
+        value = float(value)
+        ok = {"temperature": 0 < value < math.inf, "top_p": 0 < value <= 1, "min_p": 0 <= value < 1}[key]
+        if not ok:
+            expected = {"temperature": "finite and > 0", "top_p": "in (0, 1]", "min_p": "in [0, 1)"}[key]
+            raise ValueError(f"sampling[{key!r}] must be {expected}, got {value!r}")
+        out[key] = value
+    top_k = sampling.get("top_k")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < -1:
+            raise ValueError(f"sampling['top_k'] must be an int ≥ 1 (0 or −1: off) or None, got {top_k!r}")
+        out["top_k"] = top_k if top_k > 0 else None
+    logprobs = sampling.get("logprobs")
+    if logprobs is not None and logprobs not in LOGPROBS_MODES:
+        raise ValueError(f"sampling['logprobs'] must be one of {', '.join(LOGPROBS_MODES)} or None, got {logprobs!r}")
+    out["logprobs"] = logprobs
+    if out["top_p"] == 1.0:
+        out["top_p"] = None
+    if out["min_p"] == 0.0:
+        out["min_p"] = None
+    return out
 
 
 def write_json_atomic(path: Path | Remote, obj: dict[str, Any]) -> None:

@@ -49,6 +49,12 @@ _CONFIG_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("rollout_precision", str, "rollout engine precision: bf16, fp32 or fp8 (W8A8 float8)"),
     ("rollout_lag", int, "rollout engine lags the trainer by this many steps (asynchronous RL)"),
     ("logit_noise", float, "std of Gaussian noise on the rollout engine's logits"),
+    (
+        "engine",
+        str,
+        "plant a log-probability bug of the rollout engine (docs/train.md): clean, raw_logprobs, top_p, "
+        "shifted, sentinel or token_ids",
+    ),
     ("eval_every", int, "evaluate held-out accuracy every this many steps"),
     ("eval_size", int, "held-out problems per evaluation (0 = no evaluation)"),
     ("partial_credit", float, "reward share for right scratchpad steps when the final answer is wrong"),

@@ -36,6 +36,7 @@ class TrainConfig:
     rollout_precision: str = "bf16"  # rollout engine precision: "bf16", "fp32" or "fp8" (W8A8 float8_e4m3fn)
     rollout_lag: int = 0  # k: rollouts of step t come from the weights of step t − k (asynchronous RL)
     logit_noise: float = 0.0  # std of Gaussian noise on the engine's logits (0 = none)
+    engine: str = "clean"  # a planted log-probability bug of the engine (trustlens.train.engine_defects)
     eval_every: int = 20  # evaluate every this many steps (and at the start and the end)
     eval_size: int = 500  # held-out problems in each evaluation (greedy decoding)
     partial_credit: float = 0.0  # reward share for right scratchpad steps when the answer is wrong
@@ -78,7 +79,11 @@ class TrainConfig:
             raise ValueError(f"lr and grad_clip must be > 0, got lr={self.lr} grad_clip={self.grad_clip}")
         if self.keep_rate is not None and not 0 < self.keep_rate <= 1:
             raise ValueError(f"keep_rate must be in (0, 1], got {self.keep_rate}")
-        self.rollout_config()  # validates temperature, precision, noise, lag
+        self.rollout_config()  # validates temperature, precision, noise, lag, engine
+        if self.engine == "raw_logprobs" and self.temperature == 1:
+            raise ValueError(
+                f"engine 'raw_logprobs' needs a temperature ≠ 1 (raw = processed there), got {self.temperature}"
+            )
 
     def rule_thresholds(self) -> dict[str, tuple[float | None, float | None]]:
         """(low, high) of every registered rule as this run evaluates it: the active rule with
@@ -106,7 +111,14 @@ class TrainConfig:
             precision=self.rollout_precision,
             logit_noise=self.logit_noise,
             lag=self.rollout_lag,
+            defect=self.engine,
         )
+
+    def sampling(self) -> dict:
+        """How the engine reports its sampling settings (TokenRecorder's `sampling`)."""
+        from trustlens.train.engine_defects import engine_sampling
+
+        return engine_sampling(self.engine, self.temperature)
 
 
 _COLLAPSE = dict(rollout_precision="fp8", rollout_lag=16, lr=6e-5, steps=250, eval_every=10, tv_bound=0.1)

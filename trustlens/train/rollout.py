@@ -8,7 +8,8 @@ temperature τ, and reports for every sampled token a_t what it believed:
 
 The trainer recomputes the same quantities with its own float32 weights (`response_logits`);
 the gap between the two is the training–inference mismatch the recorder measures. μ always
-describes the policy that really sampled the tokens. Two sources of mismatch, as in real systems:
+describes the policy that really sampled the tokens, unless `defect` plants a log-probability bug
+(trustlens.train.engine_defects). Two sources of mismatch, as in real systems:
 
 - Precision (`precision`): ``fp32``; ``bf16`` weights (as vLLM or SGLang serve them); ``fp8``
   W8A8 — every linear layer of the transformer blocks computes with weights rounded to
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from trustlens.divergence import topk_from_logits
+from trustlens.train.engine_defects import check_defect, engine_token
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.float32}  # name -> compute dtype
 FP8 = torch.float8_e4m3fn  # the 8-bit float format of the fp8 engine
@@ -56,6 +57,7 @@ class RolloutConfig:
     precision: str = "bf16"  # the engine's precision: "bf16" (default), "fp32" or "fp8" (W8A8, see above)
     logit_noise: float = 0.0  # std of Gaussian noise added to the engine's logits (0 = none)
     lag: int = 0  # k: the engine serves the weights of k `sync_weights` calls ago (0 = current)
+    defect: str = "clean"  # a planted log-probability bug (trustlens.train.engine_defects); "clean" = none
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -70,6 +72,7 @@ class RolloutConfig:
             raise ValueError(f"logit_noise must be ≥ 0, got {self.logit_noise}")
         if self.lag < 0:
             raise ValueError(f"lag must be ≥ 0, got {self.lag}")
+        check_defect(self.defect)
 
 
 @dataclass
@@ -215,12 +218,12 @@ class RolloutEngine:
             p.copy_(fp8_round(w.float(), dim=1) if name in self._fp8_weights else w)
 
     def _next_logits(self, logits: torch.Tensor, generator: torch.Generator | None, noise: bool) -> torch.Tensor:
-        """The engine's last-position logits as float32 / τ, with the optional noise. (B, V)"""
+        """The engine's last-position logits as float32, with the optional noise. (B, V)"""
         logits = logits.float()
         if noise and self.config.logit_noise > 0:
             draw = torch.randn(logits.shape, generator=generator, dtype=logits.dtype)
             logits = logits + self.config.logit_noise * draw
-        return logits / self.config.temperature
+        return logits
 
     @torch.no_grad()
     def generate(
@@ -254,14 +257,16 @@ class RolloutEngine:
         finished = torch.zeros(B, dtype=torch.bool)
         tokens, alive, logps, top_ids, top_logps = [], [], [], [], []
         for _ in range(cfg.max_new_tokens):
-            scaled = self._next_logits(out.logits[:, -1], generator, noise=not greedy)  # (B, V)
-            if greedy:
-                tok = scaled.argmax(-1)
-            else:
-                tok = torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator).squeeze(-1)
+            logits = self._next_logits(out.logits[:, -1], generator, noise=not greedy)  # (B, V)
+            tok, logp, ids_k, logp_k = engine_token(
+                logits,
+                temperature=cfg.temperature,
+                topk=cfg.topk,
+                defect=cfg.defect,
+                generator=generator,
+                greedy=greedy,
+            )
             tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
-            logp = scaled.gather(-1, tok[:, None]).squeeze(-1) - scaled.logsumexp(-1)
-            ids_k, logp_k = topk_from_logits(scaled, tok, cfg.topk, 1.0)
             tokens.append(tok)
             alive.append(~finished)
             logps.append(torch.where(finished, torch.zeros_like(logp), logp))

@@ -57,6 +57,7 @@ from trustlens.rules import evaluate_all
 from trustlens.rules.loss import policy_loss
 from trustlens.run.aggregates import LOG_RATIO_BOUND, Keep
 from trustlens.train.config import RANDOM_INIT, TrainConfig
+from trustlens.train.engine_defects import deliver
 from trustlens.train.evaluate import decode_responses, evaluate_accuracy
 from trustlens.train.pooled import (
     Pooled,
@@ -197,7 +198,14 @@ def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict
         mirror = make_mirror(cfg.mirror, shard=world_size > 1)
     keep = None if cfg.keep_rate is None else Keep(rate=cfg.keep_rate, seed=cfg.seed)
     return TokenRecorder(
-        run_dir, rules=rules, active_rule=cfg.rule, tokenizer=tokenizer, config=asdict(cfg), mirror=mirror, keep=keep
+        run_dir,
+        rules=rules,
+        active_rule=cfg.rule,
+        tokenizer=tokenizer,
+        config=asdict(cfg),
+        mirror=mirror,
+        keep=keep,
+        sampling=cfg.sampling(),
     )
 
 
@@ -262,7 +270,8 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
             t_rollout = time.perf_counter() - t_step
 
             # 2. rewards and group advantages
-            responses = decode_responses(tokenizer, batch)
+            responses = decode_responses(tokenizer, batch)  # the engine's text
+            batch = deliver(batch, cfg.engine, tokenizer=tokenizer, generator=rng)  # what the trainer receives
             owners = [p for p in problems for _ in range(cfg.group_size)]
             rewards = torch.tensor([task.reward(p, r) for p, r in zip(owners, responses, strict=True)])
             advantages = group_advantages(rewards, cfg.group_size, cfg.scale_advantages)  # (B,)

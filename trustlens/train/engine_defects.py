@@ -1,0 +1,128 @@
+"""Log-probability bugs of a rollout engine, planted on purpose: `trustlens train --engine DEFECT`.
+
+Each defect is one that real RL stacks have shipped (issue trackers of vLLM, TRL, SGLang,
+ms-swift): the μ the trainer receives is not the distribution the tokens were sampled from, so
+the importance ratio π/μ and every μ-anchored rule see a mismatch that is a bug, not numerical
+drift. The defect changes what the trainer uses, as it would in a real stack, so it can change
+learning (docs/train.md, "Engine defects").
+
+Two places of the engine:
+
+- while sampling (`engine_token`, called by `RolloutEngine.generate` for every position):
+  ``raw_logprobs`` samples at τ but reports log μ = log softmax(logits), the log-probs before the
+  temperature (vLLM V1's default `logprobs_mode="raw_logprobs"`); ``top_p`` samples with nucleus
+  sampling at p = TOP_P and reports μ renormalised over the kept tokens (μ of a dropped id is 0:
+  log μ = −inf in the top-K);
+- when the rollout reaches the trainer (`deliver`, after the rewards were computed on the
+  engine's own text): ``shifted`` gives position t the log μ of position t − 1 within each
+  response (the first keeps its own); ``sentinel`` writes log μ = 0.0 at a share SENTINEL_SHARE of
+  the response tokens, drawn at random, as padding code does where the log-prob is unknown;
+  ``token_ids`` hands the trainer the id of ``<unk>`` wherever the engine sampled the step
+  separator ``;`` (a vocabulary mismatch between engine and trainer, about 13% of the tokens of a
+  response): the trainer computes π_old and π on ids that μ never scored.
+
+``clean`` is the engine as it is without `--engine`: these functions then do exactly what the
+engine did before they existed (bit-identical runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trustlens.divergence import topk_from_logits
+
+if TYPE_CHECKING:
+    from trustlens.train.rollout import Rollout
+
+# name -> what the engine does wrong (the `--engine` choices; "clean" is the default)
+ENGINE_DEFECTS: dict[str, str] = {
+    "clean": "no defect: μ is the distribution the tokens were sampled from",
+    "raw_logprobs": "samples at τ, reports log μ from the logits before the division by τ",
+    "top_p": "samples with top-p 0.8, reports μ renormalised over the kept tokens",
+    "shifted": "log μ of position t − 1 at position t within each response",
+    "sentinel": "log μ written as 0.0 at 10% of the response tokens",
+    "token_ids": "the trainer receives <unk> where the engine sampled ';'",
+}
+TOP_P = 0.8  # nucleus mass of the `top_p` defect
+SENTINEL_SHARE = 0.1  # share of response tokens whose log μ the `sentinel` defect writes as 0.0
+SENTINEL = 0.0  # the value it writes
+SWAPPED_TOKEN = ";"  # the engine's token that the `token_ids` defect's trainer reads as UNKNOWN_TOKEN
+UNKNOWN_TOKEN = "<unk>"
+
+
+def check_defect(defect: str) -> str:
+    """`defect` when it names an ENGINE_DEFECTS entry, else ValueError."""
+    if defect not in ENGINE_DEFECTS:
+        raise ValueError(f"engine must be one of {', '.join(ENGINE_DEFECTS)}, got {defect!r}")
+    return defect
+
+
+def engine_sampling(defect: str, temperature: float) -> dict[str, Any]:
+    """The `sampling` of run.json (TokenRecorder) as the engine reports its own settings: the
+    temperature, top-p 0.8 for `top_p` (whose processed log-probs are renormalised), logprobs
+    "raw" for `raw_logprobs`. The other defects are invisible in an engine's settings."""
+    return {
+        "temperature": temperature,
+        "top_p": TOP_P if defect == "top_p" else None,
+        "top_k": None,
+        "min_p": None,
+        "logprobs": "raw" if defect == "raw_logprobs" else "processed",
+    }
+
+
+def nucleus_logits(scaled: torch.Tensor, p: float) -> torch.Tensor:
+    """`scaled` (..., V) with the ids outside the top-p nucleus set to −inf: the smallest set of
+    most likely ids whose probability reaches p (the most likely id is always kept)."""
+    probs, order = torch.softmax(scaled, -1).sort(-1, descending=True)
+    before = probs.cumsum(-1) - probs  # (..., V) mass of the more likely ids
+    dropped = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before >= p)
+    return scaled.masked_fill(dropped, -torch.inf)
+
+
+def engine_token(
+    logits: torch.Tensor,  # (B, V) float32: the engine's logits at the position, noise added
+    *,
+    temperature: float,
+    topk: int,
+    defect: str,
+    generator: torch.Generator | None,
+    greedy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One position of the engine: (token (B,), its reported log μ (B,), μ's top-K ids (B, K),
+    their reported log μ (B, K)). Samples from softmax(logits / τ) (argmax when `greedy`),
+    top-p filtered for the `top_p` defect; reports log-probs of softmax(logits / τ), of
+    softmax(logits) for `raw_logprobs`, of the renormalised nucleus for `top_p`."""
+    scaled = logits / temperature  # (B, V)
+    sampled_from = nucleus_logits(scaled, TOP_P) if defect == "top_p" else scaled
+    if greedy:
+        tok = scaled.argmax(-1)
+    else:
+        tok = torch.multinomial(torch.softmax(sampled_from, -1), 1, generator=generator).squeeze(-1)
+    reported = logits if defect == "raw_logprobs" else sampled_from
+    logp = reported.gather(-1, tok[:, None]).squeeze(-1) - reported.logsumexp(-1)
+    ids_k, logp_k = topk_from_logits(reported, tok, topk, 1.0)
+    return tok, logp, ids_k, logp_k
+
+
+def deliver(batch: Rollout, defect: str, *, tokenizer, generator: torch.Generator) -> Rollout:
+    """The rollout as the trainer receives it (see the module docstring): `batch` itself when
+    the defect is not one of delivery (shifted, sentinel, token_ids), else a new Rollout."""
+    mask = batch.response_mask  # (B, T)
+    if defect == "shifted":
+        before = torch.cat([batch.mu_logp[:, :1], batch.mu_logp[:, :-1]], 1)  # (B, T) log μ of t − 1
+        return replace(batch, mu_logp=torch.where(mask, before, batch.mu_logp))
+    if defect == "sentinel":
+        hit = mask & (torch.rand(mask.shape, generator=generator) < SENTINEL_SHARE)
+        return replace(batch, mu_logp=batch.mu_logp.masked_fill(hit, SENTINEL))
+    if defect == "token_ids":
+        swapped, unknown = tokenizer.convert_tokens_to_ids([SWAPPED_TOKEN, UNKNOWN_TOKEN])
+        response_ids = batch.response_ids.masked_fill(mask & (batch.response_ids == swapped), unknown)
+        input_ids = torch.cat([batch.input_ids[:, : batch.prompt_len], response_ids], 1)
+        return replace(batch, response_ids=response_ids, input_ids=input_ids)
+    return batch
+
+
+__all__ = ["ENGINE_DEFECTS", "check_defect", "deliver", "engine_sampling", "engine_token", "nucleus_logits"]
