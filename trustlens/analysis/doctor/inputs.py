@@ -25,6 +25,7 @@ from trustlens.analysis.buckets import collect, row_weight, weighted
 MAX_ROWS = 2_000_000
 EXAMPLES = 5  # example tokens per finding
 MODEL_KINDS = ("dense", "moe")
+ENTROPIES = ((0.0, 0.1), (0.1, 1.0), (1.0, math.inf))  # buckets of π's entropy, nats
 LOGPROBS_KINDS = ("raw", "processed")
 
 
@@ -117,8 +118,8 @@ def inputs_of(run: Any) -> Inputs:
     names = tokens.collect_schema().names()
     has_mu = "mu_logp" in names and (manifest.get("anchor") != "old")
     is_weighted = weighted(tokens)
-    if "old_logp" not in names:
-        tokens = tokens.with_columns(pl.lit(None, pl.Float32).alias("old_logp"))
+    defaults = {"old_logp": pl.lit(None, pl.Float32), "rank": pl.lit(0, pl.Int16), "update": pl.lit(0, pl.Int16)}
+    tokens = tokens.with_columns(value.alias(name) for name, value in defaults.items() if name not in names)
     w = row_weight() if is_weighted else pl.lit(1.0)
     ref = reference_logp()
     pairs = (
@@ -147,6 +148,15 @@ def inputs_of(run: Any) -> Inputs:
     )
 
 
+def bucket_of(col: str, edges: tuple[tuple[float, float], ...]) -> pl.Expr:
+    """The index (Int32) of the bucket [lo, hi) of `edges` that holds `col`; null outside them."""
+    x = pl.col(col)
+    out = pl.lit(None, pl.Int32)
+    for i, (lo, hi) in enumerate(reversed(edges)):
+        out = pl.when((x >= lo) & (x < hi)).then(pl.lit(len(edges) - 1 - i, pl.Int32)).otherwise(out)
+    return out
+
+
 def examples(frame: pl.LazyFrame, order: pl.Expr, n: int = EXAMPLES) -> list[dict[str, Any]]:
     """Up to `n` example tokens of `frame` (largest `order` first): step, update, sample, pos,
     token_id, token text (untrusted), mu, old (probabilities) — what the dashboard links into
@@ -168,10 +178,12 @@ def examples(frame: pl.LazyFrame, order: pl.Expr, n: int = EXAMPLES) -> list[dic
 
 
 __all__ = [
+    "ENTROPIES",
     "EXAMPLES",
     "MAX_ROWS",
     "Inputs",
     "Sampling",
+    "bucket_of",
     "examples",
     "inputs_of",
     "read_sampling",

@@ -10,12 +10,11 @@ import polars as pl
 from trustlens.analysis.alert_levels import MISMATCH_K3_NORMAL
 from trustlens.analysis.buckets import bucket_expr, bucket_table, collect
 from trustlens.analysis.doctor.finding import Finding
-from trustlens.analysis.doctor.inputs import Inputs, examples
+from trustlens.analysis.doctor.inputs import ENTROPIES, Inputs, bucket_of, examples
 from trustlens.analysis.mismatch import mismatch_per_step
 
 # where: position buckets [lo, hi) of the response
 POSITIONS = ((0, 1), (1, 4), (4, 16), (16, 64), (64, 256), (256, 1 << 30))
-ENTROPIES = ((0.0, 0.1), (0.1, 1.0), (1.0, math.inf))  # π's entropy buckets, nats
 FIRST_WARNING = 0.1  # mean |log μ − log π_old| on the first token (nats) that warns ...
 FIRST_PROBLEM = math.log(1.5)  # ... and that is a problem (an average ratio beyond 1.5×)
 FIRST_FACTOR = 5.0  # ... when it is also this many times the rest's
@@ -44,14 +43,6 @@ def _table(pairs: pl.LazyFrame, key: pl.Expr) -> pl.DataFrame:
     )
 
 
-def _bucket(col: str, edges: tuple[tuple[float, float], ...]) -> pl.Expr:
-    x = pl.col(col)
-    out = pl.lit(None, pl.Int32)
-    for i, (lo, hi) in enumerate(reversed(edges)):
-        out = pl.when((x >= lo) & (x < hi)).then(pl.lit(len(edges) - 1 - i, pl.Int32)).otherwise(out)
-    return out
-
-
 def where_check(inp: Inputs) -> Finding:
     """1f. Where the mismatch sits: mean |log μ − log π_old| (nats) by position in the response
     (0, 1–3, 4–15, 16–63, 64–255, 256+), by π's entropy (< 0.1, 0.1–1, ≥ 1 nats) and by μ
@@ -61,7 +52,7 @@ def where_check(inp: Inputs) -> Finding:
     (TRL #4159: an IS ratio of 2.0 on first tokens): its mean |Δ| ≥ 0.1 nats and ≥ 5× the other
     positions' warns; ≥ log 1.5 (a ratio beyond 1.5× on average) and ≥ 5× is a problem."""
     pairs = inp.pairs
-    by_pos = _table(pairs, _bucket("pos", POSITIONS))
+    by_pos = _table(pairs, bucket_of("pos", POSITIONS))
     evidence: dict = {
         "by_position": [
             {"pos": f"{POSITIONS[b][0]}–{POSITIONS[b][1] - 1}", "tokens": t, "mean_abs_d": m}
@@ -70,7 +61,7 @@ def where_check(inp: Inputs) -> Finding:
         ],
     }
     if "entropy" in pairs.collect_schema().names():
-        by_h = _table(pairs.filter(pl.col("entropy").is_not_null()), _bucket("entropy", ENTROPIES))
+        by_h = _table(pairs.filter(pl.col("entropy").is_not_null()), bucket_of("entropy", ENTROPIES))
         evidence["by_entropy"] = [
             {"entropy": f"{ENTROPIES[b][0]:g}–{ENTROPIES[b][1]:g}", "tokens": t, "mean_abs_d": m}
             for b, t, m in by_h.iter_rows()
@@ -213,6 +204,8 @@ def engine_drift_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
     summary = (
         f"the mismatch grows ×{growth:.1f} (k3 {first:.2e} → {last:.2e}) while {why}: the engine drifts, not the policy"
     )
+    last_steps = inp.pairs.filter(pl.col("step") >= int(steps["step"][-third]))
+    evidence["examples"] = examples(last_steps, pl.col("d").abs())
     fix = "check the engine's weight sync and cache (stale or partially synced weights, prefix cache across updates)"
     return Finding("engine_drift", verdict, summary, evidence, fix, strength=growth / DRIFT_GROWTH)
 

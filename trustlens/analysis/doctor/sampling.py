@@ -14,7 +14,7 @@ import polars as pl
 
 from trustlens.analysis.buckets import collect
 from trustlens.analysis.doctor.finding import Finding, verdict_of
-from trustlens.analysis.doctor.inputs import Inputs, examples
+from trustlens.analysis.doctor.inputs import ENTROPIES, Inputs, bucket_of, examples
 
 # temperature: |r − 1| at which the check warns / finds a problem (r = τ_μ / τ_π, see below)
 TEMPERATURE_WARNING = 0.15
@@ -41,9 +41,12 @@ def temperature_ratio(pairs: pl.LazyFrame) -> tuple[float | None, int]:
     log π_old(a) = (τ_μ/τ_π)·log μ(a) + c_t with c_t shared by the position, so
     d = log μ − log π_old = (1 − r)·log μ − c_t. The weighted least-squares fit
     d ≈ a + b·log μ + c·H(π) over the uncertain tokens (H: π's entropy at the position, which
-    absorbs most of c_t; left out where not recorded) gives r = 1 − b. Raw log-probs at τ = 0.5
+    absorbs most of c_t; left out where fewer than MIN_TOKENS tokens have it) gives r = 1 − b. Raw log-probs at τ = 0.5
     give r ≈ 2; a clean engine r ≈ 1 (its noise does not depend on log μ)."""
     has_h = "entropy" in pairs.collect_schema().names()
+    if has_h:
+        with_h = collect(pairs.filter(_uncertain() & pl.col("entropy").is_not_null()).select(pl.len())).item()
+        has_h = with_h >= MIN_TOKENS
     h = pl.col("entropy").cast(pl.Float64) if has_h else pl.lit(0.0)
     rows = pairs.filter(_uncertain() & (h.is_not_null() if has_h else pl.lit(True)))
     x, y, w = pl.col("mu"), pl.col("d"), pl.col("w")
@@ -125,7 +128,7 @@ def truncation_check(inp: Inputs) -> Finding:
     (weighted) share s₊ with μ > π_old and their mean d. Clean engines' noise is symmetric
     (s₊ ≈ 0.5, mean d ≈ KL(μ‖π_old), small). Threshold: s₊ ≥ 0.75 and mean d ≥ 0.01 nats
     warning; s₊ ≥ 0.9 and mean d ≥ 0.02 problem. The evidence gives the mean d by entropy
-    tercile (growing with the entropy under truncation)."""
+    bucket (< 0.1, 0.1–1, ≥ 1 nats; growing with the entropy under truncation)."""
     rows = inp.pairs.filter(_uncertain())
     has_h = "entropy" in rows.collect_schema().names()
     w = pl.col("w")
@@ -155,14 +158,15 @@ def truncation_check(inp: Inputs) -> Finding:
         verdict = "ok"
     if has_h:
         by_h = collect(
-            rows.filter(pl.col("entropy").is_not_null())
-            .with_columns(pl.col("entropy").qcut(3, labels=["low", "mid", "high"], allow_duplicates=True).alias("h"))
+            rows.with_columns(bucket_of("entropy", ENTROPIES).alias("h"))
+            .filter(pl.col("h").is_not_null())
             .group_by("h")
-            .agg(((w * pl.col("d")).sum() / w.sum()).alias("mean_d"), pl.col("entropy").mean().alias("entropy"))
-            .sort("entropy")
+            .agg(((w * pl.col("d")).sum() / w.sum()).alias("mean_d"), w.sum().alias("tokens"))
+            .sort("h")
         )
         evidence["mean_d_by_entropy"] = [
-            {"entropy": e, "mean_d": m} for e, m in zip(by_h["entropy"], by_h["mean_d"], strict=True)
+            {"entropy": f"{ENTROPIES[h][0]:g}–{ENTROPIES[h][1]:g}", "tokens": t, "mean_d": m}
+            for h, m, t in by_h.iter_rows()
         ]
     claimed = sampling.truncated and sampling.logprobs != "raw"
     if verdict == "ok":

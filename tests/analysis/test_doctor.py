@@ -1,0 +1,182 @@
+"""trustlens.analysis.doctor: each check names its planted defect first and stays ok on clean
+data (benchmarks/doctor_detection.py's planting), and each statistic against a hand-checked
+value."""
+
+import json
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+from benchmark_scripts import load
+
+from trustlens import load_run
+from trustlens.analysis import Finding, doctor
+from trustlens.analysis.doctor import inputs_of, ordered, read_sampling
+from trustlens.analysis.doctor.alignment import sentinel_check, shift_check, token_ids_check
+from trustlens.analysis.doctor.sampling import temperature_ratio, truncation_check
+from trustlens.run.tables import write_run
+
+bench = load("doctor_detection")
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """defect -> its planted run's findings (seed 1), "clean" included."""
+    folder = tmp_path_factory.mktemp("planted")
+    return {d: doctor(bench.write_planted(folder / d, d, 1)) for d in ["clean", *bench.DEFECTS]}
+
+
+@pytest.mark.parametrize("defect", list(bench.DEFECTS))
+def test_planted_defect_is_named_first(planted, defect):
+    check = bench.DEFECTS[defect]
+    first = planted[defect][0]
+    assert (first.check, first.verdict) == (check, "problem")
+    assert first.fix and first.evidence.get("examples")
+    ex = first.evidence["examples"][0]
+    assert {"step", "update", "sample", "pos", "token_id", "mu", "old"} <= set(ex)
+
+
+def test_clean_run_is_ok_everywhere(planted):
+    assert [(f.check, f.verdict) for f in planted["clean"] if f.verdict != "ok"] == []
+    assert {f.check for f in planted["clean"]} == set(bench.DEFECTS.values())
+
+
+def _pairs_run(tmp_path, mu, old, *, pos=None, sample=None, entropy=None, token_id=None, manifest=None):
+    n = len(mu)
+    tokens = {
+        "step": [0] * n,
+        "sample": sample if sample is not None else [0] * n,
+        "pos": pos if pos is not None else list(range(n)),
+        "mu_logp": list(mu),
+        "old_logp": list(old),
+        "pi_logp": list(old),
+        "entropy": entropy,
+        "token_id": token_id if token_id is not None else [0] * n,
+    }
+    path = write_run(tmp_path / "run", tokens={k: v for k, v in tokens.items() if v is not None}, rules=[])
+    if manifest:
+        run_json = path / "run.json"
+        run_json.write_text(json.dumps({**json.loads(run_json.read_text()), **manifest}))
+    return inputs_of(load_run(path))
+
+
+def test_temperature_ratio_recovers_the_tilt(tmp_path):
+    # μ at twice π_old's temperature: log π_old = 2·log μ − 2·c_t, c_t a per-position constant
+    # that the entropy column carries (here exactly), so the fit's slope is 1 − 2 = −1: r = 2
+    rng = np.random.default_rng(0)
+    mu = -rng.uniform(0.05, 4.0, 200)
+    c = rng.uniform(0.0, 1.0, 200)
+    old = 2 * mu - 2 * c
+    r, n = temperature_ratio(_pairs_run(tmp_path, mu, old, entropy=list(c)).pairs)
+    assert n == 200
+    assert r == pytest.approx(2.0, abs=1e-6)  # float32 log-probs in the run
+
+
+def test_temperature_ratio_is_one_for_noise(tmp_path):
+    rng = np.random.default_rng(1)
+    mu = -rng.uniform(0.05, 4.0, 400)
+    old = np.minimum(mu + rng.normal(0, 0.01, 400), 0)
+    r, _ = temperature_ratio(_pairs_run(tmp_path, mu, old).pairs)
+    assert r == pytest.approx(1.0, abs=0.01)
+
+
+def test_truncation_statistics_by_hand(tmp_path):
+    # 60 uncertain tokens, μ = π_old / 0.8 (renormalised over a kept mass of 0.8) on 57 of them:
+    # share 57/60 = 0.95, mean d = 57·log(1/0.8)/60; 5 certain tokens (π_old ≥ 0.99) do not count
+    old = [math.log(0.5)] * 60 + [math.log(0.995)] * 5
+    mu = [math.log(0.5 / 0.8)] * 57 + [math.log(0.5)] * 3 + [0.0] * 5
+    f = truncation_check(_pairs_run(tmp_path, mu, old))
+    assert f.evidence["uncertain_tokens"] == 60
+    assert f.evidence["share_mu_above_old"] == pytest.approx(0.95)
+    assert f.evidence["mean_d"] == pytest.approx(57 * math.log(1 / 0.8) / 60, rel=1e-6)
+    assert f.verdict == "problem"
+
+
+def test_shift_correlations_by_hand(tmp_path):
+    # 20 samples of 8 positions: log μ at t is log π_old at t − 1 (the first keeps its own)
+    rng = np.random.default_rng(2)
+    old = -rng.uniform(0.0, 3.0, (20, 8))
+    mu = np.concatenate([old[:, :1], old[:, :-1]], axis=1)
+    inp = _pairs_run(
+        tmp_path,
+        mu.ravel(),
+        old.ravel(),
+        pos=[t for _ in range(20) for t in range(8)],
+        sample=[s for s in range(20) for _ in range(8)],
+    )
+    f = shift_check(inp)
+    inner = (slice(None), slice(1, 7))  # positions with both neighbours
+    assert f.evidence["positions"] == 20 * 6
+    assert f.evidence["corr_own"] == pytest.approx(np.corrcoef(mu[inner].ravel(), old[inner].ravel())[0, 1])
+    assert f.evidence["corr_prev"] == pytest.approx(1.0)
+    assert (f.verdict, "t − 1" in f.summary) == ("problem", True)
+
+
+def test_sentinel_counts_by_hand(tmp_path):
+    # 100 tokens with π_old = 0.3 (visible), 3 of them with log μ = 0, one log μ = −1e4 elsewhere
+    old = [math.log(0.3)] * 100 + [math.log(0.9)]
+    mu = [0.0] * 3 + [math.log(0.3)] * 97 + [-1e4]
+    f = sentinel_check(_pairs_run(tmp_path, mu, old))
+    assert (f.evidence["zeros"], f.evidence["large_negative"]) == (3, 1)
+    assert f.evidence["share_of_visible"] == pytest.approx(4 / 100)
+    assert f.verdict == "problem"
+
+
+def test_token_ids_isolation_by_hand(tmp_path):
+    # 4 tokens with μ = 0.9 and π_old = 1e-4 at position 0 out of 1000; 2 more far-off tokens
+    # (ρ = 4): isolation 4/6
+    n = 1000
+    mu = [math.log(0.9)] * 4 + [math.log(0.2)] * 2 + [math.log(0.5)] * (n - 6)
+    old = [math.log(1e-4)] * 4 + [math.log(0.8)] * 2 + [math.log(0.5)] * (n - 6)
+    f = token_ids_check(_pairs_run(tmp_path, mu, old, pos=[0] * 4 + list(range(1, n - 3))))
+    assert f.evidence["count"] == 4
+    assert f.evidence["share"] == pytest.approx(4 / n)
+    assert f.evidence["isolation"] == pytest.approx(4 / 6)
+    assert f.evidence["top_pos"][0] == {"pos": 0, "count": 4}
+    assert f.verdict == "problem"
+
+
+def test_sampling_read_defensively():
+    s = read_sampling({"sampling": {"temperature": 0.6, "top_p": 0.8, "logprobs": "processed"}})
+    assert (s.temperature, s.top_p, s.top_k, s.logprobs, s.truncated) == (0.6, 0.8, None, "processed", True)
+    old = read_sampling({"config": {"temperature": 0.5}})  # a run from before the field
+    assert (old.temperature, old.logprobs, old.truncated) == (0.5, None, False)
+    odd = read_sampling({"sampling": {"temperature": "hot", "logprobs": "weird"}, "config": None})
+    assert (odd.temperature, odd.logprobs) == (None, None)
+
+
+def test_raw_logprobs_claim_contradicted_by_data_warns(tmp_path):
+    rng = np.random.default_rng(3)
+    mu = -rng.uniform(0.05, 4.0, 200)
+    manifest = {"sampling": {"temperature": 0.5, "logprobs": "raw"}}
+    from trustlens.analysis.doctor.sampling import temperature_check
+
+    f = temperature_check(_pairs_run(tmp_path, mu, mu, manifest=manifest))
+    assert f.verdict == "warning" and "contradict" in f.summary
+
+
+def test_run_without_mu_is_ok(tmp_path):
+    path = write_run(tmp_path / "r", tokens={"step": [0], "sample": [0], "pos": [0], "pi_logp": [-0.1]}, rules=[])
+    assert {f.verdict for f in doctor(path)} == {"ok"}
+
+
+def test_order_and_validation():
+    fs = [
+        Finding("level", "problem", "", strength=50.0),
+        Finding("where", "warning", ""),
+        Finding("shift", "problem", "", strength=2.0),
+        Finding("temperature", "problem", "", strength=3.0),
+        Finding("sentinel", "ok", ""),
+    ]
+    assert [f.check for f in ordered(fs)] == ["temperature", "shift", "level", "where", "sentinel"]
+    with pytest.raises(ValueError, match="verdict must be one of ok, warning, problem, got 'bad'"):
+        Finding("level", "bad", "")
+    with pytest.raises(ValueError, match="check must be one of"):
+        Finding("nope", "ok", "")
+
+
+def test_lazy_frame_input(planted, tmp_path):
+    path = bench.write_planted(tmp_path / "s", "shifted", 2)
+    findings = doctor(pl.scan_parquet(str(path / "tokens" / "rank=0" / "*.parquet")))
+    assert findings[0].check == "shift"
