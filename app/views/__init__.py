@@ -1,0 +1,1 @@
+"""The dashboard's pages (one module per page, run by Streamlit) and the panels they share."""
