@@ -83,7 +83,10 @@ def test_bad_arguments_exit_2_with_usage(capsys, argv, message):
         (["--steps", "0"], "steps must be ≥ 1"),
         (["--group-size", "1"], "group_size must be ≥ 2"),
         (["--rule", "pg_is", "--high", "0.3"], "has no high threshold"),
-        (["--temperature", "0"], "temperature must be > 0"),
+        (["--temperature", "0"], "temperature must be a finite number > 0"),
+        (["--temperature", "inf"], "temperature must be a finite number > 0"),
+        (["--logit-noise", "nan"], "logit_noise must be a finite number"),
+        (["--minibatches", "1000"], "minibatches must be ≤ the samples of a step"),
     ],
 )
 def test_bad_settings_exit_2_without_traceback(capsys, tmp_path, argv, message):

@@ -55,16 +55,16 @@ def check_number(
 
 def check_positive(name: str, value: object) -> float:
     """A finite number > 0 (a threshold, a factor, seconds, a temperature)."""
-    x = check_number(name, value)
-    if not x > 0:
+    x = check_number(name, value, finite=False)
+    if not 0 < x < math.inf:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return x
 
 
 def check_nonnegative_number(name: str, value: object) -> float:
     """A finite number ≥ 0 (a noise level, a fraction that may be zero)."""
-    x = check_number(name, value)
-    if x < 0:
+    x = check_number(name, value, finite=False)
+    if not 0 <= x < math.inf:
         raise ValueError(f"{name} must be a finite number ≥ 0, got {value!r}")
     return x
 
@@ -142,3 +142,14 @@ def check_existing_dir(name: str, value: object) -> Path:
 def check_port(name: str, value: object) -> int:
     """A TCP port: an integer in [1, 65535]."""
     return check_int(name, value, low=1, high=65535)
+
+
+def port_arg(text: str) -> int:
+    """argparse type of a --port flag: `check_port` on the integer the text spells, its error as
+    argparse's one-line usage error (raised while the flags are parsed, before any work)."""
+    import argparse
+
+    try:
+        return check_port("--port", int(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected a TCP port, an integer in [1, 65535], got {text!r}") from err

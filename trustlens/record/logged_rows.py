@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from trustlens.core.values import check_int
 from trustlens.record.args import check_unique
 from trustlens.run import table_schema
 
@@ -71,6 +72,12 @@ def samples_batch(
             bad = [i for i, v in enumerate(value) if v is not None and math.isinf(v)]
             if bad:
                 raise ValueError(f"{arg} holds an infinite value at index {bad[0]}")
+        if name in ("sample", "group", "length") and value is not None:  # a fractional id or length is refused
+            value = [check_int(f"{arg}[{i}]", v, low=0 if name == "length" else None) for i, v in enumerate(value)]
+        if name in ("prompt", "response") and value is not None:
+            for i, v in enumerate(value):
+                if v is not None and not isinstance(v, str):
+                    raise TypeError(f"{arg}[{i}] must be a string (or None), got {type(v).__name__} {v!r}")
         columns[name] = value
     default_ids = columns["sample"] is None
     if default_ids:

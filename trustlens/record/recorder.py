@@ -23,8 +23,10 @@ from typing import Any, ClassVar
 import torch
 
 from trustlens.core.checks import check_mask, check_same_device, check_tensor
+from trustlens.core.values import check_path
 from trustlens.record.args import (
     check_arguments,
+    check_tokenizer,
     checked_advantages,
     config_dict,
     distributed_rank,
@@ -127,6 +129,8 @@ class TokenRecorder:
         sampling: Mapping[str, Any] | None = None,
         model_kind: str = "dense",
     ) -> None:
+        check_path("run_dir", run_dir)
+        check_tokenizer(tokenizer)
         if keep is not None and not isinstance(keep, Keep):
             raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
         self.keep = keep

@@ -6,13 +6,15 @@ Default sample ids number the samples of a key (table, step, ...) on a rank in c
     id = step · SAMPLE_STEP + rank · SAMPLE_RANK + index of the sample under the key,
 
 unique across steps and ranks while rank < SAMPLE_STEP / SAMPLE_RANK (1000) and a key holds at
-most SAMPLE_RANK (10⁶) samples.
+most SAMPLE_RANK (10⁶) samples. An id recorded before under its key (a caller's id given twice
+for one step and update, or colliding with a default one) is refused, naming the ids.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from trustlens.record.args import check_unique, id_tensor
@@ -32,6 +34,36 @@ class SampleIds:
         # key -> ids taken so far. Counters of every key are kept (a few bytes per step), so that
         # ids stay unique whatever the order of calls across steps.
         self._next: dict[tuple[Any, ...], int] = {}
+        # key -> the ids recorded under it: (first, count) ranges of default ids, arrays of the
+        # caller's (8 bytes a sample), so that a repeated (step, update, sample) is refused
+        self._used: dict[tuple[Any, ...], list[tuple[int, int] | np.ndarray]] = {}
+
+    def check_new(self, name: str, key: tuple[Any, ...], ids: np.ndarray) -> None:
+        """Raise a ValueError naming the ids among `ids` (N,) recorded before under `key` =
+        (table, step, ...) on this rank: the rows would repeat a (step, update, sample) key."""
+        repeated = np.zeros(len(ids), bool)
+        for used in self._used.get(key, ()):
+            if isinstance(used, tuple):
+                repeated |= (ids >= used[0]) & (ids < used[0] + used[1])
+            else:
+                repeated |= np.isin(ids, used)
+        if repeated.any():
+            where = f"step {key[1]}" + (f", update {key[2]}" if len(key) > 2 else "")
+            shown = ", ".join(str(int(i)) for i in ids[repeated][:8]) + (" ..." if repeated.sum() > 8 else "")
+            once = "(step, update)" if len(key) > 2 else "step"
+            raise ValueError(
+                f"{name} {shown} were recorded before at {where} on rank {self.rank}; a sample id keys "
+                f"its {key[0]} rows and may appear once per {once}: pass ids not used before"
+            )
+
+    def note(self, key: tuple[Any, ...], ids: torch.Tensor | int, n: int) -> None:
+        """Count a call's sample ids under `key` as recorded: the caller's ids (N,), or `n`
+        default ids from `ids` (an int: the first), which also advances the default counter."""
+        if isinstance(ids, int):
+            self._used.setdefault(key, []).append((ids, n))
+            self.take(key, n)
+        else:
+            self._used.setdefault(key, []).append(ids.detach().cpu().numpy().copy())
 
     def first(self, key: tuple[Any, ...], n: int) -> int:
         """The first of the next `n` default sample ids of `key` = (table, step, ...)."""
@@ -53,7 +85,9 @@ class SampleIds:
         then the first of the B consecutive ids (the rows' ids are made where they are taken)."""
         if ids is None:
             assert key is not None, "default ids need a counter key"
-            return self.first(key, batch)
+            start = self.first(key, batch)
+            self.check_new(name, key, np.arange(start, start + batch))
+            return start
         if not isinstance(ids, torch.Tensor):
             try:
                 ids = torch.as_tensor(ids)
@@ -63,4 +97,6 @@ class SampleIds:
         ids = id_tensor(name, ids, (batch,)).to(device=device, dtype=torch.int64, copy=True)
         if name == "sample_ids":
             check_unique(name, ids)
+        if key is not None:
+            self.check_new(name, key, ids.cpu().numpy())
         return ids

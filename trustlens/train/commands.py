@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from trustlens.core.values import port_arg
 from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, TrainConfig
 from trustlens.train.runner import config, finish, is_main, print_inspect, run_one
 from trustlens.train.runsets import CLAIM_RULES, claims_command, compare_command
@@ -140,7 +141,7 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
             help="run directory (default: runs/demo, replacing an earlier demo run); the dashboard opens on its "
             "parent folder, with a copy of the shipped sample runs in sample_run/ beside it",
         )
-        parser.add_argument("--port", type=int, default=8501, help="port of the dashboard [8501]")
+        parser.add_argument("--port", type=port_arg, default=8501, help="port of the dashboard [8501]")
         parser.add_argument("--no-dashboard", action="store_true", help="only train; print how to inspect the run")
         parser.set_defaults(func=demo_command)
     elif name == "make-sample":

@@ -49,10 +49,23 @@ class TrainConfig:
     mirror: str | None = None  # live scalars from rank 0: "tensorboard:LOGDIR", "wandb" or "wandb:PROJECT"
 
     def __post_init__(self) -> None:
+        from trustlens.core.values import check_fraction, check_int, check_nonnegative_number, check_positive
         from trustlens.rules.loss import LOSS_AGG_MODES
 
-        if self.tv_bound is not None and not 0 < self.tv_bound < 1:
-            raise ValueError(f"tv_bound must be in (0, 1), got {self.tv_bound}")
+        for name in _INTS:  # a float (even 2.0) is refused, not truncated
+            check_int(name, getattr(self, name))
+        for name in ("temperature", "lr", "grad_clip", "clip_ratio_c"):  # finite and > 0
+            check_positive(name, getattr(self, name))
+        for name in ("weight_decay", "logit_noise"):  # finite and ≥ 0: NaN is not "no noise"
+            check_nonnegative_number(name, getattr(self, name))
+        if self.tv_bound is not None:
+            check_fraction("tv_bound", self.tv_bound, zero=False, one=False)
+        samples = self.prompts_per_step * self.group_size
+        if self.minibatches > samples:
+            raise ValueError(
+                f"minibatches must be ≤ the samples of a step (prompts_per_step × group_size = {samples}), "
+                f"got {self.minibatches}: a minibatch needs at least one sample"
+            )
         self.rule_thresholds()  # validates low/high against the rule
         for name in (
             "steps",
@@ -75,8 +88,6 @@ class TrainConfig:
             raise ValueError(f"eval_size must be ≥ 0, got {self.eval_size}")
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}")
-        if not self.lr > 0 or not self.grad_clip > 0:
-            raise ValueError(f"lr and grad_clip must be > 0, got lr={self.lr} grad_clip={self.grad_clip}")
         if self.keep_rate is not None and not 0 < self.keep_rate <= 1:
             raise ValueError(f"keep_rate must be in (0, 1], got {self.keep_rate}")
         self.rollout_config()  # validates temperature, precision, noise, lag, engine
@@ -120,6 +131,23 @@ class TrainConfig:
 
         return engine_sampling(self.engine, self.temperature)
 
+
+# the integer settings of TrainConfig
+_INTS = (
+    "steps",
+    "prompts_per_step",
+    "group_size",
+    "minibatches",
+    "epochs",
+    "max_new_tokens",
+    "topk",
+    "rollout_lag",
+    "eval_every",
+    "eval_size",
+    "seed",
+    "threads",
+    "sample_every",
+)
 
 _COLLAPSE = dict(rollout_precision="fp8", rollout_lag=16, lr=6e-5, steps=250, eval_every=10, tv_bound=0.1)
 
