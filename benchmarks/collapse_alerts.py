@@ -12,7 +12,8 @@ half the first one's accuracy, or the reward collapse, whichever comes first) an
 the first critical step and the lead = collapse step − first critical step. Per set, and over
 all sets, the line `trustlens claims` reports (`alert_leads`): collapsing runs with a critical
 alert at least one step before the collapse, their leads, and runs that did not collapse but had
-a critical alert.
+a critical alert; and the runs that did not collapse but had any warning or critical alert
+(entropy alerts while the run learns are "info", left out).
 `--config` overrides a `CollapseConfig` field (e.g. `--config reward_drop=0.3`) to try a
 threshold on the same runs.
 
@@ -136,7 +137,7 @@ def print_moves(rows: list[dict]) -> None:
 def _alert_text(a: dict) -> str:
     span = f"{a['step']}" if a["step"] == a["end_step"] else f"{a['step']}–{a['end_step']}"
     signal = "" if a["signal"] in ("entropy", "k3_kl", "reward", "grad_norm") else f"[{a['signal']}]"
-    severity = "warning" if a["critical_step"] is None else f"critical from {a['critical_step']}"
+    severity = a["severity"] if a["critical_step"] is None else f"critical from {a['critical_step']}"
     return f"{a['kind']}{signal} @{span} {severity}"
 
 
@@ -158,6 +159,14 @@ def summary(rows: list[dict]) -> str:
         schema={"collapse_step": pl.Int64, "first_critical": pl.Int64, "lead": pl.Int64},
     )
     return alert_leads(outcomes)
+
+
+def warned(rows: list[dict]) -> str:
+    """The runs that did not collapse but had a warning or critical alert (info alerts aside)."""
+    calm = [r for r in rows if r["collapse_step"] is None]
+    loud = [r["run"] for r in calm if any(a["severity"] != "info" for a in r["alerts"])]
+    names = f": {', '.join(loud)}" if loud else ""
+    return f"{len(loud)}/{len(calm)} runs that did not collapse had a warning or critical alert{names}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,9 +195,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}: {len(rows)} runs")
             for row in rows:
                 print_run(row)
+        print(f"{name} (warnings): {warned(rows)}")
         print(f"{name}: {summary(rows)}")
         if args.signals:
             print_moves(rows)
+    print(f"all (warnings): {warned(every)}")
     print(f"all: {summary(every)}")
     return 0
 

@@ -4,6 +4,7 @@ import polars as pl
 import pytest
 
 from trustlens.analysis import CollapseConfig, detect_collapse, step_signals
+from trustlens.analysis.alert_levels import learning_steps, mismatch_above_normal, model_kind
 from trustlens.analysis.collapse import ALERT_SCHEMA, alert_window
 from trustlens.run import load_run
 from trustlens.run.tables import write_run
@@ -165,10 +166,10 @@ def _mismatch_run(tmp_path, k3_scale: float, *, drift: str = "ppo", rules=("dppo
 
 
 @pytest.mark.parametrize("scale", [1e-4, 1e-2])
-def test_mismatch_growth_has_no_absolute_floor(tmp_path, scale):
+def test_mismatch_growth_has_no_absolute_floor_on_the_change(tmp_path, scale):
     # k3 = ρ − 1 − log ρ ≈ d²/2: from 5e-9 (d = 1e-4) the median of steps 7–9 is 9× that: the same
-    # alert at any scale, a warning (the mismatch alone is never critical)
-    alerts = detect_collapse(_mismatch_run(tmp_path, scale))
+    # change at any scale, a warning (the mismatch alone is never critical) once the level is lifted
+    alerts = detect_collapse(_mismatch_run(tmp_path, scale), CollapseConfig(mismatch_k3_level=1e-12))
     mm = alerts.filter(pl.col("kind") == "mismatch_growth").row(0, named=True)
     assert mm["step"] == 9 and mm["severity"] == "warning"
     assert mm["baseline"] == pytest.approx(math.exp(scale) - 1 - scale, rel=1e-3)  # logs stored as float32
@@ -389,3 +390,59 @@ def test_the_critical_fraction_is_a_config_field(tmp_path):
     for fraction, got in [(0.9, None), (0.7, 12), (0.5, 11), (0.4, 10)]:
         alerts = detect_collapse(run, CollapseConfig(reward_critical=fraction), signals=signals)
         assert alerts.filter(pl.col("kind") == "reward_drop")["critical_step"].to_list() == [got], fraction
+
+
+def test_a_mismatch_inside_the_normal_range_raises_no_alert(tmp_path):
+    # the same 5× growth as above, but from 1e-4 to 5e-4 (below the dense range, k3 ≥ 1e-3, with
+    # prob_diff_mean 0.001 below 0.005): no alert; a MoE run (no published k3 range) is judged on
+    # prob_diff_mean alone, which lifts it once that reaches 0.005
+    run = _signal_run(tmp_path, 20)
+    k3 = [1e-4] * 8 + [5e-4] * 12
+    assert detect_collapse(run, signals=_signals(20, k3_kl=k3, prob_diff_mean=[1e-3] * 20)).is_empty()
+    k3 = [2e-4] * 8 + [2e-3] * 12
+    assert _severities(detect_collapse(run, signals=_signals(20, k3_kl=k3, prob_diff_mean=[1e-3] * 20))) == [
+        ("mismatch_growth", 9, 19, "warning", None)
+    ]
+    run.manifest["model_kind"] = "MoE"
+    assert detect_collapse(run, signals=_signals(20, k3_kl=k3, prob_diff_mean=[1e-3] * 20)).is_empty()
+    diff = [1e-3] * 8 + [6e-3] * 12
+    assert _severities(detect_collapse(run, signals=_signals(20, k3_kl=k3, prob_diff_mean=diff))) == [
+        ("mismatch_growth", 9, 19, "warning", None)
+    ]
+
+
+def test_model_kind_is_read_defensively(tmp_path):
+    run = _signal_run(tmp_path, 4)
+    assert model_kind(run) == "dense"
+    for given, kind in (("MoE ", "moe"), ("", "dense"), (3, "dense"), (None, "dense")):
+        run.manifest["model_kind"] = given
+        assert model_kind(run) == kind
+
+
+def test_mismatch_above_normal_by_hand():
+    signals = _signals(4, k3_kl=[5e-4, 2e-3, 1e-3, 5e-4], prob_diff_mean=[1e-3, 1e-3, 1e-3, 5e-3])
+    assert mismatch_above_normal(signals, "dense", 1).tolist() == [False, True, True, True]
+    assert mismatch_above_normal(signals, "moe", 1).tolist() == [False, False, False, True]
+    # smoothed: the median of the last 2 steps' k3 (1.25e-3 at step 1, 1.5e-3, 7.5e-4)
+    assert mismatch_above_normal(signals, "moe", 2).tolist() == [False, False, False, False]
+    assert mismatch_above_normal(signals, "dense", 2).tolist() == [False, True, True, False]
+
+
+def test_an_entropy_fall_while_the_reward_rises_is_info(tmp_path):
+    # entropy 1 → 0.2 from step 8 (critical: below 0.4·m); with the reward rising 0.5 → 1 from step
+    # 6 (r̄ over 5 steps above the baseline median 0.5 from step 6) every flagged step is
+    # learning: "info"; with a flat reward the same fall is critical from its first step
+    run = _signal_run(tmp_path, 20)
+    entropy = [1.0] * 8 + [0.2] * 12
+    rising = [0.5] * 6 + [1.0] * 14
+    alerts = detect_collapse(run, signals=_signals(20, entropy=entropy, reward=rising))
+    assert _severities(alerts) == [("entropy_collapse", 9, 19, "info", None)]
+    assert alerts["message"][0].endswith("while accuracy or reward rose (a policy sharpening as it learns)")
+    assert _severities(detect_collapse(run, signals=_signals(20, entropy=entropy))) == [
+        ("entropy_collapse", 9, 19, "critical", 9)
+    ]
+    # held-out accuracy above its first evaluation counts as learning too
+    accuracy = [0.3] + [None] * 9 + [0.5] + [None] * 9
+    alerts = detect_collapse(run, signals=_signals(20, entropy=entropy, accuracy=accuracy))
+    assert _severities(alerts) == [("entropy_collapse", 9, 19, "critical", 9)]  # until step 10
+    assert learning_steps(_signals(20, accuracy=accuracy), 5, 5).tolist() == [False] * 10 + [True] * 10

@@ -35,6 +35,12 @@ measures from), with no z test: a warning when one evaluation is below the line,
 `accuracy_evals` evaluations in a row are. A step is flagged when its warning or its critical
 test holds.
 
+Besides the change, an alert needs a level that matters (`trustlens.analysis.alert_levels`): a
+mismatch_growth step only counts while the mismatch is above the normal range of the run's model
+kind (k3_kl ≥ 1e-3 for a dense model, or prob_diff_mean ≥ 0.005; `mismatch_k3_level` overrides
+the k3 level), and an entropy alert all of whose steps came while held-out accuracy or reward was
+rising is "info", neither warning nor critical.
+
 Only a falling reward or held-out accuracy, or an extreme entropy, gradient or block rate, is
 critical; the mismatch never is (it grows in many runs that keep learning). How often the critical
 alerts came ahead of a collapse on the claims runs, where the thresholds were set and on seeds
@@ -63,11 +69,21 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import polars as pl
 
+from trustlens.analysis.alert_levels import learning_steps, mismatch_above_normal, model_kind, trailing_median
 from trustlens.analysis.drivers import alert_drivers
 from trustlens.analysis.inputs import require_run
 from trustlens.analysis.onset import collapse_window
 from trustlens.analysis.signals import step_signals
-from trustlens.run import blocked_column
+from trustlens.core.values import (
+    check_choice,
+    check_fraction,
+    check_int,
+    check_nonnegative_number,
+    check_number,
+    check_optional_int,
+    check_positive,
+)
+from trustlens.run import blocked_column, rule_of_column
 
 ALERT_KINDS = (
     "entropy_collapse",
@@ -84,7 +100,7 @@ ALERT_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "end_step": pl.Int32,  # last consecutive flagged step
     "kind": pl.String,  # one of ALERT_KINDS
     "signal": pl.String,  # the step_signals column it watched (e.g. blocked_ppo)
-    "severity": pl.String,  # "warning" or "critical"
+    "severity": pl.String,  # "warning", "critical" or "info" (an entropy change while the run learns)
     "critical_step": pl.Int32,  # the episode's first critical step (null for a warning)
     "value": pl.Float64,  # x̄ at the episode's most extreme step (a critical reward_drop step: r̄)
     "baseline": pl.Float64,  # the baseline median m at the first step
@@ -108,6 +124,7 @@ class CollapseConfig:
     entropy_drop: float = 0.3  # entropy collapse: fell by this fraction (critical: twice it)
     entropy_surge: float = 0.25  # entropy surge: rose by this fraction (critical: twice it)
     mismatch_growth: float = 2.0  # mismatch growth: k3_kl this multiple of the baseline (a warning only)
+    mismatch_k3_level: float | None = None  # ... and k3_kl at least this (nats); None = the model kind's normal range
     grad_spike: float = 4.0  # grad-norm spike: this multiple of the baseline (critical: twice it)
     reward_drop: float = 0.25  # reward drop: x̄ fell by this fraction (a warning)
     reward_critical: float = 0.44  # ... critical: r̄, the mean over the last reward_window steps, fell by this fraction
@@ -118,6 +135,25 @@ class CollapseConfig:
     accuracy_evals: int = 2  # ... critical when this many evaluations in a row did
     top_tokens: int = 10  # driving tokens listed per alert
     top_samples: int = 5  # driving samples listed per alert
+
+    def __post_init__(self) -> None:
+        for name in ("baseline_steps", "merge_gap", "reward_window"):
+            check_optional_int(name, getattr(self, name), low=1)
+        check_optional_int("baseline_start", self.baseline_start, low=0)
+        for name in ("smooth", "accuracy_evals"):
+            check_int(name, getattr(self, name), low=1)
+        for name in ("top_tokens", "top_samples"):
+            check_int(name, getattr(self, name), low=0)
+        for name in ("z_warning", "rel_floor"):
+            check_nonnegative_number(name, getattr(self, name))
+        for name in ("entropy_drop", "reward_drop", "reward_critical", "accuracy_drop"):
+            check_fraction(name, getattr(self, name), zero=False, one=False)
+        check_positive("entropy_surge", self.entropy_surge)
+        if self.mismatch_k3_level is not None:
+            check_positive("mismatch_k3_level", self.mismatch_k3_level)
+        check_fraction("blocked_drift", self.blocked_drift)
+        for name in ("mismatch_growth", "grad_spike", "blocked_factor"):  # multiples of the baseline
+            check_number(name, getattr(self, name), low=1.0, low_open=True)
 
 
 # the most steps alert_window gives: the baseline of the alerts
@@ -154,6 +190,7 @@ class _Flag:
     baseline: float
     z: float
     critical: bool
+    info: bool = False  # an entropy step while the run learns (alert_levels): neither warning nor critical
 
 
 @dataclass(frozen=True)
@@ -205,11 +242,14 @@ def _trailing(x: np.ndarray, i: int, k: int, stat) -> float:
     return float(stat(recent)) if len(recent) else math.nan
 
 
-def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None, start: int) -> list[_Flag]:
+def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None, start: int, kind: str) -> list[_Flag]:
+    """Every flagged step of every detector; `kind` is the run's model kind (alert_levels)."""
     steps = signals["step"].to_numpy()
     lag_row = int(np.searchsorted(steps, start))  # the row of the first step ≥ start
     n_base = cfg.baseline_steps if cfg.baseline_steps is not None else alert_window(len(steps))
     n_reward = cfg.reward_window if cfg.reward_window is not None else min(REWARD_WINDOW_MAX, n_base)
+    mismatch_level = mismatch_above_normal(signals, kind, cfg.smooth, cfg.mismatch_k3_level)  # (steps,)
+    learning = learning_steps(signals, n_base, n_reward)  # (steps,)
     flags: list[_Flag] = []
     for d in _detectors(signals, cfg, rule):
         if d.signal not in signals.columns:
@@ -222,11 +262,11 @@ def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None, start: 
         m, s = base
         if not d.up and m <= 0:
             continue  # nothing to fall from
-        k = cfg.smooth if d.smooth else 1
+        smoothed = trailing_median(x, cfg.smooth if d.smooth else 1)  # x̄ per step
         for i in range(first + n_base, len(x)):
-            if not np.isfinite(x[i]):
+            if not np.isfinite(x[i]) or (d.kind == "mismatch_growth" and not mismatch_level[i]):
                 continue
-            v = _trailing(x, i, k, np.median)
+            v = float(smoothed[i])
             z = (v - m) / s
             warn = abs(z) > cfg.z_warning and _passes(d, v, m, d.warn)
             if d.crit is None:
@@ -238,8 +278,9 @@ def _flags(signals: pl.DataFrame, cfg: CollapseConfig, rule: str | None, start: 
                     v, z = window, (window - m) / s
             else:
                 crit = warn and _passes(d, v, m, d.crit)
+            info = d.signal == "entropy" and bool(learning[i])
             if warn or crit:
-                flags.append(_Flag(d.kind, d.signal, int(steps[i]), v, m, float(z), crit))
+                flags.append(_Flag(d.kind, d.signal, int(steps[i]), v, m, float(z), crit and not info, info))
     return flags + _accuracy_flags(signals, cfg)
 
 
@@ -288,6 +329,7 @@ def _merge(flags: list[_Flag], steps: list[int], gap: int) -> list[dict]:
         ep = open_.get(key)
         if ep is not None and index[f.step] <= index[ep["end_step"]] + gap:
             ep["end_step"] = f.step
+            ep["info"] = ep["info"] and f.info
             if f.critical and not ep["critical"]:
                 ep["critical"], ep["critical_step"] = True, f.step
             if _extremity(f.z, f.value, f.baseline) > _extremity(ep["z"], ep["value"], ep["baseline"]):
@@ -313,7 +355,8 @@ def _message(ep: dict) -> str:
     }[ep["kind"]]
     span = f"step {ep['step']}" if ep["step"] == ep["end_step"] else f"steps {ep['step']}–{ep['end_step']}"
     factor = f" ({ep['value'] / ep['baseline']:.2g}× baseline)" if ep["baseline"] else ""
-    return f"{span}: {what} to {ep['value']:.4g} from a baseline of {ep['baseline']:.4g}{factor}"
+    learning = " while accuracy or reward rose (a policy sharpening as it learns)" if ep["info"] else ""
+    return f"{span}: {what} to {ep['value']:.4g} from a baseline of {ep['baseline']:.4g}{factor}{learning}"
 
 
 def _rollout_lag(run) -> int:
@@ -339,8 +382,13 @@ def detect_collapse(
     clicking through to the token inspector.
     """
     run = require_run("detect_collapse", run)
+    if not isinstance(config, CollapseConfig):
+        raise TypeError(f"config must be a CollapseConfig, got {type(config).__name__}")
     if signals is None:
         signals = step_signals(run)
+    if rule is not None:  # a rule the run did not record would silently watch nothing
+        recorded = [r for r in (rule_of_column(c) for c in signals.columns) if r is not None]
+        check_choice("rule", rule, recorded)
     if signals.is_empty():
         return pl.DataFrame(schema=ALERT_SCHEMA)
     if rule is None:
@@ -348,7 +396,7 @@ def detect_collapse(
     steps = signals["step"].to_list()
     gap = config.merge_gap if config.merge_gap is not None else alert_window(len(steps))
     start = config.baseline_start if config.baseline_start is not None else _rollout_lag(run)
-    episodes = _merge(_flags(signals, config, rule, start), steps, gap)
+    episodes = _merge(_flags(signals, config, rule, start, model_kind(run)), steps, gap)
     rows = []
     for ep in episodes:
         samples, tokens = alert_drivers(run, ep, config.top_tokens, config.top_samples)
@@ -358,7 +406,7 @@ def detect_collapse(
                 "end_step": ep["end_step"],
                 "kind": ep["kind"],
                 "signal": ep["signal"],
-                "severity": "critical" if ep["critical"] else "warning",
+                "severity": "critical" if ep["critical"] else "info" if ep["info"] else "warning",
                 "critical_step": ep["critical_step"],
                 "value": ep["value"],
                 "baseline": ep["baseline"],

@@ -1,0 +1,36 @@
+"""run_timeline: the shipped collapse's story in time order, and a learning run's notes."""
+
+from pathlib import Path
+
+import polars as pl
+
+from trustlens.analysis import detect_collapse
+from trustlens.analysis.timeline import run_timeline
+from trustlens.run import load_run
+
+SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample_run"
+
+
+def test_the_shipped_collapse_in_time_order():
+    run = load_run(SAMPLE / "pg_is")
+    alerts = detect_collapse(run)
+    timeline = run_timeline(run, alerts)
+    assert timeline.select("step", "event", "kind", "severity").rows()[:7] == [
+        (20, "first signal", "accuracy_drop", "warning"),
+        (35, "then", "mismatch_growth", "warning"),
+        (50, "then", "accuracy_drop", "critical"),
+        (87, "then", "reward_drop", "critical"),
+        (91, "then", "mismatch_growth", "warning"),
+        (100, "collapse", "accuracy", "collapse"),
+        (118, "then", "reward_drop", "critical"),
+    ]
+    # every alert once, pointing at its row of the alerts table
+    rows = timeline.filter(pl.col("alert").is_not_null())
+    assert sorted(rows["alert"].to_list()) == list(range(alerts.height))
+    assert all(alerts["step"][r["alert"]] == r["step"] for r in rows.iter_rows(named=True))
+
+
+def test_a_run_without_alerts_or_collapse_has_an_empty_timeline():
+    run = load_run(SAMPLE / "learning")
+    timeline = run_timeline(run, detect_collapse(run))
+    assert timeline.is_empty() and timeline.columns == ["step", "event", "kind", "severity", "message", "alert"]
