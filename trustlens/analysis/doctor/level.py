@@ -29,6 +29,12 @@ STATIC_MOVE = 1e-6  # mean |log π − log π_old| at updates ≥ 1 below this: 
 MIN_STEPS = 6
 
 
+def _position_label(lo: int, hi: int) -> str:
+    if hi - lo == 1:
+        return str(lo)
+    return f"{lo}+" if hi == POSITIONS[-1][1] else f"{lo}–{hi - 1}"
+
+
 def _mean_abs_d() -> pl.Expr:
     w = pl.col("w")
     return (w * pl.col("d").abs()).sum() / w.sum()
@@ -55,7 +61,7 @@ def where_check(inp: Inputs) -> Finding:
     by_pos = _table(pairs, bucket_of("pos", POSITIONS))
     evidence: dict = {
         "by_position": [
-            {"pos": f"{POSITIONS[b][0]}–{POSITIONS[b][1] - 1}", "tokens": t, "mean_abs_d": m}
+            {"pos": _position_label(*POSITIONS[b]), "tokens": t, "mean_abs_d": m}
             for b, t, m in by_pos.iter_rows()
             if b is not None
         ],
@@ -88,7 +94,7 @@ def where_check(inp: Inputs) -> Finding:
     worst = max(evidence["by_position"], key=lambda r: r["mean_abs_d"] or 0.0)
     if verdict == "ok":
         summary = (
-            f"the mismatch is largest at positions {worst['pos']} (mean |Δ log p| {worst['mean_abs_d']:.4f} "
+            f"the mismatch is largest at position {worst['pos']} (mean |Δ log p| {worst['mean_abs_d']:.4f} "
             "nats); no first-token excess"
         )
         return Finding("where", verdict, summary, evidence)
