@@ -251,3 +251,45 @@ def test_engine_outputs_become_a_recorded_run(tmp_path, engine):
     expected_sampling = {"temperature": 0.7, "top_p": None if engine == "vllm" else 0.9, "top_k": None, "min_p": None}
     assert {k: run.manifest["sampling"][k] for k in expected_sampling} == expected_sampling
     assert run.manifest["sampling"]["logprobs"] == ("raw" if engine == "vllm" else "processed")
+
+
+def test_trainer_settings_map_to_sampling():
+    from types import SimpleNamespace
+
+    from trustlens.integrations.engines_sampling import openrlhf_sampling, trl_sampling, verl_sampling
+    from trustlens.run.manifest import normalise_sampling
+
+    grpo = dict(temperature=0.6, top_p=1.0, top_k=0, min_p=None, generation_kwargs=None)
+    colocate = SimpleNamespace(**grpo, use_vllm=True, vllm_mode="colocate")
+    assert normalise_sampling(trl_sampling(colocate)) == {
+        "temperature": 0.6,
+        "top_p": None,
+        "top_k": None,
+        "min_p": None,
+        "logprobs": "processed",
+    }
+    server = SimpleNamespace(**{**grpo, "generation_kwargs": {"top_p": 0.8}}, use_vllm=True, vllm_mode="server")
+    assert trl_sampling(server)["top_p"] == 0.8 and trl_sampling(server)["logprobs"] is None
+    assert trl_sampling(SimpleNamespace(**grpo, use_vllm=False))["logprobs"] == "processed"
+
+    rollout = {"name": "vllm", "temperature": 0.7, "top_p": 0.9, "top_k": -1}  # verl reads it as a DictConfig
+    assert normalise_sampling(verl_sampling(rollout)) == {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": None,
+        "min_p": None,
+        "logprobs": "raw",  # no logprobs_mode key: vLLM V1's default
+    }
+    rollout["logprobs_mode"] = "processed_logprobs"  # verl 0.7–0.9's default
+    assert verl_sampling(rollout)["logprobs"] == "processed"
+    rollout["name"] = "sglang"
+    assert verl_sampling(rollout)["logprobs"] is None
+
+    kwargs = {"do_sample": True, "max_new_tokens": 64, "temperature": 0.8, "top_p": 0.95}
+    assert normalise_sampling(openrlhf_sampling(kwargs)) == {
+        "temperature": 0.8,
+        "top_p": 0.95,
+        "top_k": None,
+        "min_p": None,
+        "logprobs": "raw",
+    }

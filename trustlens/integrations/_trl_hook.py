@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 
 from trustlens.integrations._trl_compat import BATCH_KEYS, unsupported
 from trustlens.integrations._trl_rules import active_rule_of, default_rules
+from trustlens.integrations.engines_sampling import trl_sampling
 from trustlens.rules import resolve_rules
 
 # keys the hook adds to TRL's batch dict: they are shuffled and split with the batch
@@ -78,7 +79,12 @@ class TrustLensGRPOMixin(_MixinBase):
         if active not in [rule.name for rule in resolve_rules(rules)]:
             active = None  # the caller's rule set leaves TRL's rule out
         return TokenRecorder(
-            run_dir, rules=rules, active_rule=active, tokenizer=self._tl_tokenizer(), config=self._tl_config()
+            run_dir,
+            rules=rules,
+            active_rule=active,
+            tokenizer=self._tl_tokenizer(),
+            config=self._tl_config(),
+            sampling=trl_sampling(self.args),
         )
 
     def _tl_topk_recordable(self) -> bool:

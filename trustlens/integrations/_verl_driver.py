@@ -30,6 +30,7 @@ from trustlens.integrations._external import (
 from trustlens.integrations._verl_compat import _verl_version
 from trustlens.integrations._verl_rules import verl_active_rule
 from trustlens.integrations._verl_state import _state
+from trustlens.integrations.engines_sampling import verl_sampling
 from trustlens.record import TokenRecorder
 
 
@@ -48,6 +49,7 @@ def _driver(trainer: Any) -> TokenRecorder | None:
             active_rule=rule,
             tokenizer=trainer.tokenizer,
             config={"trainer": "verl", "loss": note, "verl_version": _verl_version(), "rank_0": "the verl driver"},
+            sampling=verl_sampling(config.actor_rollout_ref.rollout),
             rank=0,
             world_size=workers + 1,
         )

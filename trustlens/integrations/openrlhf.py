@@ -71,6 +71,7 @@ from trustlens.integrations._external import (
     sample_ids,
     warn_untested,
 )
+from trustlens.integrations.engines_sampling import openrlhf_sampling
 from trustlens.record import TokenRecorder
 
 # tests/integrations/test_openrlhf.py passes on 0.11.2
@@ -194,6 +195,7 @@ def _driver(trainer: Any) -> TokenRecorder | None:
             active_rule=rule,
             tokenizer=trainer.tokenizer,
             config={"trainer": "openrlhf", "loss": note, "rank_0": "the OpenRLHF driver"},
+            sampling=openrlhf_sampling(getattr(trainer, "generate_kwargs", None) or {}),
             rank=0,
             world_size=workers + 1,
         )
