@@ -108,7 +108,15 @@ def test_round_trip_values(tmp_path, gen):
     assert manifest["config"] == {"lr": 1e-6}
     assert manifest["schema_version"] == SCHEMA_VERSION and manifest["trustlens_version"] == __version__
     assert manifest["rules"] == {
-        "ppo": {"low": 0.2, "high": 0.2, "anchor": "mu", "description": RULES["ppo"].description}
+        "ppo": {
+            "low": 0.2,
+            "high": 0.2,
+            "anchor": "mu",
+            "measure": "ratio",
+            "weight": "ratio",
+            "tis_cap": None,
+            "description": RULES["ppo"].description,
+        }
     }
     assert manifest["anchor"] == "mu" and manifest["world_size"] == 1
     assert set(manifest["missing"]) == {"topk_tv", "topk_kl", "entropy"}
