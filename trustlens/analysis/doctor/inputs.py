@@ -171,8 +171,9 @@ def examples(frame: pl.LazyFrame, order: pl.Expr, n: int = EXAMPLES) -> list[dic
             pl.col("ref").exp().alias("old"),
             order.alias("_order"),
         )
-        .sort("_order", descending=True, nulls_last=True)
-        .head(n)
+        .filter(pl.col("_order").is_not_null())
+        .top_k(n, by="_order")
+        .sort("_order", descending=True)
     )
     return [{k: v for k, v in row.items() if k != "_order"} for row in rows.iter_rows(named=True)]
 
