@@ -378,7 +378,7 @@ class TokenRecorder:
         ids = batch.column("sample").to_numpy()
         self._ids.check_new("sample_ids", key, ids)
         self._writer.put_table("samples", batch)
-        self._ids.note(key, int(ids[0]) if default_ids and len(ids) else torch.from_numpy(ids), batch.num_rows)
+        self._ids.note(key, int(ids[0]) if default_ids and len(ids) else ids, batch.num_rows)
         self._writer.raise_rejected()
 
     def flush(self) -> None:

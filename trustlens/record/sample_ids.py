@@ -56,14 +56,15 @@ class SampleIds:
                 f"its {key[0]} rows and may appear once per {once}: pass ids not used before"
             )
 
-    def note(self, key: tuple[Any, ...], ids: torch.Tensor | int, n: int) -> None:
+    def note(self, key: tuple[Any, ...], ids: torch.Tensor | np.ndarray | int, n: int) -> None:
         """Count a call's sample ids under `key` as recorded: the caller's ids (N,), or `n`
         default ids from `ids` (an int: the first), which also advances the default counter."""
         if isinstance(ids, int):
             self._used.setdefault(key, []).append((ids, n))
             self.take(key, n)
         else:
-            self._used.setdefault(key, []).append(ids.detach().cpu().numpy().copy())
+            given = ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else ids
+            self._used.setdefault(key, []).append(np.array(given, np.int64, copy=True))
 
     def first(self, key: tuple[Any, ...], n: int) -> int:
         """The first of the next `n` default sample ids of `key` = (table, step, ...)."""

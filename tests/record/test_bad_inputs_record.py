@@ -1,0 +1,197 @@
+"""Bad inputs to TokenRecorder: its constructor, `record`, `log_samples` and `log_metrics`; a
+repeated (step, update, sample) key; a resumed run with another rule set (issue 32). Each case
+asserts the error type and that the message names the argument."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trustlens.record import TokenRecorder
+from trustlens.run import load_run
+
+NAN, INF = math.nan, math.inf
+B, T = 3, 2
+
+
+def _good(**over):
+    kw = dict(
+        token_ids=torch.zeros(B, T, dtype=torch.long),
+        response_mask=torch.ones(B, T),
+        pi_logp=torch.full((B, T), -1.0),
+        mu_logp=torch.full((B, T), -1.2),
+        advantages=torch.ones(B),
+    )
+    kw.update(over)
+    return kw
+
+
+CONSTRUCTOR_CASES = [
+    (dict(run_dir=None), TypeError, "run_dir"),
+    (dict(run_dir=""), ValueError, "run_dir"),
+    (dict(run_dir=3), TypeError, "run_dir"),
+    (dict(tokenizer="Qwen/Qwen2.5-0.5B"), TypeError, "tokenizer"),
+    (dict(tokenizer=object()), TypeError, "tokenizer"),
+    (dict(rules="ppo"), ValueError, "rules"),
+    (dict(rules=["ppo", "ppo"]), ValueError, "ppo"),
+    (dict(rules=["dppo_binary_tvv"]), KeyError, "dppo_binary_tvv"),
+    (dict(rules={"ppo": 0.2}), ValueError, "ppo"),
+    (dict(active_rule="cispo", rules=["ppo"]), ValueError, "active_rule"),
+    (dict(rows_per_file=0), ValueError, "rows_per_file"),
+    (dict(rows_per_file=1.5), ValueError, "rows_per_file"),
+    (dict(queue_size=0), ValueError, "queue_size"),
+    (dict(flush_seconds=0), ValueError, "flush_seconds"),
+    (dict(flush_seconds=NAN), ValueError, "flush_seconds"),
+    (dict(flush_seconds=INF), ValueError, "flush_seconds"),
+    (dict(writer_timeout=-1), ValueError, "writer_timeout"),
+    (dict(rank=-1), ValueError, "rank"),
+    (dict(rank=2, world_size=2), ValueError, "rank"),
+    (dict(world_size=0), ValueError, "world_size"),
+    (dict(keep=0.1), ValueError, "keep"),
+    (dict(config=[1, 2]), ValueError, "config"),
+    (dict(resume=True, overwrite=True), ValueError, "resume"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "named"), CONSTRUCTOR_CASES)
+def test_constructor_names_the_argument(tmp_path, kwargs, error, named):
+    kwargs = {"run_dir": tmp_path / "run", **kwargs}
+    with pytest.raises(error, match=named):
+        TokenRecorder(**kwargs).close()
+
+
+RECORD_CASES = [
+    (dict(step=-1), "step"),
+    (dict(step=1.5), "step"),
+    (dict(step=True), "step"),
+    (dict(step=None), "step"),
+    (dict(update=-1), "update"),
+    (dict(update=0.5), "update"),
+    (dict(token_ids=torch.zeros(B, T)), "token_ids"),
+    (dict(token_ids=torch.zeros(B, dtype=torch.long)), "token_ids"),
+    (dict(token_ids=[[0, 0]]), "token_ids"),
+    (dict(token_ids=torch.full((B, T), -1)), "token_ids"),
+    (dict(response_mask=torch.ones(B, T + 1)), "response_mask"),
+    (dict(response_mask=torch.full((B, T), 2.0)), "response_mask"),
+    (dict(pi_logp=torch.zeros(B, T + 1)), "pi_logp"),
+    (dict(pi_logp=torch.zeros(B, T, dtype=torch.long)), "pi_logp"),
+    (dict(pi_logp=None), "pi_logp"),
+    (dict(pi_logp=torch.full((B, T), 0.5)), "pi_logp"),
+    (dict(pi_logp=torch.full((B, T), NAN)), "pi_logp"),
+    (dict(pi_logp=torch.full((B, T), INF)), "pi_logp"),
+    (dict(mu_logp=torch.full((B, T), 0.5)), "mu_logp"),
+    (dict(mu_logp=torch.full((B, T), NAN)), "mu_logp"),
+    (dict(mu_logp=None, old_logp=None), "mu_logp"),
+    (dict(old_logp=torch.zeros(B)), "old_logp"),
+    (dict(advantages=torch.ones(B + 1)), "advantages"),
+    (dict(advantages=torch.ones(B, dtype=torch.long)), "advantages"),
+    (dict(advantages=torch.tensor([1.0, NAN, 1.0])), "advantages"),
+    (dict(advantages=[1.0, 1.0, 1.0]), "advantages"),
+    (dict(temperature=0), "temperature"),
+    (dict(temperature=INF), "temperature"),
+    (dict(temperature=NAN), "temperature"),
+    (dict(temperature="1"), "temperature"),
+    (dict(entropy=torch.full((B, T), -1.0)), "entropy"),
+    (dict(topk_tv=torch.full((B, T), 1.7), topk_kl=torch.zeros(B, T)), "topk_tv"),
+    (dict(topk_tv=torch.full((B, T), -0.2), topk_kl=torch.zeros(B, T)), "topk_tv"),
+    (dict(topk_tv=torch.zeros(B, T), topk_kl=torch.full((B, T), -1.0)), "topk_kl"),
+    (dict(topk_tv=torch.zeros(B, T)), "topk_kl"),
+    (dict(mu_topk_ids=torch.zeros(B, T, 2, dtype=torch.long)), "mu_topk"),
+    (dict(sample_ids=[0, 0, 1]), "sample_ids"),
+    (dict(sample_ids=[0.5, 1.5, 2.5]), "sample_ids"),
+    (dict(sample_ids=[0, 1]), "sample_ids"),
+    (dict(sample_ids="abc"), "sample_ids"),
+    (dict(group_ids=[0.5, 1.0, 2.0]), "group_ids"),
+    (dict(group_ids=[0, 1]), "group_ids"),
+    (dict(blocked={"nope": torch.zeros(B, T, dtype=torch.bool)}), "nope"),
+    (dict(blocked={"ppo": torch.zeros(B, T + 1, dtype=torch.bool)}), "ppo"),
+    (dict(logits=torch.zeros(B, T, 5, device="meta")), "logits on meta"),
+    (dict(mu_logp=torch.zeros(B, T, device="meta")), "mu_logp on meta"),
+    (dict(advantages=torch.ones(B, device="meta")), "advantages on meta"),
+    (dict(response_mask=torch.ones(B, T, device="meta")), "response_mask on meta"),
+    (dict(logits=torch.full((B, T, 5), NAN)), "logits"),
+]
+
+
+@pytest.mark.parametrize(("over", "named"), RECORD_CASES)
+def test_record_names_the_argument(tmp_path, over, named):
+    step = over.pop("step", 0)
+    with TokenRecorder(tmp_path / "run") as rec, pytest.raises(ValueError, match=named):
+        rec.record(step, **_good(**over))
+        rec.flush()  # values of CPU inputs are checked by the writer thread
+
+
+SAMPLES_CASES = [
+    (dict(lengths=[1.5, 2.0]), TypeError, r"lengths\[0\]"),
+    (dict(lengths=[3, -1]), ValueError, r"lengths\[1\]"),
+    (dict(lengths=torch.tensor([1.0, 2.0])), TypeError, r"lengths\[0\]"),
+    (dict(sample_ids=[0.5, 1.0]), TypeError, r"sample_ids\[0\]"),
+    (dict(sample_ids=[1, 1]), ValueError, "sample_ids"),
+    (dict(group_ids=[0, 0.5]), TypeError, r"group_ids\[1\]"),
+    (dict(prompts=[1, 2]), TypeError, r"prompts\[0\]"),
+    (dict(responses=["a", b"b"]), TypeError, r"responses\[1\]"),
+    (dict(rewards=[1.0, INF]), ValueError, "rewards"),
+    (dict(rewards=[1.0], responses=["a", "b"]), ValueError, "rewards"),
+    (dict(rewards="12"), ValueError, "rewards"),
+]
+
+
+@pytest.mark.parametrize(("over", "error", "named"), SAMPLES_CASES)
+def test_log_samples_names_the_argument(tmp_path, over, error, named):
+    with TokenRecorder(tmp_path / "run") as rec, pytest.raises(error, match=named):
+        rec.log_samples(0, **{"rewards": [1.0, 0.0], **over})
+
+
+@pytest.mark.parametrize(
+    ("metrics", "named"),
+    [([1.0], "metrics"), ({"a": "x"}, "'a'"), ({3: 1.0}, "3"), ({"a": torch.ones(2)}, "'a'"), ({"a": True}, "'a'")],
+)
+def test_log_metrics_names_the_argument(tmp_path, metrics, named):
+    with TokenRecorder(tmp_path / "run") as rec, pytest.raises(ValueError, match=named):
+        rec.log_metrics(0, metrics)
+
+
+def test_a_repeated_sample_key_is_refused_naming_the_ids(tmp_path):
+    with TokenRecorder(tmp_path / "run") as rec:
+        rec.record(0, sample_ids=[0, 1, 2], **_good())
+        with pytest.raises(ValueError, match=r"sample_ids 0, 1, 2 were recorded before at step 0, update 0 on rank 0"):
+            rec.record(0, sample_ids=[0, 1, 2], **_good())
+        with pytest.raises(ValueError, match=r"sample_ids 2 were recorded before"):
+            rec.record(0, sample_ids=[2, 5, 6], **_good())
+        rec.record(0, sample_ids=[0, 1, 2], update=1, **_good())  # another update: a new key
+        rec.record(1, sample_ids=[0, 1, 2], **_good())  # another step too
+        rec.record(2, **_good())  # default ids 2·10⁹ + 0..2
+        with pytest.raises(ValueError, match=r"sample_ids 2000000001 were recorded before at step 2"):
+            rec.record(2, sample_ids=[2 * 10**9 + 1, 7, 8], **_good())
+        rec.record(2, **_good())  # default ids go on after the ones taken
+        rec.log_samples(0, rewards=[1.0, 2.0], sample_ids=[5, 6])
+        with pytest.raises(ValueError, match=r"sample_ids 6 were recorded before at step 0 on rank 0"):
+            rec.log_samples(0, rewards=[1.0], sample_ids=[6])
+    tokens = load_run(tmp_path / "run").tokens.collect()
+    assert tokens.height == 5 * B * T  # five calls recorded; the refused ones wrote nothing
+    assert tokens.select("step", "update", "sample", "pos").is_duplicated().sum() == 0
+
+
+def test_resuming_with_another_rule_set_is_refused(tmp_path):
+    with TokenRecorder(tmp_path / "run") as rec:
+        rec.record(0, **_good())
+    with pytest.raises(ValueError, match=r"rules differ .* dropped \['cispo'"):
+        TokenRecorder(tmp_path / "run", resume=True, rules=["ppo"])
+    with TokenRecorder(tmp_path / "run", resume=True) as rec:  # the same rules: resumed
+        rec.record(1, **_good())
+    assert load_run(tmp_path / "run").tokens.select("step").unique().collect()["step"].sort().to_list() == [0, 1]
+
+
+def test_valid_record_edge_cases(tmp_path):
+    with TokenRecorder(tmp_path / "run", rules=["ppo_clip_higher", "minirl"]) as rec:
+        # no μ (π_old is the anchor), a π of probability 0 (−inf), an empty mask
+        rec.record(0, **_good(mu_logp=None, old_logp=torch.full((B, T), -1.0), pi_logp=torch.full((B, T), -INF)))
+        assert (
+            rec.record(1, **_good(mu_logp=None, old_logp=torch.full((B, T), -1.0), response_mask=torch.zeros(B, T)))
+            == 0
+        )
+    tokens = load_run(tmp_path / "run").tokens.collect()
+    assert tokens.height == B * T and tokens["mu_logp"].null_count() == B * T
+    assert tokens["pi_logp"].to_list() == [-INF] * (B * T) and tokens["ratio"].to_list() == [0.0] * (B * T)
