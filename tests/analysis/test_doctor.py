@@ -12,7 +12,7 @@ from benchmark_scripts import load
 
 from trustlens import load_run
 from trustlens.analysis import Finding, doctor
-from trustlens.analysis.doctor import inputs_of, ordered, read_sampling
+from trustlens.analysis.doctor import inputs_of, note_consequences, ordered, read_sampling
 from trustlens.analysis.doctor.alignment import sentinel_check, shift_check, token_ids_check
 from trustlens.analysis.doctor.sampling import temperature_ratio, truncation_check
 from trustlens.run.tables import write_run
@@ -169,7 +169,9 @@ def test_order_and_validation():
         Finding("temperature", "problem", "", strength=3.0),
         Finding("sentinel", "ok", ""),
     ]
-    assert [f.check for f in ordered(fs)] == ["temperature", "shift", "level", "where", "sentinel"]
+    assert [f.check for f in ordered(fs)] == ["shift", "temperature", "level", "where", "sentinel"]
+    noted = note_consequences(ordered(fs))
+    assert [f.evidence.get("may_follow_from") for f in noted] == [None, "shift", "shift", "shift", None]
     with pytest.raises(ValueError, match="verdict must be one of ok, warning, problem, got 'bad'"):
         Finding("level", "bad", "")
     with pytest.raises(ValueError, match="check must be one of"):

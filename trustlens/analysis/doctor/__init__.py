@@ -2,9 +2,9 @@
 
 Each check (docs/doctor.md) reads the run's token rows lazily and returns a `Finding`:
 
-    sentinel      log μ written as 0, a large negative constant or nothing (1d)
-    token_ids     the trainer scores other token ids than the engine sampled (1e)
     shift         log μ and log π_old shifted by one position (1c)
+    token_ids     the trainer scores other token ids than the engine sampled (1e)
+    sentinel      log μ written as 0, a large negative constant or nothing (1d)
     temperature   μ not at the sampling temperature (raw log-probs) (1a)
     truncation    μ renormalised over a truncated support (top-p, top-k, min-p) (1b)
     engine_drift  the mismatch grows while the policy does not change (1h)
@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from trustlens.analysis.doctor.alignment import sentinel_check, shift_check, token_ids_check
-from trustlens.analysis.doctor.finding import CHECKS, VERDICTS, Finding, ordered
+from trustlens.analysis.doctor.finding import CHECKS, VERDICTS, Finding, note_consequences, ordered
 from trustlens.analysis.doctor.inputs import Inputs, Sampling, inputs_of, read_sampling
 from trustlens.analysis.doctor.level import engine_drift_check, level_check, per_step_mismatch, where_check
 from trustlens.analysis.doctor.sampling import temperature_check, truncation_check
@@ -38,16 +38,27 @@ def doctor(run: Any) -> list[Finding]:
         return [Finding(c, "ok", "no μ recorded: nothing to compare with π_old") for c in CHECKS]
     per_step = per_step_mismatch(inp)
     findings = [
-        sentinel_check(inp),
-        token_ids_check(inp),
         shift_check(inp),
+        token_ids_check(inp),
+        sentinel_check(inp),
         temperature_check(inp),
         truncation_check(inp),
         engine_drift_check(inp, per_step),
         where_check(inp),
         level_check(inp, per_step),
     ]
-    return ordered(findings)
+    return note_consequences(ordered(findings))
 
 
-__all__ = ["CHECKS", "VERDICTS", "Finding", "Inputs", "Sampling", "doctor", "inputs_of", "ordered", "read_sampling"]
+__all__ = [
+    "CHECKS",
+    "VERDICTS",
+    "Finding",
+    "Inputs",
+    "Sampling",
+    "doctor",
+    "inputs_of",
+    "note_consequences",
+    "ordered",
+    "read_sampling",
+]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 VERDICTS = ("ok", "warning", "problem")  # in increasing severity
-# the checks: first those that name a root cause (a bug in how log μ or log π_old was made),
-# then those that describe the mismatch (which a root cause raises too)
-CAUSES = ("sentinel", "token_ids", "shift", "temperature", "truncation")
+# the checks: first those that name a root cause (a bug in how log μ or log π_old was made), in
+# the order one can raise the next — a shifted μ pairs each token with its neighbour's log-prob
+# (a near-certain neighbour's log μ = 0 reads as a sentinel, and μ > π_old as truncation), a
+# wrong token id gives π_old ≈ 0 — then those that describe the mismatch, which a cause raises too
+CAUSES = ("shift", "token_ids", "sentinel", "temperature", "truncation")
 SYMPTOMS = ("engine_drift", "where", "level")
 CHECKS = CAUSES + SYMPTOMS
 
@@ -42,18 +44,37 @@ class Finding:
 
 
 def ordered(findings: list[Finding]) -> list[Finding]:
-    """Most severe first: by verdict (problem, warning, ok), then root causes before symptoms
-    (a planted bug also raises the level of the mismatch), then by strength (largest first),
-    then in CHECKS order."""
+    """Most severe first: by verdict (problem, warning, ok), then the root causes in CAUSES
+    order (a cause can raise the checks after it), then the symptoms by strength (largest
+    first)."""
     return sorted(
         findings,
         key=lambda f: (
             -VERDICTS.index(f.verdict),
             f.check in SYMPTOMS,
+            CHECKS.index(f.check) if f.check in CAUSES else 0,
             -min(f.strength, 1e6),
             CHECKS.index(f.check),
         ),
     )
+
+
+def note_consequences(findings: list[Finding]) -> list[Finding]:
+    """`findings` (ordered) with every later non-ok finding after the first cause found a
+    problem marked as possibly following from it (summary suffix, evidence "may_follow_from")."""
+    first = next((f for f in findings if f.check in CAUSES and f.verdict == "problem"), None)
+    if first is None:
+        return findings
+    return [
+        f
+        if f is first or f.verdict == "ok" or findings.index(f) < findings.index(first)
+        else replace(
+            f,
+            summary=f"{f.summary} (may follow from {first.check})",
+            evidence={**f.evidence, "may_follow_from": first.check},
+        )
+        for f in findings
+    ]
 
 
 def verdict_of(value: float | None, warning: float, problem: float) -> str:
@@ -63,4 +84,4 @@ def verdict_of(value: float | None, warning: float, problem: float) -> str:
     return "problem" if value >= problem else ("warning" if value >= warning else "ok")
 
 
-__all__ = ["CAUSES", "CHECKS", "SYMPTOMS", "VERDICTS", "Finding", "ordered", "verdict_of"]
+__all__ = ["CAUSES", "CHECKS", "SYMPTOMS", "VERDICTS", "Finding", "note_consequences", "ordered", "verdict_of"]
