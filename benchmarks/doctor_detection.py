@@ -1,7 +1,7 @@
 """How often `trustlens doctor` names a planted log-probability bug, and how often it finds
 something on clean runs (issue 30, point 5; the table of docs/doctor.md).
 
-    python benchmarks/doctor_detection.py [--seeds 20] [--train-steps 30] [--trained-seeds 0]
+    python benchmarks/doctor_detection.py [--seeds 20] [--trained-seeds 20] [--jobs 2]
 
 Planted runs (synthetic, `--seeds` seeds per defect): responses of `SEQ_LEN` tokens over a
 vocabulary of `VOCAB` ids, each position's logits drawn so that π's entropy ranges from near 0
@@ -15,17 +15,20 @@ rollout reaches the trainer, at the magnitudes issue 30 quotes:
     shifted        log μ of position t − 1 at position t                      -> shift
     sentinel       log μ written as 0 at 10% of the tokens                    -> sentinel
     token_ids      the trainer scores one fixed id wherever the engine sampled
-                   one frequent token (~5% of the tokens)                     -> token_ids
+                   its most frequent token (~2% of the tokens)                -> token_ids
     first_token    π_old/μ = 2 on the first token (TRL #4159)                  -> where
     level          an engine 10× noisier (k3 ≈ 1e-2, dense model)             -> level
     engine_drift   lr = 0 and the engine's noise grows so that mean |Δ log p|
                    goes 0.011 → 0.036 over the run (vime #64)                -> engine_drift
 
 A defect counts as detected when its check's verdict is "problem" and it is the first finding.
-Clean runs: the same generator without a defect, the built-in presets' clean runs (`trustlens
-train --preset P --steps N --eval-size 0`) and the shipped sample runs (data/sample_run).
-With `--trained-seeds K` and a trainer that has `--engine`, each defect is also planted in K
-real built-in training runs (`trustlens train --engine DEFECT`).
+
+Trained runs: each defect `trustlens train --engine DEFECT` plants (raw_logprobs, top_p, shifted,
+sentinel, token_ids; docs/train.md) on `--trained-seeds` seeds of the default preset,
+`--trained-steps` steps each, no evaluation. Clean runs: the generator without a defect, every
+built-in preset's clean run (`trustlens train --preset P --steps N --eval-size 0`, N =
+`--train-steps`; quick its own 3) and the shipped sample runs (data/sample_run). Training runs
+`--jobs` at a time.
 """
 
 from __future__ import annotations
@@ -217,43 +220,61 @@ def planted_table(seeds: int, folder: Path) -> tuple[list[str], list[dict]]:
     return lines, clean
 
 
-def trained_runs(defects: dict[str, str], seeds: int, steps: int, folder: Path) -> list[str]:
-    """Per defect of `trustlens train --engine` over `seeds` seeds of the default preset."""
-    lines = []
-    for defect, check in defects.items():
-        problem = first = detected = 0
-        for seed in range(seeds):
+def _train(out: Path, preset: str, steps: int | None, extra: list[str]) -> Path:
+    """One built-in training run (no evaluation) into `out`."""
+    cmd = [sys.executable, "-m", "trustlens.cli", "train", "--preset", preset, "--out", str(out), "--overwrite"]
+    cmd += ["--quiet", "--eval-size", "0", *extra] + ([] if steps is None else ["--steps", str(steps)])
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return out
+
+
+def training_jobs(folder: Path, *, train_steps: int, trained_seeds: int, trained_steps: int) -> list[tuple]:
+    """(label, check or None, out, preset, steps, extra flags) of every training run: each
+    preset's clean run (`train_steps` steps; quick its own 3) and, with `trained_seeds`, each
+    `--engine` defect on that many seeds of the default preset."""
+    from trustlens.train.config import PRESETS
+
+    jobs: list[tuple] = [
+        (f"preset {p}", None, folder / f"preset-{p}", p, None if p == "quick" else train_steps, []) for p in PRESETS
+    ]
+    for defect, check in TRAINED.items() if trained_seeds else ():
+        for seed in range(trained_seeds):
             out = folder / f"engine-{defect}-{seed}"
-            _train(out, "default", steps, ["--engine", defect, "--seed", str(seed)])
-            found = verdicts(out)
-            mine = dict(found)[check]
-            problem += mine == "problem"
-            first += found[0][0] == check
-            detected += mine == "problem" and found[0][0] == check
-        lines.append(f"| {defect} (trained) | {check} | {problem}/{seeds} | {first}/{seeds} | {detected}/{seeds} |")
+            jobs.append((defect, check, out, "default", trained_steps, ["--engine", defect, "--seed", str(seed)]))
+    return jobs
+
+
+def run_training(jobs: list[tuple], workers: int) -> list[tuple[str, str | None, list[tuple[str, str]]]]:
+    """Train every job (`workers` at a time) and run the doctor on it: (label, check, findings)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        paths = list(pool.map(lambda job: _train(*job[2:]), jobs))
+    return [(label, check, verdicts(path)) for (label, check, *_), path in zip(jobs, paths, strict=True)]
+
+
+def trained_table(results: list[tuple[str, str | None, list[tuple[str, str]]]]) -> list[str]:
+    """Per `--engine` defect: problem, first and detected over its seeds."""
+    lines = []
+    for defect, check in TRAINED.items():
+        runs = [found for label, c, found in results if c is not None and label == defect]
+        if not runs:
+            continue
+        n = len(runs)
+        problem = sum(dict(found)[check] == "problem" for found in runs)
+        first = sum(found[0][0] == check for found in runs)
+        detected = sum(dict(found)[check] == "problem" and found[0][0] == check for found in runs)
+        lines.append(f"| {defect} (trained) | {check} | {problem}/{n} | {first}/{n} | {detected}/{n} |")
     return lines
 
 
-def _train(out: Path, preset: str, steps: int, extra: list[str]) -> None:
-    cmd = [sys.executable, "-m", "trustlens.cli", "train", "--preset", preset, "--out", str(out), "--overwrite"]
-    cmd += ["--quiet", "--eval-size", "0", *extra] + (["--steps", str(steps)] if steps else [])
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-
-
-def clean_real_runs(steps: int, folder: Path) -> list[dict]:
-    """Findings on every built-in preset's clean run (`steps` steps; the quick preset its own
-    3) and on the shipped sample runs."""
-    from trustlens.train.config import PRESETS
-
-    out = []
-    for preset in PRESETS:
-        path = folder / f"preset-{preset}"
-        _train(path, preset, 0 if preset == "quick" else steps, [])
-        out.append({"run": f"preset {preset}", "findings": verdicts(path)})
-    for path in sorted((ROOT / "data" / "sample_run").iterdir()):
-        if (path / "run.json").exists():
-            out.append({"run": f"data/sample_run/{path.name}", "findings": verdicts(path)})
-    return out
+def sample_runs() -> list[dict]:
+    """Findings on the shipped sample runs (data/sample_run)."""
+    return [
+        {"run": f"data/sample_run/{path.name}", "findings": verdicts(path)}
+        for path in sorted((ROOT / "data" / "sample_run").iterdir())
+        if (path / "run.json").exists()
+    ]
 
 
 def engine_flag() -> bool:
@@ -262,19 +283,17 @@ def engine_flag() -> bool:
         from trustlens.train.engine_defects import ENGINE_DEFECTS  # noqa: F401
     except ImportError:
         return False
-    help_text = subprocess.run(
-        [sys.executable, "-m", "trustlens.cli", "train", "--help"], capture_output=True, text=True, cwd=ROOT
-    ).stdout
-    return "--engine" in help_text
+    return True
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20, help="seeds per planted defect [20]")
-    parser.add_argument("--train-steps", type=int, default=30, help="steps of each preset's clean run [30]")
-    parser.add_argument("--trained-seeds", type=int, default=0, help="seeds per `train --engine` defect [0]")
-    parser.add_argument("--trained-steps", type=int, default=10, help="steps of each `train --engine` run [10]")
-    parser.add_argument("--no-train", action="store_true", help="skip the presets' clean runs")
+    parser.add_argument("--train-steps", type=int, default=20, help="steps of each preset's clean run [20]")
+    parser.add_argument("--trained-seeds", type=int, default=20, help="seeds per `train --engine` defect [20]")
+    parser.add_argument("--trained-steps", type=int, default=2, help="steps of each `train --engine` run [2]")
+    parser.add_argument("--jobs", type=int, default=2, help="training runs at a time [2]")
+    parser.add_argument("--no-train", action="store_true", help="no training runs (planted and sample runs only)")
     args = parser.parse_args()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="doctor-") as tmp:
@@ -282,14 +301,18 @@ def main() -> None:
         lines, clean = planted_table(args.seeds, folder)
         print("| planted defect | check | problem | first | detected |")
         print("|---|---|---|---|---|")
-        print("\n".join(lines))
-        if args.trained_seeds:
-            if engine_flag():
-                print("\n".join(trained_runs(TRAINED, args.trained_seeds, args.trained_steps, folder)))
-            else:
-                print("(trustlens train has no --engine here: trained defects skipped)")
+        print("\n".join(lines), flush=True)
         if not args.no_train:
-            clean += clean_real_runs(args.train_steps, folder)
+            trained_seeds = args.trained_seeds if engine_flag() else 0
+            if args.trained_seeds and not trained_seeds:
+                print("(trustlens train has no --engine here: trained defects skipped)")
+            jobs = training_jobs(
+                folder, train_steps=args.train_steps, trained_seeds=trained_seeds, trained_steps=args.trained_steps
+            )
+            results = run_training(jobs, args.jobs)
+            print("\n".join(trained_table(results)))
+            clean += [{"run": label, "findings": found} for label, check, found in results if check is None]
+        clean += sample_runs()
     pairs = [v for run in clean for _, v in run["findings"]]
     problems = [f"{r['run']}: {c}" for r in clean for c, v in r["findings"] if v == "problem"]
     warnings = [f"{r['run']}: {c}" for r in clean for c, v in r["findings"] if v == "warning"]

@@ -13,7 +13,7 @@ from trustlens.analysis.doctor.finding import Finding
 from trustlens.analysis.doctor.inputs import Inputs, examples
 
 KEYS = ["step", "update", "rank", "sample"]  # one response at one update
-# shift: g = corr(log μ_t, log π_old_{t±1}) (the better neighbour) − corr(log μ_t, log π_old_t)
+# shift: g = rank corr(log μ_t, log π_old_{t±1}) (the better neighbour) − rank corr(log μ_t, log π_old_t)
 SHIFT_WARNING = 0.0  # g above this warns (a neighbour agrees better than the own position)
 SHIFT_PROBLEM = 0.2  # g above this is a problem
 MIN_PAIRS = 50  # fewer positions with both neighbours: the shift check cannot tell
@@ -40,11 +40,13 @@ def shift_check(inp: Inputs) -> Finding:
     """1c. Shifted positions: log μ at t agrees better with log π_old at t ± 1 than at t.
 
     Statistic, over positions whose two neighbours were recorded (a subsample of whole samples
-    on large runs; unweighted): the Pearson correlations c₀ = corr(log μ_t, log π_old_t) and
-    c± = corr(log μ_t, log π_old_{t±1}), and g = max(c₊, c₋) − c₀. A clean run has c₀ near 1
-    and c± near the log-probs' own autocorrelation along a response (about 0 or below), also
-    when μ is a stale policy (c₀ falls, c± does not rise). Threshold: g > 0 warns (a neighbour
-    agrees better than the own position), g > 0.2 is a problem."""
+    on large runs; unweighted): the Spearman rank correlations c₀ = corr(log μ_t, log π_old_t)
+    and c± = corr(log μ_t, log π_old_{t±1}), and g = max(c₊, c₋) − c₀. A clean run has c₀ near 1
+    and c± near the log-probs' own autocorrelation along a response (0 or below), also when μ is
+    a stale policy (c₀ falls, c± does not rise). Ranks, not values: the huge log ratios of
+    another defect (a wrong token id: log π_old ≈ −20 on a quarter of the tokens) would
+    dominate a Pearson correlation. Threshold: g > 0 warns (a neighbour agrees better than the
+    own position), g > 0.2 is a problem."""
     rows = inp.subsample(inp.pairs).select(*KEYS, "pos", "mu", "ref")
     ref = rows.select(*KEYS, "pos", "ref")
     joined = rows.join(
@@ -53,9 +55,9 @@ def shift_check(inp: Inputs) -> Finding:
     s = collect(
         joined.select(
             pl.len().alias("n"),
-            pl.corr("mu", "ref").alias("own"),
-            pl.corr("mu", "ref_next").alias("next"),
-            pl.corr("mu", "ref_prev").alias("prev"),
+            pl.corr("mu", "ref", method="spearman").alias("own"),
+            pl.corr("mu", "ref_next", method="spearman").alias("next"),
+            pl.corr("mu", "ref_prev", method="spearman").alias("prev"),
         )
     ).row(0, named=True)
     n = int(s["n"])

@@ -93,7 +93,7 @@ def temperature_check(inp: Inputs) -> Finding:
         return Finding("temperature", verdict, summary, evidence, _TEMPERATURE_FIX if says_raw else "")
     off = abs(r - 1.0)
     verdict = verdict_of(off, TEMPERATURE_WARNING, TEMPERATURE_PROBLEM)
-    at = f" (μ looks sampled at τ = {r * tau:.2g}, π_old at {tau:g})" if tau else ""
+    at = f" (μ looks sampled at τ = {r * tau:.2g}, π_old at {tau:g})" if tau and r > 0 else ""
     if verdict == "ok":
         summary = f"μ and π_old share the temperature: τ_μ/τ_π = {r:.3f}{at}"
         if says_raw:
