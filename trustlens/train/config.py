@@ -49,7 +49,13 @@ class TrainConfig:
     mirror: str | None = None  # live scalars from rank 0: "tensorboard:LOGDIR", "wandb" or "wandb:PROJECT"
 
     def __post_init__(self) -> None:
-        from trustlens.core.values import check_fraction, check_int, check_nonnegative_number, check_positive
+        from trustlens.core.values import (
+            check_choice,
+            check_fraction,
+            check_int,
+            check_nonnegative_number,
+            check_positive,
+        )
         from trustlens.rules.loss import LOSS_AGG_MODES
 
         for name in _INTS:  # a float (even 2.0) is refused, not truncated
@@ -90,6 +96,9 @@ class TrainConfig:
             raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}")
         if self.keep_rate is not None and not 0 < self.keep_rate <= 1:
             raise ValueError(f"keep_rate must be in (0, 1], got {self.keep_rate}")
+        from trustlens.train.rollout import PRECISIONS
+
+        check_choice("rollout_precision", self.rollout_precision, sorted(PRECISIONS))  # named as the flag names it
         self.rollout_config()  # validates temperature, precision, noise, lag, engine
         if self.engine == "raw_logprobs" and self.temperature == 1:
             raise ValueError(
