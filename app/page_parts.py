@@ -12,12 +12,13 @@ from safe_display import md, number
 from sidebar import Context
 from view_state import keep_valid, view_params
 
+from trustlens import plots
 from trustlens.analysis import tokens as tq
 
 # Session-state key of what the token inspector should open (see inspect_tokens).
 INSPECT_KEY = "tl_inspect"
 INSPECTOR = "views/token_inspector.py"
-SEVERITY_ICONS = {"critical": ":material/error:", "warning": ":material/warning:"}
+SEVERITY_ICONS = {"critical": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 
 
 def header(title: str, ctx: Context) -> None:
@@ -25,6 +26,14 @@ def header(title: str, ctx: Context) -> None:
     st.title(title)
     status = ctx.run.status
     st.caption(f"Run {md(ctx.path.name)} · status {md(status)} · {len(ctx.rules)} rules evaluated")
+    config = ctx.run.manifest.get("config") or {}
+    if isinstance(config, dict) and str(config.get("source", "")).startswith("trl."):
+        per = (config.get("steps_per_generation") or 1) * (config.get("num_iterations") or 1)
+        st.caption(
+            f"A TRL run: a step here is one generation (one rollout batch), not one optimizer step; the "
+            f"optimizer steps taken on it are its updates ({md(per)} micro-batch passes per generation: "
+            "steps_per_generation × num_iterations)."
+        )
     if status == "running":
         st.info("This run is still being written: use **Reload runs** in the sidebar to see new steps.")
     if ctx.anchor == "old_logp":
@@ -83,30 +92,39 @@ def in_steps(ctx: Context, frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def alert_list(ctx: Context, alerts: pl.DataFrame, *, limit: int = 20, key: str = "alerts") -> None:
-    """The alerts within the sidebar's step range, most severe first, each with a button that
-    opens the token inspector on the tokens and samples behind it."""
+    """The alerts within the sidebar's step range in time order (by first step), each with a
+    button that opens the token inspector on the tokens and samples behind it."""
     shown = in_steps(ctx, alerts)
     if shown.is_empty():
         st.success("No collapse alerts in these steps.")
         return
-    shown = shown.sort(pl.col("severity") == "critical", "step", descending=[True, False])
+    shown = shown.sort("step", "kind", maintain_order=True)
     for i, alert in enumerate(shown.head(limit).iter_rows(named=True)):
-        with st.container(border=True):
-            left, right = st.columns([5, 1], vertical_alignment="center")
-            icon = SEVERITY_ICONS.get(alert["severity"], "")
-            left.markdown(f"{icon} **{md(alert['severity'])}** · {md(alert['kind'])} · {md(alert['message'])}")
-            if right.button("Inspect tokens", key=f"{key}_{i}", icon=":material/search:"):
-                samples = alert["samples"] or []
-                inspect_tokens(
-                    reason=f"alert: {alert['message']}",
-                    query=tq.alert_query(alert),
-                    alert=alert,
-                    step=alert["step"],
-                    sample=samples[0] if samples else None,
-                )
+        alert_box(alert, f"{key}_{i}")
     if shown.height > limit:
         more = shown.height - limit
         st.caption(f"{more} more alert{'s' if more > 1 else ''}: see Collapse signals.")
+
+
+def alert_box(alert: dict, key: str, *, lead: str = "", drivers: str = "") -> None:
+    """One alert in a bordered box: `lead` (markdown, already escaped) before its severity, kind
+    and message, `drivers` (escaped) under them, and the button that opens the token inspector
+    on the tokens and samples behind it."""
+    with st.container(border=True):
+        left, right = st.columns([3, 1], vertical_alignment="center")
+        icon = SEVERITY_ICONS.get(alert["severity"], "")
+        left.markdown(f"{lead}{icon} **{md(alert['severity'])}** · {md(alert['kind'])} · {md(alert['message'])}")
+        if drivers:
+            left.caption(drivers)
+        if right.button("Inspect tokens", key=key, icon=":material/search:"):
+            samples = alert["samples"] or []
+            inspect_tokens(
+                reason=f"alert: {alert['message']}",
+                query=tq.alert_query(alert),
+                alert=alert,
+                step=alert["step"],
+                sample=samples[0] if samples else None,
+            )
 
 
 def chart(fig, key: str, *, ctx: Context | None = None) -> None:
@@ -116,7 +134,7 @@ def chart(fig, key: str, *, ctx: Context | None = None) -> None:
     Not plotly's own click selection: Streamlit cannot select points of line traces, and on
     figures with subplots its selection events make the page rerun over and over
     (streamlit/streamlit#8766)."""
-    st.plotly_chart(fig, key=key)
+    st.plotly_chart(plots.plain_numbers(fig), key=key)
     if ctx is None:
         return
     lo, hi = ctx.shown_steps

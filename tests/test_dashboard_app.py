@@ -12,8 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from core.test_render import _parse
 from streamlit.testing.v1 import AppTest
-from test_render import _parse
 
 from trustlens import cli, dashboard
 from trustlens.run import MANIFEST, SCHEMA_VERSION
@@ -100,6 +100,17 @@ def _open(at: AppTest, page: str) -> AppTest:
     return at
 
 
+def _tile_names(at: AppTest) -> list[str]:
+    """The tiles' names, without the scope their labels end with (" · run", " · step 7") and
+    without markdown's escapes."""
+    return [m.label.split(" · ")[0].replace("\\", "") for m in at.metric]
+
+
+def _tile(at: AppTest, name: str):
+    """The tile named `name` (its label before the scope, escapes aside)."""
+    return next(m for m, shown in zip(at.metric, _tile_names(at), strict=True) if shown == name.replace("\\", ""))
+
+
 def _page_text(at: AppTest) -> str:
     """All text the page shows, flattened (markdown, captions, text, alerts, html bodies)."""
     parts = [
@@ -127,7 +138,7 @@ def test_overview_shows_key_figures_curves_and_alerts(monkeypatch, runs):
     at = _open(_pick_run(_app(monkeypatch, runs).run(), "a_collapse"), "views/overview.py")
     assert len(at.metric) >= 4
     assert len(at.get("plotly_chart")) >= 1
-    assert "Accuracy" not in [m.label for m in at.metric]  # the run logged no evaluation
+    assert "Accuracy" not in _tile_names(at)  # the run logged no evaluation
 
 
 def test_sidebar_filters_are_shared_by_the_pages(monkeypatch, runs):
@@ -436,9 +447,12 @@ def test_ppo_vs_dppo_decides_unrecorded_and_custom_rules(monkeypatch, runs):
 
 def test_mismatch_tiles_start_with_a_non_negative_kl(monkeypatch, runs):
     at = _open(_pick_run(_app(monkeypatch, runs).run(), "a_collapse"), "views/mismatch.py")
-    first = at.metric[0]
-    assert first.label == "k3_kl" and float(first.value) >= 0
-    assert "over the run" in first.delta  # the change of the trend over the run
+    first, k1 = at.metric[0], at.metric[1]
+    # each tile names its scope: the last step's value (the run has steps 0–7)
+    assert first.label == "k3\\_kl · step 7" and float(first.value) >= 0
+    assert first.delta.endswith(" over run")  # the change of the trend over the run
+    # the estimators that can be negative say so on the tile
+    assert k1.label.startswith("mismatch\\_kl") and "K1 estimate" in k1.label and "can be" in k1.label
 
 
 def test_numbers_show_infinity(app_module):
@@ -488,10 +502,10 @@ def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
             assert any("Sampled run" in i.value and "0.1 share" in i.value for i in at.info), page
             assert any("are exact, from the run's aggregates" in i.value for i in at.info), page
         if page == "views/overview.py":  # every token of the run, not the kept rows
-            assert next(m for m in at.metric if m.label == "Tokens").value == f"{4 * 8 * 12:,}"
+            assert _tile(at, "Tokens").value == f"{4 * 8 * 12:,}"
             # every response of the run, from its samples table, not those with a kept row
-            assert next(m for m in at.metric if m.label == "Samples").value == f"{4 * 8:,}"
-            accuracy = next(m for m in at.metric if m.label == "Accuracy")
+            assert _tile(at, "Samples").value == f"{4 * 8:,}"
+            accuracy = _tile(at, "Accuracy")
             assert (accuracy.value, accuracy.delta) == ("0.550", "+0.150")
         if page == "views/ppo_vs_dppo.py":  # every A ≠ 0 token (no advantage is 0 here), from the aggregates
             assert next(m for m in at.metric if m.label == "Tokens compared").value == f"{4 * 8 * 12:,}"
@@ -503,7 +517,7 @@ def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
                 "Blocked by row rule, not by column rule",
             ]
         if page == "views/mismatch.py":  # exact token-level tiles only: no sequence-level estimate
-            labels = [m.label for m in at.metric]
+            labels = [n.replace("\\_", "_") for n in _tile_names(at)]
             assert "prob_diff_mean" in labels and "log_ppl_abs_diff" not in labels
             # the table's sequence-level columns: the logged log_ppl_diff, the others empty, as captioned
             table = next(d.value for d in at.dataframe if "log_ppl_diff" in d.value.columns)
@@ -518,8 +532,8 @@ def test_sampled_run_says_so_on_every_page(monkeypatch, tmp_path):
     # under a token filter only the kept rows can be counted, and the tile says so
     at = _open(at, "views/overview.py")
     at.sidebar.selectbox(key="tl_sign").set_value("neg").run()
-    assert "Samples" not in [m.label for m in at.metric]
-    assert 0 < int(next(m for m in at.metric if m.label == "Samples with kept rows").value) <= 32
+    assert "Samples" not in _tile_names(at)
+    assert 0 < int(_tile(at, "Samples with kept rows").value) <= 32
     at = _open(at, "views/mismatch.py")  # no sequence-level value from the kept rows, logged or not
     table = next(d.value for d in at.dataframe if "log_ppl_diff" in d.value.columns)
     assert table[["log_ppl_diff", "log_ppl_abs_diff", "chi2_seq"]].isna().all().all()
@@ -537,7 +551,12 @@ def test_compare_over_seeds_and_a_copied_run(monkeypatch, tmp_path):
         write_synthetic_run(tmp_path / "two" / f"ppo-{seed}", **SIZES, rules=("ppo",), active_rule="ppo", seed=seed)
     at = _open(_app(monkeypatch, tmp_path / "two").run(), "views/compare.py")
     assert not at.exception and not at.error
-    assert [m.value for m in at.markdown] == ["Settings group 1\\: 2 runs\\, 1 rules"]  # escaped markdown
+    # each run's story in one line, then the group (escaped markdown)
+    assert [m.value for m in at.markdown] == [
+        "**ppo\\-1**: no warning or critical alert · no collapse",
+        "**ppo\\-2**: no warning or critical alert · no collapse",
+        "Settings group 1\\: 2 runs\\, 1 rules",
+    ]
     shutil.copytree(tmp_path / "two", tmp_path / "copied")
     shutil.copytree(tmp_path / "two" / "ppo-1", tmp_path / "copied" / "ppo-1-copy")
     at = _open(_app(monkeypatch, tmp_path / "copied").run(), "views/compare.py")
@@ -562,9 +581,9 @@ def test_pages_keep_to_the_sidebar_steps_and_show_the_final_evaluation(monkeypat
     at = _open(at, "views/collapse.py")
     assert at.dataframe[0].value["step"].max() == 6  # the per-step signals hold the final evaluation
     at = _open(at, "views/overview.py")
-    assert next(m for m in at.metric if m.label == "Accuracy").value == "0.100"
+    assert _tile(at, "Accuracy").value == "0.100"
     at.sidebar.slider(key="tl_steps").set_value((1, 3)).run()
-    assert next(m for m in at.metric if m.label == "Accuracy").value == "0.500"  # steps 2 only
+    assert _tile(at, "Accuracy").value == "0.500"  # steps 2 only
     at = _open(at, "views/collapse.py")
     assert at.dataframe[0].value["step"].to_list() == [1, 2, 3]
 
@@ -580,5 +599,56 @@ def test_mismatch_page_says_when_no_token_matches_the_filters(monkeypatch, runs)
 def test_overview_says_a_reweighting_rule_never_blocks(monkeypatch, tmp_path):
     write_synthetic_run(tmp_path / "pg_is", **SIZES, rules=("ppo", "pg_is"), active_rule="pg_is", seed=1)
     at = _open(_app(monkeypatch, tmp_path).run(), "views/overview.py")
-    tile = next(m for m in at.metric if m.label == "Blocked by pg\\_is")
+    tile = _tile(at, "Blocked by pg\\_is")
     assert tile.value == "never"
+
+
+def test_a_trl_run_says_what_a_step_is(monkeypatch, tmp_path):
+    run = write_synthetic_run(tmp_path / "trl", **SIZES, rules=RULES, seed=2)
+    manifest = json.loads((run / "run.json").read_text())
+    manifest["config"] = {"source": "trl.GRPOTrainer", "steps_per_generation": 2, "num_iterations": 3}
+    (run / "run.json").write_text(json.dumps(manifest))
+    at = _open(_app(monkeypatch, tmp_path).run(), "views/overview.py")
+    assert "a step here is one generation (one rollout batch), not one optimizer step" in _page_text(at)
+    assert "its updates (6 micro-batch passes per generation" in _page_text(at)
+
+
+def test_tile_numbers_are_short_with_no_si_prefix(app_module):
+    tiles = app_module("tiles")
+    assert [tiles.count(n) for n in (384, 9_999, 32_000, 307_200, 480_655, 1_234_567)] == [
+        "384",
+        "9,999",
+        "32k",
+        "307k",
+        "481k",
+        "1.23M",
+    ]
+    assert [tiles.decimal(v) for v in (0.0, 0.2194, 1.6e-4, -2.3e-6, 12345.0, float("inf"), None)] == [
+        "0",
+        "0.219",
+        "1.6e-4",
+        "-2.3e-6",
+        "1.23e4",
+        "∞",
+        "n/a",
+    ]
+    assert [tiles.percent(f) for f in (0.022, 0.75, 0.000213, None)] == ["2.2 %", "75 %", "0.0213 %", "n/a"]
+    assert tiles.noise_to_zero(1.8e-15) == 0.0 and tiles.noise_to_zero(2e-9) == 2e-9
+
+
+def test_overview_tiles_cover_the_run_not_the_last_step(monkeypatch, tmp_path):
+    # the block rate and the A = 0 share are over every step shown (token-weighted), and say so
+    write_synthetic_run(tmp_path / "r", **SIZES, rules=RULES, seed=4)
+    at = _open(_app(monkeypatch, tmp_path).run(), "views/overview.py")
+    from trustlens.analysis import step_summary
+    from trustlens.run import load_run
+
+    summary = step_summary(load_run(tmp_path / "r"))
+    live = summary["tokens"] * (1 - summary["zero_adv_frac"])
+    rule = load_run(tmp_path / "r").active_rule or RULES[0]
+    blocked = (summary[f"blocked_{rule}"] * live).sum() / live.sum()
+    zero = (summary["zero_adv_frac"] * summary["tokens"]).sum() / summary["tokens"].sum()
+    tile = next(m for m in at.metric if m.label.startswith("Blocked by"))
+    assert tile.label.endswith(" · run") and tile.value == f"{100 * blocked:.3g} %"
+    assert _tile(at, "A = 0 tokens").value == f"{100 * zero:.3g} %"
+    assert _tile(at, "Reward").label == f"Reward · step {summary['step'][-1]}"

@@ -119,8 +119,14 @@ def test_token_text_is_escaped(run):
 
 def test_mismatch_and_collapse_figures(run):
     mm = P.mismatch_curves(A.mismatch_per_step(run.tokens))
-    assert [tr.name for tr in mm.data[::2]] == list(P.MISMATCH_CURVES)  # per-step values, then the trend
-    assert "change over the run" in mm.layout.annotations[0].text
+    # one legend for every panel (the values per step, the trend), each panel named by its title
+    assert {tr.name for tr in mm.data[::2]} == {"value per step"}
+    assert [tr.showlegend for tr in mm.data] == [True, True] + [False] * (len(mm.data) - 2)
+    titles = [a.text for a in mm.layout.annotations]
+    assert [t.split(" (")[0] for t in titles] == list(P.MISMATCH_CURVES)
+    assert "change over the run" in titles[0]
+    assert mm.layout.yaxis.exponentformat == "e"  # 2e-4, never SI's 200μ
+
     empty = P.mismatch_curves(A.mismatch_per_step(run.tokens).clear(), reason="μ <not> recorded")
     assert not empty.data and empty.layout.annotations[0].text == "μ &lt;not&gt; recorded"
     with pytest.raises(ValueError, match="metrics"):
@@ -249,3 +255,8 @@ def test_confusion_heatmap_stays_readable_with_every_rule():
     assert fig.layout.height >= 34 * len(rules) + 200
     assert fig.layout.xaxis.tickangle == -40 and fig.layout.xaxis.automargin
     assert fig.data[0].textfont.size <= 9
+
+
+def test_float_noise_is_drawn_as_zero():
+    df = pl.DataFrame({"step": [0, 1, 2], "k3_kl": [1.8e-15, -3e-12, 2e-9]})
+    assert P.zero_noise(df, ["k3_kl"])["k3_kl"].to_list() == [0.0, 0.0, 2e-9]

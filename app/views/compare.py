@@ -15,6 +15,7 @@ from view_state import multiselect_in_address
 
 from trustlens import plots
 from trustlens.analysis.seeds import OUTCOME_SCHEMA, OUTCOMES, run_outcome, seed_table, settings_key
+from trustlens.analysis.timeline import run_timeline
 
 
 @st.cache_data(ttl=RUN_TTL, max_entries=64, show_spinner=False)
@@ -29,6 +30,21 @@ def run_signals(path: str, signature: tuple):
 def outcome(path: str, signature: tuple) -> dict | None:
     run = run_at(path, signature)
     return None if tokens_of(run) is None else run_outcome(run)
+
+
+@st.cache_data(ttl=RUN_TTL, max_entries=64, show_spinner=False)
+def story(path: str, signature: tuple) -> str:
+    """One line: the run's first warning or critical alert and its collapse, from its timeline."""
+    events = run_timeline(run_at(path, signature), signals_and_alerts(path, signature)[1])
+    first = events.filter(pl.col("event") == "first signal").head(1).to_dicts()
+    collapse = events.filter(pl.col("event") == "collapse").head(1).to_dicts()
+    parts = [
+        f"first signal at step {first[0]['step']} ({first[0]['kind']}, {first[0]['severity']})"
+        if first
+        else "no warning or critical alert",
+        f"collapsed at step {collapse[0]['step']} ({collapse[0]['kind']})" if collapse else "no collapse",
+    ]
+    return " · ".join(parts)
 
 
 def seed_groups(paths: list[str]) -> list[tuple[list[str], pl.DataFrame]]:
@@ -83,10 +99,15 @@ if not frames:
     st.info("Pick runs with token rows to compare them.")
     st.stop()
 columns = sorted({c for df in frames.values() for c in df.columns if c != "step"})
-defaults = [c for c in ("reward", "entropy", "k3_kl") if c in columns] or columns[:1]
+# learning (accuracy, reward), the tokens PPO's clip would block, and the mismatch
+defaults = [c for c in ("accuracy", "reward", "blocked_ppo", "k3_kl") if c in columns] or columns[:1]
 ys = st.multiselect("Signals", columns, default=defaults, key="cr_signals")
 if ys:
     chart(plots.overlay_runs(frames, ys), "cr_overlay")
+st.caption("Each run's first collapse signal and its collapse (Collapse signals has the whole timeline):")
+for path in chosen:
+    if names[path] in frames:
+        st.markdown(f"**{md(names[path])}**: {md(story(path, run_signature(Path(path))))}")
 
 all_paths = [str(p) for p in ctx.runs]
 groups = seed_groups(all_paths)

@@ -5,8 +5,9 @@ import polars as pl
 import streamlit as st
 from page_parts import chart, header, need_tokens
 from run_cache import RUN_TTL, run_at
-from safe_display import dataframe, md, number
+from safe_display import dataframe, md
 from sidebar import Context, context
+from tiles import NOISE, Tiles, decimal, noise_to_zero
 
 from trustlens import plots
 from trustlens.analysis import MISMATCH_COLUMNS, mismatch_trend
@@ -66,15 +67,21 @@ SEQUENCE_TILE = "log_ppl_abs_diff" if per_step["log_ppl_abs_diff"].is_not_null()
 TILES = ("k3_kl", "mismatch_kl", SEQUENCE_TILE, "chi2_token", "prob_diff_max", "prob_pearson")
 last = per_step.row(-1, named=True)
 change = dict(mismatch_trend(per_step, TILES).summary.select("metric", "change").iter_rows())
-cols = st.columns(len(TILES))
-for col, name in zip(cols, TILES, strict=True):
-    value, delta = last.get(name), change.get(name)
-    col.metric(
-        name,
-        number(value, 3),
-        delta=None if delta is None else f"{'+' if delta >= 0 else ''}{number(delta, 3)} over the run",
+# the estimators that can be negative, named as such on their tiles
+SIGNED = {"mismatch_kl": "K1 estimate, can be < 0", "chi2_token": "χ² estimate, can be < 0"}
+tiles = Tiles(len(TILES))
+for name in TILES:
+    value, delta = noise_to_zero(last.get(name)), noise_to_zero(change.get(name))
+    label = f"{name} ({SIGNED[name]})" if name in SIGNED else name
+    tiles.add(
+        label,
+        decimal(value),
+        exact=None if value is None else f"{value:.6g}",
+        scope=f"step {last['step']}",
+        delta=None if delta is None else f"{'+' if delta >= 0 else ''}{decimal(delta)} over run",
         delta_color="off",
-        help=f"step {last['step']}: {MISMATCH_COLUMNS[name]}. The change is that of the trend line below.",
+        help=f"{MISMATCH_COLUMNS[name]}. The change under the value is that of the trend line below, over "
+        f"the run; a value or change below {NOISE:g} (float rounding where μ = π_old) shows as 0.",
     )
 
 chart(plots.mismatch_curves(per_step), "mm_curves", ctx=ctx)

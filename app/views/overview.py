@@ -1,13 +1,16 @@
 """Overview: the chosen run's key figures, curves and collapse alerts."""
 
 import page_data
+import polars as pl
 import streamlit as st
 from page_parts import alert_list, chart, header, in_steps, need_tokens, step_window
 from safe_display import dataframe, md
 from sidebar import context
+from tiles import Tiles, count, decimal, percent, scope_of_steps
 
 from trustlens import plots
 from trustlens.rules import RULES
+from views.doctor_panel import doctor_panel
 
 ctx = need_tokens(context())
 header("Overview", ctx)
@@ -25,60 +28,98 @@ active = ctx.run.active_rule if ctx.run.active_rule in ctx.rules else (ctx.rules
 last = summary.row(-1, named=True)
 last_signals = signals.filter(signals["step"] <= last["step"]).tail(1).to_dicts()
 reward = last_signals[0].get("reward") if last_signals else None
-critical = alerts.filter(alerts["severity"] == "critical").height
+loud = alerts.filter(alerts["severity"] != "info")  # info: an entropy change while the run learns
+critical = loud.filter(loud["severity"] == "critical").height
+run_scope = scope_of_steps(summary["step"][0], last["step"], ctx.steps)
+last_scope = f"step {last['step']}"
+tokens = int(summary["tokens"].sum())
+# tokens with A ≠ 0 per step: the denominators of the block rates
+live = summary["tokens"].cast(pl.Float64) * (1 - summary["zero_adv_frac"].fill_null(0.0))
 
-cols = st.columns(8 if accuracy else 7)
-cols[0].metric("Steps", f"{summary.height}", help=f"steps {summary['step'][0]}–{last['step']} in the filters")
-cols[1].metric(
+tiles = Tiles(8 if accuracy else 7)
+tiles.add(
+    "Steps", f"{summary.height:,}", scope=run_scope, help=f"steps {summary['step'][0]}–{last['step']} in the filters"
+)
+tiles.add(
     "Tokens",
-    f"{int(summary['tokens'].sum()):,}",
+    count(tokens),
+    exact=f"{tokens:,}",
+    scope=run_scope,
     help="tokens in the filters (a sampled run: exact from its aggregates while only steps are filtered, "
-    "else Σ weight of the kept rows)",
+    "else Σ weight of the kept rows).",
 )
 samples = page_data.sample_count(ctx)
 if samples is not None:
-    cols[2].metric("Samples", f"{samples:,}", help="responses generated in the steps in the filters")
+    tiles.add(
+        "Samples", count(samples), exact=f"{samples:,}", scope=run_scope, help="responses generated in these steps."
+    )
 elif ctx.run.sampled:
-    cols[2].metric(
+    kept = int(summary["samples"].sum())
+    tiles.add(
         "Samples with kept rows",
-        f"{int(summary['samples'].sum()):,}",
+        count(kept),
+        exact=f"{kept:,}",
+        scope=run_scope,
         help="distinct samples among the kept token rows passing the filters: a sampled run keeps only some "
-        "rows, so samples whose matching tokens were all dropped are not counted",
+        "rows, so samples whose matching tokens were all dropped are not counted.",
     )
 else:
-    cols[2].metric("Samples", f"{int(summary['samples'].sum()):,}", help="distinct samples among the token rows")
+    kept = int(summary["samples"].sum())
+    tiles.add("Samples", count(kept), exact=f"{kept:,}", scope=run_scope, help="distinct samples among the token rows.")
 if active is not None and active in RULES and not RULES[active].blocks:
-    cols[3].metric(
-        f"Blocked by {md(active)}",
+    tiles.add(
+        f"Blocked by {active}",
         "never",
-        help=f"{md(active)} masks no token: it reweights the update (docs/rules.md)",
+        scope=run_scope,
+        help=f"{md(active)} masks no token: it reweights the update (docs/rules.md).",
     )
-elif active is not None:
-    frac = last.get(f"blocked_{active}")
-    cols[3].metric(
-        f"Blocked by {md(active)}",
-        "n/a" if frac is None else f"{frac:.2%}",
-        help="fraction of the last step's (filtered) A ≠ 0 tokens the active rule blocks "
-        "(a token with A = 0 carries no gradient and is never blocked)",
+elif active is not None and f"blocked_{active}" in summary.columns:
+    denominator = float(live.sum())
+    frac = float((summary[f"blocked_{active}"].fill_null(0.0) * live).sum()) / denominator if denominator else None
+    tiles.add(
+        f"Blocked by {active}",
+        percent(frac),
+        exact=None if frac is None else f"{frac:.6%}",
+        scope=run_scope,
+        help="share of the (filtered) A ≠ 0 tokens of these steps the active rule blocks (a token with "
+        "A = 0 carries no gradient and is never blocked); n/a when every token had A = 0.",
     )
 else:
-    cols[3].metric("Blocked", "n/a", help="no rule was evaluated")
-zero = last.get("zero_adv_frac")
-cols[6].metric(
-    "A = 0 tokens",
-    "n/a" if zero is None else f"{zero:.1%}",
-    help="share of the last step's (filtered) tokens with advantage 0: no gradient, not in block rates",
+    tiles.add("Blocked", "n/a", scope=run_scope, help="no rule was evaluated.")
+tiles.add(
+    "Reward",
+    decimal(reward),
+    exact=None if reward is None else f"{reward:.6g}",
+    scope=last_scope,
+    help="mean reward of the last step in the filters.",
 )
-cols[4].metric("Reward", "n/a" if reward is None else f"{reward:.3g}", help="mean reward of the last step")
-cols[5].metric("Alerts", f"{alerts.height}", delta=f"{critical} critical" if critical else None, delta_color="inverse")
+tiles.add(
+    "Alerts",
+    f"{loud.height}",
+    scope=run_scope,
+    delta=f"{critical} critical" if critical else None,
+    delta_color="inverse",
+    help="warning and critical collapse alerts in these steps (Collapse signals lists them in time order; "
+    f"{alerts.height - loud.height} info notes of an entropy change while the run learned are not counted).",
+)
+zero = float((summary["zero_adv_frac"].fill_null(0.0) * summary["tokens"]).sum()) / tokens if tokens else None
+tiles.add(
+    "A = 0 tokens",
+    percent(zero),
+    exact=None if zero is None else f"{zero:.6%}",
+    scope=run_scope,
+    help="share of the (filtered) tokens of these steps with advantage 0: no gradient, not in block rates "
+    "(a group whose responses all got the same reward has A = 0).",
+)
 if accuracy:
     (first_step, first), (last_step, final) = accuracy[0], accuracy[-1]
-    cols[7].metric(
+    tiles.add(
         "Accuracy",
         f"{final:.3f}",
+        scope=f"step {last_step}",
         delta=f"{final - first:+.3f}",
         help=f"held-out accuracy (eval/accuracy) at step {last_step}, the last evaluation in the filters' "
-        f"steps; the change since the first there, at step {first_step}",
+        f"steps; the change since the first there, at step {first_step}.",
     )
 
 left, right = st.columns(2)
@@ -93,6 +134,8 @@ if accuracy:
 
 st.subheader("Alerts")
 alert_list(ctx, alerts, limit=8, key="ov_alert")
+
+doctor_panel(ctx)
 
 with st.expander("Per-step summary"):
     dataframe(summary)

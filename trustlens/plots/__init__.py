@@ -30,13 +30,23 @@ from trustlens.plots.blocking import (
     confusion_lines,
     figure1,
 )
-from trustlens.plots.common import MAX_POINTS, SEVERITY_COLOURS, safe_text, thin, token_labels
+from trustlens.plots.common import (
+    MAX_POINTS,
+    NOISE,
+    SEVERITY_COLOURS,
+    plain_numbers,
+    safe_text,
+    thin,
+    token_labels,
+    zero_noise,
+)
 from trustlens.plots.mismatch import MISMATCH_CURVES, mismatch_by_bucket_bar, mismatch_curves
 from trustlens.plots.runs import TIMELINE_SIGNALS, accuracy_curve, collapse_timeline, overlay_runs
 
 __all__ = [
     "MAX_POINTS",
     "MISMATCH_CURVES",
+    "NOISE",
     "SEVERITY_COLOURS",
     "TIMELINE_SIGNALS",
     "accuracy_curve",
@@ -50,7 +60,9 @@ __all__ = [
     "mismatch_by_bucket_bar",
     "mismatch_curves",
     "overlay_runs",
+    "plain_numbers",
     "safe_text",
     "thin",
     "token_labels",
+    "zero_noise",
 ]

@@ -14,7 +14,26 @@ from trustlens.core.render import visible_text
 
 # Curves longer than this are averaged over equal step bins.
 MAX_POINTS = 2000
-SEVERITY_COLOURS = {"warning": "#E69F00", "critical": "#D55E00"}
+SEVERITY_COLOURS = {"info": "#56B4E9", "warning": "#E69F00", "critical": "#D55E00"}
+
+
+# |values| below this are float rounding (e.g. k3 where μ = π_old, 1e-15): drawn and shown as 0
+NOISE = 1e-9
+
+
+def zero_noise(df: pl.DataFrame, columns: Sequence[str]) -> pl.DataFrame:
+    """`df` with every value of `columns` whose |value| < NOISE set to 0 (float rounding drawn as
+    zero, not as a trend)."""
+    return df.with_columns(pl.when(pl.col(c).abs() < NOISE).then(0.0).otherwise(pl.col(c)).alias(c) for c in columns)
+
+
+def plain_numbers(fig: go.Figure) -> go.Figure:
+    """Axis and colour-bar ticks as plain decimals or scientific notation (2e-4), never SI
+    prefixes (plotly's default writes 200μ, which on a page about μ reads as the rollout policy)."""
+    fig.update_xaxes(exponentformat="e")
+    fig.update_yaxes(exponentformat="e")
+    fig.update_coloraxes(colorbar_exponentformat="e")
+    return fig
 
 
 def safe_text(text: object, *, token: bool = False) -> str:

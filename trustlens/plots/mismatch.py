@@ -10,7 +10,7 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from trustlens.analysis.mismatch import mismatch_trend
-from trustlens.plots.common import MAX_POINTS, empty, safe_text, thin
+from trustlens.plots.common import MAX_POINTS, NOISE, empty, plain_numbers, safe_text, thin, zero_noise
 
 # k3_kl first: a non-negative KL estimate (mismatch_kl, the K1 estimate, can be negative).
 MISMATCH_CURVES = ("k3_kl", "mismatch_kl", "prob_diff_mean", "chi2_token")
@@ -35,8 +35,9 @@ def mismatch_curves(
         raise ValueError(f"metrics: {missing} are not columns of the mismatch table ({per_step.columns})")
     trend = mismatch_trend(per_step, metrics)
     change = {r["metric"]: r["change"] for r in trend.summary.iter_rows(named=True)}
-    df = thin(per_step.select("step", *metrics), max_points=max_points)
-    smooth = thin(trend.smoothed, max_points=max_points)
+    df = zero_noise(thin(per_step.select("step", *metrics), max_points=max_points), metrics)
+    smooth = zero_noise(thin(trend.smoothed, max_points=max_points), metrics)
+    change = {m: None if c is None else (0.0 if abs(c) < NOISE else c) for m, c in change.items()}
     titles = [safe_text(m if change[m] is None else f"{m} (change over the run {change[m]:+.3g})") for m in metrics]
     fig = make_subplots(rows=len(metrics), cols=1, shared_xaxes=True, vertical_spacing=0.06, subplot_titles=titles)
     for i, m in enumerate(metrics, start=1):
@@ -45,7 +46,7 @@ def mismatch_curves(
                 x=df["step"].to_list(),
                 y=df[m].to_list(),
                 mode="lines",
-                name=safe_text(m),
+                name="value per step",
                 line={"color": "#9ecae1", "width": 1},
                 showlegend=i == 1,
                 legendgroup="raw",
@@ -68,7 +69,7 @@ def mismatch_curves(
         )
     fig.update_xaxes(title_text="step", row=len(metrics), col=1)
     fig.update_layout(title=safe_text(title), height=190 * len(metrics) + 120, legend={"orientation": "h", "y": -0.08})
-    return fig
+    return plain_numbers(fig)
 
 
 def mismatch_by_bucket_bar(
