@@ -12,6 +12,7 @@ from benchmark_scripts import load
 
 from trustlens import load_run
 from trustlens.analysis import Finding, doctor
+from trustlens.analysis.doctor import inputs as doctor_inputs
 from trustlens.analysis.doctor import inputs_of, note_consequences, ordered, read_sampling
 from trustlens.analysis.doctor.alignment import sentinel_check, shift_check, token_ids_check
 from trustlens.analysis.doctor.sampling import temperature_ratio, truncation_check
@@ -183,3 +184,14 @@ def test_lazy_frame_input(planted, tmp_path):
     path = bench.write_planted(tmp_path / "s", "shifted", 2)
     findings = doctor(pl.scan_parquet(str(path / "tokens" / "rank=0" / "*.parquet")))
     assert findings[0].check == "shift"
+
+
+def test_shift_on_a_subsample_of_whole_samples(monkeypatch, tmp_path):
+    # past MAX_ROWS pairs the shift check joins the neighbours of a hash subsample of samples
+    path = bench.write_planted(tmp_path / "s", "shifted", 3)
+    full = shift_check(inputs_of(load_run(path)))
+    monkeypatch.setattr(doctor_inputs, "MAX_ROWS", 3000)
+    part = shift_check(inputs_of(load_run(path)))
+    rows = bench.STEPS * bench.SAMPLES * bench.SEQ_LEN
+    assert 0 < part.evidence["positions"] < full.evidence["positions"] == rows * (bench.SEQ_LEN - 2) // bench.SEQ_LEN
+    assert part.verdict == full.verdict == "problem"

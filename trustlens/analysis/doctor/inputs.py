@@ -19,9 +19,9 @@ import polars as pl
 from trustlens.analysis.alert_levels import model_kind
 from trustlens.analysis.buckets import collect, row_weight, weighted
 
-# the sampled tokens of a run `where`, `shift` and the example lists look at are those of
-# samples whose id hashes into the first 1/SHARE_OF of the buckets when the run is larger than
-# MAX_ROWS token rows (a deterministic subsample: the same run gives the same findings)
+# the shift check's join of neighbouring positions reads, on a run with more than MAX_ROWS μ–π_old
+# pairs, the whole samples whose id hash falls in one of ⌈rows / MAX_ROWS⌉ buckets (a
+# deterministic subsample: the same run gives the same finding)
 MAX_ROWS = 2_000_000
 EXAMPLES = 5  # example tokens per finding
 MODEL_KINDS = ("dense", "moe")
@@ -96,7 +96,7 @@ class Inputs:
 
     def subsample(self, frame: pl.LazyFrame) -> pl.LazyFrame:
         """`frame` limited to about MAX_ROWS rows of whole samples (all of them in a smaller
-        run): the samples whose id hash falls in the first buckets."""
+        run): the samples whose id hash falls in the first of ⌈rows / MAX_ROWS⌉ buckets."""
         rows = collect(self.pairs.select(pl.len())).item()
         if rows <= MAX_ROWS:
             return frame
