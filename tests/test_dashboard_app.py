@@ -9,6 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -652,3 +653,30 @@ def test_overview_tiles_cover_the_run_not_the_last_step(monkeypatch, tmp_path):
     assert tile.label.endswith(" · run") and tile.value == f"{100 * blocked:.3g} %"
     assert _tile(at, "A = 0 tokens").value == f"{100 * zero:.3g} %"
     assert _tile(at, "Reward").label == f"Reward · step {summary['step'][-1]}"
+
+
+def test_block_reasons_name_the_quantity_and_the_threshold(app_module):
+    reasons = app_module("token_reasons").block_reasons
+    tokens = pl.DataFrame(
+        {
+            "pos": [0, 1, 2],
+            "token": ["a", "b", "c"],
+            "advantage": [1.0, -1.0, 1.0],
+            "ratio": [1.5, 0.5, 1.1],
+            "binary_tv": [0.3, 0.2, 0.01],
+            "blocked_ppo": [True, True, False],
+        }
+    )
+    ppo = {"measure": "ratio", "low": 0.2, "high": 0.2, "anchor": "mu"}
+    assert reasons(tokens, "ppo", ppo, mu_recorded=True).rows() == [
+        (0, "a", "A > 0", "ratio = 1.5 > 1.2"),
+        (1, "b", "A < 0", "ratio = 0.5 < 0.8"),
+    ]
+    tv = {"measure": "binary_tv", "low": 0.1, "high": 0.1, "anchor": "mu"}
+    assert reasons(tokens, "ppo", tv, mu_recorded=True)["why"].to_list() == [
+        "binary_tv = 0.3 > 0.1",
+        "binary_tv = 0.2 > 0.1",
+    ]
+    # anchored on π_old in a run with μ: the rows' ratio is against μ, not what the rule compares
+    old = {**ppo, "anchor": "old"}
+    assert reasons(tokens, "ppo", old, mu_recorded=True)["why"][0].startswith("ratio (not recorded")

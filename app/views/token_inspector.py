@@ -7,6 +7,7 @@ from page_parts import INSPECT_KEY, header, need_tokens
 from run_cache import RUN_TTL, run_at
 from safe_display import dataframe, download_buttons, md, number
 from sidebar import context
+from token_reasons import block_reasons
 
 from trustlens.analysis import tokens as tq
 from trustlens.core.render import colored_tokens_html, legend_html
@@ -74,7 +75,14 @@ if target:
         with st.expander("The tokens this alert lists as its drivers", expanded=True):
             dataframe(driving_tokens(*ctx.key, target["alert"]), height=240)
 
+# the rule whose blocked tokens lead: the filtered rule, else the run's active rule, else the first
+focus = next(
+    (r for r in (*(rule for rule, _ in query.decisions), ctx.run.active_rule, *ctx.rules) if r in ctx.rules),
+    None,
+)
 summary = page_data.matching_samples(ctx, query)
+if focus is not None and blocked_column(focus) in summary.columns:  # most blocked tokens first
+    summary = summary.sort([blocked_column(focus), "rows"], descending=True, maintain_order=True)
 picked = (target["step"], target["sample"]) if target.get("sample") is not None else None
 if summary.is_empty() and picked is None:
     st.warning("No token matches these filters.")
@@ -82,7 +90,8 @@ if summary.is_empty() and picked is None:
 
 st.subheader("Samples with matching tokens")
 st.caption(
-    "Most matching tokens first (blocked_<rule>: how many of them the rule blocks). "
+    "Most tokens blocked by the focus rule (the sidebar's rule, else the run's) first, then most matching "
+    "tokens (blocked_<rule>: how many of them the rule blocks). "
     "Pick one below to read it token by token."
 )
 dataframe(summary, height=220)
@@ -138,6 +147,14 @@ st.caption(
     "Hover a token for every recorded value; rings mark the rules that block it; … marks positions "
     "with no recorded row (a sampled run keeps every token that matters and a share of the rest)."
 )
+if focus is not None and blocked_column(focus) in tokens.columns:
+    spec = (ctx.run.manifest.get("rules") or {}).get(focus) or {}
+    why = block_reasons(tokens, focus, spec, mu_recorded=ctx.anchor == "mu_logp")
+    if why.is_empty():
+        st.caption(f"{md(focus)} blocks none of these tokens.")
+    else:
+        st.markdown(f"**Why {md(focus)} blocks {why.height} of these tokens**")
+        dataframe(why, height=min(240, 38 + 35 * why.height))
 with st.expander("This sample's tokens as a table"):
     dataframe(tokens)
 if target.get("query") is not None:
