@@ -303,7 +303,9 @@ def exact_divergence(
     TV = ½ Σ_v |μ_v − π_v|, KL = Σ_v μ_v (log μ_v − log π_v), any float dtype in, float32 out
     (float64 when an input is). Rows are processed in chunks: extra memory is a few chunks, not
     (N, V) copies. A token with μ_v = 0 (a −inf logit) adds 0 to the KL; one with μ_v > 0 = π_v
-    makes it +inf.
+    makes it +inf. On CUDA one exact pass reads both rows in place (twice: the TV needs both
+    normalisers first), accumulating in float32 whatever the dtype
+    (trustlens.divergence.kernels.exact_pass states the math).
     """
     check_same_device(pi_logits=pi_logits, mu_logits=mu_logits)
     temperature = _check_temperature(temperature)
@@ -311,6 +313,11 @@ def exact_divergence(
     mu_logits = _check_logits("mu_logits", mu_logits)
     check_same_shape(pi_logits=pi_logits, mu_logits=mu_logits)
     dtype = _result_dtype(pi_logits, mu_logits)
+    lead = pi_logits.shape[:-1]
+    if (impl := kernels.pass_impl(pi_logits.device)) is not None:  # one exact pass on the accelerator
+        done = kernels.run_exact(pi_logits, mu_logits, temperature, impl)
+        _raise_bad_exact(pi_logits, mu_logits, torch.nonzero(done.bad)[:1, 0])
+        return done.tv.to(dtype).reshape(lead), done.kl.to(dtype).reshape(lead)
     n = math.prod(pi_logits.shape[:-1])
     tv, kl = (torch.empty(n, dtype=dtype, device=pi_logits.device) for _ in range(2))
     rows = min(n, max(1, vocab_chunks.CHUNK_ELEMENTS // pi_logits.shape[-1]))
@@ -331,12 +338,16 @@ def exact_divergence(
         torch.matmul(mu_p.unsqueeze(-2), ratio.unsqueeze(-1), out=kl[sl].view(-1, 1, 1))
         torch.sum(mu_p.sub_(pi_p).abs_(), -1, out=tv[sl])
     # NaN, +inf or a row of only −inf makes its log-softmax NaN, hence its TV: find the culprit.
-    bad = torch.nonzero(tv.isnan())[:1, 0]  # the first such row
+    _raise_bad_exact(pi_logits, mu_logits, torch.nonzero(tv.isnan())[:1, 0])
+    return tv.mul_(0.5).clamp_(0.0, 1.0).reshape(lead), kl.clamp_(min=0.0).reshape(lead)
+
+
+def _raise_bad_exact(pi_logits: torch.Tensor, mu_logits: torch.Tensor, bad: torch.Tensor) -> None:
+    """ValueError naming the argument and the index of the first NaN, +inf or row of only −inf
+    in flat row `bad` (1,) of either logits; nothing when `bad` is empty."""
     if bad.numel():
         for name, logits in (("pi_logits", pi_logits), ("mu_logits", mu_logits)):
             vocab_chunks.check_row_maxima(name, logits, vocab_chunks.flat_rows(logits, bad).amax(-1), bad)
-    lead = pi_logits.shape[:-1]
-    return tv.mul_(0.5).clamp_(0.0, 1.0).reshape(lead), kl.clamp_(min=0.0).reshape(lead)
 
 
 def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:

@@ -7,9 +7,17 @@ the rest of the vocabulary, from a single read of the row.
 - `logit_pass_reference`: the same quantities in torch, the fallback on CUDA without Triton or
   with TRUSTLENS_KERNELS=torch (compiled with dynamic shapes).
 
+And the exact pass, exact TV(μ, π) and KL(μ ‖ π) over the whole vocabulary from both rows of
+logits (it reads them twice: the TV needs both normalisers first):
+
+- `exact_pass`: a Triton kernel (trustlens.divergence.kernels.exact_pass), the torch custom op
+  `trustlens::exact_pass`;
+- `exact_pass_reference`: the same in torch, the fallback.
+
 `pass_impl(device)` says which one runs for tensors on `device`: "triton" or "torch" on CUDA,
 None on the CPU, where trustlens.divergence keeps its chunked passes (the test oracle).
-`run_pass` runs it and `finish` turns its four tensors into log-probabilities and entropies.
+`run_pass` runs the logit pass and `finish` turns its four tensors into log-probabilities and
+entropies; `run_exact` runs the exact pass and `finish_exact` turns its parts into TV and KL.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from dataclasses import dataclass
 
 from trustlens.core.checks import check_logit_rows
 from trustlens.core.torch_import import torch
+from trustlens.divergence.kernels.exact_pass_reference import exact_pass_torch
 from trustlens.divergence.kernels.logit_pass_reference import logit_pass_torch
 from trustlens.divergence.vocab_chunks import flat_rows
 
@@ -62,6 +71,23 @@ def _logit_pass_fake(
     n = row_start.shape[0]
     new = [logits.new_empty(n, dtype=torch.float32) for _ in range(3)]
     return new[0], new[1], new[2], logits.new_empty((n, ids.shape[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("trustlens::exact_pass", mutates_args=())
+def exact_pass_op(
+    pi_logits: torch.Tensor, mu_logits: torch.Tensor, pi_start: torch.Tensor, mu_start: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """The Triton exact pass as a torch op: (6, N) float32 parts, see exact_pass."""
+    from trustlens.divergence.kernels.exact_pass import exact_pass_triton
+
+    return exact_pass_triton(pi_logits, mu_logits, pi_start, mu_start, temperature)
+
+
+@exact_pass_op.register_fake
+def _exact_pass_fake(
+    pi_logits: torch.Tensor, mu_logits: torch.Tensor, pi_start: torch.Tensor, mu_start: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    return pi_logits.new_empty((6, pi_start.shape[0]), dtype=torch.float32)
 
 
 def row_starts(
@@ -142,6 +168,51 @@ def finish(
     return LogitPass(entropy=entropy, logp_ids=logp_ids, log_rest=log_rest, bad=bad)
 
 
+@dataclass
+class ExactPass:
+    """What the exact pass gives per row, in float64; rows not passed hold 0 (and `bad` False)."""
+
+    tv: torch.Tensor  # (N,) ½ Σ_v |μ_v − π_v| in [0, 1]
+    kl: torch.Tensor  # (N,) KL(μ ‖ π) ≥ 0 in nats, +inf where μ_v > 0 = π_v for some v
+    bad: torch.Tensor  # (N,) bool: a row of either logits holds NaN or +inf, or only −inf
+
+
+def run_exact(
+    pi_logits: torch.Tensor,  # (..., V)
+    mu_logits: torch.Tensor,  # (..., V), the same shape; any strides
+    temperature: float,
+    impl: str,  # "triton" or "torch"
+) -> ExactPass:
+    """The exact pass of `impl` over every row of both logits, finished (`finish_exact`)."""
+    pi_start, mu_start = row_starts(pi_logits), row_starts(mu_logits)
+    if impl == "triton":
+        parts = exact_pass_op(pi_logits, mu_logits, pi_start, mu_start, float(temperature))
+    else:
+        parts = exact_pass_torch(pi_logits, mu_logits, pi_start, mu_start, float(temperature))
+    return finish_exact(parts, (pi_start >= 0) & (mu_start >= 0))
+
+
+def finish_exact(
+    parts: torch.Tensor,  # (6, N) float32: M_x, S_x, M_y, S_y, W, Σ|μ − π| (exact_pass.PARTS)
+    valid: torch.Tensor,  # (N,) bool: the rows passed
+) -> ExactPass:
+    """TV = ½ Σ|μ − π| and KL = W / S_y + (M_x − M_y) + log S_x − log S_y in float64 (x: π's
+    logits / τ, y: μ's), clamped to [0, 1] and [0, ∞]. A row is bad when an M or an S is not
+    finite (NaN/+inf logits, or a row of only −inf)."""
+    top_x, sum_x, top_y, sum_y, w, abs_diff = parts.double().unbind(0)
+    bad = valid & ~(torch.isfinite(top_x) & torch.isfinite(sum_x) & torch.isfinite(top_y) & torch.isfinite(sum_y))
+    ok = valid & ~bad
+    one = torch.ones((), dtype=torch.float64, device=parts.device)
+    sum_x, sum_y = torch.where(ok, sum_x, one), torch.where(ok, sum_y, one)
+    kl = w / sum_y + (top_x - top_y) + torch.log(sum_x) - torch.log(sum_y)
+    zero = torch.zeros((), dtype=torch.float64, device=parts.device)
+    return ExactPass(
+        tv=torch.where(ok, 0.5 * abs_diff, zero).clamp(0.0, 1.0),
+        kl=torch.where(ok, kl, zero).clamp(min=0.0),
+        bad=bad,
+    )
+
+
 def raise_bad_row(name: str, logits: torch.Tensor, bad: torch.Tensor, rows: torch.Tensor | None = None) -> None:
     """Raise for the first bad row (`LogitPass.bad`, one host sync), naming `name` and the index
     of the offending element; `rows` (N,): the flat row index of each entry, else bad is per row."""
@@ -151,4 +222,15 @@ def raise_bad_row(name: str, logits: torch.Tensor, bad: torch.Tensor, rows: torc
         check_logit_rows(name, flat_rows(logits, torch.tensor([row], device=logits.device)), logits.shape, row)
 
 
-__all__ = ["KERNELS_ENV", "LogitPass", "finish", "pass_impl", "raise_bad_row", "row_starts", "run_pass"]
+__all__ = [
+    "KERNELS_ENV",
+    "ExactPass",
+    "LogitPass",
+    "finish",
+    "finish_exact",
+    "pass_impl",
+    "raise_bad_row",
+    "row_starts",
+    "run_exact",
+    "run_pass",
+]

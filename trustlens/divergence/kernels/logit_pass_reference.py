@@ -15,13 +15,13 @@ from trustlens.core.torch_import import torch
 # Logits per chunk of rows (rows × V): 64 MiB of float32 when the eager path materialises it.
 CHUNK_ELEMENTS = 1 << 24
 
-_compiled: dict[str, object] = {}  # "chunk": the compiled `_chunk`, or None where compiling failed
+_compiled: dict[str, object] = {}  # a chunk function's name -> it compiled, or None where compiling failed
 
 
 def _chunk(
     flat: torch.Tensor,  # the logits' storage seen as 1-D from their first element
-    row_start: torch.Tensor,  # (R,) int64; −1: skipped
     cols: torch.Tensor,  # (V,) int64 element offsets of the tokens in a row
+    row_start: torch.Tensor,  # (R,) int64; −1: skipped
     ids: torch.Tensor,  # (R, K_all) int64
     n_excluded: int,
     temperature: float,
@@ -47,22 +47,51 @@ def _chunk(
     )
 
 
-def _chunk_function():
-    """`_chunk`, compiled with dynamic shapes on first use where torch.compile works (else eager,
+def compiled_chunk(fn):
+    """`fn`, compiled with dynamic shapes on first use where torch.compile works (else eager,
     with a warning); TRUSTLENS_NO_COMPILE=1 keeps it eager."""
     import os
 
     if os.environ.get("TRUSTLENS_NO_COMPILE"):
-        return _chunk
-    if "chunk" not in _compiled:
+        return fn
+    if fn.__name__ not in _compiled:
         try:
-            _compiled["chunk"] = torch.compile(_chunk, dynamic=True)
+            _compiled[fn.__name__] = torch.compile(fn, dynamic=True)
         except Exception as err:  # no compiler for this platform
             import warnings
 
             warnings.warn(f"trustlens: torch.compile unavailable ({err}); the logit pass runs eagerly", stacklevel=3)
-            _compiled["chunk"] = None
-    return _compiled["chunk"] or _chunk
+            _compiled[fn.__name__] = None
+    return _compiled[fn.__name__] or fn
+
+
+def by_row_chunks(
+    fn,  # (flat, cols per tensor of `logits`, *row_args (R, ...), *args) -> tuple of (R, ...) tensors
+    logits: tuple[torch.Tensor, ...],  # (..., V) each: read by `fn` in place, from its first element
+    row_args: tuple[torch.Tensor, ...],  # (N, ...) each (the rows' element offsets among them): cut by rows
+    args: tuple,  # passed as they are
+    empty: tuple[torch.Tensor, ...],  # the results of N = 0 rows
+    *,
+    compiled: bool | None,  # None: compiled on CUDA only
+) -> tuple[torch.Tensor, ...]:
+    """`fn` over chunks of about CHUNK_ELEMENTS logits (at least one row), its results
+    concatenated along the rows. Each tensor of `logits` reaches `fn` as its storage seen as 1-D
+    from its first element and the (V,) int64 element offsets of a row's tokens, so that a row
+    is gathered through its offset whatever the strides."""
+    views = []
+    for t in logits:
+        span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+        views += [
+            t.as_strided((span,), (1,), t.storage_offset()),
+            torch.arange(t.shape[-1], device=t.device, dtype=torch.int64) * t.stride(-1),
+        ]
+    run = compiled_chunk(fn) if (logits[0].is_cuda if compiled is None else compiled) else fn
+    rows = max(1, CHUNK_ELEMENTS // logits[0].shape[-1])
+    parts = [
+        run(*views, *(a[first : first + rows] for a in row_args), *args)
+        for first in range(0, row_args[0].shape[0], rows)
+    ]
+    return tuple(torch.cat(t) for t in zip(*parts, strict=True)) if parts else empty
 
 
 def logit_pass_torch(
@@ -75,18 +104,14 @@ def logit_pass_torch(
     compiled: bool | None = None,  # None: compiled on CUDA only
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(M, sum_rest, usum_rest, x_ids) as `logit_pass_triton` returns them."""
-    V = logits.shape[-1]
-    span = 1 + sum((size - 1) * stride for size, stride in zip(logits.shape, logits.stride(), strict=True))
-    flat = logits.as_strided((span,), (1,), logits.storage_offset())
-    cols = torch.arange(V, device=logits.device, dtype=torch.int64) * logits.stride(-1)
-    use_compiled = logits.is_cuda if compiled is None else compiled
-    fn = _chunk_function() if use_compiled else _chunk
-    rows = max(1, CHUNK_ELEMENTS // V)
-    parts = [
-        fn(flat, row_start[first : first + rows], cols, ids[first : first + rows], n_excluded, float(temperature))
-        for first in range(0, row_start.shape[0], rows)
-    ]
-    if not parts:
-        empty = torch.zeros(0, dtype=torch.float32, device=logits.device)
-        return empty, empty, empty, torch.zeros(0, ids.shape[1], dtype=torch.float32, device=logits.device)
-    return tuple(torch.cat(t) for t in zip(*parts, strict=True))  # type: ignore[return-value]
+    empty = torch.zeros(0, dtype=torch.float32, device=logits.device)
+    k_empty = torch.zeros(0, ids.shape[1], dtype=torch.float32, device=logits.device)
+    parts = by_row_chunks(
+        _chunk,
+        (logits,),
+        (row_start, ids),
+        (n_excluded, float(temperature)),
+        (empty, empty, empty, k_empty),
+        compiled=compiled,
+    )
+    return parts  # type: ignore[return-value]
