@@ -251,3 +251,24 @@ def test_make_sample_trains_the_rules_under_the_sample_preset_and_a_learning_run
     default = asdict(config_from_preset("default", **given, checkpoint="random", max_new_tokens=6))
     assert configs["learning"] == {**default, "keep_rate": 0.03}
     assert all(trustlens.load_run(tmp_path / n).sampled for n in configs)
+
+
+def test_demo_trains_a_seed_the_shipped_sample_does_not_have(capsys, tmp_path):
+    from trustlens.train.sample import DEMO_SEED, default_sample_dir
+
+    shipped = trustlens.load_run(default_sample_dir() / "learning").manifest["config"]["seed"]
+    code, _, _ = run_cli(capsys, "demo", *QUICK, "--steps", "1", "--out", str(tmp_path / "d"), "--no-dashboard")
+    assert code == 0 and trustlens.load_run(tmp_path / "d").manifest["config"]["seed"] == DEMO_SEED != shipped
+    code, _, _ = run_cli(
+        capsys, "demo", *QUICK, "--steps", "1", "--seed", "7", "--out", str(tmp_path / "e"), "--no-dashboard"
+    )
+    assert trustlens.load_run(tmp_path / "e").manifest["config"]["seed"] == 7  # a given seed wins
+
+
+def test_demo_view_puts_the_run_beside_the_collapse_and_a_stable_dppo_run():
+    from trustlens.train.sample import demo_view
+
+    assert demo_view("demo", 8501) == (
+        "http://127.0.0.1:8501/compare?run=demo&compare=demo&compare=sample_run%2Fpg_is"
+        "&compare=sample_run%2Fdppo_binary_tv"
+    )
