@@ -10,8 +10,9 @@
 On the CPU the valid rows are gathered a chunk of about LOGIT_CHUNK_ELEMENTS (rows × vocabulary)
 at a time, so that no (N, V) copy of them is made. On CUDA one logit pass
 (trustlens.divergence.kernels) reads every valid row in place once for all three quantities; the
-checks of the inputs are device-side flags read back in one host synchronisation, and only when
-one is set does the chunked path run again to name the argument and the (b, t) of the bad value.
+checks of the inputs are device-side flags, read back by `record` with its other checks in its
+one host synchronisation (`pending_logit_quantities`), and only when one is set does the chunked
+path run again to name the argument and the (b, t) of the bad value.
 """
 
 from __future__ import annotations
@@ -52,6 +53,43 @@ def logit_quantities(
     `want_entropy`) and the top-K TV/KL (when μ's top-K is given) at the valid positions, in
     float32 (float64 when the logits are). `ids` are checked here against the vocabulary at the
     valid positions; a bad argument is a ValueError naming it (and the (b, t) of a bad value)."""
+    pending = pending_logit_quantities(
+        logits, mask, ids, topk_ids, topk_logp, mu_logp, temperature, want_entropy=want_entropy
+    )
+    if pending.bad is not None and bool(pending.bad):  # one host synchronisation
+        pending.explain()
+    return pending.columns
+
+
+@dataclasses.dataclass
+class PendingQuantities:
+    """`logit_quantities` before its value checks are read back: `columns` are valid only while
+    `bad` is False."""
+
+    columns: dict[str, torch.Tensor]  # name -> (B, T)
+    bad: torch.Tensor | None  # () bool on the logits' device: an input check failed; None: checked already
+    given: LogitInputs  # the arguments, for `explain`
+
+    def explain(self) -> None:
+        """Run the checked path, which raises the ValueError naming the bad value (when `bad`)."""
+        if self.bad is not None:
+            _chunked(self.given)
+
+
+def pending_logit_quantities(
+    logits: object,
+    mask: torch.Tensor,
+    ids: torch.Tensor,
+    topk_ids: object,
+    topk_logp: object,
+    mu_logp: torch.Tensor | None,
+    temperature: float,
+    *,
+    want_entropy: bool,
+) -> PendingQuantities:
+    """`logit_quantities` (same arguments) without reading anything back on an accelerator: its
+    checks there become the device flag `bad`, for the caller to read with its own (`record`'s
+    one host synchronisation). On the CPU the quantities come checked (`bad` None)."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(mask.shape):
         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"logits must be a (B, T, V) tensor with (B, T) = {tuple(mask.shape)}, got {got}")
@@ -66,8 +104,10 @@ def logit_quantities(
         topk = checked_ids.to(mask.device).reshape(-1, k), topk_logp.to(mask.device).reshape(-1, k)
     given = LogitInputs(logits, mask, ids, topk, mu_logp, temperature, want_entropy)
     impl = kernels.pass_impl(logits.device)
-    found = None if impl is None else _one_pass(given, impl)
-    return _chunked(given) if found is None else found
+    if impl is None:
+        return PendingQuantities(_chunked(given), None, given)
+    columns, bad = _one_pass(given, impl)
+    return PendingQuantities(columns, bad, given)
 
 
 @dataclasses.dataclass
@@ -153,12 +193,13 @@ def _chunked(given: LogitInputs) -> dict[str, torch.Tensor]:
     return {name: t.reshape(mask.shape) for name, t in out.items()}
 
 
-def _one_pass(given: LogitInputs, impl: str) -> dict[str, torch.Tensor] | None:
-    """The quantities from one logit pass over the valid rows in place, with no Python loop over
-    rows and one host synchronisation; None when an input check fails (the caller then runs
-    `_chunked`, which names the bad value). The checks, as device-side flags: sampled ids in
-    the vocabulary, top-K ids in it and distinct, log μ on them ≤ 0 and of total mass ≤ 1, a_t in
-    every set without `mu_logp`, and finite logits rows (from the pass's own running values)."""
+def _one_pass(given: LogitInputs, impl: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(the quantities, bad) from one logit pass over the valid rows in place, with no Python
+    loop over rows and no host synchronisation; `bad` () bool: an input check failed (the caller
+    then runs `_chunked`, which names the bad value). The checks, as device-side flags: sampled
+    ids in the vocabulary, top-K ids in it and distinct, log μ on them ≤ 0 and of total mass ≤ 1,
+    a_t in every set without `mu_logp`, and finite logits rows (from the pass's own running
+    values)."""
     logits, mask, ids, topk, mu_logp, temperature, want_entropy = given.parts()
     vocab, device = logits.shape[-1], logits.device
     valid = mask.to(device).reshape(-1)  # (B·T,)
@@ -180,8 +221,7 @@ def _one_pass(given: LogitInputs, impl: str) -> dict[str, torch.Tensor] | None:
         log_mu_rest = torch.full_like(mass, -math.inf) if k == vocab else log1mexp(mass.clamp(max=0.0))
     done = kernels.run_pass(logits, kernels.row_starts(logits, valid), set_ids, k, temperature, impl)
     flags.append(done.bad)
-    if bool(torch.stack([f.any() for f in flags]).any()):  # the one host synchronisation
-        return None
+    bad = torch.cat(flags).any()
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     out = {}
     if want_entropy:
@@ -193,4 +233,4 @@ def _one_pass(given: LogitInputs, impl: str) -> dict[str, torch.Tensor] | None:
         )
         zero = torch.zeros((), dtype=tv.dtype, device=device)
         out["topk_tv"], out["topk_kl"] = (torch.where(valid, t, zero).to(dtype) for t in (tv, kl))
-    return {name: t.reshape(mask.shape) for name, t in out.items()}
+    return {name: t.reshape(mask.shape) for name, t in out.items()}, bad

@@ -35,17 +35,16 @@ from trustlens.record.args import (
 )
 from trustlens.record.columns import RecordedColumns
 from trustlens.record.logged_rows import metrics_batch, samples_batch
-from trustlens.record.logit_quantities import logit_quantities
+from trustlens.record.logit_quantities import pending_logit_quantities
 from trustlens.record.sample_ids import SampleIds
 from trustlens.record.token_rows import (
     Buffers,
     TokenRows,
-    check_rows,
     derive_rows,
-    finish_rows,
+    derive_staged,
     snapshot_token_ids,
     snapshot_values,
-    take_rows,
+    stage_rows,
 )
 from trustlens.rules import RULES, RuleSpec, resolve_rules
 from trustlens.run import signals
@@ -101,6 +100,8 @@ class TokenRecorder:
     # The class `TokenRecorder(..., enabled=False)` returns: NullRecorder, a subclass defined in
     # trustlens.record.null, which registers itself here (importing trustlens.record does).
     disabled_class: ClassVar[type[TokenRecorder] | None] = None
+    # True: CPU tensors take the accelerator's path (`stage_rows`), so that tests can run it
+    _staged_on_cpu = False
 
     def __new__(cls, *args: Any, enabled: bool = True, **kwargs: Any) -> TokenRecorder:
         if not enabled and cls is TokenRecorder and cls.disabled_class is not None:
@@ -144,6 +145,7 @@ class TokenRecorder:
         # the copies of record calls, reused once their rows are taken: as many sets as can be in
         # flight (the queue's and the one the writer works on), so none is allocated again
         self._buffers = Buffers(keep=queue_size + 1)
+        self._host = Buffers(keep=queue_size + 1, pin=True)  # host copies of an accelerator's rows
         flush_seconds = positive_seconds("flush_seconds", flush_seconds)
         writer_timeout = positive_seconds("writer_timeout", writer_timeout)
         self.rank, self.world_size = distributed_rank(rank, world_size)
@@ -231,8 +233,10 @@ class TokenRecorder:
         Shapes, types and arguments are checked before anything is queued: a bad one raises
         ValueError (naming the argument and what is wrong) and records nothing. The values
         (NaN, ±inf, log-probabilities > 0, negative divergences, ids outside [0, 2³¹)) are
-        checked on the recorder's copy: for accelerator tensors in this call, likewise; for CPU
-        tensors by the writer thread, off the training step's path, so that a bad value is found
+        checked on the recorder's copy: for accelerator tensors on the device, read back with
+        the row count in the call's one host synchronisation, a bad value raising from this call
+        (its rows then leave the device in non-blocking copies the writer thread waits for); for
+        CPU tensors by the writer thread, off the training step's path, so that a bad value is found
         after the call returned: that call's rows are dropped (its default sample ids stay
         used) and the next `record`, `log_*`, `flush` or `close` raises `RejectedInputError`
         (a ValueError naming the call's step and update, the argument and the (b, t) index), after
@@ -286,25 +290,37 @@ class TokenRecorder:
         groups = samples if group_ids is None else self._ids.of_call("group_ids", group_ids, shape[0], device, None)
         ids = snapshot_token_ids(token_ids, mask, self._buffers)
         columns = {k: v for k, v in per_token.items() if v is not None}
+        # an accelerator's inputs are checked on the device and read back once (`stage_rows`):
+        # flags (bool tensors, True: a check failed) and the checks that name the bad value
+        staged = device.type != "cpu" or self._staged_on_cpu
+        flags: list[torch.Tensor] = []
+        explain: list = []
         per_sequence = None  # (B,) advantages per sequence, checked and copied (not per token: no (B, T) copy)
         if checked_advantages(advantages, shape).dim() == 2:
             columns["advantages"] = advantages
         else:
-            per_sequence = check_tensor("advantages", advantages).detach().to(device, copy=True)
+            per_sequence = advantages.detach().to(device, copy=True)
+            if staged:
+                flags.append(~torch.isfinite(per_sequence).all())
+                explain.append(functools.partial(check_tensor, "advantages", per_sequence))
+            else:
+                check_tensor("advantages", per_sequence)
         if logits is not None:
             given_topk = topk_tv is not None
-            columns.update(
-                logit_quantities(
-                    logits,
-                    mask,
-                    ids,
-                    None if given_topk else mu_topk_ids,
-                    None if given_topk else mu_topk_logp,
-                    mu_logp,
-                    temperature,
-                    want_entropy=entropy is None,
-                )
+            pending = pending_logit_quantities(
+                logits,
+                mask,
+                ids,
+                None if given_topk else mu_topk_ids,
+                None if given_topk else mu_topk_logp,
+                mu_logp,
+                temperature,
+                want_entropy=entropy is None,
             )
+            if pending.bad is not None:
+                flags.append(pending.bad)
+                explain.append(pending.explain)
+            columns.update(pending.columns)
         evaluable, recorded = self._columns.evaluable(tuple(columns), tuple(decided))
         rows = TokenRows(
             mask=mask,
@@ -317,21 +333,20 @@ class TokenRecorder:
             decided_rules=list(decided),
             decided=torch.stack([d.to(device) for d in decided.values()]) if decided else None,
             buffers=self._buffers,
-            checked=device.type != "cpu",
+            checked=False,
         )
-        if rows.checked:  # an accelerator's rows are checked and taken here
-            check_rows(rows)
+        if staged:  # checked here in one host synchronisation, copied to the host without waiting
+            on_host, n_rows = stage_rows(rows, flags, explain, self._host)
+            job = functools.partial(derive_staged, step, update, on_host, self.rules, evaluable, self.keep, self.rank)
+        else:  # checked, taken and derived by the writer thread (same device, off the training step's path)
+            if flags and bool(torch.stack([f.any() for f in flags]).any()):
+                for check in explain:
+                    check()
+            n_rows = int(mask.count_nonzero())
+            job = functools.partial(derive_rows, step, update, rows, self.rules, evaluable, self.keep, self.rank)
         manifest_update = self._columns.note_anchor("mu" if mu_logp is not None else "old", recorded)
         if manifest_update is not None:
             self._writer.put_manifest(manifest_update)
-        n_rows = int(mask.count_nonzero())
-        # on the CPU the rows are taken and derived by the writer thread (same device, off the
-        # training step's path); elsewhere taken here, so that only compact rows leave the device.
-        if device.type == "cpu":
-            job = functools.partial(derive_rows, step, update, rows, self.rules, evaluable, self.keep, self.rank)
-        else:
-            taken = take_rows(step, update, rows, self.rules)
-            job = functools.partial(finish_rows, taken, self.rules, evaluable, self.keep, self.rank)
         # last: the writer thread wakes up to it and would compete for the GIL with any torch op after
         self._writer.put_tokens(job)
         self._ids.note(id_key, samples, shape[0])
