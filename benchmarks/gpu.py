@@ -9,12 +9,17 @@
    calls, variants interleaved call by call, CUDA events; GB/s of logits read; ratios against the
    compiled reference. Goal on an H100 for 8,192 × 151,936 bfloat16: ≤ 1.2 ms, ≥ 2 TB/s, ≥ 1.6×
    faster than the compiled reference.
+   The exact pass (exact TV and KL(μ ‖ π) over the vocabulary from π's and μ's logits; it reads
+   both rows twice, and its TB/s count all four reads) against the two-log-softmax reference of
+   benchmarks/divergence.py, eager and compiled, same shapes.
 2. The training-step overhead of `record` on a Qwen2.5-0.5B-shaped model (random init from
    transformers' Qwen2Config, bfloat16, B = 8, T = 1024, AdamW, gradient checkpointing), steps
    interleaved over --steps rounds: no recorder / `record` without logits / `record` with logits
    and μ's top-K. Goals: ≤ 1 % and ≤ 2 % over the step without recording.
 3. The peak extra GPU memory of one `record` call with logits and top-K (torch's allocator peak
-   over what was allocated before the call). Goal: ≤ 256 MiB.
+   over what was allocated before the call). Goal: ≤ 256 MiB. And the host synchronisations of
+   one such call, counted by torch.cuda.set_sync_debug_mode("warn") in the caller's thread
+   after a warm-up call. Goal: ≤ 1.
 4. --check: the rows of a small recording made from CUDA tensors equal those made from the same
    tensors on the CPU (log-probabilities and divergences within 1e-6, entropy within 1e-5
    relative). Exit status 1 when they do not.
@@ -27,12 +32,13 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from divergence import topk_reference  # benchmarks/divergence.py
+from divergence import exact_reference, topk_reference  # benchmarks/divergence.py
 
 from trustlens import TokenRecorder, load_run
 from trustlens.divergence import kernels
@@ -93,6 +99,32 @@ def logit_pass_bench(n: int, vocab: int, k: int, reps: int) -> None:
             ratio = ms["reference, compiled"] / t
             print(f"  {name:30s} {t:8.3f} ms  {gb / t:6.2f} TB/s  {ratio:5.2f}× the compiled reference's speed")
         del logits, ids
+
+
+def exact_pass_bench(n: int, vocab: int, reps: int) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    compiled_reference = torch.compile(exact_reference)
+    for dtype in (torch.float32, torch.bfloat16):
+        pi = (torch.randn(n, vocab, device="cuda", generator=gen) * 2).to(dtype)
+        mu = (pi.float() + 0.3 * torch.randn(n, vocab, device="cuda", generator=gen)).to(dtype)
+        variants = {
+            "amax of both (one read)": lambda pi=pi, mu=mu: (pi.amax(-1), mu.amax(-1)),
+            "exact pass (triton)": lambda pi=pi, mu=mu: kernels.run_exact(pi, mu, 1.0, "triton"),
+            "exact pass (torch fallback)": lambda pi=pi, mu=mu: kernels.run_exact(pi, mu, 1.0, "torch"),
+            "reference, eager": lambda pi=pi, mu=mu: exact_reference(pi, mu),
+            "reference, compiled": lambda pi=pi, mu=mu: compiled_reference(pi, mu),
+        }
+        if not kernels.triton_available():
+            del variants["exact pass (triton)"]
+        ms = interleaved(variants, reps)
+        gb = 2 * pi.numel() * pi.element_size() / 1e9  # both tensors, once
+        print(f"\nexact pass, {dtype}, N = {n}, V = {vocab} ({gb:.2f} GB of logits), median of {reps}:")
+        for name, t in ms.items():
+            reads = 2 if name.startswith("exact pass") else 1  # the pass reads both rows twice
+            ratio = ms["reference, compiled"] / t
+            speed = f"{reads * gb / t:6.2f} TB/s read  {ratio:5.2f}× the compiled reference's speed"
+            print(f"  {name:30s} {t:8.3f} ms  {speed}")
+        del pi, mu
 
 
 def model_and_batch(b: int, t: int):
@@ -197,6 +229,34 @@ def peak_memory(recorder, model, ids, targets, mask, extra, step_no: int) -> Non
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - before) / 2**20
     print(f"\npeak extra GPU memory of one record call with logits + top-K: {peak:.1f} MiB (goal ≤ 256 MiB)")
+    given = dict(
+        token_ids=targets,
+        response_mask=mask,
+        pi_logp=logp,
+        mu_logp=(logp - 0.01).clamp(max=0.0),
+        advantages=extra["advantages"],
+        logits=out,
+        mu_topk_ids=extra["mu_topk_ids"],
+        mu_topk_logp=extra["mu_topk_logp"],
+    )
+    syncs = host_syncs(lambda: recorder.record(step_no + 1, **given))
+    print(f"host synchronisations in one record call with logits + top-K: {len(syncs)} (goal ≤ 1)")
+    for message in syncs:
+        print(f"  {message}")
+
+
+def host_syncs(call) -> list[str]:
+    """The synchronising CUDA calls torch reports while `call` runs (set_sync_debug_mode "warn"),
+    in this thread: the writer thread's wait on its event is not a call of this thread's."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
 
 
 def check_rows() -> bool:
@@ -259,6 +319,7 @@ def main() -> int:
     if args.check:
         return 0 if check_rows() else 1
     logit_pass_bench(args.n, args.vocab, args.k, args.reps)
+    exact_pass_bench(args.n, args.vocab, args.reps)
     step_overhead(args.steps, args.k)
     return 0 if check_rows() else 1
 

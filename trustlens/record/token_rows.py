@@ -14,7 +14,10 @@ other core, the caller's share of benchmarks/recorder.py fell from 4.85–5.88% 
 the raw write when the checks left the caller (4 alternating pairs of runs, each the median of 5
 rounds, idle machine, 2026-11-26). A bad CPU input is
 then found after its call returned: its rows are dropped and the next call raises
-`RejectedInputError`. Accelerator tensors are checked and taken in the call.
+`RejectedInputError`. Accelerator tensors are checked on the device and read back once, with the
+row count, in the call (`stage_rows`): a bad value raises from that call; clean rows leave the
+device in non-blocking copies to pinned host buffers, which the writer thread waits for (a CUDA
+event) before taking them as it takes a CPU call's (`derive_staged`).
 """
 
 from __future__ import annotations
