@@ -260,3 +260,13 @@ def test_confusion_heatmap_stays_readable_with_every_rule():
 def test_float_noise_is_drawn_as_zero():
     df = pl.DataFrame({"step": [0, 1, 2], "k3_kl": [1.8e-15, -3e-12, 2e-9]})
     assert P.zero_noise(df, ["k3_kl"])["k3_kl"].to_list() == [0.0, 0.0, 2e-9]
+
+
+def test_the_rules_legend_sits_beside_the_block_rate_panel(run):
+    signals = A.step_signals(run)
+    fig = P.collapse_timeline(signals, panels=("entropy", "reward"))
+    rules = [tr for tr in fig.data if f"blocked_{tr.name}" in signals.columns]
+    assert rules and all(tr.legend == "legend2" for tr in rules)  # not in the top panels' legend
+    assert fig.layout.legend2.y == fig.layout.yaxis3.domain[1]  # level with the last panel's top
+    heat = P.confusion_heatmap(A.confusion_matrix(run.tokens))
+    assert heat.data[0].texttemplate == "%{customdata:,.0f}"  # counts, which differ where rates print 0.0 %

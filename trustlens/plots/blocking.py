@@ -252,8 +252,9 @@ def blocked_per_step_lines(
 
 
 def confusion_heatmap(matrix: pl.DataFrame, *, title: str = "Blocked by row rule, not by column rule") -> go.Figure:
-    """The mask-confusion heatmap of `analysis.confusion_matrix`: cell (a, b) is the fraction of
-    tokens rule a blocks and rule b lets through."""
+    """The mask-confusion heatmap of `analysis.confusion_matrix`: cell (a, b) is coloured by the
+    fraction of A ≠ 0 tokens rule a blocks and rule b lets through and prints their count (the
+    rate on hover)."""
     if matrix.is_empty():
         return empty(title, "no rules evaluated")
     rules = list(dict.fromkeys(matrix["rule_a"].to_list()))
@@ -272,7 +273,7 @@ def confusion_heatmap(matrix: pl.DataFrame, *, title: str = "Blocked by row rule
             y=labels,
             colorscale="Reds",
             customdata=k,
-            texttemplate="%{z:.1%}",
+            texttemplate="%{customdata:,.0f}",  # counts: rates of 0.0x % all print as "0.0 %"
             textfont={"size": 11 if len(rules) <= 6 else 9},
             hovertemplate="blocked by %{y}, not by %{x}: %{z:.2%} of A ≠ 0 tokens (%{customdata:.0f})<extra></extra>",
             colorbar={"title": "fraction", "tickformat": ".1%"},

@@ -75,6 +75,7 @@ def collapse_timeline(
                     mode="lines",
                     name=safe_text(rule),
                     line_color=colours[rule],
+                    legend="legend2",  # the rules' legend sits beside their panel, not the top ones
                 ),
                 row=len(rows),
                 col=1,
@@ -102,6 +103,9 @@ def collapse_timeline(
                 )
     fig.update_xaxes(title_text="step", row=len(rows), col=1)
     fig.update_layout(title=safe_text(title), height=160 * len(rows) + 120)
+    if blocked:  # the rules' legend level with the block-rate panel (the last)
+        top = fig.layout[f"yaxis{len(rows) if len(rows) > 1 else ''}"].domain[1]
+        fig.update_layout(legend2={"y": top, "yanchor": "top", "x": 1.02, "xanchor": "left"})
     return fig
 
 
