@@ -23,6 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from trustlens.core.values import check_port, port_arg
+
 # The environment variable the app reads its runs folder (or single run) from.
 RUNS_ENV = "TRUSTLENS_RUNS"
 # The app's entry script, inside the app folder.
@@ -112,8 +114,7 @@ def start(
             raise FileNotFoundError(
                 f"the shipped sample run is missing ({path}); pass a RUNS_DIR, or record a run with `trustlens demo`"
             )
-    if not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ValueError(f"port must be an integer in 1..65535, got {port!r}")
+    check_port("port", port)
     env = dict(os.environ, **{RUNS_ENV: runs_location(path)})
     return subprocess.Popen(streamlit_command(port, host, open_browser), env=env, **popen)
 
@@ -189,7 +190,7 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         help="a folder of recorded runs, or one run; a local path or an object-store URL such as "
         "s3://bucket/prefix (default: the shipped sample run)",
     )
-    parser.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
+    parser.add_argument("--port", type=port_arg, default=8501, help="port to serve on (default 8501)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--open", action="store_true", help="open a browser tab")
     parser.epilog = (

@@ -52,7 +52,7 @@ def cases(fx: Fixtures) -> list[Case]:
         extra = EXTRA.get(name, ())
         for label, value in WRONG.items():
             out.append(bad(A, f"{name} {label}", lambda fn=fn, value=value, extra=extra: fn(value, *extra), word))
-    for name in ("detect_collapse", "step_signals", "doctor"):
+    for name in ("detect_collapse", "step_signals"):
         fn = getattr(analysis, name)
         out.append(bad(A, f"{name} the token rows", lambda fn=fn: fn(rows), name, "run"))
     # rule names: a typo, one the run did not record, a number
@@ -246,6 +246,7 @@ def _valid_cases(fx: Fixtures, run) -> list[Case]:
             lambda: analysis.rule_confusion(run, "ppo", "dppo_binary_tv", per_step=False),
             lambda t: t.height >= 1,
         ),
+        ok(A, "doctor the token rows", lambda: analysis.doctor(run.tokens), lambda r: len(r) > 0),
         ok(A, "mismatch_unavailable the run", lambda: analysis.mismatch_unavailable(run), lambda r: r is None),
         ok(
             A,

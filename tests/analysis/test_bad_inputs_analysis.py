@@ -126,3 +126,24 @@ def test_valid_analysis_edge_cases(run):
     assert summary.height == 0
     blocked = analysis.blocked_per_step(run).filter(pl.col("rule") == "ppo").sort("step")
     assert blocked["blocked"].to_list() == [0, 1, 0]
+
+
+@pytest.mark.parametrize("given", list(WRONG))
+def test_exact_aggregates_and_doctor_name_what_they_were_given(given):
+    with pytest.raises(TypeError, match="exact_aggregates: run must be"):
+        analysis.exact_aggregates(WRONG[given])
+    if given != "a path":  # doctor loads a path
+        with pytest.raises(TypeError, match="doctor: run must be"):
+            analysis.doctor(WRONG[given])
+
+
+@pytest.mark.parametrize("steps", [(5, 1), 3, (-2, 1)])
+def test_exact_aggregates_names_its_steps(run, steps):
+    with pytest.raises((TypeError, ValueError), match=r"^steps"):
+        analysis.exact_aggregates(run, steps=steps)
+
+
+@pytest.mark.parametrize("function", ["blocked_per_step", "blocked_by_token", "blocked_anchor_quantiles"])
+def test_a_rule_that_is_not_a_name_is_named(run, function):
+    with pytest.raises(TypeError, match=r"^rules"):
+        getattr(analysis, function)(run, 7)

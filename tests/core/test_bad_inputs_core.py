@@ -107,6 +107,23 @@ VALUE_CASES = [
 ]
 
 
+VALUE_CASES += [
+    *[(values.check_bool, {}, v, TypeError) for v in ("no", "false", 1, 0, None, 1.0)],
+    *[
+        (values.check_step_range, {}, v, e)
+        for v, e in [
+            (3, TypeError),
+            ((5, 1), ValueError),
+            ((-2, 1), ValueError),
+            ((0, 1.5), TypeError),
+            ((1, 2, 3), TypeError),
+        ]
+    ],
+    (values.check_type, {"kinds": dict, "expected": "a mapping"}, [1], TypeError),
+    (values.check_columns, {"required": ["step"]}, ["k3"], ValueError),
+]
+
+
 @pytest.mark.parametrize(("check", "kwargs", "value", "error"), VALUE_CASES)
 def test_value_checks_name_the_argument(check, kwargs, value, error):
     with pytest.raises(error, match=r"^the_arg"):

@@ -52,6 +52,9 @@ CONSTRUCTOR_CASES = [
     (dict(keep=0.1), ValueError, "keep"),
     (dict(config=[1, 2]), ValueError, "config"),
     (dict(resume=True, overwrite=True), ValueError, "resume"),
+    (dict(resume="no"), TypeError, "resume"),
+    (dict(overwrite="yes"), TypeError, "overwrite"),
+    (dict(enabled="false"), TypeError, "enabled"),
 ]
 
 
@@ -135,6 +138,9 @@ SAMPLES_CASES = [
     (dict(rewards=[1.0, INF]), ValueError, "rewards"),
     (dict(rewards=[1.0], responses=["a", "b"]), ValueError, "rewards"),
     (dict(rewards="12"), ValueError, "rewards"),
+    (dict(rewards=["1", "0"]), TypeError, r"rewards\[0\]"),
+    (dict(advantages=[[1.0], [0.0]]), TypeError, r"advantages\[0\]"),
+    (dict(advantages=torch.ones(2, 2)), TypeError, r"advantages\[0\]"),
 ]
 
 
@@ -146,7 +152,14 @@ def test_log_samples_names_the_argument(tmp_path, over, error, named):
 
 @pytest.mark.parametrize(
     ("metrics", "named"),
-    [([1.0], "metrics"), ({"a": "x"}, "'a'"), ({3: 1.0}, "3"), ({"a": torch.ones(2)}, "'a'"), ({"a": True}, "'a'")],
+    [
+        ([1.0], "metrics"),
+        ({"": 1.0}, "metric names"),
+        ({"a": "x"}, "'a'"),
+        ({3: 1.0}, "3"),
+        ({"a": torch.ones(2)}, "'a'"),
+        ({"a": True}, "'a'"),
+    ],
 )
 def test_log_metrics_names_the_argument(tmp_path, metrics, named):
     with TokenRecorder(tmp_path / "run") as rec, pytest.raises(ValueError, match=named):

@@ -167,3 +167,16 @@ def test_valid_reading_edge_cases(tmp_path):
     )
     tokens = load_run(no_mu).tokens.collect()
     assert tokens["mu_logp"].to_list() == [None] and tokens["pi_logp"].to_list() == [float("-inf")]
+
+
+def test_run_json_rules_not_a_mapping_loads_the_parts_with_a_warning(tmp_path):
+    import json
+
+    from trustlens.synthetic import write_synthetic_run
+
+    path = write_synthetic_run(tmp_path / "r", steps=2, samples_per_step=8, seq_len=4, group_size=4)
+    rows = load_run(path).tokens.collect().height
+    manifest = json.loads((tmp_path / "r" / "run.json").read_text())
+    (tmp_path / "r" / "run.json").write_text(json.dumps({**manifest, "rules": "ppo"}))
+    with pytest.warns(RunWarning, match="rules 'ppo': not a mapping"):
+        assert load_run(path).tokens.collect().height == rows

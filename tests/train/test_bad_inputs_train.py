@@ -26,6 +26,12 @@ CASES = [
     ("rollout_precision", "fp16", ValueError),
     ("keep_rate", 0, ValueError),
     ("partial_credit", 1.0, ValueError),
+    ("rollout_lag", -1, ValueError),
+    ("scale_advantages", "yes", TypeError),
+    ("record", "no", TypeError),
+    ("checkpoint", "", ValueError),
+    ("checkpoint", "/nonexistent/warmstart", ValueError),
+    ("mirror", 3, TypeError),
 ]
 
 
@@ -42,3 +48,11 @@ def test_demo_refuses_a_bad_port_before_training(capsys, tmp_path, port):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "argument --port: expected a TCP port" in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
+def test_dashboard_refuses_a_bad_port_while_parsing(capsys, tmp_path, port):
+    with pytest.raises(SystemExit) as exit_:
+        main(["dashboard", str(tmp_path), "--port", port])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --port: expected a TCP port" in err and "Traceback" not in err

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from trustlens.analysis.tokens import anchor_column, rules_of
+from trustlens.core.values import check_str
 from trustlens.run import blocked_column
 
 LN10 = math.log(10.0)
@@ -68,7 +69,11 @@ def checked_rules(tokens: pl.LazyFrame, rules: str | Sequence[str] | None) -> li
     have = rules_of(tokens)
     if rules is None:
         return have
+    if not isinstance(rules, (str, list, tuple)):
+        raise TypeError(f"rules must be a rule name or a list of them, got {type(rules).__name__} {rules!r:.80}")
     wanted = [rules] if isinstance(rules, str) else list(rules)
+    for i, r in enumerate(wanted):
+        check_str(f"rules[{i}]", r)
     missing = [r for r in wanted if r not in have]
     if missing:
         raise ValueError(

@@ -35,7 +35,8 @@ from trustlens.analysis.buckets import (
     weighted_mean,
     zero_advantage_frac,
 )
-from trustlens.analysis.inputs import RunOrTokens, token_rows
+from trustlens.analysis.inputs import RunOrTokens, require_run, token_rows
+from trustlens.core.values import check_step_range
 from trustlens.run.aggregates import step_aggregates
 
 
@@ -43,11 +44,13 @@ def exact_aggregates(run, steps: tuple[int, int] | None = None) -> pl.LazyFrame 
     """The exact aggregates of all tokens of a sampled `run` (`Run.aggregates`), limited to steps
     in [lo, hi] when `steps` is given, for the `aggregates` argument of the analyses; None for a
     run that recorded every token (its rows are exact already)."""
-    if not getattr(run, "sampled", False):
+    run = require_run("exact_aggregates", run)
+    bounds = None if steps is None else check_step_range("steps", steps)
+    if not run.sampled:
         return None
-    if steps is None:
+    if bounds is None:
         return run.aggregates
-    return run.aggregates.filter(pl.col("step").is_between(*steps))
+    return run.aggregates.filter(pl.col("step").is_between(*bounds))
 
 
 def step_summary_query(tokens: pl.LazyFrame, *, counts: bool = True) -> pl.LazyFrame:

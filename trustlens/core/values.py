@@ -139,6 +139,41 @@ def check_existing_dir(name: str, value: object) -> Path:
     return path
 
 
+def check_bool(name: str, value: object) -> bool:
+    """True or False (a numpy bool too); a string such as "no" is refused, not read as true."""
+    if type(value).__name__ not in ("bool", "bool_"):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r:.80}")
+    return bool(value)
+
+
+def check_type(name: str, value: object, kinds: type | tuple[type, ...], expected: str) -> object:
+    """`value` when it is an instance of `kinds`; else a TypeError naming the argument,
+    `expected` (e.g. "a polars DataFrame") and what was given."""
+    if not isinstance(value, kinds):
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r:.80}")
+    return value
+
+
+def check_columns(name: str, columns: Iterable[str], required: Iterable[str]) -> None:
+    """Require every name of `required` among `columns` (a table's), naming the missing ones and
+    the closest column to each."""
+    have = list(columns)
+    missing = [c for c in required if c not in have]
+    if missing:
+        hints = "".join(closest(c, have) for c in missing)
+        raise ValueError(f"{name} lacks the column(s) {', '.join(missing)}{hints}; it has {', '.join(have) or 'none'}")
+
+
+def check_step_range(name: str, value: object) -> tuple[int, int]:
+    """A (first, last) pair of steps: integers with 0 ≤ first ≤ last."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be a (first, last) pair of steps, got {type(value).__name__} {value!r:.80}")
+    lo, hi = check_int(f"{name}[0]", value[0], low=0), check_int(f"{name}[1]", value[1], low=0)
+    if lo > hi:
+        raise ValueError(f"{name} must be a (first, last) pair with first ≤ last, got {tuple(value)!r}")
+    return lo, hi
+
+
 def check_port(name: str, value: object) -> int:
     """A TCP port: an integer in [1, 65535]."""
     return check_int(name, value, low=1, high=65535)

@@ -22,6 +22,8 @@ from typing import Any
 import polars as pl
 
 from trustlens.analysis.collapse import detect_collapse
+from trustlens.analysis.inputs import require_run
+from trustlens.core.values import check_path, check_type
 from trustlens.export.scalars import step_scalars
 from trustlens.export.sinks import TensorBoardSink, WandbSink
 from trustlens.run import NoRowsError, load_run
@@ -50,6 +52,7 @@ def export_run(run, sink) -> int:
 
 def export_tensorboard(runs: Sequence[Any], logdir: str | os.PathLike) -> dict[str, int]:
     """Each run (a Run or a path) into LOGDIR/<run name>; {run name: steps written}."""
+    check_path("logdir", logdir)
     done = {}
     for run in _runs(runs):
         sink = TensorBoardSink(_join(os.fspath(logdir), run.name))
@@ -80,6 +83,8 @@ def driving_tokens(run, alerts: pl.DataFrame) -> pl.DataFrame:
     order of its `tokens` list (strongest first, ties by sample, update, position:
     `trustlens.analysis.drivers`). π_old is shown beside π because mismatch_growth ranks by μ
     against π_old. Token text is untrusted: shown as text."""
+    require_run("driving_tokens", run)
+    check_type("alerts", alerts, pl.DataFrame, "a polars DataFrame of alerts (trustlens.analysis.detect_collapse)")
     keys = (
         alerts.with_row_index("alert")
         .select(

@@ -41,6 +41,7 @@ import polars as pl
 from trustlens.analysis.buckets import zero_advantage_frac
 from trustlens.analysis.mismatch import logged_per_step, mismatch_per_step
 from trustlens.core.render import escape_markdown
+from trustlens.core.values import check_type
 from trustlens.metrics import MISMATCH_METRICS, blocked_rate
 from trustlens.run import BLOCKED_PREFIX, NoRowsError
 from trustlens.run.aggregates import per_step_scalars
@@ -54,6 +55,7 @@ def token_scalars(tokens: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:
     are plain means over the rows: for all of a step's tokens, not a sample's kept rows
     (`step_scalars` takes a sampled run's from its aggregates); of weighted rows, the
     sequence-level mismatch metrics are left out (`mismatch_per_step`)."""
+    check_type("tokens", tokens, (pl.LazyFrame, pl.DataFrame), "a polars LazyFrame or DataFrame of token rows")
     tokens = tokens.lazy()
     names = tokens.collect_schema().names()
     if "advantage" not in names:
@@ -90,6 +92,8 @@ def step_scalars(run, *, shard: bool = False) -> pl.DataFrame:
     or anything with its `metrics`, `tokens`, `aggregates` and `sampled`. Where both give a
     value for a step and name, the records' wins over the logged one; with `shard` (the rows are
     one rank's of several), the logged one wins. NaN (no value) is left out; ±inf is a value."""
+    if not all(hasattr(run, a) for a in ("metrics", "tokens", "sampled")):
+        raise TypeError(f"step_scalars: run must be a Run (trustlens.load_run), got {type(run).__name__} {run!r:.80}")
     logged = _long([logged_per_step(run.metrics)]).filter(pl.col("value").is_not_nan())  # NaN: no value
     if run.sampled:  # exact, from the aggregates of all tokens
         exact = per_step_scalars(run.aggregates)
@@ -114,6 +118,7 @@ def step_scalars(run, *, shard: bool = False) -> pl.DataFrame:
 def alert_text(alerts: pl.DataFrame) -> dict[int, str]:
     """The collapse alerts (trustlens.analysis.detect_collapse) as Markdown, one text per step.
     Alert messages name rules read from the run: escaped, so that they render as text."""
+    check_type("alerts", alerts, pl.DataFrame, "a polars DataFrame of alerts (trustlens.analysis.detect_collapse)")
     lines: dict[int, list[str]] = {}
     for a in alerts.iter_rows(named=True):
         line = f"**{a['severity']}** {escape_markdown(a['kind'])} (steps {a['step']}–{a['end_step']}): "

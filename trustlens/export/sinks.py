@@ -16,6 +16,7 @@ from typing import Any
 
 import polars as pl
 
+from trustlens.core.values import check_path
 from trustlens.export.scalars import alert_text
 
 EXTRAS = {"tensorboardX": "tensorboard", "wandb": "wandb"}
@@ -39,7 +40,7 @@ class TensorBoardSink:
 
     def __init__(self, logdir: str | os.PathLike) -> None:
         tbx = require("tensorboardX")
-        self.logdir = os.fspath(logdir)
+        self.logdir = os.fspath(check_path("logdir", logdir))
         self._writer = tbx.SummaryWriter(self.logdir)
 
     def log_step(self, step: int, scalars: Mapping[str, float]) -> None:

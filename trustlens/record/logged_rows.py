@@ -13,9 +13,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from trustlens.core.values import check_int
+from trustlens.core.values import check_int, check_number
 from trustlens.record.args import check_unique
 from trustlens.run import table_schema
+
+
+def _is_nan(value: object) -> bool:
+    return isinstance(value, (float, np.floating)) and math.isnan(value)
 
 
 def metrics_batch(step: int, metrics: object) -> pa.RecordBatch:
@@ -25,8 +29,8 @@ def metrics_batch(step: int, metrics: object) -> pa.RecordBatch:
         raise ValueError(f"metrics must be a mapping name -> number, got {type(metrics).__name__}")
     names, values = [], []
     for name, value in metrics.items():
-        if not isinstance(name, str):
-            raise ValueError(f"metric names must be strings, got {name!r}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"metric names must be non-empty strings, got {name!r}")
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise ValueError(f"metric {name!r} must be a scalar, got a tensor of shape {tuple(value.shape)}")
@@ -68,10 +72,8 @@ def samples_batch(
     for arg, (name, given_value) in given.items():
         value: Any = given_value.tolist() if isinstance(given_value, (torch.Tensor, np.ndarray)) else given_value
         if name in ("reward", "advantage") and value is not None:
-            value = [None if v is None or math.isnan(v) else v for v in value]  # NaN: no value
-            bad = [i for i, v in enumerate(value) if v is not None and math.isinf(v)]
-            if bad:
-                raise ValueError(f"{arg} holds an infinite value at index {bad[0]}")
+            # NaN or None: no value; anything else a finite number (±inf, text or a list refused)
+            value = [None if v is None or _is_nan(v) else check_number(f"{arg}[{i}]", v) for i, v in enumerate(value)]
         if name in ("sample", "group", "length") and value is not None:  # a fractional id or length is refused
             value = [check_int(f"{arg}[{i}]", v, low=0 if name == "length" else None) for i, v in enumerate(value)]
         if name in ("prompt", "response") and value is not None:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 
 from trustlens.core.checks import check_mask, check_same_device, check_tensor
-from trustlens.core.values import check_path
+from trustlens.core.values import check_bool, check_path
 from trustlens.record.args import (
     check_arguments,
     check_tokenizer,
@@ -131,6 +131,8 @@ class TokenRecorder:
         model_kind: str = "dense",
     ) -> None:
         check_path("run_dir", run_dir)
+        for name, flag in (("enabled", enabled), ("resume", resume), ("overwrite", overwrite)):
+            check_bool(name, flag)
         check_tokenizer(tokenizer)
         if keep is not None and not isinstance(keep, Keep):
             raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from trustlens import __version__
+from trustlens.analysis.inputs import require_run
+from trustlens.core.values import check_path, check_str
 from trustlens.report.sections import esc, run_sections
 from trustlens.run import load_run
 
@@ -34,6 +36,12 @@ def build_report(runs: Sequence[Any], *, title: str = "trustlens report", progre
     """The report of `runs` (Runs or paths) as one HTML document."""
     import plotly.offline
 
+    check_str("title", title)
+    if isinstance(runs, (str, os.PathLike)) or not isinstance(runs, (list, tuple)):
+        raise TypeError(f"runs must be a list of Runs or run paths, got {type(runs).__name__} {runs!r:.80}")
+    for i, r in enumerate(runs):
+        if not isinstance(r, (str, os.PathLike)):
+            require_run(f"build_report: runs[{i}]", r, "it")
     loaded = [load_run(r) if isinstance(r, (str, os.PathLike)) else r for r in runs]
     if not loaded:
         raise ValueError("a report needs at least one run")
@@ -59,7 +67,7 @@ def build_report(runs: Sequence[Any], *, title: str = "trustlens report", progre
 
 def write_report(runs: Sequence[Any], out: str | os.PathLike, **kwargs: Any) -> Path:
     """Write the report of `runs` to `out` (an .html file); its path."""
-    path = Path(out)
+    path = Path(check_path("out", out))
     if path.is_dir():
         raise ValueError(f"{str(path)!r} is a folder: give the report's file name, e.g. {path / 'report.html'}")
     text = build_report(runs, **kwargs)

@@ -177,6 +177,8 @@ def read_manifest(path: Path | Remote) -> dict[str, Any]:
     version = manifest.get("schema_version") if isinstance(manifest, dict) else None
     if not isinstance(version, int) or version < OLDEST_SCHEMA_VERSION:
         raise ValueError(f"{str(manifest_path)!r} has no valid schema_version: not a trustlens manifest")
+    if not isinstance(manifest.get("rules") or {}, dict):
+        raise ValueError(f"{str(manifest_path)!r} has rules {manifest['rules']!r:.80}: not a mapping of rule names")
     if version > SCHEMA_VERSION:
         raise NotARunError(
             f"run {str(path)!r} was written with schema version {version} (trustlens "

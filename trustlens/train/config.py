@@ -50,11 +50,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         from trustlens.core.values import (
+            check_bool,
             check_choice,
+            check_existing_dir,
             check_fraction,
             check_int,
             check_nonnegative_number,
             check_positive,
+            check_type,
         )
         from trustlens.rules.loss import LOSS_AGG_MODES
 
@@ -90,6 +93,14 @@ class TrainConfig:
             raise ValueError(f"group_size must be ≥ 2 (GRPO compares responses within a group), got {self.group_size}")
         if not 0 <= self.partial_credit < 1:
             raise ValueError(f"partial_credit must be in [0, 1), got {self.partial_credit}")
+        if self.rollout_lag < 0:
+            raise ValueError(f"rollout_lag must be ≥ 0, got {self.rollout_lag}")
+        for name in ("scale_advantages", "record"):
+            check_bool(name, getattr(self, name))
+        if self.checkpoint is not None and self.checkpoint != RANDOM_INIT:
+            check_existing_dir("checkpoint", self.checkpoint)  # a missing one fails here, not after the setup
+        if self.mirror is not None:
+            check_type("mirror", self.mirror, str, "a mirror destination string (see --mirror), or None")
         if self.eval_size < 0:
             raise ValueError(f"eval_size must be ≥ 0, got {self.eval_size}")
         if self.loss_agg_mode not in LOSS_AGG_MODES:

@@ -24,6 +24,7 @@ from trustlens.analysis.doctor.finding import CHECKS, VERDICTS, Finding, note_co
 from trustlens.analysis.doctor.inputs import Inputs, Sampling, inputs_of, read_sampling
 from trustlens.analysis.doctor.level import engine_drift_check, level_check, per_step_mismatch, where_check
 from trustlens.analysis.doctor.sampling import temperature_check, truncation_check
+from trustlens.analysis.inputs import lazy_rows
 
 
 def doctor(run: Any) -> list[Finding]:
@@ -33,6 +34,7 @@ def doctor(run: Any) -> list[Finding]:
         from trustlens.run import load_run
 
         run = load_run(run)
+    lazy_rows("doctor", run, "run")  # a Run or its token rows; anything else is a TypeError naming it
     inp = inputs_of(run)
     if not inp.has_mu:
         return [Finding(c, "ok", "no μ recorded: nothing to compare with π_old") for c in CHECKS]
