@@ -120,7 +120,6 @@ VALUE_CASES += [
         ]
     ],
     (values.check_type, {"kinds": dict, "expected": "a mapping"}, [1], TypeError),
-    (values.check_columns, {"required": ["step"]}, ["k3"], ValueError),
 ]
 
 

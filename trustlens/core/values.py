@@ -154,16 +154,6 @@ def check_type(name: str, value: object, kinds: type | tuple[type, ...], expecte
     return value
 
 
-def check_columns(name: str, columns: Iterable[str], required: Iterable[str]) -> None:
-    """Require every name of `required` among `columns` (a table's), naming the missing ones and
-    the closest column to each."""
-    have = list(columns)
-    missing = [c for c in required if c not in have]
-    if missing:
-        hints = "".join(closest(c, have) for c in missing)
-        raise ValueError(f"{name} lacks the column(s) {', '.join(missing)}{hints}; it has {', '.join(have) or 'none'}")
-
-
 def check_step_range(name: str, value: object) -> tuple[int, int]:
     """A (first, last) pair of steps: integers with 0 ≤ first ≤ last."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:
