@@ -27,16 +27,15 @@ Trained runs: each defect `trustlens train --engine DEFECT` plants (raw_logprobs
 sentinel, token_ids; docs/train.md) on `--trained-seeds` seeds of the default preset,
 `--trained-steps` steps each, no evaluation. Clean runs: the generator without a defect, every
 built-in preset's clean run (`trustlens train --preset P --steps N --eval-size 0`, N =
-`--train-steps`; quick its own 3) and the shipped sample runs (data/sample_run). Training runs
-`--jobs` at a time.
+`--train-steps`; quick its own 3) and the shipped sample runs (data/sample_run). The training
+runs are the trainer's own `train` called in `--jobs` worker processes (what `trustlens train`
+runs, without a process start per run).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -220,36 +219,41 @@ def planted_table(seeds: int, folder: Path) -> tuple[list[str], list[dict]]:
     return lines, clean
 
 
-def _train(out: Path, preset: str, steps: int | None, extra: list[str]) -> Path:
-    """One built-in training run (no evaluation) into `out`."""
-    cmd = [sys.executable, "-m", "trustlens.cli", "train", "--preset", preset, "--out", str(out), "--overwrite"]
-    cmd += ["--quiet", "--eval-size", "0", *extra] + ([] if steps is None else ["--steps", str(steps)])
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _train(job: tuple) -> Path:
+    """One built-in training run (no evaluation), in this process: job = (label, check, out,
+    preset, steps, overrides of the preset)."""
+    from trustlens.train.config import config_from_preset
+    from trustlens.train.trainer import train
+
+    _, _, out, preset, steps, overrides = job
+    train(config_from_preset(preset, steps=steps, eval_size=0, **overrides), out, progress=False)
     return out
 
 
 def training_jobs(folder: Path, *, train_steps: int, trained_seeds: int, trained_steps: int) -> list[tuple]:
-    """(label, check or None, out, preset, steps, extra flags) of every training run: each
+    """(label, check or None, out, preset, steps, overrides) of every training run: each
     preset's clean run (`train_steps` steps; quick its own 3) and, with `trained_seeds`, each
     `--engine` defect on that many seeds of the default preset."""
     from trustlens.train.config import PRESETS
 
     jobs: list[tuple] = [
-        (f"preset {p}", None, folder / f"preset-{p}", p, None if p == "quick" else train_steps, []) for p in PRESETS
+        (f"preset {p}", None, folder / f"preset-{p}", p, None if p == "quick" else train_steps, {}) for p in PRESETS
     ]
     for defect, check in TRAINED.items() if trained_seeds else ():
         for seed in range(trained_seeds):
             out = folder / f"engine-{defect}-{seed}"
-            jobs.append((defect, check, out, "default", trained_steps, ["--engine", defect, "--seed", str(seed)]))
+            jobs.append((defect, check, out, "default", trained_steps, {"engine": defect, "seed": seed}))
     return jobs
 
 
 def run_training(jobs: list[tuple], workers: int) -> list[tuple[str, str | None, list[tuple[str, str]]]]:
-    """Train every job (`workers` at a time) and run the doctor on it: (label, check, findings)."""
-    from concurrent.futures import ThreadPoolExecutor
+    """Train every job (`workers` processes, each importing torch once) and run the doctor on
+    it: (label, check, findings)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
-    with ThreadPoolExecutor(workers) as pool:
-        paths = list(pool.map(lambda job: _train(*job[2:]), jobs))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        paths = list(pool.map(_train, jobs))
     return [(label, check, verdicts(path)) for (label, check, *_), path in zip(jobs, paths, strict=True)]
 
 
@@ -279,11 +283,9 @@ def sample_runs() -> list[dict]:
 
 def engine_flag() -> bool:
     """Whether `trustlens train` has --engine (issue 30, point 4)."""
-    try:
-        from trustlens.train.engine_defects import ENGINE_DEFECTS  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    from trustlens.train.config import TrainConfig
+
+    return "engine" in TrainConfig.__dataclass_fields__
 
 
 def main() -> None:
