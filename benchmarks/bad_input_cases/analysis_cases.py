@@ -144,7 +144,6 @@ def _domain_cases(run) -> list[Case]:
             lambda: analysis.rule_confusion(run, "ppo", "dppo_binary_tv", per_step="no"),
             ("per_step",),
         ),
-        "rule_confusion the same rule": (lambda: analysis.rule_confusion(run, "ppo", "ppo"), ("ppo",)),
         "step_summary columns typo": (lambda: analysis.step_summary(run, columns=("ratoi",)), ("ratoi",)),
         "step_summary columns a string": (lambda: analysis.step_summary(run, columns="ratio"), ("columns",)),
         "step_summary aggregates a DataFrame": (
@@ -242,9 +241,15 @@ def _valid_cases(fx: Fixtures, run) -> list[Case]:
         ),
         ok(
             A,
-            "rule_confusion a rule with itself",
+            "rule_confusion overall (per_step False)",
             lambda: analysis.rule_confusion(run, "ppo", "dppo_binary_tv", per_step=False),
             lambda t: t.height >= 1,
+        ),
+        ok(
+            A,
+            "rule_confusion a rule with itself (all agree)",
+            lambda: analysis.rule_confusion(run, "ppo", "ppo", per_step=False),
+            lambda t: t["only_a"].item() == t["only_b"].item() == 0 and t["agreement"].item() == 1.0,
         ),
         ok(A, "doctor the token rows", lambda: analysis.doctor(run.tokens), lambda r: len(r) > 0),
         ok(A, "mismatch_unavailable the run", lambda: analysis.mismatch_unavailable(run), lambda r: r is None),

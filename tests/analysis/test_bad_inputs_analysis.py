@@ -5,6 +5,7 @@ the error type and that the message names the argument."""
 from __future__ import annotations
 
 import math
+import re
 
 import polars as pl
 import pytest
@@ -147,3 +148,156 @@ def test_exact_aggregates_names_its_steps(run, steps):
 def test_a_rule_that_is_not_a_name_is_named(run, function):
     with pytest.raises(TypeError, match=r"^rules"):
         getattr(analysis, function)(run, 7)
+
+
+# (call on the run, error type, the argument its message names): numbers, lists and tables given
+# to the analyses, each refused at the entry
+DOMAIN_CASES = {
+    "bucket_table min_p text": (lambda run: analysis.bucket_table(min_p="1e-6"), TypeError, "min_p"),
+    "bucket_table per_decade 10**9": (lambda run: analysis.bucket_table(per_decade=10**9), ValueError, "per_decade"),
+    "bucket_table per_decade 1.5": (lambda run: analysis.bucket_table(per_decade=1.5), TypeError, "per_decade"),
+    "blocked_by_token top 0": (lambda run: analysis.blocked_by_token(run, top=0), ValueError, "top"),
+    "blocked_by_token top -1": (lambda run: analysis.blocked_by_token(run, top=-1), ValueError, "top"),
+    "blocked_by_token top 2.5": (lambda run: analysis.blocked_by_token(run, top=2.5), TypeError, "top"),
+    "blocked_by_token min_count 0": (lambda run: analysis.blocked_by_token(run, min_count=0), ValueError, "min_count"),
+    "blocked_token_anchor top -1": (lambda run: analysis.blocked_token_anchor(run, top=-1), ValueError, "top"),
+    "blocked_token_anchor min_count -1": (
+        lambda run: analysis.blocked_token_anchor(run, min_count=-1),
+        ValueError,
+        "min_count",
+    ),
+    "quantiles a number": (lambda run: analysis.blocked_anchor_quantiles(run, quantiles=0.5), TypeError, "quantiles"),
+    "quantiles empty": (lambda run: analysis.blocked_anchor_quantiles(run, quantiles=[]), ValueError, "quantiles"),
+    "quantiles 1.5": (lambda run: analysis.blocked_anchor_quantiles(run, quantiles=[1.5]), ValueError, "quantiles"),
+    "figure1_density n_x 2.5": (lambda run: analysis.figure1_density(run, n_x=2.5), TypeError, "n_x"),
+    "figure1_density n_y 0": (lambda run: analysis.figure1_density(run, n_y=0), ValueError, "n_y"),
+    "figure1_density min_p 0": (lambda run: analysis.figure1_density(run, min_p=0.0), ValueError, "min_p"),
+    "figure1_density y typo": (lambda run: analysis.figure1_density(run, y="pi_logpp"), ValueError, "y"),
+    "figure1_density y_range one number": (
+        lambda run: analysis.figure1_density(run, y="pi_logp", y_range=1.0),
+        TypeError,
+        "y_range",
+    ),
+    "figure1_density y_range reversed": (
+        lambda run: analysis.figure1_density(run, y="pi_logp", y_range=(2.0, 0.0)),
+        ValueError,
+        "y_range",
+    ),
+    "motivating_examples near_certain 0": (
+        lambda run: analysis.motivating_examples(run, "ppo", "cispo", near_certain=0.0),
+        ValueError,
+        "near_certain",
+    ),
+    "rule_confusion per_step text": (
+        lambda run: analysis.rule_confusion(run, "ppo", "cispo", per_step="no"),
+        TypeError,
+        "per_step",
+    ),
+    "step_summary columns typo": (lambda run: analysis.step_summary(run, columns=("ratoi",)), ValueError, "columns"),
+    "step_summary columns a string": (lambda run: analysis.step_summary(run, columns="tokens"), TypeError, "columns"),
+    "step_summary aggregates a DataFrame": (
+        lambda run: analysis.step_summary(run.tokens, aggregates=pl.DataFrame()),
+        TypeError,
+        "aggregates",
+    ),
+    "blocked_per_step aggregates a number": (
+        lambda run: analysis.blocked_per_step(run.tokens, aggregates=3),
+        TypeError,
+        "aggregates",
+    ),
+    "threshold_sweep scales 0": (lambda run: analysis.threshold_sweep(run, "ppo", scales=[0.0]), ValueError, "scales"),
+    "threshold_sweep scales a number": (
+        lambda run: analysis.threshold_sweep(run, "ppo", scales=2.0),
+        TypeError,
+        "scales",
+    ),
+    "threshold_sweep a rule number": (lambda run: analysis.threshold_sweep(run, 7), TypeError, "rules"),
+    "threshold_sweep base unknown rule": (
+        lambda run: analysis.threshold_sweep(run, "ppo", base={"ppoo": {"low": 0.2}}),
+        ValueError,
+        "ppoo",
+    ),
+    "threshold_sweep base a number": (
+        lambda run: analysis.threshold_sweep(run, "ppo", base={"ppo": 0.2}),
+        TypeError,
+        "base",
+    ),
+    "with_rules a rule number": (lambda run: analysis.with_rules(run, [7]), TypeError, "rules"),
+    "detect_collapse signals a LazyFrame": (
+        lambda run: analysis.detect_collapse(run, signals=pl.LazyFrame()),
+        TypeError,
+        "signals",
+    ),
+    "detect_collapse signals without step": (
+        lambda run: analysis.detect_collapse(run, signals=pl.DataFrame({"x": [1.0]})),
+        ValueError,
+        "signals",
+    ),
+    "mismatch_trend None": (lambda run: analysis.mismatch_trend(None, ["k3_kl"]), TypeError, "per_step"),
+    "mismatch_trend no step": (
+        lambda run: analysis.mismatch_trend(pl.DataFrame({"k3_kl": [1.0]}), ["k3_kl"]),
+        ValueError,
+        "step",
+    ),
+    "mismatch_trend window 1.5": (
+        lambda run: analysis.mismatch_trend(pl.DataFrame({"step": [0], "k3_kl": [1.0]}), ["k3_kl"], window=1.5),
+        TypeError,
+        "window",
+    ),
+    "collapse_onset accuracy numbers": (
+        lambda run: analysis.collapse_onset([0.5, 0.4], [(0, 1.0)]),
+        TypeError,
+        "accuracy",
+    ),
+    "collapse_onset accuracy None": (lambda run: analysis.collapse_onset(None, []), TypeError, "accuracy"),
+    "collapse_onset reward a DataFrame": (
+        lambda run: analysis.collapse_onset([], pl.DataFrame({"step": [0]})),
+        TypeError,
+        "reward",
+    ),
+    "collapse_onset accuracy NaN": (
+        lambda run: analysis.collapse_onset([(0, NAN), (1, 0.1)], []),
+        ValueError,
+        "accuracy",
+    ),
+    "rule_boundaries typo": (lambda run: analysis.rule_boundaries(["ppoo"]), KeyError, "ppoo"),
+    "rule_boundaries a string": (lambda run: analysis.rule_boundaries("ppo"), TypeError, "rules"),
+    "rule_boundaries n 0": (lambda run: analysis.rule_boundaries(["ppo"], n=0), ValueError, "n"),
+    "rule_boundaries min_p 0": (lambda run: analysis.rule_boundaries(["ppo"], min_p=0.0), ValueError, "min_p"),
+    "rule_boundaries low text": (lambda run: analysis.rule_boundaries({"ppo": {"low": "0.2"}}), ValueError, "low"),
+    "rule_boundaries low negative": (
+        lambda run: analysis.rule_boundaries({"ppo": {"low": -0.2}}),
+        ValueError,
+        "low",
+    ),
+    "rule_boundaries unknown field": (lambda run: analysis.rule_boundaries({"ppo": {"lo": 0.2}}), ValueError, "lo"),
+    "run_outcomes a path": (lambda run: analysis.run_outcomes("runs"), TypeError, "runs"),
+    "run_outcomes one Run": (lambda run: analysis.run_outcomes(run), TypeError, "runs"),
+    "run_outcomes a list of paths": (lambda run: analysis.run_outcomes(["runs/ppo"]), TypeError, "runs[0]"),
+    "seed_table None": (lambda run: analysis.seed_table(None), TypeError, "outcomes"),
+    "seed_table by typo": (
+        lambda run: analysis.seed_table(pl.DataFrame({"run": ["a"], "rule": ["ppo"], "seed": [0]}), by="rul"),
+        ValueError,
+        "rul",
+    ),
+}
+
+
+@pytest.mark.parametrize("label", list(DOMAIN_CASES))
+def test_analysis_arguments_are_checked_at_the_entry(run, label):
+    call, error, word = DOMAIN_CASES[label]
+    with pytest.raises(error) as caught:
+        call(run)
+    assert re.search(rf"(^|\W){re.escape(word)}(?!\w)", str(caught.value)), str(caught.value)
+
+
+def test_valid_analysis_arguments_at_their_edges(run):
+    same = analysis.rule_confusion(run, "ppo", "ppo", per_step=False).row(0, named=True)
+    assert (same["only_a"], same["only_b"], same["agreement"]) == (0, 0, 1.0)  # a rule agrees with itself
+    assert analysis.collapse_onset([], []) == (None, None)
+    assert analysis.collapse_onset([(0, 0.8), (5, 0.3)], [(0, 1.0)]) == (5, "accuracy")
+    assert analysis.blocked_by_token(run, "ppo", top=1, min_count=1).height <= 1
+    assert analysis.step_summary(run, columns=["tokens"]).columns == ["step", "tokens"]
+    assert analysis.threshold_sweep(run, "ppo", scales=(1.0,), base={"ppo": {"low": 0.2, "high": 0.2}}).height == 1
+    assert analysis.bucket_table(min_p=1e-2, per_decade=2).height == 4
+    assert analysis.rule_boundaries({"ppo": {"low": 0.1, "high": 0.1, "description": "x"}}, n=2).height == 2

@@ -118,5 +118,5 @@ def test_run_analyses_refuse_token_rows(sampled_run, name):
 
 
 def test_run_outcomes_refuse_token_rows(sampled_run):
-    with pytest.raises(TypeError, match="run_outcome: run must be the Run"):
+    with pytest.raises(TypeError, match=r"run_outcomes: runs\[0\] must be the Run"):
         analysis.run_outcomes([sampled_run.tokens])

@@ -80,9 +80,11 @@ def test_step_summary_computes_only_the_columns_asked_for(pair):
     full, sampled = pair
     for run, aggregates in ((full, None), (sampled, exact_aggregates(sampled))):
         whole = step_summary(run.tokens, aggregates=aggregates)
-        some = step_summary(run.tokens, aggregates=aggregates, columns=("blocked_ppo", "entropy", "no_such"))
+        some = step_summary(run.tokens, aggregates=aggregates, columns=("blocked_ppo", "entropy"))
         assert some.columns == ["step", "entropy", "blocked_ppo"]  # the summary's order
         assert some.equals(whole.select(some.columns))
+        with pytest.raises(ValueError, match=r"columns\[2\] must be one of .*got 'no_such'"):
+            step_summary(run.tokens, aggregates=aggregates, columns=("blocked_ppo", "entropy", "no_such"))
 
 
 def test_blocked_per_step_is_exact_with_the_aggregates(pair):

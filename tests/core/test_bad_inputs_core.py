@@ -120,6 +120,38 @@ VALUE_CASES += [
         ]
     ],
     (values.check_type, {"kinds": dict, "expected": "a mapping"}, [1], TypeError),
+    (values.check_columns, {"required": ["step"]}, ["k3"], ValueError),
+    *[
+        (values.check_interval, {}, v, e)
+        for v, e in [(1.0, TypeError), ((2.0, 0.0), ValueError), ((1.0, 1.0), ValueError), ((NAN, 1.0), ValueError)]
+    ],
+    *[
+        (values.check_sequence, {"empty": False}, v, e)
+        for v, e in [("ab", TypeError), ({"a": 1}, TypeError), (3, TypeError), ([], ValueError)]
+    ],
+    *[
+        (values.check_numbers, {"low": 0.0, "high": 1.0}, v, e)
+        for v, e in [(0.5, TypeError), ([], ValueError), ([1.5], ValueError), ([NAN], ValueError), (["0.5"], TypeError)]
+    ],
+    *[
+        (values.check_names, {"choices": ["ratio", "entropy"]}, v, e)
+        for v, e in [("ratio", TypeError), (["ratoi"], ValueError), ([3], TypeError), (["ratio", "ratio"], ValueError)]
+    ],
+    *[
+        (values.check_step_values, {}, v, e)
+        for v, e in [
+            ([0.5, 0.4], TypeError),
+            (None, TypeError),
+            ([(0, NAN)], ValueError),
+            ([(0, None)], TypeError),
+            ([(1.5, 0.2)], TypeError),
+            ([(-1, 0.2)], ValueError),
+        ]
+    ],
+    *[
+        (values.check_keys, {"allowed": ["low", "high"]}, v, e)
+        for v, e in [({"lo": 0.2}, ValueError), (0.2, TypeError)]
+    ],
 ]
 
 
@@ -142,6 +174,12 @@ def test_value_checks_name_the_argument(check, kwargs, value, error):
         (values.check_path, {}, Path("."), Path(".")),
         (values.check_path, {}, "s3://bucket/run", "s3://bucket/run"),
         (values.check_port, {}, 65535, 65535),
+        (values.check_interval, {}, [0, 2], (0.0, 2.0)),
+        (values.check_numbers, {"low": 0.0}, (0, 0.5), [0.0, 0.5]),
+        (values.check_numbers, {"empty": True}, [], []),
+        (values.check_names, {"choices": ["a", "b"]}, ("b", "a"), ["b", "a"]),
+        (values.check_step_values, {}, [(0, 0.5), (3, 1)], [(0, 0.5), (3, 1.0)]),
+        (values.check_sequence, {}, range(2), [0, 1]),
     ],
 )
 def test_value_checks_accept_valid_values(check, kwargs, value, expected):

@@ -13,6 +13,7 @@ import polars as pl
 from trustlens.analysis.buckets import checked_rules, collect, nonzero_advantage, token_counter
 from trustlens.analysis.clipping import Rules
 from trustlens.analysis.inputs import RunOrTokens, lazy_rows, token_rows
+from trustlens.core.values import check_bool
 from trustlens.metrics import SIGNS
 from trustlens.run import blocked_column
 
@@ -48,6 +49,7 @@ def rule_confusion(
     """
     tokens, aggregates = token_rows("rule_confusion", tokens, aggregates)
     checked_rules(tokens, [rule_a, rule_b])
+    check_bool("per_step", per_step)
     count = token_counter(tokens)
     tokens = tokens.filter(nonzero_advantage())
     a, b = pl.col(blocked_column(rule_a)), pl.col(blocked_column(rule_b))

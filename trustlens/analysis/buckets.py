@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from trustlens.analysis.tokens import anchor_column, rules_of
-from trustlens.core.values import check_str
+from trustlens.core.values import check_fraction, check_int, check_str
 from trustlens.run import blocked_column
 
 LN10 = math.log(10.0)
@@ -24,13 +24,13 @@ LN10 = math.log(10.0)
 # Defaults of every bucketed query: one bucket per decade from 1e-6 to 1.
 MIN_P = 1e-6
 PER_DECADE = 1
+# The most buckets per decade (a finer split leaves each bucket a handful of tokens).
+MAX_PER_DECADE = 1000
 
 
 def _lowest_k(min_p: float, per_decade: int) -> int:
-    if not 0.0 < min_p < 1.0:
-        raise ValueError(f"min_p must be in (0, 1), got {min_p!r}")
-    if not isinstance(per_decade, int) or per_decade < 1:
-        raise ValueError(f"per_decade must be a positive int, got {per_decade!r}")
+    check_fraction("min_p", min_p, zero=False, one=False)
+    check_int("per_decade", per_decade, low=1, high=MAX_PER_DECADE)
     return math.floor(round(math.log10(min_p) * per_decade, 9))
 
 

@@ -36,8 +36,9 @@ from trustlens.analysis.buckets import (
     token_counter,
     weighted,
 )
-from trustlens.analysis.inputs import RunOrTokens, lazy_rows, token_rows
+from trustlens.analysis.inputs import RunOrTokens, check_rule_entries, lazy_rows, token_rows
 from trustlens.analysis.tokens import ADVANTAGE_SIGNS
+from trustlens.core.values import check_choice, check_fraction, check_int, check_interval, check_names
 from trustlens.run import blocked_column
 from trustlens.run.aggregates import step_aggregates
 from trustlens.run.reader import Run
@@ -55,7 +56,10 @@ def with_rules(
     ValueError naming the rule when the table lacks a column it reads."""
     if base is None and isinstance(tokens, Run):
         base = tokens.rules
+    elif base is not None:
+        check_rule_entries("base", base)
     tokens = lazy_rows("with_rules", tokens)
+    rules = check_names("rules", rules)
     from trustlens.rules import Rule, get_rule
     from trustlens.rules.columns import evaluate_columns, rule_columns
 
@@ -110,6 +114,8 @@ def blocked_by_token(tokens: RunOrTokens, rules: Rules = None, *, top: int = 20,
     """
     tokens = lazy_rows("blocked_by_token", tokens)
     rules = checked_rules(tokens, rules)
+    check_int("top", top, low=1)
+    check_int("min_count", min_count, low=1)
     # grouping on the (categorical) column itself is ~5× faster than on its text; two categories
     # with one text (parts written with different dictionaries) are summed after the cast
     sums = [pl.col(c).sum() for r in rules for c in (f"n_{r}", f"k_{r}")]
@@ -196,15 +202,13 @@ def figure1_density(
     """
     tokens = lazy_rows("figure1_density", tokens)
     rules = checked_rules(tokens, rules)
-    if n_x < 1 or n_y < 1:
-        raise ValueError(f"n_x and n_y must be ≥ 1, got {n_x}, {n_y}")
+    check_int("n_x", n_x, low=1)
+    check_int("n_y", n_y, low=1)
+    check_fraction("min_p", min_p, zero=False, one=False)
     names = tokens.collect_schema().names()
-    if y not in names:
-        raise ValueError(f"y: no column {y!r} in the token table")
+    check_choice("y", y, names)
     log_y = y == "ratio"
-    lo, hi = y_range or (RATIO_LOG10_RANGE if log_y else TV_RANGE)
-    if not lo < hi:
-        raise ValueError(f"y_range must be (lo, hi) with lo < hi, got {(lo, hi)}")
+    lo, hi = check_interval("y_range", y_range or (RATIO_LOG10_RANGE if log_y else TV_RANGE))
     anchor = anchor_column(tokens)
     x_lo = np.log10(min_p)
     xv = pl.col(anchor).cast(pl.Float64) / LN10
@@ -291,21 +295,22 @@ def rule_boundaries(
         binary TV rule:  π = μ + high,      π = μ − low
         binary KL rule:  KL(μ_bin ‖ π_bin) = high (π > μ),  = low (π < μ)
     """
-    from trustlens.rules import get_rule
+    from trustlens.rules import RULES, get_rule
 
+    check_fraction("min_p", min_p, zero=False, one=False)
+    check_int("n", n, low=2)
+    if isinstance(rules, Mapping):
+        resolved = check_rule_entries("rules", rules)
+    else:
+        resolved = {name: get_rule(name) for name in check_names("rules", rules)}
     mu = np.logspace(np.log10(min_p), 0.0, n)[:-1]  # μ = 1 leaves no room to move up
     frames = []
-    items = rules.items() if isinstance(rules, Mapping) else ((r, {}) for r in rules)
-    for name, given in items:
-        try:
-            rule = get_rule(name)
-        except KeyError:  # a custom rule: its boundary is not known here
+    for name, rule in resolved.items():
+        if name not in RULES:  # a custom rule: its boundary is not known here
             continue
         if rule.anchor != "mu" or rule.measure not in ("ratio", "binary_tv", "binary_kl"):
             continue
-        low = given.get("low", rule.low) if given.get("low") is not None else rule.low
-        high = given.get("high", rule.high) if given.get("high") is not None else rule.high
-        for side, bound in (("upper", high), ("lower", low)):
+        for side, bound in (("upper", rule.high), ("lower", rule.low)):
             if bound is None:
                 continue
             if rule.measure == "ratio":

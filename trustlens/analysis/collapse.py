@@ -76,12 +76,14 @@ from trustlens.analysis.onset import collapse_window
 from trustlens.analysis.signals import step_signals
 from trustlens.core.values import (
     check_choice,
+    check_columns,
     check_fraction,
     check_int,
     check_nonnegative_number,
     check_number,
     check_optional_int,
     check_positive,
+    check_type,
 )
 from trustlens.run import blocked_column, rule_of_column
 
@@ -386,6 +388,9 @@ def detect_collapse(
         raise TypeError(f"config must be a CollapseConfig, got {type(config).__name__}")
     if signals is None:
         signals = step_signals(run)
+    else:
+        check_type("signals", signals, pl.DataFrame, "a polars DataFrame (step_signals(run))")
+        check_columns("signals", signals.columns, ["step"])
     if rule is not None:  # a rule the run did not record would silently watch nothing
         recorded = [r for r in (rule_of_column(c) for c in signals.columns) if r is not None]
         check_choice("rule", rule, recorded)

@@ -30,6 +30,7 @@ from trustlens.analysis.buckets import (
 )
 from trustlens.analysis.clipping import blocked_by_token
 from trustlens.analysis.inputs import RunOrTokens, lazy_rows
+from trustlens.core.values import check_fraction, check_int, check_numbers
 from trustlens.run import blocked_column
 
 EXAMPLE_CASES = ("rare token pushed up", "near-certain token pushed down")
@@ -60,10 +61,8 @@ def motivating_examples(
     """
     tokens = lazy_rows("motivating_examples", tokens)
     checked_rules(tokens, [ratio_rule, divergence_rule])
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    if not 0.0 <= near_certain < 1.0:
-        raise ValueError(f"near_certain must be in [0, 1), got {near_certain!r}")
+    check_int("n", n, low=1)
+    check_fraction("near_certain", near_certain, zero=False, one=False)
     anchor = anchor_column(tokens)
     ratio_col, div_col = blocked_column(ratio_rule), blocked_column(divergence_rule)
     mu, pi = pl.col(anchor).cast(pl.Float64).exp(), pl.col("pi_logp").cast(pl.Float64).exp()
@@ -110,10 +109,7 @@ def blocked_anchor_quantiles(
     """
     tokens = lazy_rows("blocked_anchor_quantiles", tokens)
     rules = checked_rules(tokens, rules)
-    qs = [float(q) for q in quantiles]
-    bad = [q for q in qs if not 0.0 <= q <= 1.0]
-    if bad:
-        raise ValueError(f"quantiles must be in [0, 1], got {bad[0]!r}")
+    qs = check_numbers("quantiles", quantiles, low=0.0, high=1.0)
     anchor = anchor_column(tokens)
     logp = pl.col(anchor).cast(pl.Float64)
 

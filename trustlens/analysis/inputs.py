@@ -12,10 +12,14 @@ Anything else is a TypeError naming the function, the argument and what it was g
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import fields
 from typing import TypeAlias
 
 import polars as pl
 
+from trustlens.core.values import check_keys, check_str
+from trustlens.rules import Rule
 from trustlens.run.reader import Run
 
 RunOrTokens: TypeAlias = Run | pl.LazyFrame
@@ -36,6 +40,11 @@ def token_rows(
 
     A Run of a sampled run brings its aggregates, unless `aggregates` is given (it wins); a
     LazyFrame brings only the `aggregates` given. TypeError for anything else."""
+    if aggregates is not None and not isinstance(aggregates, pl.LazyFrame):
+        raise TypeError(
+            f"{function}: aggregates must be the run's exact aggregates (Run.aggregates, a polars LazyFrame), "
+            f"got {_given(aggregates)}"
+        )
     if isinstance(source, Run):
         if aggregates is None and source.sampled:
             aggregates = source.aggregates
@@ -73,4 +82,25 @@ def require_run(function: str, source: object, name: str = "run") -> Run:
     raise TypeError(f"{function}: {name} must be a Run (trustlens.load_run), got {_given(source)}")
 
 
-__all__ = ["RunOrTokens", "lazy_rows", "require_run", "token_rows"]
+# The fields of a rule's manifest entry (`Rule.manifest_entry`): every field of a Rule but its name.
+RULE_FIELDS = tuple(f.name for f in fields(Rule) if f.name != "name")
+
+
+def check_rule_entries(name: str, value: object) -> dict[str, Rule]:
+    """{rule: entry} as a manifest records rules (`Run.rules`), or thresholds a caller gives in
+    its form ({"ppo": {"low": 0.1, "high": 0.3}}), as Rules (`Rule.from_manifest`): every key a
+    rule name, every entry a mapping of RULE_FIELDS, an entry without a measure a built-in rule,
+    thresholds finite and ≥ 0. Errors name `name` and the rule."""
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{name} must be a mapping {{rule: {{'low': …, 'high': …}}}}, got {type(value).__name__} {value!r:.80}"
+        )
+    out = {}
+    for rule, entry in value.items():
+        check_str(f"{name} key", rule)
+        check_keys(f"{name}[{rule!r}]", entry, RULE_FIELDS)
+        out[rule] = Rule.from_manifest(rule, entry)
+    return out
+
+
+__all__ = ["RULE_FIELDS", "RunOrTokens", "check_rule_entries", "lazy_rows", "require_run", "token_rows"]

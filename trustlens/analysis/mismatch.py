@@ -48,6 +48,7 @@ import polars as pl
 
 from trustlens.analysis.buckets import MIN_P, PER_DECADE, bucket_expr, bucket_table, collect, row_weight, weighted
 from trustlens.analysis.inputs import RunOrTokens, lazy_rows, token_rows
+from trustlens.core.values import check_columns, check_int, check_names, check_type
 from trustlens.metrics import MISMATCH_METRICS, describe
 from trustlens.run.aggregates import mismatch_stats, step_aggregates
 
@@ -298,13 +299,10 @@ def mismatch_trend(per_step: pl.DataFrame, metrics: Sequence[str], *, window: in
     """The trend of each of `metrics` in a `mismatch_per_step` frame: a centred rolling mean over
     `window` steps (default: a tenth of the steps, at least 3, odd) ignoring nulls and non-finite
     values, and its change from the first to the last step (null with fewer than two steps)."""
-    missing = [m for m in metrics if m not in per_step.columns]
-    if missing:
-        raise ValueError(f"metrics: {missing} are not columns of the mismatch table ({per_step.columns})")
-    if window is None:
-        window = max(3, per_step.height // 10) | 1
-    if not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive int, got {window!r}")
+    check_type("per_step", per_step, pl.DataFrame, "a polars DataFrame (mismatch_per_step's table)")
+    metrics = check_names("metrics", metrics)
+    check_columns("per_step", per_step.columns, ["step", *metrics])
+    window = max(3, per_step.height // 10) | 1 if window is None else check_int("window", window, low=1)
     finite = [pl.when(pl.col(m).is_finite()).then(pl.col(m)).alias(m) for m in metrics]
     smoothed = (
         per_step.sort("step")

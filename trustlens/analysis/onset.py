@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import polars as pl
 
+from trustlens.core.values import check_int, check_step_values
+
 # the metric holding held-out accuracy (a fraction of problems solved, greedy decoding)
 ACCURACY = "eval/accuracy"
 
@@ -45,14 +47,13 @@ def collapse_onset(
     collapse_window(len(reward))) is below half the mean of the first `window` steps. The
     earlier of the two.
     """
+    accuracy, reward = check_step_values("accuracy", accuracy), check_step_values("reward", reward)
     found: list[tuple[int, str]] = []
     acc = sorted(accuracy)
     if acc and acc[0][1] > 0:
         found += [(s, "accuracy") for s, a in acc[1:] if a < 0.5 * acc[0][1]][:1]
     rew = sorted(reward)
-    w = collapse_window(len(rew)) if window is None else window
-    if w < 1:
-        raise ValueError(f"window must be ≥ 1, got {window}")
+    w = collapse_window(len(rew)) if window is None else check_int("window", window, low=1)
     values = [r for _, r in rew]
     first = math.fsum(values[:w]) / w if len(values) > w else 0.0
     if first > 0:

@@ -72,6 +72,7 @@ from trustlens.analysis.inputs import require_run
 from trustlens.analysis.mismatch import mismatch_per_step
 from trustlens.analysis.onset import collapse_onset, collapse_window, evaluations
 from trustlens.analysis.summary import exact_aggregates
+from trustlens.core.values import check_columns, check_sequence, check_str, check_type
 from trustlens.run import blocked_column
 
 LOW_MU = 0.1  # μ below this is a "low-μ" token in block_rate_low_mu
@@ -108,14 +109,17 @@ def mean_se(values: Iterable[float | None]) -> tuple[float | None, float | None,
 
 
 def accuracy_per_step(run) -> list[tuple[int, float]]:
-    """(step, held-out accuracy) of each evaluation, mean over ranks."""
-    df = collect(evaluations(run.metrics))
+    """(step, held-out accuracy) of each evaluation, mean over ranks; an evaluation without a
+    finite accuracy is left out."""
+    df = collect(evaluations(run.metrics).filter(pl.col("accuracy").is_finite()))
     return list(zip(df["step"].to_list(), df["accuracy"].to_list(), strict=True))
 
 
 def reward_per_step(run) -> list[tuple[int, float]]:
-    """(step, mean reward of the step's samples)."""
-    df = collect(run.samples.group_by("step").agg(pl.col("reward").cast(pl.Float64).mean()).sort("step"))
+    """(step, mean reward of the step's samples); a step without a finite mean (its rewards all
+    unknown, or one NaN) is left out."""
+    rewards = run.samples.group_by("step").agg(pl.col("reward").cast(pl.Float64).mean()).sort("step")
+    df = collect(rewards.filter(pl.col("reward").is_finite()))
     return list(zip(df["step"].to_list(), df["reward"].to_list(), strict=True))
 
 
@@ -303,13 +307,18 @@ OUTCOME_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
 
 def run_outcomes(runs) -> pl.DataFrame:
     """`run_outcome` of each run, one row per run (columns: OUTCOME_SCHEMA)."""
-    return pl.DataFrame([run_outcome(r) for r in runs], schema=OUTCOME_SCHEMA)
+    runs = check_sequence("runs", runs, what="a list of Runs (trustlens.load_run)")
+    return pl.DataFrame(
+        [run_outcome(require_run("run_outcomes", r, f"runs[{i}]")) for i, r in enumerate(runs)], schema=OUTCOME_SCHEMA
+    )
 
 
 def seed_table(outcomes: pl.DataFrame, by: str = "rule") -> pl.DataFrame:
     """Mean ± standard error over the runs of each `by` value (module docstring), in order of
     first appearance: by, n, collapsed, <outcome>_mean, <outcome>_se for each of OUTCOMES.
     Raises ValueError when two runs share a `by` value and a seed (`check_distinct_seeds`)."""
+    check_type("outcomes", outcomes, pl.DataFrame, "a polars DataFrame (run_outcomes' table)")
+    check_columns("outcomes", outcomes.columns, ["run", check_str("by", by), "seed"])
     check_distinct_seeds(outcomes.select("run", by, "seed").iter_rows())
     rows = []
     for key in outcomes[by].unique(maintain_order=True).to_list():

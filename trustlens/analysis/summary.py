@@ -36,7 +36,7 @@ from trustlens.analysis.buckets import (
     zero_advantage_frac,
 )
 from trustlens.analysis.inputs import RunOrTokens, require_run, token_rows
-from trustlens.core.values import check_step_range
+from trustlens.core.values import check_names, check_step_range
 from trustlens.run.aggregates import step_aggregates
 
 
@@ -93,7 +93,7 @@ def step_summary(
     tokens, aggregates = token_rows("step_summary", tokens, aggregates)
     full = step_summary_query(tokens)
     order = full.collect_schema().names()
-    wanted = order[1:] if columns is None else [c for c in order if c in columns]
+    wanted = order[1:] if columns is None else [c for c in order if c in check_names("columns", columns, order[1:])]
     if aggregates is not None:
         wanted = [c for c in wanted if c != "samples"]
     query = full if aggregates is None else step_summary_query(tokens, counts=False)

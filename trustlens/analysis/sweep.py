@@ -30,7 +30,8 @@ from trustlens.analysis.buckets import (
     rules_of,
     weighted,
 )
-from trustlens.analysis.inputs import RunOrTokens, lazy_rows
+from trustlens.analysis.inputs import RunOrTokens, check_rule_entries, lazy_rows
+from trustlens.core.values import check_int, check_names, check_numbers
 from trustlens.rules import Rule, get_rule
 from trustlens.rules.columns import evaluate_columns, rule_columns
 from trustlens.run.reader import Run
@@ -75,16 +76,6 @@ def _resolve(names: Sequence[str], base: Mapping[str, Mapping] | None, *, skip: 
     return out
 
 
-def _check_scales(scales: Sequence[float]) -> list[float]:
-    out = [float(s) for s in scales]
-    if not out:
-        raise ValueError("scales is empty: give at least one factor")
-    bad = [s for s in out if not np.isfinite(s) or s < 0]
-    if bad:
-        raise ValueError(f"scales must be finite numbers ≥ 0, got {bad[0]!r}")
-    return out
-
-
 def threshold_sweep(
     tokens: RunOrTokens,
     rules: str | Sequence[str] | None = None,
@@ -118,21 +109,22 @@ def threshold_sweep(
     """
     if base is None and isinstance(tokens, Run):
         base = tokens.rules
+    elif base is not None:
+        check_rule_entries("base", base)
     tokens = lazy_rows("threshold_sweep", tokens)
     names = tokens.collect_schema().names()
     anchor = anchor_column(tokens)
     if rules is None:
         rules = [r for r, rule in _resolve(rules_of(tokens), base, skip=True).items() if rule.blocks]
-    rules = [rules] if isinstance(rules, str) else list(rules)
+    rules = [rules] if isinstance(rules, str) else check_names("rules", rules)
     resolved = _resolve(rules, base)
     thresholds: dict[str, tuple[float, float]] = {}
     for name, rule in resolved.items():
         if not rule.blocks or rule.low is None or rule.high is None:
             raise ValueError(f"rules: {name!r} never blocks a token, so it has no threshold to sweep")
         thresholds[name] = (rule.low, rule.high)
-    scales = _check_scales(scales)
-    if not isinstance(batch_rows, int) or batch_rows < 1:
-        raise ValueError(f"batch_rows must be a positive int, got {batch_rows!r}")
+    scales = check_numbers("scales", scales, low=0.0, low_open=True)
+    check_int("batch_rows", batch_rows, low=1)
     needs = {r: rule_columns(rule, mu=anchor) for r, rule in resolved.items()}
     for r, cols in needs.items():
         missing = [c for c in cols if c not in names]

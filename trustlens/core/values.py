@@ -17,8 +17,9 @@ import difflib
 import math
 import numbers
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def _is_real(value: object) -> bool:
@@ -154,14 +155,97 @@ def check_type(name: str, value: object, kinds: type | tuple[type, ...], expecte
     return value
 
 
+def _pair(name: str, value: object, what: str) -> tuple[object, object]:
+    """`value` as a pair (a tuple or list of two), else a TypeError naming `what` it should be."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r:.80}")
+    return value[0], value[1]
+
+
 def check_step_range(name: str, value: object) -> tuple[int, int]:
     """A (first, last) pair of steps: integers with 0 ≤ first ≤ last."""
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise TypeError(f"{name} must be a (first, last) pair of steps, got {type(value).__name__} {value!r:.80}")
-    lo, hi = check_int(f"{name}[0]", value[0], low=0), check_int(f"{name}[1]", value[1], low=0)
+    first, last = _pair(name, value, "a (first, last) pair of steps")
+    lo, hi = check_int(f"{name}[0]", first, low=0), check_int(f"{name}[1]", last, low=0)
     if lo > hi:
-        raise ValueError(f"{name} must be a (first, last) pair with first ≤ last, got {tuple(value)!r}")
+        raise ValueError(f"{name} must be a (first, last) pair with first ≤ last, got {(lo, hi)!r}")
     return lo, hi
+
+
+def check_step_values(name: str, value: object) -> list[tuple[int, float]]:
+    """A series as (step, value) pairs: steps integers ≥ 0, values finite numbers (a step without
+    a known value is left out of the series, not given as NaN or None)."""
+    items = check_sequence(name, value, what="a list of (step, value) pairs")
+    out = []
+    for i, item in enumerate(items):
+        step, x = _pair(f"{name}[{i}]", item, "a (step, value) pair")
+        out.append((check_int(f"{name}[{i}] step", step, low=0), check_number(f"{name}[{i}] value", x)))
+    return out
+
+
+def check_interval(name: str, value: object) -> tuple[float, float]:
+    """A (lo, hi) pair of finite numbers with lo < hi (a plot range)."""
+    first, last = _pair(name, value, "a (lo, hi) pair of numbers")
+    lo, hi = check_number(f"{name}[0]", first), check_number(f"{name}[1]", last)
+    if not lo < hi:
+        raise ValueError(f"{name} must be a (lo, hi) pair with lo < hi, got {(lo, hi)!r}")
+    return lo, hi
+
+
+def check_sequence(name: str, value: object, *, empty: bool = True, what: str = "a list") -> list:
+    """The items of a list, tuple or other iterable (a numpy array, a range) as a list; a string,
+    bytes or a mapping is refused (each would be read item by item), and an empty one unless
+    empty=True. `what` names what the list holds in the error ("a list of numbers")."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r:.80}")
+    items = list(value)
+    if not items and not empty:
+        raise ValueError(f"{name} must be {what} with at least one item, got an empty {type(value).__name__}")
+    return items
+
+
+def check_numbers(name: str, value: object, *, empty: bool = False, **bounds: Any) -> list[float]:
+    """A list of numbers, each as `check_number(**bounds)` requires (errors name `name[i]`);
+    an empty list is refused unless empty=True."""
+    items = check_sequence(name, value, empty=empty, what="a list of numbers")
+    return [check_number(f"{name}[{i}]", v, **bounds) for i, v in enumerate(items)]
+
+
+def check_names(name: str, value: object, choices: Iterable[str] | None = None, *, empty: bool = True) -> list[str]:
+    """A list of non-empty strings (a single string is refused: give [name]), each one of
+    `choices` when given (a typo names the closest); no name twice."""
+    items = check_sequence(name, value, empty=empty, what="a list of names")
+    options = None if choices is None else list(choices)
+    names = [
+        check_str(f"{name}[{i}]", v) if options is None else check_choice(f"{name}[{i}]", v, options)
+        for i, v in enumerate(items)
+    ]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{name} lists {', '.join(map(repr, twice))} more than once")
+    return names
+
+
+def check_columns(name: str, columns: Iterable[str], required: Iterable[str]) -> None:
+    """Require every name of `required` among `columns` (a table's), naming the missing ones and
+    the closest column to each."""
+    have = list(columns)
+    missing = [c for c in required if c not in have]
+    if missing:
+        hints = "".join(closest(c, have) for c in missing)
+        raise ValueError(f"{name} lacks the column(s) {', '.join(missing)}{hints}; it has {', '.join(have) or 'none'}")
+
+
+def check_keys(name: str, value: object, allowed: Iterable[str]) -> Mapping:
+    """A mapping whose keys are all among `allowed` (a typo names the closest); returned unchanged."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping, got {type(value).__name__} {value!r:.80}")
+    options = list(allowed)
+    unknown = [k for k in value if k not in options]
+    if unknown:
+        first = unknown[0]
+        hint = closest(first, options) if isinstance(first, str) else ""
+        raise ValueError(f"{name} has the unknown key {first!r}{hint}; known keys: {', '.join(options)}")
+    return value
 
 
 def check_port(name: str, value: object) -> int:
