@@ -121,7 +121,10 @@ def cases(fx: Fixtures) -> list[Case]:
         "temperature inf": (dict(temperature=INF), ("temperature",)),
         "temperature text": (dict(temperature="1"), ("temperature",)),
         "temperature tensor of 2": (dict(temperature=torch.ones(2)), ("temperature",)),
-        "sampled_ids without logp": (dict(sampled_ids=torch.zeros(B, T, dtype=torch.long)), ("sampled",)),
+        "sampled_ids outside S without logp": (
+            dict(sampled_ids=torch.full((B, T), V - 1)),
+            ("sampled_logp", "sampled token"),
+        ),
         "sampled_ids float": (
             dict(sampled_ids=torch.zeros(B, T), sampled_logp=_lp(-1.0)),
             ("sampled_ids",),
@@ -139,6 +142,17 @@ def cases(fx: Fixtures) -> list[Case]:
             "topk_divergence in range",
             lambda: topk_divergence(**_topk()),
             lambda r: bool(((r[0] >= 0) & (r[0] <= 1)).all() and (r[1] >= 0).all()),
+        )
+    )
+    out.append(
+        ok(
+            A,
+            "topk_divergence sampled_ids in S without logp (nothing to force)",
+            lambda: (
+                topk_divergence(**_topk(sampled_ids=torch.zeros(B, T, dtype=torch.long))),
+                topk_divergence(**_topk()),
+            ),
+            lambda r: all(bool(torch.equal(a, b)) for a, b in zip(r[0], r[1], strict=True)),
         )
     )
     logits = torch.randn(B, T, V, generator=torch.Generator().manual_seed(2))
@@ -280,7 +294,6 @@ def _rule_cases() -> list[Case]:
         "repeated": (["ppo", "ppo"], ("ppo",)),
         "a number": (3, ("rules",)),
         "None in the list": (["ppo", None], ("rule",)),
-        "empty list": ([], ("rules",)),
         "a dict of text": ({"ppo": "wide"}, ("ppo",)),
     }.items():
         out.append(bad(A, f"evaluate_all {label}", lambda rules=rules: evaluate_all(rules, **_inputs()), *words))
@@ -290,6 +303,14 @@ def _rule_cases() -> list[Case]:
             "evaluate_all two rules",
             lambda: evaluate_all(["ppo", "cispo"], **_inputs()),
             lambda r: set(r) == {"ppo", "cispo"},
+        )
+    )
+    out.append(
+        ok(
+            A,
+            "evaluate_all no rules (as the recorder's rules=[])",
+            lambda: evaluate_all([], **_inputs()),
+            lambda r: r == {},
         )
     )
     loss_bad = {

@@ -13,7 +13,8 @@ import torch
 
 from trustlens.core import checks, values
 from trustlens.divergence import binary_kl, binary_tv, exact_divergence, topk_divergence
-from trustlens.rules import RULES, evaluate
+from trustlens.rules import RULES, Rule, evaluate, evaluate_all
+from trustlens.rules.loss import policy_loss
 
 NAN, INF = math.nan, math.inf
 
@@ -310,6 +311,12 @@ MATH_CASES = [
     (exact_divergence, dict(pi_logits=LOGITS, mu_logits=torch.full((2, 5), INF)), ValueError, "mu_logits"),
     (exact_divergence, dict(pi_logits=LOGITS, mu_logits=LOGITS, temperature=-1), ValueError, "temperature"),
     (exact_divergence, dict(pi_logits=None, mu_logits=LOGITS), ValueError, "pi_logits"),
+    (
+        topk_divergence,  # a_t = 4 is in neither set: forcing it in needs its log μ
+        dict(pi_logits=LOGITS, mu_topk_ids=IDS, mu_topk_logp=LOGP, sampled_ids=T([4, 4])),
+        ValueError,
+        "sampled_logp",
+    ),
 ]
 
 
@@ -337,6 +344,8 @@ RULE_CASES = [
     ("ppo", dict(mu_logp=T([-1.0])), ValueError, "mu_logp"),
     ("ppo", dict(low=-0.1), ValueError, "low"),
     ("ppo", dict(high=NAN), ValueError, "high"),
+    ("dppo_binary_tv", dict(high=1.5), ValueError, "high must be ≤ 1"),
+    ("dppo_topk_tv", dict(low=2.0, topk_tv=T([0.1, 0.1])), ValueError, "low must be ≤ 1"),
     ("dppo_binary_tvv", {}, KeyError, "dppo_binary_tvv"),
     ("PPO", {}, KeyError, "PPO"),
     (None, {}, KeyError, "None"),
@@ -349,7 +358,34 @@ def test_rules_name_the_argument(rule, kwargs, error, named):
         evaluate(rule, **{**RULE_INPUTS, **kwargs})
 
 
+@pytest.mark.parametrize(
+    ("call", "error", "named"),
+    [
+        (lambda: evaluate_all(3, **RULE_INPUTS), TypeError, "rules"),
+        (lambda: evaluate_all("ppo", **RULE_INPUTS), ValueError, "rules"),
+        (lambda: Rule("mine", 0.1, 0.1, "mu", "ratio", None), TypeError, "description"),
+        (lambda: Rule("mine", 0.1, 1.2, "mu", "binary_tv", "x"), ValueError, "high"),
+        (
+            lambda: policy_loss(
+                "ppo", **{k: v[None] for k, v in RULE_INPUTS.items()}, response_mask=torch.ones(1, 2, device="meta")
+            ),
+            ValueError,
+            "response_mask is on device meta",
+        ),
+    ],
+)
+def test_rule_sets_and_the_loss_name_the_argument(call, error, named):
+    with pytest.raises(error, match=named):
+        call()
+
+
 def test_valid_rule_and_divergence_edge_cases():
+    assert evaluate_all([], **RULE_INPUTS) == {}  # no rules, as the recorder's rules=[]
+    # a sampled token already in every top-K set needs no sampled_logp: nothing to force
+    plain = topk_divergence(LOGITS, IDS, LOGP)
+    given = topk_divergence(LOGITS, IDS, LOGP, sampled_ids=T([1, 2]))
+    assert all(torch.equal(a, b) for a, b in zip(plain, given, strict=True))
+    assert Rule("mine", 1.0, 1.0, "mu", "binary_tv", "x").high == 1.0  # TV bound 1: the largest
     # π(a_t) = 0: binary TV is μ(a_t), binary KL +inf; the rules block where the distance is beyond δ
     assert binary_tv(T([-INF]), T([math.log(0.25)])).tolist() == [0.25]
     assert binary_kl(T([-INF]), T([math.log(0.25)])).tolist() == [INF]

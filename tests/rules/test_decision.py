@@ -419,8 +419,10 @@ def test_infinite_divergences_are_beyond_every_threshold(rule, a, pi, mu, topk_k
         topk_kl=None if topk_kl is None else torch.tensor([topk_kl]),
     )
     assert evaluate(rule, **x).tolist() == [expected]
-    # an infinite KL stays beyond the largest finite threshold; finite distances do not
-    assert evaluate(rule, **x, low=1e30, high=1e30).tolist() == [expected and rule.endswith("_kl")]
+    # an infinite KL stays beyond the largest finite threshold; finite distances do not (a TV
+    # threshold is at most 1, the largest TV)
+    big = 1.0 if rule.endswith("_tv") else 1e30
+    assert evaluate(rule, **x, low=big, high=big).tolist() == [expected and rule.endswith("_kl")]
 
 
 @pytest.mark.parametrize(

@@ -151,9 +151,12 @@ def check_nonnegative(name: str, t: object, *, allow_inf: bool = False) -> torch
 
 
 def check_mask(name: str, t: object, like: torch.Tensor) -> torch.Tensor:
-    """Require a 0/1 (or bool) mask shaped like `like`; return it as a bool tensor."""
+    """Require a 0/1 (or bool) mask shaped like `like` and on its device; return it as a bool
+    tensor."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != like.device:
+        raise ValueError(f"{name} is on device {t.device}; expected {like.device}, the device of the tensors it masks")
     if t.shape != like.shape:
         raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {tuple(like.shape)}")
     if t.dtype != torch.bool:

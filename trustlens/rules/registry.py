@@ -19,6 +19,8 @@ from trustlens.core.values import closest
 Anchor = Literal["mu", "old"]
 Measure = Literal["ratio", "binary_tv", "binary_kl", "topk_tv", "topk_kl"]
 WeightKind = Literal["ratio", "cispo", "tis"]
+# The measures that are total variations, in [0, 1]: their thresholds are at most 1.
+TV_MEASURES = ("binary_tv", "topk_tv")
 
 
 def _check_threshold(rule: str, what: str, value: object, *, above: float = 0.0, strict: bool = False) -> float:
@@ -51,6 +53,8 @@ class Rule:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"a rule's name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.description, str):
+            raise TypeError(f"rule {self.name!r}: description must be a string, got {type(self.description).__name__}")
         for field, value, allowed in (
             ("anchor", self.anchor, get_args(Anchor)),
             ("measure", self.measure, (*get_args(Measure), None)),
@@ -64,6 +68,11 @@ class Rule:
             value = getattr(self, side)
             if value is not None:
                 object.__setattr__(self, side, _check_threshold(self.name, side, value))
+                if self.measure in TV_MEASURES and value > 1:  # a total variation is at most 1
+                    raise ValueError(
+                        f"rule {self.name!r}: {side} must be ≤ 1 for the {self.measure} measure (a total "
+                        f"variation is in [0, 1], a bound above 1 never blocks), got {value!r}"
+                    )
             elif self.measure is not None or (side == "high" and self.weight == "cispo"):
                 raise ValueError(f"rule {self.name!r}: {side} is required (the rule uses it), got None")
         if self.weight == "tis":
@@ -223,6 +232,8 @@ def resolve_rules(rules: RuleSpec) -> list[Rule]:
     """
     if isinstance(rules, str):
         raise ValueError(f"rules must be a list of rule names, got the string {rules!r}; use [{rules!r}]")
+    if not isinstance(rules, (Mapping, Iterable)):
+        raise TypeError(f"rules must be a list of rule names or a mapping {{rule: thresholds}}, got {rules!r:.80}")
     if isinstance(rules, Mapping):
         resolved = [
             Rule.from_manifest(name, t) if isinstance(t, Mapping) else get_rule(name).with_thresholds(*_pair(name, t))
