@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from trustlens.core.values import check_port, port_arg
+from trustlens.core.values import check_port, port_arg, text_arg
 
 # The environment variable the app reads its runs folder (or single run) from.
 RUNS_ENV = "TRUSTLENS_RUNS"
@@ -191,7 +191,9 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         "s3://bucket/prefix (default: the shipped sample run)",
     )
     parser.add_argument("--port", type=port_arg, default=8501, help="port to serve on (default 8501)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument(
+        "--host", type=text_arg, default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
     parser.add_argument("--open", action="store_true", help="open a browser tab")
     parser.epilog = (
         "Pages, the address (?run=…&steps=lo-hi), what the numbers mean and the safety measures: "

@@ -25,7 +25,7 @@ def cases(fx: Fixtures) -> list[Case]:
             bad(
                 A,
                 f"export_run {label}",
-                lambda value=value: export.export_run(value, export.StepMirror(_Sink())),
+                lambda value=value: export.export_run(value, _Sink()),
                 "run",
             ),
             bad(A, f"driving_tokens {label}", lambda value=value: export.driving_tokens(value, pl.DataFrame()), "run"),
@@ -96,10 +96,15 @@ def cases(fx: Fixtures) -> list[Case]:
 
 
 class _Sink:
-    def scalars(self, step, values):
+    """A sink of export_run and of StepMirror that keeps nothing."""
+
+    def log_step(self, step, scalars):
         pass
 
-    def text(self, step, name, value):
+    def log_alerts(self, alerts):
+        pass
+
+    def flush(self):
         pass
 
     def close(self):

@@ -57,3 +57,18 @@ def test_valid_exports(run, tmp_path):
     assert export.step_scalars(run)["step"].n_unique() == 2
     assert export.alert_text(pl.DataFrame()) == {}
     assert report.write_report([run], tmp_path / "new" / "r.html").is_file()  # its folder is made
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "named"),
+    [
+        (lambda: export.StepMirror("tensorboard"), TypeError, "sink"),
+        (lambda: export.StepMirror(None), TypeError, "sink"),
+        (lambda: export.make_mirror("tensorbord:tb"), ValueError, r"mirror must be .*did you mean 'tensorboard'"),
+        (lambda: export.make_mirror("tensorboard:"), ValueError, "mirror must be"),
+        (lambda: export.make_mirror(3), ValueError, "mirror"),
+    ],
+)
+def test_mirrors_name_the_argument(call, error, named):
+    with pytest.raises(error, match=named):
+        call()

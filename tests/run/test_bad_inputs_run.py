@@ -180,3 +180,11 @@ def test_run_json_rules_not_a_mapping_loads_the_parts_with_a_warning(tmp_path):
     (tmp_path / "r" / "run.json").write_text(json.dumps({**manifest, "rules": "ppo"}))
     with pytest.warns(RunWarning, match="rules 'ppo': not a mapping"):
         assert load_run(path).tokens.collect().height == rows
+
+
+@pytest.mark.parametrize("verify", ["no", 0, None])
+def test_verify_must_be_a_bool(tmp_path, verify):
+    with pytest.raises(TypeError, match=r"^verify must be True or False"):
+        load_run(tmp_path, verify=verify)
+    with pytest.raises(TypeError, match=r"^verify must be True or False"):
+        load_runs(tmp_path, verify=verify)

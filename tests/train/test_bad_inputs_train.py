@@ -32,6 +32,7 @@ CASES = [
     ("checkpoint", "", ValueError),
     ("checkpoint", "/nonexistent/warmstart", ValueError),
     ("mirror", 3, TypeError),
+    *[("mirror", v, ValueError) for v in ("tensorbord", "tensorboard", "tensorboard:", "", "wandbb:proj")],
 ]
 
 
@@ -56,3 +57,24 @@ def test_dashboard_refuses_a_bad_port_while_parsing(capsys, tmp_path, port):
         main(["dashboard", str(tmp_path), "--port", port])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "argument --port: expected a TCP port" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["train", "--mirror", "tensorbord"], "--mirror"),
+        (["train", "--mirror", "tensorboard:"], "--mirror"),
+        (["dashboard", "--host", ""], "--host"),
+        (["report", "some_run", "-o", ""], "-o/--out"),
+    ],
+)
+def test_flags_are_refused_while_parsing(capsys, argv, flag):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument {flag}: must be" in err and "Traceback" not in err
+
+
+def test_valid_mirror_settings():
+    for mirror in ("wandb", "wandb:my-project", "tensorboard:tb"):
+        assert TrainConfig(mirror=mirror).mirror == mirror

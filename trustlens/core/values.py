@@ -17,7 +17,7 @@ import difflib
 import math
 import numbers
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +246,50 @@ def check_keys(name: str, value: object, allowed: Iterable[str]) -> Mapping:
         hint = closest(first, options) if isinstance(first, str) else ""
         raise ValueError(f"{name} has the unknown key {first!r}{hint}; known keys: {', '.join(options)}")
     return value
+
+
+# Where a mirror streams each step's scalars: "tensorboard:LOGDIR", "wandb" or "wandb:PROJECT".
+MIRROR_SPECS = "'tensorboard:LOGDIR', 'wandb' or 'wandb:PROJECT'"
+
+
+def check_mirror(name: str, value: object) -> tuple[str, str]:
+    """(kind, target) of a mirror destination string: ("tensorboard", LOGDIR) with a non-empty
+    LOGDIR, or ("wandb", PROJECT) with PROJECT possibly empty (W&B's default project). Checked
+    without importing TensorBoard or W&B, so that a typo fails before any work."""
+    text = check_str(name, value)
+    kind, _, target = text.partition(":")
+    if kind == "wandb" or (kind == "tensorboard" and target.strip()):
+        return kind, target
+    hint = "" if kind == "tensorboard" else closest(kind, ["tensorboard", "wandb"])
+    raise ValueError(f"{name} must be {MIRROR_SPECS}, got {text!r}{hint}")
+
+
+def _flag(flag: str, check: Callable[[str, object], Any], text: str) -> Any:
+    """`check(flag, text)` of a flag's raw text, its error as argparse's one-line usage error
+    (raised while the flags are parsed, before any work; argparse names the flag itself)."""
+    import argparse
+
+    try:
+        return check(flag, text)
+    except (TypeError, ValueError) as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix(f"{flag} ")) from err
+
+
+def mirror_arg(text: str) -> str:
+    """argparse type of a --mirror flag: a destination `check_mirror` accepts."""
+    _flag("--mirror", check_mirror, text)
+    return text
+
+
+def path_arg(text: str) -> Path:
+    """argparse type of a path flag: `check_path` on the raw text, before pathlib reads "" as
+    "." (the current directory)."""
+    return Path(_flag("path", check_path, text))
+
+
+def text_arg(text: str) -> str:
+    """argparse type of a flag whose value must not be empty (a host name)."""
+    return _flag("value", check_str, text)
 
 
 def check_port(name: str, value: object) -> int:

@@ -25,6 +25,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trustlens.core.values import check_mirror
 from trustlens.export.scalars import step_scalars
 from trustlens.export.sinks import TensorBoardSink, WandbSink
 
@@ -53,6 +54,11 @@ class StepMirror:
     `sink` (anything with `log_step(step, scalars)` and `close()`)."""
 
     def __init__(self, sink: Sink, *, shard: bool = False) -> None:
+        if not callable(getattr(sink, "log_step", None)) or not callable(getattr(sink, "close", None)):
+            raise TypeError(
+                f"sink must have log_step(step, scalars) and close() (a mirror string goes to make_mirror), "
+                f"got {type(sink).__name__} {sink!r:.80}"
+            )
         self.sink = sink
         self.shard = shard  # the rows are one rank's shard of each step: logged values win
         self._pending: dict[int, dict[str, list[pa.RecordBatch]]] = {}
@@ -101,12 +107,10 @@ def make_mirror(mirror: str | Sink | StepMirror, *, shard: bool = False) -> Step
     if isinstance(mirror, StepMirror):
         return mirror
     if isinstance(mirror, str):
-        kind, _, target = mirror.partition(":")
-        if kind == "tensorboard" and target:
+        kind, target = check_mirror("mirror", mirror)
+        if kind == "tensorboard":
             return StepMirror(TensorBoardSink(target), shard=shard)
-        if kind == "wandb":
-            return StepMirror(WandbSink(project=target or None), shard=shard)
-        raise ValueError(f"mirror must be 'tensorboard:LOGDIR', 'wandb' or 'wandb:PROJECT', got {mirror!r}")
+        return StepMirror(WandbSink(project=target or None), shard=shard)
     if not callable(getattr(mirror, "log_step", None)) or not callable(getattr(mirror, "close", None)):
         raise ValueError(f"mirror must be a string or have log_step(step, scalars) and close(), got {mirror!r}")
     return StepMirror(mirror, shard=shard)

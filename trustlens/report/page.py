@@ -18,7 +18,7 @@ from typing import Any
 
 from trustlens import __version__
 from trustlens.analysis.inputs import require_run
-from trustlens.core.values import check_path, check_str
+from trustlens.core.values import check_path, check_str, path_arg
 from trustlens.report.sections import esc, run_sections
 from trustlens.run import load_run
 
@@ -79,7 +79,7 @@ def write_report(runs: Sequence[Any], out: str | os.PathLike, **kwargs: Any) -> 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
     """Flags of `trustlens report`."""
     parser.add_argument("runs", nargs="+", metavar="RUN", help="recorded runs (folders or object-store URLs)")
-    parser.add_argument("-o", "--out", type=Path, default=Path("report.html"), help="the HTML file [report.html]")
+    parser.add_argument("-o", "--out", type=path_arg, default=Path("report.html"), help="the HTML file [report.html]")
     parser.add_argument("--title", default="trustlens report", help="the report's title")
     parser.epilog = "What the report holds: docs/report.md"
     parser.set_defaults(func=_report)

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trustlens.core import logspace
-from trustlens.core.values import check_path
+from trustlens.core.values import check_bool, check_path
 from trustlens.run.errors import CorruptPartWarning, NoRowsError, NotARunError, RunWarning
 from trustlens.run.manifest import MANIFEST, read_manifest
 from trustlens.run.parts import Location, list_folder, source
@@ -319,6 +319,7 @@ def load_run(path: str | os.PathLike | Remote, *, verify: bool = True) -> Run:
     version than this trustlens reads. An unreadable run.json is warned about and
     the run's parts still load (status `unknown`).
     """
+    check_bool("verify", verify)
     location: Location
     if isinstance(path, Remote):
         location = path
@@ -349,6 +350,7 @@ def load_run(path: str | os.PathLike | Remote, *, verify: bool = True) -> Run:
 def load_runs(folder: str | os.PathLike, *, verify: bool = True) -> list[Run]:
     """Every run at or below `folder` (a directory holding run.json), sorted by path. Runs that
     cannot be loaded are skipped with a warning; table and hidden folders are not searched."""
+    check_bool("verify", verify)
     location: Location
     if is_url(check_path("folder", folder)):
         location = Remote.of(os.fspath(folder))

@@ -15,9 +15,10 @@ rolls out its share of the prompts and records its own shard of the run.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
-from trustlens.core.values import port_arg
+from trustlens.core.values import mirror_arg, port_arg
 from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, TrainConfig
 from trustlens.train.runner import config, finish, is_main, print_inspect, run_one
 from trustlens.train.runsets import CLAIM_RULES, claims_command, compare_command
@@ -29,7 +30,7 @@ RULE_HELP = (
     "the full list is trustlens.rules.RULES [dppo_binary_tv]"
 )
 # (TrainConfig field, argparse type, help). The flag is --field-name; its default is the preset's.
-_CONFIG_FLAGS: tuple[tuple[str, type, str], ...] = (
+_CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("steps", int, "training steps; each is one rollout batch"),
     ("seed", int, "seed of the problems, the sampling and the minibatch order"),
     ("low", float, "the rule's threshold when A ≤ 0"),
@@ -67,7 +68,7 @@ _CONFIG_FLAGS: tuple[tuple[str, type, str], ...] = (
         float,
         "sampled recording: every token that matters and this share of the rest, with exact aggregates",
     ),
-    ("mirror", str, "stream each step's scalars live from rank 0: tensorboard:LOGDIR, wandb or wandb:PROJECT"),
+    ("mirror", mirror_arg, "stream each step's scalars live from rank 0: tensorboard:LOGDIR, wandb or wandb:PROJECT"),
 )
 
 # how --help shows the defaults that are not a value of their own

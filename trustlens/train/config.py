@@ -55,9 +55,9 @@ class TrainConfig:
             check_existing_dir,
             check_fraction,
             check_int,
+            check_mirror,
             check_nonnegative_number,
             check_positive,
-            check_type,
         )
         from trustlens.rules.loss import LOSS_AGG_MODES
 
@@ -100,7 +100,7 @@ class TrainConfig:
         if self.checkpoint is not None and self.checkpoint != RANDOM_INIT:
             check_existing_dir("checkpoint", self.checkpoint)  # a missing one fails here, not after the setup
         if self.mirror is not None:
-            check_type("mirror", self.mirror, str, "a mirror destination string (see --mirror), or None")
+            check_mirror("mirror", self.mirror)
         if self.eval_size < 0:
             raise ValueError(f"eval_size must be ≥ 0, got {self.eval_size}")
         if self.loss_agg_mode not in LOSS_AGG_MODES:
