@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Sequence
 
 import polars as pl
 import streamlit as st
@@ -50,10 +51,12 @@ def shown(df: pl.DataFrame):
     return (df.with_columns(fixes) if fixes else df).to_arrow().to_pandas()
 
 
-def dataframe(df: pl.DataFrame, **kwargs) -> None:
-    """st.dataframe of `shown(df)` (kwargs go to st.dataframe; hide_index by default)."""
+def dataframe(df: pl.DataFrame, *, percent: Sequence[str] = (), **kwargs) -> None:
+    """st.dataframe of `shown(df)`, the columns named in `percent` (fractions: block rates,
+    shares) shown as percentages (kwargs go to st.dataframe; hide_index by default)."""
     kwargs.setdefault("hide_index", True)
-    st.dataframe(shown(df), **kwargs)
+    config = {c: st.column_config.NumberColumn(format="percent") for c in percent}
+    st.dataframe(shown(df), column_config={**config, **kwargs.pop("column_config", {})}, **kwargs)
 
 
 def csv_safe(df: pl.DataFrame) -> pl.DataFrame:

@@ -1,10 +1,10 @@
 """The headline tiles of the dashboard's pages: short values that fit a tile at 1,280 px, the exact
 value on hover, and a label that says what the value covers (the run, or one step).
 
-One number format everywhere: counts shortened with k and M (307k, 1.2M); percentages as
-percentages (2.2 %); other values as plain decimals with 3 significant digits, or in scientific
-notation (1.6e-4) below 1e-3 and from 1e4 on; never SI prefixes (a μ on a page about μ reads as
-the rollout policy, not as micro).
+The number format is the one of every figure and the report (trustlens.plots.numbers): counts
+shortened with k and M (307k, 1.2M); percentages as percentages (2.2 %); other values as plain
+decimals with 3 significant digits, or in scientific notation (1.6e-4) below 1e-3 and from 1e4
+on; never SI prefixes (a μ on a page about μ reads as the rollout policy, not as micro).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import streamlit as st
 from safe_display import md
 
-from trustlens.plots.common import NOISE
+from trustlens.plots.numbers import NOISE, count, decimal, noise_to_zero, percent
 
 # tiles per row: four fit the main column beside the sidebar at 1,280 px
 PER_ROW = 4
@@ -28,42 +28,6 @@ TILE_CSS = """
 }
 </style>
 """
-
-
-def noise_to_zero(value: float | None) -> float | None:
-    """0.0 for a |value| below NOISE, else the value (None stays None)."""
-    return 0.0 if value is not None and abs(value) < NOISE else value
-
-
-def decimal(value: float | None) -> str:
-    """3 significant digits, in scientific notation below 1e-3 and from 1e4 on (1.6e-4, not
-    1.6e-04); 0 as "0"; ±∞ as ∞; None or NaN as "n/a"."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if math.isinf(value):
-        return "∞" if value > 0 else "−∞"
-    if value == 0 or 1e-3 <= abs(value) < 1e4:
-        return f"{value:.3g}"
-    mantissa, exponent = f"{value:.2e}".split("e")
-    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-
-
-def count(n: int | None) -> str:
-    """A count shortened to 3 significant digits with k (thousands) or M (millions): 307k, 32k,
-    1.2M; below 10,000 in full (9,999)."""
-    if n is None:
-        return "n/a"
-    for size, suffix in ((1e6, "M"), (1e3, "k")):
-        if abs(n) >= size and (suffix == "M" or abs(n) >= 1e4):
-            return f"{n / size:.3g}{suffix}"
-    return f"{n:,}"
-
-
-def percent(fraction: float | None) -> str:
-    """A fraction as a percentage with up to 3 significant digits: 2.2 %, 75 %, 0.0213 %."""
-    if fraction is None or math.isnan(fraction):
-        return "n/a"
-    return f"{100 * fraction:.3g} %"
 
 
 def scope_of_steps(lo: int, hi: int, whole: tuple[int, int] | None) -> str:

@@ -119,12 +119,17 @@ def test_token_text_is_escaped(run):
 
 def test_mismatch_and_collapse_figures(run):
     mm = P.mismatch_curves(A.mismatch_per_step(run.tokens))
-    # one legend for every panel (the values per step, the trend), each panel named by its title
-    assert {tr.name for tr in mm.data[::2]} == {"value per step"}
-    assert [tr.showlegend for tr in mm.data] == [True, True] + [False] * (len(mm.data) - 2)
+    # each panel named by its title and with a legend of its own (the values per step, the trend)
     titles = [a.text for a in mm.layout.annotations]
-    assert [t.split(" (")[0] for t in titles] == list(P.MISMATCH_CURVES)
-    assert "change over the run" in titles[0]
+    assert [t.split(":")[0] for t in titles] == list(P.MISMATCH_CURVES)
+    assert all(" → " in t and t.endswith("over the run") for t in titles)
+    legends = [mm.layout[f"legend{i if i > 1 else ''}"] for i in range(1, len(P.MISMATCH_CURVES) + 1)]
+    assert [lg.title.text for lg in legends] == list(P.MISMATCH_CURVES)
+    for i, lg in enumerate(legends, start=1):
+        mine = [tr for tr in mm.data if tr.legend == (f"legend{i}" if i > 1 else "legend")]
+        assert [tr.name.split(" (")[0] for tr in mine] == ["per step", "trend"]
+        assert {tr.yaxis for tr in mine} == {f"y{i if i > 1 else ''}"}
+        assert lg.y == mm.layout[f"yaxis{i if i > 1 else ''}"].domain[1] and lg.x > 1  # beside its panel
     assert mm.layout.yaxis.exponentformat == "e"  # 2e-4, never SI's 200μ
 
     empty = P.mismatch_curves(A.mismatch_per_step(run.tokens).clear(), reason="μ <not> recorded")
@@ -260,6 +265,54 @@ def test_confusion_heatmap_stays_readable_with_every_rule():
 def test_float_noise_is_drawn_as_zero():
     df = pl.DataFrame({"step": [0, 1, 2], "k3_kl": [1.8e-15, -3e-12, 2e-9]})
     assert P.zero_noise(df, ["k3_kl"])["k3_kl"].to_list() == [0.0, 0.0, 2e-9]
+    # below 1e-9 of the column's scale: with values of 500, 4e-7 is rounding, 6e-7 is not
+    big = pl.DataFrame({"chi2": [500.0, 4e-7, -6e-7, float("inf")]})
+    assert P.zero_noise(big, ["chi2"])["chi2"].to_list() == [500.0, 0.0, -6e-7, float("inf")]
+    assert P.noise_to_zero(4e-7, 500.0) == 0.0 and P.noise_to_zero(4e-7) == 4e-7
+
+
+def test_float_noise_is_no_trend_in_the_mismatch_titles():
+    """Where μ = π_old every mismatch quantity is rounding (1e-15): drawn, titled and ticked as 0."""
+    n = 40
+    rng = np.random.default_rng(0)
+    noise = {m: rng.normal(0, 1e-15, n) + np.linspace(0, 1e-13, n) for m in P.MISMATCH_CURVES}
+    fig = P.mismatch_curves(pl.DataFrame({"step": np.arange(n), **noise}))
+    assert [a.text for a in fig.layout.annotations] == [f"{m}: trend 0 → 0 over the run" for m in P.MISMATCH_CURVES]
+    assert all(set(tr.y) == {0.0} for tr in fig.data)
+
+
+def test_mismatch_titles_use_the_one_number_format():
+    """The demo's flat k3 (8.9e-5 → 9.1e-5): its ends in the title as tiles write them, not a
+    lone '+2.3e-06' that reads as a trend."""
+    n = 40
+    k3 = np.full(n, 8.94e-5) + np.linspace(0, 2e-6, n)
+    df = pl.DataFrame({"step": np.arange(n), "k3_kl": k3})
+    trend = A.mismatch_trend(df, ["k3_kl"]).summary.row(0, named=True)
+    (title,) = [a.text for a in P.mismatch_curves(df, ["k3_kl"]).layout.annotations]
+    assert title == f"k3_kl: trend {P.decimal(trend['first'])} → {P.decimal(trend['last'])} over the run"
+    assert title == "k3_kl: trend 8.95e-5 → 9.13e-5 over the run"
+
+
+def test_the_number_format():
+    assert [P.decimal(v) for v in (0.0, 0.2194, 1.6e-4, -2.3e-6, 12345.0, 1e-4, float("inf"), None)] == [
+        "0",
+        "0.219",
+        "1.6e-4",
+        "-2.3e-6",
+        "1.23e4",
+        "1e-4",
+        "∞",
+        "n/a",
+    ]
+    assert P.decimal(1.6e-5, 4) == "1.6e-5" and P.decimal(0.012345, 4) == "0.01235"
+    assert [P.signed(v) for v in (2.03e-6, -0.004, 0.0)] == ["+2.03e-6", "-0.004", "0"]
+    assert [P.count(n) for n in (9999, 32_000, 307_200, 1_234_567, None)] == ["9,999", "32k", "307k", "1.23M", "n/a"]
+    assert [P.percent(f) for f in (0.022, 0.75, 0.000213, None)] == ["2.2 %", "75 %", "0.0213 %", "n/a"]
+    rates = ["blocked_ppo", "blocked_frac_pos", "block_rate_mean", "zero_adv_frac", "only_a_frac", "over_frac_neg"]
+    assert all(P.is_rate(c) for c in rates)
+    assert not any(P.is_rate(c) for c in ("k3_kl", "entropy", "reward", "accuracy", "blocked", "tokens"))
+    df = pl.DataFrame({"blocked_ppo": [0.1], "blocked_count": [3], "entropy": [0.5]})
+    assert P.rate_columns(df) == ["blocked_ppo"]
 
 
 def test_the_rules_legend_sits_beside_the_block_rate_panel(run):
@@ -270,3 +323,112 @@ def test_the_rules_legend_sits_beside_the_block_rate_panel(run):
     assert fig.layout.legend2.y == fig.layout.yaxis3.domain[1]  # level with the last panel's top
     heat = P.confusion_heatmap(A.confusion_matrix(run.tokens))
     assert heat.data[0].texttemplate == "%{customdata:,.0f}"  # counts, which differ where rates print 0.0 %
+
+
+# ---------------------------------------------------------------- one number format in every figure
+
+
+def _every_figure(run) -> dict[str, go.Figure]:
+    """Every figure the plots package builds, drawn for `run` as the dashboard, the report and
+    the notebooks call them (several runs overlaid: the run twice, block rates included)."""
+    t = run.tokens
+    signals = A.step_signals(run)
+    alerts = A.detect_collapse(run, signals=signals)
+    return {
+        "figure1": P.figure1(
+            A.figure1_density(t, "ratio", rules=["ppo"], n_x=20, n_y=20),
+            A.figure1_density(t, "binary_tv", n_x=20, n_y=20),
+            A.rule_boundaries(run.rules),
+            rule="ppo",
+        ),
+        "blocked_tokens_bar": P.blocked_tokens_bar(A.blocked_by_token(t, top=5), top=5),
+        "blocked_by_bucket_bar": P.blocked_by_bucket_bar(A.blocked_by_bucket(t)),
+        "blocked_per_step_lines": P.blocked_per_step_lines(A.blocked_per_step(t)),
+        "confusion_heatmap": P.confusion_heatmap(A.confusion_matrix(t)),
+        "confusion_lines": P.confusion_lines(A.rule_confusion(t, "ppo", "dppo_binary_tv"), "ppo", "dppo_binary_tv"),
+        "mismatch_curves": P.mismatch_curves(A.mismatch_per_step(t)),
+        "mismatch_by_bucket_bar": P.mismatch_by_bucket_bar(A.mismatch_by_bucket(t)),
+        "collapse_timeline": P.collapse_timeline(signals, alerts),
+        "overlay_runs": P.overlay_runs({"a": signals, "b": signals}, ["entropy", "blocked_ppo", "k3_kl"]),
+        "accuracy_curve": P.accuracy_curve([(0, 0.5), (10, 0.4), (20, 0.2)]),
+    }
+
+
+def _axes(fig: go.Figure) -> dict[str, dict]:
+    """Every axis and colour bar of `fig` as plotly.js gets it: layout x/y axes, colour axes'
+    and traces' colour bars."""
+    layout = fig.to_plotly_json()["layout"]
+    out = {k: v for k, v in layout.items() if k.startswith(("xaxis", "yaxis"))}
+    out |= {f"{k}.colorbar": v.get("colorbar", {}) for k, v in layout.items() if k.startswith("coloraxis")}
+    out |= {f"trace {i}.colorbar": tr.colorbar.to_plotly_json() for i, tr in enumerate(fig.data) if "colorbar" in tr}
+    return out
+
+
+def test_every_figure_is_walked(run):
+    """The walk below builds every public function of the package that draws a figure (those
+    taking a figure to adjust it aside)."""
+    import inspect
+
+    drawing = set()
+    for name in P.__all__:
+        fn = getattr(P, name)
+        if inspect.isfunction(fn):
+            sig = inspect.signature(fn)
+            if sig.return_annotation in (go.Figure, "go.Figure") and "fig" not in sig.parameters:
+                drawing.add(name)
+    assert set(_every_figure(run)) == drawing
+
+
+def test_no_axis_uses_si_prefixes(run):
+    """Every axis and colour bar of every figure: plain decimals or 1.6e-4 (exponentformat "e",
+    no d3 "s" tick format, which writes 6f, 10n, 200μ)."""
+    for name, fig in _every_figure(run).items():
+        axes = _axes(fig)
+        assert axes, name
+        for axis, spec in axes.items():
+            assert spec.get("exponentformat") == "e", f"{name} {axis}: {spec.get('exponentformat')}"
+            assert not str(spec.get("tickformat", "")).endswith("s"), f"{name} {axis}: {spec['tickformat']}"
+
+
+def _rate_axes(fig: go.Figure) -> list[str]:
+    """The y axes (and colour bars) of `fig` that show a rate: titled as a blocked fraction or
+    share, or the axis of a panel titled with a rate's name."""
+    found = []
+    for key, spec in _axes(fig).items():
+        title = (spec.get("title") or {}).get("text", "") or ""
+        shows_rate = "fraction" in title or "share" in title or P.is_rate(title)
+        if shows_rate and (key.startswith("yaxis") or key.endswith("colorbar")):
+            found.append(key)
+    for ann in fig.layout.annotations:  # subplot titles: the panel of y axis n is the n-th row
+        text = ann.text or ""
+        if ann.yref == "paper" and (P.is_rate(text) or text.startswith("blocked fraction")):
+            row = [a.text for a in fig.layout.annotations].index(text) + 1
+            found.append(f"yaxis{row if row > 1 else ''}")
+    return found
+
+
+def test_block_rates_are_percentages(run):
+    """Every axis and hover text that shows a block rate or a share writes it in percent, in
+    the one format (RATE_FORMAT: 3 significant digits, 2.13%)."""
+    import re
+
+    expected = {
+        "blocked_by_bucket_bar": ["yaxis"],
+        "blocked_per_step_lines": ["yaxis"],
+        "confusion_heatmap": ["trace 0.colorbar"],
+        "confusion_lines": ["yaxis"],
+        "collapse_timeline": [f"yaxis{len(_every_figure(run)['collapse_timeline'].layout.annotations)}"],
+        "overlay_runs": ["yaxis2"],
+    }
+    for name, fig in _every_figure(run).items():
+        axes = _axes(fig)
+        rate = sorted(set(_rate_axes(fig)))
+        assert rate == sorted(expected.get(name, [])), name
+        for key in rate:
+            assert axes[key].get("tickformat") == P.RATE_FORMAT, f"{name} {key}"
+        for tr in fig.data:  # a percentage in hover text is in RATE_FORMAT
+            hover = tr.hovertemplate or ""
+            assert all(f == P.RATE_FORMAT for f in re.findall(r"%\{[^}:]*:([^}]*%|[^}]*p)\}", hover)), hover
+    timeline = _every_figure(run)["collapse_timeline"]
+    rules = [tr for tr in timeline.data if tr.legend == "legend2"]
+    assert rules and all(P.RATE_FORMAT in tr.hovertemplate for tr in rules)

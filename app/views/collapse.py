@@ -63,4 +63,4 @@ show_timeline(ctx, alerts)
 chart(plots.collapse_timeline(in_range, shown), "cs_timeline", ctx=ctx)
 st.caption("Signals are computed on the whole run (the sidebar's step range applies; its token filters do not).")
 with st.expander("Per-step signals"):
-    dataframe(in_range)
+    dataframe(in_range, percent=plots.rate_columns(in_range))

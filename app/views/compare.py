@@ -9,7 +9,7 @@ import streamlit as st
 from page_parts import chart
 from run_cache import RUN_TTL, run_at, run_label, run_signature, tokens_of
 from run_queries import signals_and_alerts
-from safe_display import md
+from safe_display import dataframe, md
 from sidebar import context
 from view_state import multiselect_in_address
 
@@ -77,6 +77,8 @@ def seed_bars(table: pl.DataFrame, stat: str):
         )
     )
     fig.update_layout(title=f"{stat}: mean ± SE over seeds", height=320)
+    if plots.is_rate(stat):
+        fig.update_yaxes(tickformat=plots.RATE_FORMAT)
     return fig
 
 
@@ -128,6 +130,6 @@ if groups:
             st.error(md(f"Settings group {i + 1} is not shown: {err}"))
             continue
         st.markdown(md(f"Settings group {i + 1}: {len(members)} runs, {table.height} rules"))
-        st.dataframe(table.to_pandas(), hide_index=True)
+        dataframe(table, percent=plots.rate_columns(table))
         stat = st.selectbox("Outcome", OUTCOMES, index=1, key=f"cr_seed_stat_{i}")
         chart(seed_bars(table, stat), f"cr_seed_bars_{i}")

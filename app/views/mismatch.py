@@ -66,22 +66,26 @@ if ctx.exact:  # a sampled run's own exact values of the sequence-level metrics,
 SEQUENCE_TILE = "log_ppl_abs_diff" if per_step["log_ppl_abs_diff"].is_not_null().any() else "prob_diff_mean"
 TILES = ("k3_kl", "mismatch_kl", SEQUENCE_TILE, "chi2_token", "prob_diff_max", "prob_pearson")
 last = per_step.row(-1, named=True)
-change = dict(mismatch_trend(per_step, TILES).summary.select("metric", "change").iter_rows())
+# the trend's first and last value of each tile (as the panel titles below write them)
+ends = {r["metric"]: r for r in mismatch_trend(per_step, TILES).summary.iter_rows(named=True)}
 # the estimators that can be negative, named as such on their tiles
 SIGNED = {"mismatch_kl": "K1 estimate, can be < 0", "chi2_token": "χ² estimate, can be < 0"}
 tiles = Tiles(len(TILES))
 for name in TILES:
-    value, delta = noise_to_zero(last.get(name)), noise_to_zero(change.get(name))
+    scale = plots.scale_of(per_step[name])  # below NOISE of it: float rounding, shown as 0
+    value = noise_to_zero(last.get(name), scale)
+    first, final = (noise_to_zero(ends[name][k], scale) if name in ends else None for k in ("first", "last"))
     label = f"{name} ({SIGNED[name]})" if name in SIGNED else name
     tiles.add(
         label,
         decimal(value),
         exact=None if value is None else f"{value:.6g}",
         scope=f"step {last['step']}",
-        delta=None if delta is None else f"{'+' if delta >= 0 else ''}{decimal(delta)} over run",
+        delta=None if first is None or final is None else f"trend {decimal(first)} → {decimal(final)}",
         delta_color="off",
-        help=f"{MISMATCH_COLUMNS[name]}. The change under the value is that of the trend line below, over "
-        f"the run; a value or change below {NOISE:g} (float rounding where μ = π_old) shows as 0.",
+        delta_arrow="off",  # the trend's two ends say which way it went; an arrow on float noise misleads
+        help=f"{MISMATCH_COLUMNS[name]}. Under the value: the trend line's first and last value (the chart "
+        f"below); a value below {NOISE:g} of the column's scale (float rounding where μ = π_old) shows as 0.",
     )
 
 chart(plots.mismatch_curves(per_step), "mm_curves", ctx=ctx)

@@ -138,6 +138,6 @@ alert_list(ctx, alerts, limit=8, key="ov_alert")
 doctor_panel(ctx)
 
 with st.expander("Per-step summary"):
-    dataframe(summary)
+    dataframe(summary, percent=plots.rate_columns(summary))
 with st.expander("Run manifest"):
     st.json(ctx.run.manifest, expanded=1)

@@ -52,9 +52,9 @@ cols[0].metric(
     ),
 )
 cols[1].metric("Blocked by both", f"{t['both']:,}")
-cols[2].metric(f"Only {md(rule_a)}", f"{t['only_a']:,}", help=f"{t['only_a_frac']:.3%} of the A ≠ 0 tokens")
-cols[3].metric(f"Only {md(rule_b)}", f"{t['only_b']:,}", help=f"{t['only_b_frac']:.3%} of the A ≠ 0 tokens")
-cols[4].metric("Agreement", f"{t['agreement']:.2%}")
+cols[2].metric(f"Only {md(rule_a)}", f"{t['only_a']:,}", help=f"{plots.percent(t['only_a_frac'])} of the A ≠ 0 tokens")
+cols[3].metric(f"Only {md(rule_b)}", f"{t['only_b']:,}", help=f"{plots.percent(t['only_b_frac'])} of the A ≠ 0 tokens")
+cols[4].metric("Agreement", plots.percent(t["agreement"]), help="share of the compared tokens both rules decide alike")
 
 if rule_a in ctx.rules and rule_b in ctx.rules:
     b1, b2 = st.columns(2)

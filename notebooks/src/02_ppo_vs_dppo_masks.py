@@ -133,8 +133,7 @@ by_bucket = threshold_sweep(tokens, ["ppo", "dppo_binary_tv"], scales=(0.5, 1.0,
 for rule, symbol in (("ppo", "ε"), ("dppo_binary_tv", "δ")):
     part = by_bucket.filter(pl.col("rule") == rule).with_columns(
         pl.format("{} at {}×{}", "rule", "scale", pl.lit(symbol)).alias("rule"))
-    fig = plots.blocked_by_bucket_bar(part, title=f"{rule}: blocked fraction by μ bucket as {symbol} scales")
-    fig.update_yaxes(tickformat=".1%").show()
+    plots.blocked_by_bucket_bar(part, title=f"{rule}: blocked fraction by μ bucket as {symbol} scales").show()
 
 # %% [markdown]
 # **What to take away.** The ratio clip and the divergence masks are not stricter or looser

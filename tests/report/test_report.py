@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from test_dashboard_browser import ARGS, CHROMIUM, PROMPTS, RUN_NAME, _hostile_run
 
-from trustlens import load_run
+from trustlens import load_run, plots
 from trustlens.analysis import detect_collapse, rule_confusion
 from trustlens.analysis.agreement import default_rule_pair
 from trustlens.report import build_report, write_report
@@ -56,7 +56,7 @@ def test_numbers_are_the_analyses(report):
     # the sample is recorded with sampling: the run's block rate is the aggregates' (all tokens)
     counts = run.aggregates.select(pl.sum("k_ppo_pos", "k_ppo_neg", "tokens_pos", "tokens_neg")).collect().row(0)
     ppo = (counts[0] + counts[1]) / (counts[2] + counts[3])
-    assert f"<td>ppo</td><td>{ppo:.3%}</td>" in text
+    assert f"<td>ppo</td><td>{plots.percent(ppo)}</td>" in text  # the dashboard's format: 4.29 %
 
 
 def test_hostile_text_is_escaped(report, hostile):

@@ -12,6 +12,9 @@ Modules:
                blocked fraction by μ bucket and per step, and two rules' masks compared
     mismatch   training-inference mismatch (μ vs π_old) per step and per μ bucket
     runs       a run's collapse signals and alerts, its held-out accuracy, and runs overlaid
+    numbers    the one number format of figures, tiles, tables and the report: plain decimals or
+               1.6e-4 (never SI prefixes), rates in percent, float noise as 0; every figure
+               function here returns its figure through plain_numbers
 
 Text from a run — token text, run names, rule names read from a manifest — is untrusted, and
 plotly renders a subset of HTML (and LaTeX between `$…$`) in titles, labels and hover text, so
@@ -30,23 +33,31 @@ from trustlens.plots.blocking import (
     confusion_lines,
     figure1,
 )
-from trustlens.plots.common import (
-    MAX_POINTS,
+from trustlens.plots.common import MAX_POINTS, SEVERITY_COLOURS, legend_beside, safe_text, thin, token_labels
+from trustlens.plots.mismatch import MISMATCH_CURVES, mismatch_by_bucket_bar, mismatch_curves
+from trustlens.plots.numbers import (
     NOISE,
-    SEVERITY_COLOURS,
+    RATE_FORMAT,
+    count,
+    decimal,
+    is_rate,
+    noise_floor,
+    noise_to_zero,
+    percent,
+    plain_figure,
     plain_numbers,
-    safe_text,
-    thin,
-    token_labels,
+    rate_columns,
+    scale_of,
+    signed,
     zero_noise,
 )
-from trustlens.plots.mismatch import MISMATCH_CURVES, mismatch_by_bucket_bar, mismatch_curves
 from trustlens.plots.runs import TIMELINE_SIGNALS, accuracy_curve, collapse_timeline, overlay_runs
 
 __all__ = [
     "MAX_POINTS",
     "MISMATCH_CURVES",
     "NOISE",
+    "RATE_FORMAT",
     "SEVERITY_COLOURS",
     "TIMELINE_SIGNALS",
     "accuracy_curve",
@@ -56,12 +67,23 @@ __all__ = [
     "collapse_timeline",
     "confusion_heatmap",
     "confusion_lines",
+    "count",
+    "decimal",
     "figure1",
+    "is_rate",
+    "legend_beside",
     "mismatch_by_bucket_bar",
     "mismatch_curves",
+    "noise_floor",
+    "noise_to_zero",
     "overlay_runs",
+    "percent",
+    "plain_figure",
     "plain_numbers",
+    "rate_columns",
     "safe_text",
+    "scale_of",
+    "signed",
     "thin",
     "token_labels",
     "zero_noise",

@@ -14,6 +14,7 @@ from plotly.subplots import make_subplots
 
 from trustlens.core.render import rule_colours
 from trustlens.plots.common import MAX_POINTS, empty, safe_text, thin, token_labels
+from trustlens.plots.numbers import RATE_FORMAT, plain_figure
 
 _SIDE_DASH = {"upper": "solid", "lower": "dash"}
 
@@ -43,7 +44,7 @@ def _density_trace(density: pl.DataFrame, *, log_y: bool, rule: str | None, show
     x_edges = _edges(density, "x_bin", "x_lo", "x_hi", n_x, log=True)
     y_edges = _edges(density, "y_bin", "y_lo", "y_hi", n_y, log=log_y)
     custom = np.dstack([10**z, frac])
-    blocked_line = f"<br>blocked by {safe_text(rule)}: %{{customdata[1]:.1%}} of A ≠ 0 tokens" if col else ""
+    blocked_line = f"<br>blocked by {safe_text(rule)}: %{{customdata[1]:{RATE_FORMAT}}} of A ≠ 0 tokens" if col else ""
     return go.Heatmap(
         x=x_edges,
         y=y_edges,
@@ -70,6 +71,7 @@ def _edges(density: pl.DataFrame, bin_col: str, lo_col: str, hi_col: str, n: int
     return lo - b * width + width * np.arange(n + 1)
 
 
+@plain_figure
 def figure1(
     ratio_density: pl.DataFrame,
     tv_density: pl.DataFrame,
@@ -145,6 +147,7 @@ def _axis_range(density: pl.DataFrame, lo: str, hi: str, *, log: bool) -> tuple[
 # ---------------------------------------------------------------- what the rules block
 
 
+@plain_figure
 def blocked_tokens_bar(by_token: pl.DataFrame, *, top: int = 20, title: str = "Most-blocked tokens") -> go.Figure:
     """Horizontal bars of the tokens each rule blocks most (`analysis.blocked_by_token`), grouped
     by rule; hover shows how often the token occurs and the fraction blocked."""
@@ -171,9 +174,8 @@ def blocked_tokens_bar(by_token: pl.DataFrame, *, top: int = 20, title: str = "M
                 name=safe_text(rule),
                 marker_color=colours[rule],
                 customdata=np.column_stack([part["count"].to_numpy(), part["blocked_frac"].to_numpy()]),
-                hovertemplate="%{y}<br>blocked %{x} of %{customdata[0]:.0f} (%{customdata[1]:.1%})<extra>"
-                + safe_text(rule)
-                + "</extra>",
+                hovertemplate=f"%{{y}}<br>blocked %{{x:,}} of %{{customdata[0]:,.0f}} "
+                f"(%{{customdata[1]:{RATE_FORMAT}}})<extra>{safe_text(rule)}</extra>",
             )
         )
     fig.update_layout(
@@ -186,6 +188,7 @@ def blocked_tokens_bar(by_token: pl.DataFrame, *, top: int = 20, title: str = "M
     return fig
 
 
+@plain_figure
 def blocked_by_bucket_bar(
     by_bucket: pl.DataFrame, *, title: str = "Blocked fraction by μ bucket", anchor: str = "μ"
 ) -> go.Figure:
@@ -207,9 +210,8 @@ def blocked_by_bucket_bar(
                 name=safe_text(rule),
                 marker_color=colours[rule],
                 customdata=np.column_stack([part["blocked"], part["count"]]),
-                hovertemplate=f"{a} in %{{x}}: %{{y:.2%}} (%{{customdata[0]}} of %{{customdata[1]}})<extra>"
-                + safe_text(rule)
-                + "</extra>",
+                hovertemplate=f"{a} in %{{x}}: %{{y:{RATE_FORMAT}}} (%{{customdata[0]:,}} of "
+                f"%{{customdata[1]:,}})<extra>{safe_text(rule)}</extra>",
             )
         )
     fig.update_layout(
@@ -217,11 +219,12 @@ def blocked_by_bucket_bar(
         barmode="group",
         xaxis_title=f"{a}(a_t)",
         yaxis_title="blocked fraction of A ≠ 0 tokens",
-        yaxis_tickformat=".0%",
+        yaxis_tickformat=RATE_FORMAT,
     )
     return fig
 
 
+@plain_figure
 def blocked_per_step_lines(
     per_step: pl.DataFrame, *, max_points: int = MAX_POINTS, title: str = "Blocked fraction per step"
 ) -> go.Figure:
@@ -240,17 +243,19 @@ def blocked_per_step_lines(
                 mode="lines",
                 name=safe_text(rule),
                 line_color=colours[rule],
+                hovertemplate=f"step %{{x}}: %{{y:{RATE_FORMAT}}}<extra>{safe_text(rule)}</extra>",
             )
         )
     fig.update_layout(
         title=safe_text(title),
         xaxis_title="step",
         yaxis_title="blocked fraction of A ≠ 0 tokens",
-        yaxis_tickformat=".1%",
+        yaxis_tickformat=RATE_FORMAT,
     )
     return fig
 
 
+@plain_figure
 def confusion_heatmap(matrix: pl.DataFrame, *, title: str = "Blocked by row rule, not by column rule") -> go.Figure:
     """The mask-confusion heatmap of `analysis.confusion_matrix`: cell (a, b) is coloured by the
     fraction of A ≠ 0 tokens rule a blocks and rule b lets through and prints their count (the
@@ -275,8 +280,9 @@ def confusion_heatmap(matrix: pl.DataFrame, *, title: str = "Blocked by row rule
             customdata=k,
             texttemplate="%{customdata:,.0f}",  # counts: rates of 0.0x % all print as "0.0 %"
             textfont={"size": 11 if len(rules) <= 6 else 9},
-            hovertemplate="blocked by %{y}, not by %{x}: %{z:.2%} of A ≠ 0 tokens (%{customdata:.0f})<extra></extra>",
-            colorbar={"title": "fraction", "tickformat": ".1%"},
+            hovertemplate=f"blocked by %{{y}}, not by %{{x}}: %{{z:{RATE_FORMAT}}} of A ≠ 0 tokens "
+            "(%{customdata:,.0f})<extra></extra>",
+            colorbar={"title": "share", "tickformat": RATE_FORMAT},
             xgap=1,
             ygap=1,
         )
@@ -292,6 +298,7 @@ def confusion_heatmap(matrix: pl.DataFrame, *, title: str = "Blocked by row rule
     return fig
 
 
+@plain_figure
 def confusion_lines(confusion: pl.DataFrame, rule_a: str, rule_b: str, *, max_points: int = MAX_POINTS) -> go.Figure:
     """Per step, the fraction of tokens only `rule_a` blocks and only `rule_b` blocks
     (`analysis.rule_confusion(..., per_step=True)`)."""
@@ -309,9 +316,13 @@ def confusion_lines(confusion: pl.DataFrame, rule_a: str, rule_b: str, *, max_po
                 mode="lines",
                 name=f"only {safe_text(rule)}",
                 line_color=colours[rule],
+                hovertemplate=f"step %{{x}}: %{{y:{RATE_FORMAT}}}<extra>only {safe_text(rule)}</extra>",
             )
         )
     fig.update_layout(
-        title=safe_text(title), xaxis_title="step", yaxis_title="fraction of A ≠ 0 tokens", yaxis_tickformat=".1%"
+        title=safe_text(title),
+        xaxis_title="step",
+        yaxis_title="fraction of A ≠ 0 tokens",
+        yaxis_tickformat=RATE_FORMAT,
     )
     return fig

@@ -1,6 +1,7 @@
 """What every figure module shares: `safe_text` and `token_labels` for the text a figure shows
 (see the package docstring), `thin` for curves longer than `MAX_POINTS` steps, `empty` for the
-figure of an empty frame, and the alert colours (`SEVERITY_COLOURS`)."""
+figure of an empty frame, `legend_beside` to put a panel's legend next to it, and the alert
+colours (`SEVERITY_COLOURS`)."""
 
 from __future__ import annotations
 
@@ -17,22 +18,13 @@ MAX_POINTS = 2000
 SEVERITY_COLOURS = {"info": "#56B4E9", "warning": "#E69F00", "critical": "#D55E00"}
 
 
-# |values| below this are float rounding (e.g. k3 where μ = π_old, 1e-15): drawn and shown as 0
-NOISE = 1e-9
-
-
-def zero_noise(df: pl.DataFrame, columns: Sequence[str]) -> pl.DataFrame:
-    """`df` with every value of `columns` whose |value| < NOISE set to 0 (float rounding drawn as
-    zero, not as a trend)."""
-    return df.with_columns(pl.when(pl.col(c).abs() < NOISE).then(0.0).otherwise(pl.col(c)).alias(c) for c in columns)
-
-
-def plain_numbers(fig: go.Figure) -> go.Figure:
-    """Axis and colour-bar ticks as plain decimals or scientific notation (2e-4), never SI
-    prefixes (plotly's default writes 200μ, which on a page about μ reads as the rollout policy)."""
-    fig.update_xaxes(exponentformat="e")
-    fig.update_yaxes(exponentformat="e")
-    fig.update_coloraxes(colorbar_exponentformat="e")
+def legend_beside(fig: go.Figure, row: int, legend: str = "legend", **style) -> go.Figure:
+    """Place `legend` right of subplot `row` (of a one-column `make_subplots` figure), its top level
+    with the panel's: the legend of one panel sits beside that panel, not beside the first one.
+    `style`: more of the legend's settings (a title, ...)."""
+    axis = fig.layout[f"yaxis{row if row > 1 else ''}"]
+    top = axis.domain[1] if axis.domain else 1.0
+    fig.update_layout({legend: {"x": 1.02, "xanchor": "left", "y": top, "yanchor": "top", **style}})
     return fig
 
 

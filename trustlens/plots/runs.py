@@ -10,7 +10,8 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from trustlens.core.render import rule_colours, series_colours
-from trustlens.plots.common import MAX_POINTS, SEVERITY_COLOURS, empty, safe_text, thin
+from trustlens.plots.common import MAX_POINTS, SEVERITY_COLOURS, empty, legend_beside, safe_text, thin
+from trustlens.plots.numbers import RATE_FORMAT, is_rate, plain_figure
 
 TIMELINE_SIGNALS = ("entropy", "k3_kl", "reward", "accuracy", "grad_norm")
 
@@ -25,6 +26,7 @@ def _line(df: pl.DataFrame, x: str, y: str, max_points: int) -> dict:
     return {"x": points[x].to_list(), "y": points[y].to_list(), "mode": "lines+markers" if sparse else "lines"}
 
 
+@plain_figure
 def collapse_timeline(
     signals: pl.DataFrame,
     alerts: pl.DataFrame | None = None,
@@ -37,7 +39,8 @@ def collapse_timeline(
     that the run has, then every blocked_<rule> fraction in one panel — with each alert
     (`analysis.detect_collapse`) marked on the panel of its signal, coloured by severity; the
     marker's hover text is the alert's message. A panel's line joins the steps that have a value
-    (accuracy: the evaluations, marked)."""
+    (accuracy: the evaluations, marked). The rules' legend sits beside the block-rate panel (in
+    percent), the alerts' beside the first panel with an alert."""
     if signals.is_empty():
         return empty(title, "no steps")
     blocked = [c for c in signals.columns if c.startswith("blocked_")]
@@ -76,11 +79,15 @@ def collapse_timeline(
                     name=safe_text(rule),
                     line_color=colours[rule],
                     legend="legend2",  # the rules' legend sits beside their panel, not the top ones
+                    hovertemplate=f"step %{{x}}: %{{y:{RATE_FORMAT}}}<extra>{safe_text(rule)}</extra>",
                 ),
                 row=len(rows),
                 col=1,
             )
-    if alerts is not None and not alerts.is_empty():
+    alert_rows = [] if alerts is None else sorted({row_of[s] for s in alerts["signal"].to_list() if s in row_of})
+    # the alerts' legend beside the first panel with an alert: the rules' one when that is theirs
+    alert_legend = "legend2" if alert_rows and blocked and alert_rows[0] == len(rows) else "legend"
+    if alerts is not None and alert_rows:
         values = {p: dict(zip(signals["step"].to_list(), signals[p].to_list(), strict=True)) for p in row_of}
         for sev, part in alerts.group_by("severity"):
             pts = [(row_of.get(a["signal"]), a) for a in part.iter_rows(named=True)]
@@ -95,6 +102,7 @@ def collapse_timeline(
                         name=f"{sev[0]} alert",
                         legendgroup=sev[0],
                         showlegend=row == min(r for r, _ in pts if r),
+                        legend=alert_legend,
                         text=[safe_text(a["message"]) for a in mine],
                         hovertemplate="%{text}<extra></extra>",
                     ),
@@ -103,12 +111,15 @@ def collapse_timeline(
                 )
     fig.update_xaxes(title_text="step", row=len(rows), col=1)
     fig.update_layout(title=safe_text(title), height=160 * len(rows) + 120)
-    if blocked:  # the rules' legend level with the block-rate panel (the last)
-        top = fig.layout[f"yaxis{len(rows) if len(rows) > 1 else ''}"].domain[1]
-        fig.update_layout(legend2={"y": top, "yanchor": "top", "x": 1.02, "xanchor": "left"})
+    if blocked:  # the rules' legend level with the block-rate panel (the last), in percent
+        legend_beside(fig, len(rows), "legend2")
+        fig.update_yaxes(tickformat=RATE_FORMAT, row=len(rows), col=1)
+    if alert_legend == "legend" and alert_rows:
+        legend_beside(fig, alert_rows[0])
     return fig
 
 
+@plain_figure
 def overlay_runs(
     frames: Mapping[str, pl.DataFrame],
     y: str | Sequence[str],
@@ -121,7 +132,9 @@ def overlay_runs(
 
     `frames` maps a run's name to a per-step frame holding `x` and the `y` columns (e.g.
     `step_summary`, `mismatch_per_step` or `step_signals` of each run). Runs lacking a column are
-    skipped in that panel; a sparse column (accuracy) is joined across its evaluations, marked.
+    skipped in that panel; a sparse column (accuracy) is joined across its evaluations, marked; a
+    rate column (`numbers.is_rate`) is drawn in percent. The runs' legend, which every panel
+    shares, sits level with the first panel.
     """
     ys = [y] if isinstance(y, str) else list(y)
     if not frames:
@@ -141,15 +154,20 @@ def overlay_runs(
                     legendgroup=safe_text(name),
                     showlegend=i == 1,
                     line_color=colours[name],
+                    hovertemplate=f"{safe_text(x)} %{{x}}: %{{y:{RATE_FORMAT if is_rate(col) else '.3~g'}}}"
+                    f"<extra>{safe_text(name)}</extra>",
                 ),
                 row=i,
                 col=1,
             )
+        if is_rate(col):
+            fig.update_yaxes(tickformat=RATE_FORMAT, row=i, col=1)
     fig.update_xaxes(title_text=safe_text(x), row=len(ys), col=1)
     fig.update_layout(title=safe_text(title), height=200 * len(ys) + 120)
-    return fig
+    return legend_beside(fig, 1)  # one line per run in every panel: the runs' legend level with the first
 
 
+@plain_figure
 def accuracy_curve(accuracy: Sequence[tuple[int, float]], *, title: str = "Held-out accuracy") -> go.Figure:
     """Held-out accuracy per evaluation (`analysis.seeds.accuracy_per_step`: (step, accuracy)
     pairs), with the collapse line of `analysis.onset.collapse_onset` dashed: half the first

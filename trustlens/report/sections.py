@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 
 import plotly.graph_objects as go
 import polars as pl
@@ -48,20 +49,29 @@ def esc(text: object) -> str:
     return html.escape("" if text is None else str(text))
 
 
-def number(value: object, fmt: str = ".4g") -> str:
+def number(value: object, fmt: str | None = None) -> str:
+    """A cell or a fact: `fmt` ("d", ".3%") when given, else the dashboard's format
+    (`plots.decimal` with 4 significant digits: 1.6e-4, never 1.6e-04); "–" for none."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    if isinstance(value, float) and math.isinf(value):
-        return "∞" if value > 0 else "−∞"
-    return format(value, fmt) if isinstance(value, (int, float)) else esc(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return esc(value)
+    if fmt is not None:
+        return "∞" if value == math.inf else "−∞" if value == -math.inf else format(value, fmt)
+    return str(value) if isinstance(value, int) else plots.decimal(value, 4)
 
 
-def table_html(df: pl.DataFrame, formats: dict[str, str] | None = None) -> str:
-    """`df` as an HTML table, every cell escaped."""
+def table_html(df: pl.DataFrame, formats: dict[str, str] | None = None, percent: Sequence[str] = ()) -> str:
+    """`df` as an HTML table, every cell escaped; the rate columns (`plots.is_rate`) and those
+    named in `percent` as percentages."""
     formats = formats or {}
+    rates = {*plots.rate_columns(df), *percent}
     head = "".join(f"<th>{esc(c)}</th>" for c in df.columns)
     cells = (
-        "".join(f"<td>{number(v, formats.get(c, '.4g'))}</td>" for c, v in zip(df.columns, row, strict=True))
+        "".join(
+            f"<td>{plots.percent(v) if c in rates and v is not None else number(v, formats.get(c))}</td>"
+            for c, v in zip(df.columns, row, strict=True)
+        )
         for row in df.iter_rows()
     )
     rows = "".join(f"<tr>{c}</tr>" for c in cells)
@@ -108,8 +118,8 @@ def overview(run) -> str:
     return (
         f'<table class="tl-facts">{facts_html}</table>'
         f"<p>Tokens with A = 0 (no gradient, never blocked, not in the block rates): "
-        f"{number(zero, '.1%')} of the tokens.</p>"
-        + table_html(rate_rows, {"blocked over A ≠ 0 tokens": ".3%"})
+        f"{plots.percent(zero)} of the tokens.</p>"
+        + table_html(rate_rows, percent=["blocked over A ≠ 0 tokens"])
         + figure_html(plots.blocked_per_step_lines(blocked))
         + figure_html(plots.collapse_timeline(signals, alerts, panels=("entropy", "reward", "accuracy")))
     )
@@ -130,8 +140,8 @@ def ppo_vs_dppo(run) -> str:
     head = (
         f"<p>{esc(a)} against {esc(b)} on the {total['count']:,} A ≠ 0 tokens both decided: "
         f"blocked by both {total['both']:,}, only by {esc(a)} {total['only_a']:,} "
-        f"({number(total['only_a_frac'], '.3%')}), only by {esc(b)} {total['only_b']:,} "
-        f"({number(total['only_b_frac'], '.3%')}); agreement {number(total['agreement'], '.2%')}.</p>"
+        f"({plots.percent(total['only_a_frac'])}), only by {esc(b)} {total['only_b']:,} "
+        f"({plots.percent(total['only_b_frac'])}); agreement {plots.percent(total['agreement'])}.</p>"
     )
     return (
         head
