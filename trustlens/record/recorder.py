@@ -288,7 +288,10 @@ class TokenRecorder:
         given_mask = check_mask("response_mask", response_mask, token_ids)
         mask = self._buffers.empty(tuple(given_mask.shape), torch.bool, device).copy_(given_mask)
         id_key = ("tokens", step, update)
-        samples = self._ids.of_call("sample_ids", sample_ids, shape[0], device, id_key)
+        # the caller's ids key rows only where their sample has a valid position (one host read, as
+        # reading the ids themselves is)
+        live = None if sample_ids is None else mask.any(dim=1).cpu().numpy()
+        samples = self._ids.of_call("sample_ids", sample_ids, shape[0], device, id_key, live)
         groups = samples if group_ids is None else self._ids.of_call("group_ids", group_ids, shape[0], device, None)
         ids = snapshot_token_ids(token_ids, mask, self._buffers)
         columns = {k: v for k, v in per_token.items() if v is not None}
@@ -351,7 +354,7 @@ class TokenRecorder:
             self._writer.put_manifest(manifest_update)
         # last: the writer thread wakes up to it and would compete for the GIL with any torch op after
         self._writer.put_tokens(job)
-        self._ids.note(id_key, samples, shape[0])
+        self._ids.note(id_key, samples, shape[0], live)
         self._writer.raise_rejected()  # an earlier call's bad input, found by the writer thread
         return n_rows
 

@@ -40,7 +40,8 @@ class SampleIds:
 
     def check_new(self, name: str, key: tuple[Any, ...], ids: np.ndarray) -> None:
         """Raise a ValueError naming the ids among `ids` (N,) recorded before under `key` =
-        (table, step, ...) on this rank: the rows would repeat a (step, update, sample) key."""
+        (table, step, ...) on this rank: the rows would repeat a (step, update, sample) key.
+        Only the ids of samples that write rows count (`live`, see `of_call`)."""
         repeated = np.zeros(len(ids), bool)
         for used in self._used.get(key, ()):
             if isinstance(used, tuple):
@@ -56,14 +57,18 @@ class SampleIds:
                 f"its {key[0]} rows and may appear once per {once}: pass ids not used before"
             )
 
-    def note(self, key: tuple[Any, ...], ids: torch.Tensor | np.ndarray | int, n: int) -> None:
-        """Count a call's sample ids under `key` as recorded: the caller's ids (N,), or `n`
-        default ids from `ids` (an int: the first), which also advances the default counter."""
+    def note(
+        self, key: tuple[Any, ...], ids: torch.Tensor | np.ndarray | int, n: int, live: np.ndarray | None = None
+    ) -> None:
+        """Count a call's sample ids under `key` as recorded: the caller's ids (N,) of the samples
+        that write rows (`live` (N,) bool, None: all), or `n` default ids from `ids` (an int: the
+        first), which also advances the default counter."""
         if isinstance(ids, int):
             self._used.setdefault(key, []).append((ids, n))
             self.take(key, n)
         else:
             given = ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else ids
+            given = given if live is None else given[live]
             self._used.setdefault(key, []).append(np.array(given, np.int64, copy=True))
 
     def first(self, key: tuple[Any, ...], n: int) -> int:
@@ -80,10 +85,18 @@ class SampleIds:
         self._next[key] = self._next.get(key, 0) + n
 
     def of_call(
-        self, name: str, ids: object, batch: int, device: torch.device, key: tuple[Any, ...] | None
+        self,
+        name: str,
+        ids: object,
+        batch: int,
+        device: torch.device,
+        key: tuple[Any, ...] | None,
+        live: np.ndarray | None = None,
     ) -> torch.Tensor | int:
         """Per-sample ids (B,) as an int64 tensor on `device`; numbered by default when `key`:
-        then the first of the B consecutive ids (the rows' ids are made where they are taken)."""
+        then the first of the B consecutive ids (the rows' ids are made where they are taken).
+        `live` (B,) bool: the samples that write rows (a response with no valid position writes
+        none, so its id may repeat one recorded before, as a re-run micro-batch masked out does)."""
         if ids is None:
             assert key is not None, "default ids need a counter key"
             start = self.first(key, batch)
@@ -99,5 +112,6 @@ class SampleIds:
         if name == "sample_ids":
             check_unique(name, ids)
         if key is not None:
-            self.check_new(name, key, ids.cpu().numpy())
+            given = ids.cpu().numpy()
+            self.check_new(name, key, given if live is None else given[live])
         return ids
