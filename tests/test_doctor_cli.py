@@ -5,7 +5,7 @@ import json
 import pytest
 from benchmark_scripts import load
 
-from trustlens.analysis.doctor import CHECKS
+from trustlens.analysis.diagnosis import CHECKS
 from trustlens.cli import main
 
 bench = load("doctor_detection")

@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make-sample": ("trustlens.train.commands", "regenerate the shipped sample runs (data/sample_run)"),
     "export": ("trustlens.export.exporters", "recorded runs to TensorBoard or W&B: per-step scalars and alerts"),
     "report": ("trustlens.report.page", "one self-contained HTML report of recorded runs (opens without a network)"),
-    "doctor": ("trustlens.analysis.doctor.command", "log-probability bugs that fake a training–inference mismatch"),
+    "doctor": ("trustlens.analysis.diagnosis.command", "log-probability bugs that fake a training–inference mismatch"),
     "warmup": ("trustlens.train.warmup", "rebuild the warm-start checkpoint (supervised warm-up to mediocre accuracy)"),
 }
 

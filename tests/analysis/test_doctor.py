@@ -1,4 +1,4 @@
-"""trustlens.analysis.doctor: each check names its planted defect first and stays ok on clean
+"""trustlens.analysis.diagnosis: each check names its planted defect first and stays ok on clean
 data (benchmarks/doctor_detection.py's planting), and each statistic against a hand-checked
 value."""
 
@@ -12,10 +12,10 @@ from benchmark_scripts import load
 
 from trustlens import load_run
 from trustlens.analysis import Finding, doctor
-from trustlens.analysis.doctor import inputs as doctor_inputs
-from trustlens.analysis.doctor import inputs_of, note_consequences, ordered, read_sampling
-from trustlens.analysis.doctor.alignment import sentinel_check, shift_check, token_ids_check
-from trustlens.analysis.doctor.sampling import temperature_ratio, truncation_check
+from trustlens.analysis.diagnosis import inputs as doctor_inputs
+from trustlens.analysis.diagnosis import inputs_of, note_consequences, ordered, read_sampling
+from trustlens.analysis.diagnosis.alignment import sentinel_check, shift_check, token_ids_check
+from trustlens.analysis.diagnosis.sampling import temperature_ratio, truncation_check
 from trustlens.run.tables import write_run
 
 bench = load("doctor_detection")
@@ -152,7 +152,7 @@ def test_raw_logprobs_claim_contradicted_by_data_warns(tmp_path):
     rng = np.random.default_rng(3)
     mu = -rng.uniform(0.05, 4.0, 200)
     manifest = {"sampling": {"temperature": 0.5, "logprobs": "raw"}}
-    from trustlens.analysis.doctor.sampling import temperature_check
+    from trustlens.analysis.diagnosis.sampling import temperature_check
 
     f = temperature_check(_pairs_run(tmp_path, mu, mu, manifest=manifest))
     assert f.verdict == "warning" and "contradict" in f.summary

@@ -268,7 +268,8 @@ def test_low_precision_inputs():
 
 def test_unknown_rule_lists_known_rules():
     x = dict(pi_logp=torch.tensor([-1.0]), mu_logp=torch.tensor([-1.0]), advantages=torch.tensor([1.0]))
-    with pytest.raises(KeyError, match=r"unknown rule 'dppo' \(did you mean 'ppo'\?\); known rules: ppo, ppo_clip_higher.*grpo_tis"):
+    known = r"unknown rule 'dppo' \(did you mean 'ppo'\?\); known rules: ppo, ppo_clip_higher.*grpo_tis"
+    with pytest.raises(KeyError, match=known):
         evaluate("dppo", **x)
     with pytest.raises(KeyError, match="unknown rule 'nope'"):
         evaluate_all(["ppo", "nope"], **x)

@@ -71,7 +71,9 @@ def test_a_run_without_the_measure_still_sweeps_its_builtin_rules(tmp_path):
     run = _record(tmp_path / "old", [CUSTOM[0], "ppo"])
     manifest_path = tmp_path / "old" / "run.json"
     manifest = json.loads(manifest_path.read_text())
-    manifest["rules"]["my_clip"] = {k: manifest["rules"]["my_clip"][k] for k in ("low", "high", "anchor", "description")}
+    manifest["rules"]["my_clip"] = {
+        k: manifest["rules"]["my_clip"][k] for k in ("low", "high", "anchor", "description")
+    }
     manifest_path.write_text(json.dumps(manifest))
     run = load_run(tmp_path / "old")
     with pytest.warns(UserWarning, match="rule 'my_clip' left out"):

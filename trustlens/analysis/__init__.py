@@ -48,7 +48,7 @@ from trustlens.analysis.clipping import (
     with_rules,
 )
 from trustlens.analysis.collapse import CollapseConfig, detect_collapse
-from trustlens.analysis.doctor import Finding, doctor
+from trustlens.analysis.diagnosis import Finding, doctor
 from trustlens.analysis.findings import (
     blocked_anchor_quantiles,
     blocked_token_anchor,

@@ -9,8 +9,8 @@ import polars as pl
 
 from trustlens.analysis.alert_levels import MISMATCH_K3_NORMAL
 from trustlens.analysis.buckets import bucket_expr, bucket_table, collect
-from trustlens.analysis.doctor.finding import Finding
-from trustlens.analysis.doctor.inputs import ENTROPIES, Inputs, bucket_of, examples
+from trustlens.analysis.diagnosis.finding import Finding
+from trustlens.analysis.diagnosis.inputs import ENTROPIES, Inputs, bucket_of, examples
 from trustlens.analysis.mismatch import mismatch_per_step
 
 # where: position buckets [lo, hi) of the response

@@ -9,8 +9,8 @@ import math
 import polars as pl
 
 from trustlens.analysis.buckets import collect
-from trustlens.analysis.doctor.finding import Finding
-from trustlens.analysis.doctor.inputs import Inputs, examples
+from trustlens.analysis.diagnosis.finding import Finding
+from trustlens.analysis.diagnosis.inputs import Inputs, examples
 
 KEYS = ["step", "update", "rank", "sample"]  # one response at one update
 # shift: g = rank corr(log μ_t, log π_old_{t±1}) (the better neighbour) − rank corr(log μ_t, log π_old_t)

@@ -13,8 +13,8 @@ import numpy as np
 import polars as pl
 
 from trustlens.analysis.buckets import collect
-from trustlens.analysis.doctor.finding import Finding, verdict_of
-from trustlens.analysis.doctor.inputs import ENTROPIES, Inputs, bucket_of, examples
+from trustlens.analysis.diagnosis.finding import Finding, verdict_of
+from trustlens.analysis.diagnosis.inputs import ENTROPIES, Inputs, bucket_of, examples
 
 # temperature: |r − 1| at which the check warns / finds a problem (r = τ_μ / τ_π, see below)
 TEMPERATURE_WARNING = 0.15

@@ -19,11 +19,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from trustlens.analysis.doctor.alignment import sentinel_check, shift_check, token_ids_check
-from trustlens.analysis.doctor.finding import CHECKS, VERDICTS, Finding, note_consequences, ordered
-from trustlens.analysis.doctor.inputs import Inputs, Sampling, inputs_of, read_sampling
-from trustlens.analysis.doctor.level import engine_drift_check, level_check, per_step_mismatch, where_check
-from trustlens.analysis.doctor.sampling import temperature_check, truncation_check
+from trustlens.analysis.diagnosis.alignment import sentinel_check, shift_check, token_ids_check
+from trustlens.analysis.diagnosis.finding import CHECKS, VERDICTS, Finding, note_consequences, ordered
+from trustlens.analysis.diagnosis.inputs import Inputs, Sampling, inputs_of, read_sampling
+from trustlens.analysis.diagnosis.level import engine_drift_check, level_check, per_step_mismatch, where_check
+from trustlens.analysis.diagnosis.sampling import temperature_check, truncation_check
 from trustlens.analysis.inputs import lazy_rows
 
 

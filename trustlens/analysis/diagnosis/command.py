@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from trustlens.analysis.doctor.finding import Finding
+from trustlens.analysis.diagnosis.finding import Finding
 
 MARKS = {"problem": "PROBLEM", "warning": "warning", "ok": "ok"}
 
@@ -53,7 +53,7 @@ def as_text(findings: list[Finding]) -> str:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from trustlens.analysis.doctor import doctor
+    from trustlens.analysis.diagnosis import doctor
     from trustlens.run import load_run
 
     findings = doctor(load_run(args.run))
