@@ -7,7 +7,8 @@ Areas: math (the divergences, the rules, policy_loss), recorder (TokenRecorder's
 record, log_samples, log_metrics, resume), reading (load_run / load_runs on corrupted, partial
 and foreign folders), analyses (every function of trustlens.analysis), config (CollapseConfig,
 TrainConfig, Keep, Rule), export/report, cli (`trustlens train/demo/dashboard/export/report/
-doctor/claims/compare` in-process through trustlens.cli.main). The cases live in
+doctor/claims/compare` in-process through trustlens.cli.main), engines (the engine adapters'
+sampling and EngineTokens, TokenRecorder sampling/model_kind, `train --engine`, `doctor`). The cases live in
 benchmarks/bad_input_cases/. Each case is
 
 - clear: refused with ValueError, TypeError, KeyError, an OSError about a file or a trustlens
@@ -51,6 +52,7 @@ AREAS = {
     "config": "config_cases",
     "export/report": "export_cases",
     "cli": "cli_cases",
+    "engines": "engine_cases",
 }
 KINDS = ("clear", "valid", "silent", "confusing", "hang")
 # error classes that answer a user clearly when their message names the argument

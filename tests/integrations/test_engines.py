@@ -197,7 +197,7 @@ def test_no_topk_and_a_fixed_length():
         (lambda d: from_vllm("text"), "outputs must be a list"),
         (lambda d: from_vllm([object()]), r"outputs\[0\] is a object"),
         (lambda d: from_vllm(vllm_outputs(d), length=2), "length must be an int ≥ the longest response"),
-        (lambda d: from_vllm(vllm_outputs(d), topk=0), "topk must be an int ≥ 1"),
+        (lambda d: from_vllm(vllm_outputs(d), topk=0), "topk must be an integer ≥ 1"),
         (lambda d: from_sglang({"text": "x", "meta_info": {}}), "no meta_info.output_token_logprobs"),
         (
             lambda d: from_sglang({"meta_info": {"output_token_logprobs": [[-0.1, 5, None]]}}, topk=2),

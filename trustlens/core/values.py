@@ -162,6 +162,17 @@ def _pair(name: str, value: object, what: str) -> tuple[object, object]:
     return value[0], value[1]
 
 
+def check_attributes(name: str, value: object, attributes: Iterable[str], expected: str) -> object:
+    """`value` when it is an object (not a mapping) with every one of `attributes`; else a
+    TypeError naming the argument, `expected` (e.g. "a vLLM SamplingParams") and what was given.
+    For the config objects of other libraries, read by attribute without importing them."""
+    missing = [a for a in attributes if not hasattr(value, a)]
+    if isinstance(value, Mapping) or missing:
+        lacks = f" (it has no {', '.join(missing)})" if missing and value is not None else ""
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r:.80}{lacks}")
+    return value
+
+
 def check_step_range(name: str, value: object) -> tuple[int, int]:
     """A (first, last) pair of steps: integers with 0 ≤ first ≤ last."""
     first, last = _pair(name, value, "a (first, last) pair of steps")

@@ -43,6 +43,9 @@ from typing import Any
 
 import torch
 
+from trustlens.core.values import check_attributes, check_optional_int, check_sequence, check_type
+from trustlens.run.manifest import normalise_sampling
+
 # vLLM's `logprobs_mode` values -> run.json sampling["logprobs"]
 VLLM_LOGPROBS_MODES = {
     "raw_logprobs": "raw",
@@ -79,6 +82,7 @@ def from_vllm(
 ) -> EngineTokens:
     """`EngineTokens` of vLLM's RequestOutputs or CompletionOutputs (module docstring). topk: K
     of μ's top-K to return (None: none); length: pad to this T (≥ the longest response)."""
+    check_optional_int("topk", topk, low=1)
     completions = _vllm_completions(outputs)
     responses: list[_Response] = []
     for b, completion in enumerate(completions):
@@ -115,8 +119,10 @@ def from_sglang(
 ) -> EngineTokens:
     """`EngineTokens` of SGLang /generate responses (module docstring): one dict or a list of
     them. topk: K of μ's top-K to return (None: none); length: pad to this T."""
+    check_optional_int("topk", topk, low=1)
     if isinstance(responses, Mapping):
         responses = [responses]
+    responses = check_sequence("responses", responses, what="an SGLang /generate response (a dict) or a list of them")
     rows: list[_Response] = []
     for b, response in enumerate(responses):
         meta = response.get("meta_info") if isinstance(response, Mapping) else None
@@ -153,16 +159,30 @@ def vllm_sampling(params: Any, logprobs_mode: str | None = None) -> dict[str, An
         raise ValueError(
             f"logprobs_mode must be one of {', '.join(VLLM_LOGPROBS_MODES)} or None, got {logprobs_mode!r}"
         )
+    check_attributes("params", params, ("temperature", "top_p"), "a vLLM SamplingParams")
     sampling = {key: getattr(params, key, None) for key in ("temperature", "top_p", "top_k", "min_p")}
-    return {**sampling, "logprobs": None if logprobs_mode is None else VLLM_LOGPROBS_MODES[logprobs_mode]}
+    return checked_sampling(
+        {**sampling, "logprobs": None if logprobs_mode is None else VLLM_LOGPROBS_MODES[logprobs_mode]}
+    )
 
 
 def sglang_sampling(sampling_params: Mapping[str, Any], logprobs: str | None = None) -> dict[str, Any]:
     """TokenRecorder's `sampling` from the `sampling_params` of a /generate request (SGLang's
     defaults where a key is absent: temperature 1, top_p 1, top_k −1, min_p 0); `logprobs`: "raw"
     or "processed" as the server computes them, None when not known."""
+    check_type("sampling_params", sampling_params, Mapping, "the sampling_params mapping of a /generate request")
     defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
-    return {**{key: sampling_params.get(key, value) for key, value in defaults.items()}, "logprobs": logprobs}
+    return checked_sampling(
+        {**{key: sampling_params.get(key, value) for key, value in defaults.items()}, "logprobs": logprobs}
+    )
+
+
+def checked_sampling(sampling: dict[str, Any]) -> dict[str, Any]:
+    """`sampling` as given, once `normalise_sampling` (what TokenRecorder's `sampling=` checks)
+    accepts it: a bad setting is refused where it is read from the engine's configuration,
+    naming the key, not later when the recorder opens the run."""
+    normalise_sampling(sampling)
+    return sampling
 
 
 def _vllm_completions(outputs: Sequence[Any]) -> list[Any]:
@@ -227,8 +247,6 @@ def _top_k(token: int, logp: float, candidates: list[tuple[int, float]], k: int)
 def _pad(responses: list[_Response], *, topk: int | None, pad_id: int, length: int | None) -> EngineTokens:
     if not responses:
         raise ValueError("no responses: outputs/responses must hold at least one")
-    if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or topk < 1):
-        raise ValueError(f"topk must be an int ≥ 1 or None, got {topk!r}")
     pad_id = _token_id("pad_id", pad_id)
     longest = max(len(ids) for ids, _, _ in responses)
     T = longest if length is None else length

@@ -21,34 +21,39 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trustlens.integrations.engines import VLLM_LOGPROBS_MODES
+from trustlens.core.values import check_attributes, check_type
+from trustlens.integrations.engines import VLLM_LOGPROBS_MODES, checked_sampling
 
 _FILTERS = ("temperature", "top_p", "top_k", "min_p")
 
 
 def trl_sampling(args: Any) -> dict[str, Any]:
     """`sampling` of a TRL GRPOConfig (module docstring)."""
+    check_attributes("args", args, ("temperature",), "a TRL GRPOConfig")
     overrides = getattr(args, "generation_kwargs", None) or {}
     sampling = {key: overrides.get(key, getattr(args, key, None)) for key in _FILTERS}
     if not getattr(args, "use_vllm", False):
         logprobs: str | None = "processed"
     else:
         logprobs = "processed" if getattr(args, "vllm_mode", "server") == "colocate" else None
-    return {**sampling, "logprobs": logprobs}
+    return checked_sampling({**sampling, "logprobs": logprobs})
 
 
 def verl_sampling(rollout: Mapping[str, Any]) -> dict[str, Any]:
     """`sampling` of verl's `actor_rollout_ref.rollout` config (a DictConfig or a mapping)."""
+    if not callable(getattr(rollout, "get", None)):
+        check_type("rollout", rollout, Mapping, "verl's actor_rollout_ref.rollout config (a DictConfig or a mapping)")
     sampling = {key: rollout.get(key) for key in ("temperature", "top_p", "top_k")}
     if rollout.get("name") == "sglang":
-        return {**sampling, "logprobs": None}
+        return checked_sampling({**sampling, "logprobs": None})
     mode = rollout.get("logprobs_mode", "raw_logprobs")
-    return {**sampling, "logprobs": VLLM_LOGPROBS_MODES.get(mode)}
+    return checked_sampling({**sampling, "logprobs": VLLM_LOGPROBS_MODES.get(mode)})
 
 
 def openrlhf_sampling(generate_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """`sampling` of an OpenRLHF trainer's `generate_kwargs` (module docstring)."""
-    return {**{key: generate_kwargs.get(key) for key in _FILTERS}, "logprobs": "raw"}
+    check_type("generate_kwargs", generate_kwargs, Mapping, "the trainer's generate_kwargs mapping")
+    return checked_sampling({**{key: generate_kwargs.get(key) for key in _FILTERS}, "logprobs": "raw"})
 
 
 __all__ = ["openrlhf_sampling", "trl_sampling", "verl_sampling"]
