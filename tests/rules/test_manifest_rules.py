@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from trustlens import TokenRecorder, load_run
-from trustlens.analysis import blocked_per_step, confusion_matrix, step_summary, threshold_sweep, with_rules
+from trustlens.analysis import (
+    blocked_per_step,
+    confusion_matrix,
+    rule_boundaries,
+    step_summary,
+    threshold_sweep,
+    with_rules,
+)
 from trustlens.rules import RULES, Rule
 
 CUSTOM = [
@@ -81,3 +88,29 @@ def test_a_run_without_the_measure_still_sweeps_its_builtin_rules(tmp_path):
     assert set(sweep["rule"]) == {"ppo"}
     with pytest.raises(ValueError, match="my_clip"):
         threshold_sweep(run, ["my_clip"])
+
+
+def test_a_runs_own_record_is_read_leniently_and_typed_thresholds_strictly(tmp_path):
+    """run.json written by a newer version (a field this one does not know) or before entries kept
+    a custom rule's measure: the dashboard's queries still run, with a warning naming the rule;
+    the same mapping typed by a caller is refused."""
+    _record(tmp_path / "run", [CUSTOM[0], "ppo", "dppo_binary_tv"])
+    manifest_path = tmp_path / "run" / "run.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["rules"]["ppo"]["future_field"] = 1
+    del manifest["rules"]["my_clip"]["measure"]
+    manifest_path.write_text(json.dumps(manifest))
+    run = load_run(tmp_path / "run")
+    with pytest.warns(UserWarning) as caught:
+        wide = with_rules(run.tokens, ["dppo_binary_kl"], base=run.rules).collect()
+        curves = rule_boundaries(run.rules)
+    said = " ".join(str(w.message) for w in caught)
+    assert "'future_field'" in said and "rule 'my_clip' left out" in said
+    assert "blocked_dppo_binary_kl" in wide.columns
+    assert set(curves["rule"]) == {"ppo", "dppo_binary_tv"}
+    typed = dict(run.rules)
+    with pytest.raises(ValueError, match="my_clip.*names no measure"):
+        rule_boundaries(typed)
+    del typed["my_clip"]
+    with pytest.raises(ValueError, match="unknown key 'future_field'"):
+        rule_boundaries(typed)

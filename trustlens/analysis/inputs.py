@@ -12,6 +12,7 @@ Anything else is a TypeError naming the function, the argument and what it was g
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import TypeAlias
@@ -20,7 +21,7 @@ import polars as pl
 
 from trustlens.core.values import check_keys, check_str
 from trustlens.rules import Rule
-from trustlens.run.reader import Run
+from trustlens.run.reader import RecordedRules, Run
 
 RunOrTokens: TypeAlias = Run | pl.LazyFrame
 
@@ -90,16 +91,34 @@ def check_rule_entries(name: str, value: object) -> dict[str, Rule]:
     """{rule: entry} as a manifest records rules (`Run.rules`), or thresholds a caller gives in
     its form ({"ppo": {"low": 0.1, "high": 0.3}}), as Rules (`Rule.from_manifest`): every key a
     rule name, every entry a mapping of RULE_FIELDS, an entry without a measure a built-in rule,
-    thresholds finite and ≥ 0. Errors name `name` and the rule."""
+    thresholds finite and ≥ 0. Errors name `name` and the rule. A run's own record (`Run.rules`, a
+    `RecordedRules`) is read leniently: unknown fields are ignored and an entry that cannot be
+    rebuilt is left out, each with a warning."""
     if not isinstance(value, Mapping):
         raise TypeError(
             f"{name} must be a mapping {{rule: {{'low': …, 'high': …}}}}, got {type(value).__name__} {value!r:.80}"
         )
+    recorded = isinstance(value, RecordedRules)
     out = {}
     for rule, entry in value.items():
         check_str(f"{name} key", rule)
-        check_keys(f"{name}[{rule!r}]", entry, RULE_FIELDS)
-        out[rule] = Rule.from_manifest(rule, entry)
+        if not recorded:
+            check_keys(f"{name}[{rule!r}]", entry, RULE_FIELDS)
+            out[rule] = Rule.from_manifest(rule, entry)
+            continue
+        # a run's own record (`Run.rules`): read as any reader of a run reads it
+        if not isinstance(entry, Mapping):
+            warnings.warn(f"{name}: the run's record of rule {rule!r} is not a mapping; rule left out", stacklevel=3)
+            continue
+        unknown = sorted(str(k) for k in entry if k not in RULE_FIELDS)
+        if unknown:
+            warnings.warn(
+                f"{name}: rule {rule!r} records fields this version does not know, ignored: {unknown}", stacklevel=3
+            )
+        try:
+            out[rule] = Rule.from_manifest(rule, {k: v for k, v in entry.items() if k in RULE_FIELDS})
+        except ValueError as err:
+            warnings.warn(f"{name}: rule {rule!r} left out: {err.args[0]}", stacklevel=3)
     return out
 
 

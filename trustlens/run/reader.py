@@ -54,6 +54,14 @@ __all__ = ["CorruptPartWarning", "NoRowsError", "NotARunError", "Part", "Run", "
 _verified: set[tuple[str, int, int]] = set()
 
 
+class RecordedRules(dict):
+    """A run's rules as its run.json recorded them ({name: manifest entry}). The analyses read
+    such entries leniently, as any reader of a run (an entry written by a newer trustlens may hold
+    fields this one does not know; a custom rule written before entries kept its measure cannot be
+    rebuilt): what cannot be used is left out with a warning, where thresholds a caller types are
+    checked strictly (`trustlens.analysis.inputs.check_rule_entries`)."""
+
+
 @dataclass(frozen=True)
 class Part:
     """One readable part file."""
@@ -91,9 +99,10 @@ class Run:
         return str(self.manifest.get("status"))
 
     @property
-    def rules(self) -> dict[str, dict[str, Any]]:
-        """The evaluated rules in column order: {name: {low, high, anchor, ...}}."""
-        return dict(self.manifest.get("rules") or {})
+    def rules(self) -> RecordedRules:
+        """The evaluated rules in column order: {name: {low, high, anchor, ...}}, as run.json
+        recorded them (`RecordedRules`)."""
+        return RecordedRules(self.manifest.get("rules") or {})
 
     @property
     def active_rule(self) -> str | None:
