@@ -129,7 +129,7 @@ def test_config_presets_and_validation():
         TrainConfig(rule="ppo2")
     with pytest.raises(ValueError, match="minibatches must be ≥ 1"):
         TrainConfig(minibatches=0)
-    with pytest.raises(ValueError, match="tv_bound must be in"):
+    with pytest.raises(ValueError, match=r"tv_bound must be a number in \(0, 1\), got 0.0"):
         TrainConfig(tv_bound=0.0)
 
 
