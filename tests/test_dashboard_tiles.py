@@ -6,7 +6,8 @@ the demo beside pg_is and dppo_binary_tv), laid out as the demo lays them out. O
 - no misplaced legend: each plotly legend lies nearer its own panels (those of the traces it
   lists) than any other panel of its figure, within LEGEND_REACH px of them, and overlaps no
   other legend;
-- no button whose label is cut or wider than its column (the alerts' "Inspect tokens" included).
+- no button whose label is cut or wider than its column (the alerts' "Inspect tokens" included);
+- no figure or panel title running past its figure's edge.
 
 The demo's run is the shipped `learning` run standing in: `trustlens demo` trains the same preset
 with another seed, which takes minutes on 2 cores. Full-page screenshots of every view go to
@@ -112,6 +113,20 @@ MISPLACED_LEGENDS = """(reach) => {
   return [bad, checked];
 }"""
 
+# Every figure title and subplot title of a plotly figure that runs past the figure's edge (the
+# SVG clips it): its text.
+CUT_TITLES = """() => {
+  const cut = [];
+  for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+    const g = gd.getBoundingClientRect();
+    for (const t of gd.querySelectorAll('text.gtitle, g.annotation text')) {
+      const box = t.getBoundingClientRect();
+      if (box.width && (box.left < g.left - 1 || box.right > g.right + 1)) cut.push(`title cut: ${t.textContent}`);
+    }
+  }
+  return cut;
+}"""
+
 # Every visible button whose label is cut (clipped or ellipsised) or that is wider than its
 # column: the label and the widths.
 CUT_BUTTONS = """() => {
@@ -183,7 +198,9 @@ def test_every_page_reads_at_a_glance(server):
                     inspect_buttons += page.get_by_role("button", name="Inspect tokens").count()
                     misplaced, checked = page.evaluate(MISPLACED_LEGENDS, LEGEND_REACH)
                     legends += checked
-                    found = page.evaluate(CUT_TILES) + misplaced + page.evaluate(CUT_BUTTONS)
+                    found = (
+                        page.evaluate(CUT_TILES) + misplaced + page.evaluate(CUT_BUTTONS) + page.evaluate(CUT_TITLES)
+                    )
                     if found:
                         problems[where] = found
                     _full_page_shot(page, width, SHOTS / f"{shot}_{width}.png")
@@ -194,21 +211,23 @@ def test_every_page_reads_at_a_glance(server):
     assert problems == {}
 
 
-def _legends_in(browser, html_file) -> tuple[list[str], int]:
+def _checked(browser, html_file) -> tuple[list[str], int]:
+    """The misplaced legends and cut titles of a static HTML page, and how many legends it has."""
     page = browser.new_page(viewport={"width": 1280, "height": 1200})
     try:
         page.goto(html_file.as_uri())
         page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .infolayer').length > 0")
         page.wait_for_timeout(500)
-        return page.evaluate(MISPLACED_LEGENDS, LEGEND_REACH)
+        misplaced, checked = page.evaluate(MISPLACED_LEGENDS, LEGEND_REACH)
+        return misplaced + page.evaluate(CUT_TITLES), checked
     finally:
         page.close()
 
 
 def test_report_legends_sit_beside_their_panels(tmp_path):
     """The report of the shipped collapse (its figures are the dashboard's) has no misplaced
-    legend; and the check finds one: the rules' legend of the collapse timeline moved level with
-    the entropy panel, as it was before."""
+    legend and no cut title; and the checks find both: the rules' legend of the collapse timeline
+    moved level with the entropy panel, as it was before, under a title too long to fit."""
     from trustlens import analysis as A
     from trustlens import plots
     from trustlens.report.page import build_report
@@ -218,15 +237,17 @@ def test_report_legends_sit_beside_their_panels(tmp_path):
     report = tmp_path / "report.html"
     report.write_text(build_report([run]), encoding="utf-8")
     signals = A.step_signals(run)
-    moved = plots.collapse_timeline(signals, panels=("entropy", "reward")).update_layout(legend2={"y": 1.0})
+    moved = plots.collapse_timeline(signals, panels=("entropy", "reward"), title="a title " * 60)
+    moved.update_layout(legend2={"y": 1.0})
     control = tmp_path / "moved.html"
     control.write_text(moved.to_html(include_plotlyjs=True), encoding="utf-8")
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
         try:
-            misplaced, checked = _legends_in(browser, report)
-            assert checked >= 5 and misplaced == []
-            misplaced, _ = _legends_in(browser, control)
-            assert len(misplaced) == 1 and "legend2" in misplaced[0] and "nearer another panel" in misplaced[0]
+            problems, checked = _checked(browser, report)
+            assert checked >= 5 and problems == []
+            problems, _ = _checked(browser, control)
+            assert len(problems) == 2 and "legend2" in problems[0] and "nearer another panel" in problems[0]
+            assert problems[1].startswith("title cut: a title a title")
         finally:
             browser.close()

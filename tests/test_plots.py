@@ -322,7 +322,11 @@ def test_the_rules_legend_sits_beside_the_block_rate_panel(run):
     assert rules and all(tr.legend == "legend2" for tr in rules)  # not in the top panels' legend
     assert fig.layout.legend2.y == fig.layout.yaxis3.domain[1]  # level with the last panel's top
     heat = P.confusion_heatmap(A.confusion_matrix(run.tokens))
-    assert heat.data[0].texttemplate == "%{customdata:,.0f}"  # counts, which differ where rates print 0.0 %
+    # counts, which differ where rates print 0.0 %, as the cells' text (a heatmap prints no customdata)
+    only = A.confusion_matrix(run.tokens).row(1, named=True)
+    rules = list(heat.data[0].y)
+    cell = heat.data[0].text[rules.index(only["rule_a"])][rules.index(only["rule_b"])]
+    assert heat.data[0].texttemplate == "%{text}" and cell == f"{only['only_a']:,.0f}"
 
 
 # ---------------------------------------------------------------- one number format in every figure

@@ -78,7 +78,9 @@ chart(
     "pv_figure1",
 )
 # their denominators count every token, which a sampled run's aggregates do not split this way
-kept = " (estimate: Σ weight of the kept rows)" if ctx.run.sampled else ""
+kept = " (estimate)" if ctx.run.sampled else ""
+if kept:
+    st.caption("Charts marked (estimate): on this sampled run, Σ weight of the kept rows.")
 left, right = st.columns(2)
 with left:
     chart(
@@ -88,5 +90,6 @@ with left:
         "pv_bucket",
     )
 with right:
-    chart(plots.confusion_heatmap(data["matrix"], title=f"Blocked by row rule, not by column rule{kept}"), "pv_matrix")
-chart(plots.blocked_tokens_bar(data["by_token"]), "pv_tokens")
+    chart(plots.blocked_tokens_bar(data["by_token"]), "pv_tokens")
+# full width: a cell per rule pair and every rule's name readable at 1,280 px
+chart(plots.confusion_heatmap(data["matrix"], title=f"Blocked by row rule, not by column rule{kept}"), "pv_matrix")

@@ -277,11 +277,12 @@ def confusion_heatmap(matrix: pl.DataFrame, *, title: str = "Blocked by row rule
             x=labels,
             y=labels,
             colorscale="Reds",
-            customdata=k,
-            texttemplate="%{customdata:,.0f}",  # counts: rates of 0.0x % all print as "0.0 %"
+            # counts (rates of 0.0x % all print as "0.0 %"); as text: heatmap cells cannot print customdata
+            text=[[f"{v:,.0f}" for v in line] for line in k],
+            texttemplate="%{text}",
             textfont={"size": 11 if len(rules) <= 6 else 9},
             hovertemplate=f"blocked by %{{y}}, not by %{{x}}: %{{z:{RATE_FORMAT}}} of A ≠ 0 tokens "
-            "(%{customdata:,.0f})<extra></extra>",
+            "(%{text})<extra></extra>",
             colorbar={"title": "share", "tickformat": RATE_FORMAT},
             xgap=1,
             ygap=1,
