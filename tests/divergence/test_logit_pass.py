@@ -52,6 +52,39 @@ def test_pass_matches_float64(gen, impl, dtype):
     torch.testing.assert_close(done.logp_ids[rows], logp[rows], rtol=0, atol=2e-6)
     torch.testing.assert_close(done.log_rest[rows], rest[rows], rtol=0, atol=2e-5)  # log of a rest ≈ e^-12
     assert (done.entropy[~rows] == 0).all()
+    assert done.raw_logp_ids is None  # not asked for
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_raw_logp_matches_float64(gen, impl, dtype):
+    """log softmax(logits) on the ids, τ = 1, from the same pass that divides by τ = 0.6."""
+    base = make_logits(gen, (3, 4), dtype)
+    view = base[:, 1:]  # strided rows
+    valid = torch.tensor([[True, False, True], [True, True, True], [False, True, True]])
+    ids = torch.stack([torch.randperm(V, generator=gen)[:5] for _ in range(9)])
+    ids[:, 1] = 100  # the peaked token, not excluded: log π_raw ≈ 0 there
+    done = kernels.run_pass(view, kernels.row_starts(view, valid), ids, 3, 0.6, impl, raw=True)
+    flat, rows = view.reshape(-1, V), valid.reshape(-1)
+    want = torch.log_softmax(flat.double(), -1).gather(-1, ids)  # (9, 5) the definition, float64
+    assert done.raw_logp_ids is not None
+    torch.testing.assert_close(done.raw_logp_ids[rows], want[rows], rtol=1e-6, atol=2e-5)
+    assert (done.raw_logp_ids[~rows] == 0).all()
+    entropy, logp, _ = oracle(flat, ids, 3, 0.6)  # the other outputs are as without raw
+    torch.testing.assert_close(done.logp_ids[rows], logp[rows], rtol=0, atol=2e-6)
+    torch.testing.assert_close(done.entropy[rows], entropy[rows], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_raw_logp_hand_checked(impl):
+    """Logits (0, log 3) over two tokens: raw π = (1/4, 3/4) whatever τ the pass divides by."""
+    logits = torch.tensor([[[0.0, math.log(3.0)]]])  # (1, 1, 2)
+    ids = torch.tensor([[0, 1]])
+    done = kernels.run_pass(logits, kernels.row_starts(logits), ids, 0, 0.5, impl, raw=True)
+    assert done.raw_logp_ids is not None
+    torch.testing.assert_close(done.raw_logp_ids, torch.tensor([[math.log(0.25), math.log(0.75)]], dtype=torch.float64))
+    # at τ = 0.5: π ∝ (1, 9)
+    torch.testing.assert_close(done.logp_ids, torch.tensor([[math.log(0.1), math.log(0.9)]], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -139,7 +172,7 @@ def test_record_quantities_through_the_pass(gen, monkeypatch, impl):
     cpu = logit_quantities(*args, want_entropy=True)
     monkeypatch.setattr(kernels, "pass_impl", lambda device: impl)
     one_pass = logit_quantities(*args, want_entropy=True)
-    assert set(one_pass) == {"entropy", "topk_tv", "topk_kl"}
+    assert set(one_pass) == set(cpu) == {"entropy", "topk_tv", "topk_kl", "mu_topk_mass", "pi_topk_mass", "pi_logp_raw"}
     for name, want in cpu.items():
         torch.testing.assert_close(one_pass[name], want, rtol=1e-5, atol=1e-6, msg=name)
     logits[1, 3, 5] = math.nan  # a bad input: the chunked path runs again and names it
@@ -153,7 +186,7 @@ def test_the_op_keeps_a_compiled_graph_whole(gen):
     ids = torch.tensor([[100, 3]] * 4)
 
     def entropy(x):
-        _, sum_rest, usum_rest, _ = kernels.logit_pass_op(x, starts, ids, 0, 1.0)
+        _, sum_rest, usum_rest, _, _ = kernels.logit_pass_op(x, starts, ids, 0, 1.0, False)
         return torch.log(sum_rest) - usum_rest / sum_rest
 
     compiled = torch.compile(entropy, fullgraph=True, backend="aot_eager")  # a graph break raises

@@ -16,9 +16,11 @@ from trustlens.divergence.measures import (
     exact_divergence,
     force_sampled,
     log1mexp,
+    topk_buckets,
     topk_divergence,
     topk_divergence_from_logp,
     topk_from_logits,
+    topk_mass,
 )
 
 __all__ = [
@@ -30,7 +32,9 @@ __all__ = [
     "exact_divergence",
     "force_sampled",
     "log1mexp",
+    "topk_buckets",
     "topk_divergence",
     "topk_divergence_from_logp",
     "topk_from_logits",
+    "topk_mass",
 ]

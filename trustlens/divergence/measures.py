@@ -145,7 +145,33 @@ def topk_divergence(
     sampled_ids: torch.Tensor | None = None,
     sampled_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(topk_tv, topk_kl) per position, shaped like pi_logits' leading dims.
+    """(topk_tv, topk_kl) per position, shaped like pi_logits' leading dims: `bucket_divergence`
+    of the buckets of `topk_buckets` (same arguments)."""
+    log_mu, log_pi = topk_buckets(
+        pi_logits,
+        mu_topk_ids,
+        mu_topk_logp,
+        temperature=temperature,
+        sampled_ids=sampled_ids,
+        sampled_logp=sampled_logp,
+    )
+    dtype = _result_dtype(pi_logits, mu_topk_logp)
+    tv, kl = bucket_divergence(log_mu, log_pi)
+    return tv.to(dtype), kl.to(dtype)
+
+
+def topk_buckets(
+    pi_logits: torch.Tensor,
+    mu_topk_ids: torch.Tensor,
+    mu_topk_logp: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    sampled_ids: torch.Tensor | None = None,
+    sampled_logp: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log μ, log π) on the K + 1 buckets of the top-K divergence, (..., K + 1) float64 each
+    with pi_logits' leading dims: μ's top-K ids S first (a_t forced in, see below), the rest of
+    the vocabulary last. `topk_mass` gives Σ_S of either.
 
     pi_logits: (..., V) π's logits, any float dtype; divided by `temperature` (the rollout's
     sampling temperature) before the softmax, without a copy.
@@ -157,12 +183,11 @@ def topk_divergence(
         smallest log μ (the K-th of a set in descending order), with log μ(a_t) from
         `sampled_logp` (...); without sampled_logp that is a ValueError naming the position.
         None: S is taken as given (e.g. from `topk_from_logits`, which forces a_t in itself).
-    KL(μ ‖ π) over the K + 1 buckets S ∪ {rest}; log μ_rest = log1mexp(logsumexp(log μ_S)),
-    in float64. A bucket with μ > 0 to which π gives probability 0 (a −inf logit) makes the KL
-    +inf, a valid value.
+    The K + 1 buckets are S ∪ {rest}; log μ_rest = log1mexp(logsumexp(log μ_S)), in float64. A
+    bucket with μ > 0 to which π gives probability 0 (a −inf logit) makes the KL +inf, a valid
+    value.
     π's log-probs come from one exp-and-sum pass over the vocabulary, chunk by chunk, plus a
     gather (see `trustlens.divergence.vocab_chunks.logp_on_ids`): extra memory O(N·K) plus one chunk.
-    Float32 results (float64 when an input is).
     """
     check_same_device(
         pi_logits=pi_logits,
@@ -200,11 +225,18 @@ def topk_divergence(
         log_pi, log_pi_rest = done.logp_ids, done.log_rest
     else:
         log_pi, log_pi_rest = vocab_chunks.logp_on_ids("pi_logits", pi_logits, ids, temperature, dtype, log_mu_rest)
-    tv, kl = bucket_divergence(
-        torch.cat([log_mu, log_mu_rest[:, None]], -1), torch.cat([log_pi, log_pi_rest[:, None]], -1)
-    )
     lead = pi_logits.shape[:-1]
-    return tv.to(dtype).reshape(lead), kl.to(dtype).reshape(lead)
+    return (
+        torch.cat([log_mu, log_mu_rest[:, None]], -1).reshape(*lead, K + 1),
+        torch.cat([log_pi, log_pi_rest[:, None]], -1).reshape(*lead, K + 1),
+    )
+
+
+def topk_mass(log_buckets: torch.Tensor) -> torch.Tensor:
+    """Σ_{i∈S} p_i per position from bucket log-probabilities (..., K + 1) (`topk_buckets`: S
+    first, the rest bucket last), in their dtype: the probability mass a distribution puts on μ's
+    top-K set. A μ renormalised over a support inside S has mass 1 there where π has less."""
+    return torch.logsumexp(log_buckets[..., :-1], -1).exp().clamp(max=1.0)
 
 
 def _lead_index(logits: torch.Tensor, row: int) -> tuple[int, ...]:

@@ -5,11 +5,15 @@
   vocabulary, KL in nats (`topk_divergence`, docs/rules.md). The sampled token a_t is always in
   the set: where μ's set lacks it, a_t replaces the id of smallest log μ with log μ(a_t) from
   `mu_logp` (without `mu_logp` such a set is a ValueError naming its (b, t)), so that
-  topk_tv ≥ binary_tv and topk_kl ≥ binary_kl on every row.
+  topk_tv ≥ binary_tv and topk_kl ≥ binary_kl on every row;
+- mu_topk_mass, pi_topk_mass: Σ_{i∈S} μ_i and Σ_{i∈S} π_i over that set S (`topk_mass`), with
+  the top-K: a μ renormalised over a truncated support inside S has mass 1 there, π less;
+- pi_logp_raw: log softmax(logits)(a_t), π before the sampling temperature (τ·(logits/τ)), when
+  τ ≠ 1: what an engine that returns raw log-probs reports as μ.
 
 On the CPU the valid rows are gathered a chunk of about LOGIT_CHUNK_ELEMENTS (rows × vocabulary)
 at a time, so that no (N, V) copy of them is made. On CUDA one logit pass
-(trustlens.divergence.kernels) reads every valid row in place once for all three quantities; the
+(trustlens.divergence.kernels) reads every valid row in place once for all the quantities; the
 checks of the inputs are device-side flags, read back by `record` with its other checks in its
 one host synchronisation (`pending_logit_quantities`), and only when one is set does the chunked
 path run again to name the argument and the (b, t) of the bad value.
@@ -29,7 +33,9 @@ from trustlens.divergence import (
     force_sampled,
     kernels,
     log1mexp,
-    topk_divergence,
+    topk_buckets,
+    topk_mass,
+    vocab_chunks,
 )
 from trustlens.record.args import check_tensor_shape, id_tensor
 from trustlens.record.token_rows import check_token_range
@@ -49,10 +55,12 @@ def logit_quantities(
     *,
     want_entropy: bool,
 ) -> dict[str, torch.Tensor]:  # name -> (B, T)
-    """{"entropy": …, "topk_tv": …, "topk_kl": …} (B, T), 0 in the padding: the entropy (when
-    `want_entropy`) and the top-K TV/KL (when μ's top-K is given) at the valid positions, in
-    float32 (float64 when the logits are). `ids` are checked here against the vocabulary at the
-    valid positions; a bad argument is a ValueError naming it (and the (b, t) of a bad value)."""
+    """{"entropy": …, "topk_tv": …, "topk_kl": …, "mu_topk_mass": …, "pi_topk_mass": …,
+    "pi_logp_raw": …} (B, T), 0 in the padding: the entropy (when `want_entropy`), the top-K
+    TV/KL and masses (when μ's top-K is given) and log π(a_t) of the raw logits (when
+    `temperature` ≠ 1) at the valid positions, in float32 (float64 when the logits are). `ids`
+    are checked here against the vocabulary at the valid positions; a bad argument is a
+    ValueError naming it (and the (b, t) of a bad value)."""
     pending = pending_logit_quantities(
         logits, mask, ids, topk_ids, topk_logp, mu_logp, temperature, want_entropy=want_entropy
     )
@@ -167,30 +175,52 @@ def _chunked(given: LogitInputs) -> dict[str, torch.Tensor]:
         )
         _raise_lacking(lacking, index, sampled, mask.shape[1])
         topk = k_ids, k_logp.to(topk[1].dtype)
-    wanted = (["entropy"] if want_entropy else []) + (["topk_tv", "topk_kl"] if topk is not None else [])
+    raw = temperature != 1.0
+    wanted = _wanted(want_entropy, topk is not None, raw)
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     out = {name: torch.zeros(mask.numel(), dtype=dtype, device=mask.device) for name in wanted}  # (B·T,)
     flat = logits.reshape(-1, vocab)
+    flat_ids = ids.to(mask.device).reshape(-1).long()
     rows = max(1, LOGIT_CHUNK_ELEMENTS // vocab)
     for start in range(0, len(index), rows):
         chunk_index = index[start : start + rows]
         chunk = flat.index_select(0, chunk_index)  # (n, V)
         where = f"at the valid positions from (b, t) = {divmod(int(chunk_index[0]), mask.shape[1])} on"
-        if want_entropy:
+        if want_entropy or raw:
             bad = torch.isnan(chunk) | (chunk == math.inf)
             if bool(bad.any()):
                 row = int(chunk_index[torch.nonzero(bad.any(-1))[0, 0]])
                 raise ValueError(f"logits hold NaN or +inf at (b, t) = {divmod(row, mask.shape[1])}")
+        if want_entropy:
             out["entropy"][chunk_index] = entropy_from_logits(chunk, temperature=temperature).to(dtype)
+        if raw:  # one exp-and-sum pass of the chunk at τ = 1 (a row of only −inf raises, named)
+            a_t = flat_ids.index_select(0, chunk_index)[:, None]  # (n, 1)
+            try:
+                raw_logp = vocab_chunks.logp_on_ids("logits", chunk, a_t, 1.0, dtype)[0][:, 0]
+            except ValueError as err:
+                raise ValueError(f"{err} ({where}; index counted over them)") from err
+            out["pi_logp_raw"][chunk_index] = raw_logp.to(dtype)
         if topk is not None:
             sl = slice(start, start + rows)
             try:
-                chunk_tv, chunk_kl = topk_divergence(chunk, topk[0][sl], topk[1][sl], temperature=temperature)
+                log_mu, log_pi = topk_buckets(chunk, topk[0][sl], topk[1][sl], temperature=temperature)
             except ValueError as err:
                 raise ValueError(f"{err} ({where}; index counted over them)") from err
-            out["topk_tv"][chunk_index] = chunk_tv.to(dtype)
-            out["topk_kl"][chunk_index] = chunk_kl.to(dtype)
+            for name, value in _topk_columns(log_mu, log_pi).items():
+                out[name][chunk_index] = value.to(dtype)
     return {name: t.reshape(mask.shape) for name, t in out.items()}
+
+
+def _wanted(entropy: bool, topk: bool, raw: bool) -> list[str]:
+    """The columns a call computes: the entropy, the top-K's, the raw log-prob."""
+    top = ["topk_tv", "topk_kl", "mu_topk_mass", "pi_topk_mass"] if topk else []
+    return (["entropy"] if entropy else []) + top + (["pi_logp_raw"] if raw else [])
+
+
+def _topk_columns(log_mu: torch.Tensor, log_pi: torch.Tensor) -> dict[str, torch.Tensor]:
+    """topk_tv, topk_kl, mu_topk_mass, pi_topk_mass (N,) float64 from the buckets (N, K + 1)."""
+    tv, kl = bucket_divergence(log_mu, log_pi)
+    return {"topk_tv": tv, "topk_kl": kl, "mu_topk_mass": topk_mass(log_mu), "pi_topk_mass": topk_mass(log_pi)}
 
 
 def _one_pass(given: LogitInputs, impl: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -219,18 +249,22 @@ def _one_pass(given: LogitInputs, impl: str) -> tuple[dict[str, torch.Tensor], t
         flags.append(valid & bad_sets)
         set_ids = set_ids.clamp(0, vocab - 1)
         log_mu_rest = torch.full_like(mass, -math.inf) if k == vocab else log1mexp(mass.clamp(max=0.0))
-    done = kernels.run_pass(logits, kernels.row_starts(logits, valid), set_ids, k, temperature, impl)
+    raw = temperature != 1.0
+    if raw:  # a_t gathered after the set (not excluded from the sums): its raw log-prob
+        set_ids = sampled[:, None] if set_ids is None else torch.cat([set_ids, sampled[:, None]], -1)
+    done = kernels.run_pass(logits, kernels.row_starts(logits, valid), set_ids, k, temperature, impl, raw=raw)
     flags.append(done.bad)
     bad = torch.cat(flags).any()
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    out = {}
+    out: dict[str, torch.Tensor] = {}
+    zero = torch.zeros((), dtype=torch.float64, device=device)
     if want_entropy:
-        out["entropy"] = done.entropy.to(dtype)
+        out["entropy"] = done.entropy
     if topk is not None:
-        tv, kl = bucket_divergence(
+        out |= _topk_columns(
             torch.cat([log_mu.clamp(max=0.0), log_mu_rest[:, None]], -1),
-            torch.cat([done.logp_ids, done.log_rest[:, None]], -1),
+            torch.cat([done.logp_ids[:, :k], done.log_rest[:, None]], -1),
         )
-        zero = torch.zeros((), dtype=tv.dtype, device=device)
-        out["topk_tv"], out["topk_kl"] = (torch.where(valid, t, zero).to(dtype) for t in (tv, kl))
-    return {name: t.reshape(mask.shape) for name, t in out.items()}, bad
+    if done.raw_logp_ids is not None:
+        out["pi_logp_raw"] = done.raw_logp_ids[:, -1]
+    return {name: torch.where(valid, t, zero).to(dtype).reshape(mask.shape) for name, t in out.items()}, bad

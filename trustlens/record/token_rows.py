@@ -41,20 +41,23 @@ from trustlens.run.aggregates import Keep, keep_rows
 from trustlens.run.errors import RejectedInputError
 from trustlens.run.parts import TokenBatch
 
-_LOGP = ("pi_logp", "mu_logp", "old_logp")
-_DIVERGENCES = ("entropy", "topk_tv", "topk_kl")
+_LOGP = ("pi_logp", "mu_logp", "old_logp", "pi_logp_raw")
+_DIVERGENCES = ("entropy", "topk_tv", "topk_kl", "mu_topk_mass", "pi_topk_mass")
+_AT_MOST_ONE = ("topk_tv", "mu_topk_mass", "pi_topk_mass")  # probability masses: in [0, 1]
+# columns only record's logit pass derives (trustlens.record.logit_quantities): null without logits
+_LOGIT_COLUMNS = ("pi_logp_raw", "mu_topk_mass", "pi_topk_mass")
 
 
 def _bounds(name: str, finite: float) -> tuple[float, float]:
     """The lowest and highest value input `name` may hold (`finite`: the largest finite value of
     its dtype): log-probabilities ≤ LOGP_TOLERANCE (−inf is probability 0), finite advantages, and
-    divergences ≥ −LOGP_TOLERANCE and finite, +inf allowed for topk_kl (π = 0 < μ), topk_tv
-    ≤ 1 + LOGP_TOLERANCE."""
+    divergences ≥ −LOGP_TOLERANCE and finite, +inf allowed for topk_kl (π = 0 < μ), topk_tv and
+    the top-K masses ≤ 1 + LOGP_TOLERANCE."""
     if name in _LOGP:
         return -math.inf, LOGP_TOLERANCE
     if name == "advantages":
         return -finite, finite
-    if name == "topk_tv":
+    if name in _AT_MOST_ONE:
         return -LOGP_TOLERANCE, 1 + LOGP_TOLERANCE
     return -LOGP_TOLERANCE, math.inf if name == "topk_kl" else finite
 
@@ -72,6 +75,8 @@ _CHECKS: dict[str, Callable[..., torch.Tensor]] = {
     "entropy": check_nonnegative,
     "topk_tv": check_tv,
     "topk_kl": functools.partial(check_nonnegative, allow_inf=True),
+    "mu_topk_mass": check_tv,  # a probability mass: in [0, 1] as a TV is
+    "pi_topk_mass": check_tv,
 }
 
 
@@ -166,7 +171,7 @@ def check_values(names: list[str], values: torch.Tensor, mask: torch.Tensor) -> 
             v.clamp_(max=0.0)
         elif name in _DIVERGENCES and not lo >= 0:
             v.clamp_(min=0.0)
-        if name == "topk_tv" and hi > 1:
+        if name in _AT_MOST_ONE and hi > 1:
             v.clamp_(max=1.0)
 
 
@@ -241,7 +246,7 @@ def take_rows(step: int, update: int, rows: TokenRows, rules: list[Rule]) -> Tok
         t,
         rows.token_ids.reshape(-1)[index].long(),
     ]
-    names = ("mu_logp", "old_logp", "pi_logp", "topk_tv", "topk_kl", "entropy")
+    names = ("mu_logp", "old_logp", "pi_logp", "topk_tv", "topk_kl", "entropy", *_LOGIT_COLUMNS)
     floats = {**{k: values.get(k) for k in names}, "advantage": values["advantages"]}
     batch = _to_cpu(step, update, ints, floats, {r.name: decisions.get(r.name) for r in rules})
     if rows.buffers is not None:  # every row is taken (copied) from them now
@@ -338,7 +343,7 @@ def _clamp_rounding(names: list[str], values: torch.Tensor) -> None:
         if name in _LOGP:
             v.clamp_(max=0.0)
         elif name in _DIVERGENCES:
-            v.clamp_(min=0.0, max=1.0 if name == "topk_tv" else None)
+            v.clamp_(min=0.0, max=1.0 if name in _AT_MOST_ONE else None)
 
 
 def stage_rows(

@@ -61,6 +61,14 @@ TOKEN_COLUMNS: tuple[Column, ...] = (
     Column("topk_tv", _F, True, "TV over μ's top-K ids plus the rest bucket, probability mass"),
     Column("topk_kl", _F, True, "KL(μ‖π) over μ's top-K ids plus the rest bucket, nats"),
     Column("entropy", _F, True, "entropy of π at this position, nats"),
+    Column(
+        "pi_logp_raw",
+        _F,
+        True,
+        "log π(a_t) from the logits before the sampling temperature, nats; null when no logits or τ = 1",
+    ),
+    Column("mu_topk_mass", _F, True, "Σ μ over μ's top-K ids (a_t included), probability mass; null without top-K"),
+    Column("pi_topk_mass", _F, True, "Σ π over μ's top-K ids (a_t included), probability mass; null without top-K"),
     Column("advantage", _F, True, "advantage of the token (sequence advantages broadcast)"),
     Column("weight", _F, True, "sampling weight of a run recorded with Keep: 1/rate for the random share, else 1"),
 )

@@ -1,6 +1,7 @@
 """One pass over π's logits for accelerator tensors: per valid row, the entropy of
 softmax(logits / τ), log π on a few ids per row (μ's top-K set, the sampled token) and log π of
-the rest of the vocabulary, from a single read of the row.
+the rest of the vocabulary, and on request log softmax(logits) on the ids (the distribution before
+the sampling temperature), from a single read of the row.
 
 - `logit_pass`: a Triton kernel (trustlens.divergence.kernels.logit_pass), registered as the torch
   custom op `trustlens::logit_pass` so that a torch.compile'd trainer calling it keeps one graph.
@@ -16,7 +17,7 @@ logits (it reads them twice: the TV needs both normalisers first):
 
 `pass_impl(device)` says which one runs for tensors on `device`: "triton" or "torch" on CUDA,
 None on the CPU, where trustlens.divergence keeps its chunked passes (the test oracle).
-`run_pass` runs the logit pass and `finish` turns its four tensors into log-probabilities and
+`run_pass` runs the logit pass and `finish` turns its five tensors into log-probabilities and
 entropies; `run_exact` runs the exact pass and `finish_exact` turns its parts into TV and KL.
 """
 
@@ -56,21 +57,21 @@ def pass_impl(device: torch.device) -> str | None:
 
 @torch.library.custom_op("trustlens::logit_pass", mutates_args=())
 def logit_pass_op(
-    logits: torch.Tensor, row_start: torch.Tensor, ids: torch.Tensor, n_excluded: int, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Triton logit pass as a torch op: (M, sum_rest, usum_rest, x_ids), see logit_pass."""
+    logits: torch.Tensor, row_start: torch.Tensor, ids: torch.Tensor, n_excluded: int, temperature: float, raw: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Triton logit pass as a torch op: (M, sum_rest, usum_rest, x_ids, sum_raw), see logit_pass."""
     from trustlens.divergence.kernels.logit_pass import logit_pass_triton
 
-    return logit_pass_triton(logits, row_start, ids, n_excluded, temperature)
+    return logit_pass_triton(logits, row_start, ids, n_excluded, temperature, raw)
 
 
 @logit_pass_op.register_fake
 def _logit_pass_fake(
-    logits: torch.Tensor, row_start: torch.Tensor, ids: torch.Tensor, n_excluded: int, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    logits: torch.Tensor, row_start: torch.Tensor, ids: torch.Tensor, n_excluded: int, temperature: float, raw: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     n = row_start.shape[0]
-    new = [logits.new_empty(n, dtype=torch.float32) for _ in range(3)]
-    return new[0], new[1], new[2], logits.new_empty((n, ids.shape[1]), dtype=torch.float32)
+    new = [logits.new_empty(n, dtype=torch.float32) for _ in range(4)]
+    return new[0], new[1], new[2], logits.new_empty((n, ids.shape[1]), dtype=torch.float32), new[3]
 
 
 @torch.library.custom_op("trustlens::exact_pass", mutates_args=())
@@ -116,6 +117,7 @@ class LogitPass:
     logp_ids: torch.Tensor  # (N, K_all) log π on the ids
     log_rest: torch.Tensor  # (N,) log π of every token outside the excluded ids
     bad: torch.Tensor  # (N,) bool: the row holds NaN or +inf, or only −inf
+    raw_logp_ids: torch.Tensor | None = None  # (N, K_all) log softmax(logits) on the ids (τ = 1); None: not asked
 
 
 def run_pass(
@@ -125,6 +127,8 @@ def run_pass(
     n_excluded: int,  # the first n_excluded ids of a row (a set of distinct ids) form its top-K bucket set
     temperature: float,
     impl: str,  # "triton" or "torch"
+    *,
+    raw: bool = False,  # also log softmax(logits) on the ids (`LogitPass.raw_logp_ids`)
 ) -> LogitPass:
     """The logit pass of `impl` over the rows at `row_start`, finished (`finish`)."""
     if ids is None:
@@ -132,11 +136,14 @@ def run_pass(
     ids = ids.long().contiguous()
     row_start = row_start.contiguous()
     if impl == "triton":
-        parts = logit_pass_op(logits, row_start, ids, n_excluded, float(temperature))
+        parts = logit_pass_op(logits, row_start, ids, n_excluded, float(temperature), raw)
     else:
-        parts = logit_pass_torch(logits, row_start, ids, n_excluded, float(temperature))
-    top, sum_rest, usum_rest, x_ids = parts
-    return finish(top, sum_rest, usum_rest, x_ids, n_excluded, row_start >= 0)
+        parts = logit_pass_torch(logits, row_start, ids, n_excluded, float(temperature), raw)
+    top, sum_rest, usum_rest, x_ids, sum_raw = parts
+    done = finish(top, sum_rest, usum_rest, x_ids, n_excluded, row_start >= 0)
+    if raw:
+        done.raw_logp_ids = finish_raw(top, x_ids, sum_raw, float(temperature), done.bad | (row_start < 0))
+    return done
 
 
 def finish(
@@ -166,6 +173,20 @@ def finish(
     logp_ids = torch.where(ok[:, None], z - log_s[:, None], zero)
     log_rest = torch.where(ok, torch.log(sum_rest.double()) - log_s, zero)
     return LogitPass(entropy=entropy, logp_ids=logp_ids, log_rest=log_rest, bad=bad)
+
+
+def finish_raw(
+    top: torch.Tensor,  # (N,) M, the max of x = logits / τ
+    x_ids: torch.Tensor,  # (N, K_all) x on the ids
+    sum_raw: torch.Tensor,  # (N,) Σ_v e^(τ·(x_v − M))
+    temperature: float,  # τ
+    skip: torch.Tensor,  # (N,) bool: rows not passed or bad (their results are 0)
+) -> torch.Tensor:
+    """log softmax(logits) on the ids (N, K_all) in float64: the raw logits are τ·x with max τ·M,
+    so log π_raw = τ·(x − M) − log sum_raw."""
+    z = x_ids.double() - top.double()[:, None]
+    log_norm = torch.log(torch.where(skip, 1.0, sum_raw.double()))
+    return torch.where(skip[:, None], 0.0, temperature * z - log_norm[:, None])
 
 
 @dataclass
@@ -228,6 +249,7 @@ __all__ = [
     "LogitPass",
     "finish",
     "finish_exact",
+    "finish_raw",
     "pass_impl",
     "raise_bad_row",
     "row_starts",

@@ -5,6 +5,10 @@ Per row, with x = logits / τ in float32 and M = max_v x_v (every token counts i
     sum_rest  = Σ_{v∉E} e^(x_v − M)                 (E: the row's excluded ids, μ's top-K set)
     usum_rest = Σ_{v∉E} (x_v − M) e^(x_v − M)
     x_ids     = x on the row's ids (gathered, E first)
+    sum_raw   = Σ_v e^(τ·(x_v − M))                  (RAW only: every token; 0 otherwise)
+
+sum_raw normalises the raw logits τ·x, the distribution before the sampling temperature: their
+max is τ·M, so the running max of x serves both sums and only the sum is new (same read).
 
 The sums run per lane with a running max (online softmax: a lane's sums are rescaled by
 e^(m_old − m_new) when its max grows) and are combined across lanes at the end, so the row is read
@@ -42,7 +46,9 @@ def _logit_pass_kernel(
     sum_ptr,  # (N,) float32 out: sum_rest
     usum_ptr,  # (N,) float32 out: usum_rest
     x_ids_ptr,  # (N, K_ALL) float32 out: x on the ids
+    raw_ptr,  # (N,) float32 out: sum_raw (written when RAW)
     BLOCK: tl.constexpr,
+    RAW: tl.constexpr,  # also sum the raw logits' exps (τ ≠ 1 and wanted)
 ):
     i = tl.program_id(0).to(tl.int64)
     start = tl.load(row_start_ptr + i)
@@ -53,11 +59,16 @@ def _logit_pass_kernel(
         m = tl.full([BLOCK], float("-inf"), tl.float32)
         s = tl.zeros([BLOCK], tl.float32)
         u = tl.zeros([BLOCK], tl.float32)
+        r = tl.zeros([BLOCK], tl.float32)
         for first in range(0, V, BLOCK):
             cols = first + lanes
             x = tl.load(row_ptr + cols.to(tl.int64) * col_stride, mask=cols < V, other=float("-inf"))
             x = x.to(tl.float32) / temperature
             m_new = tl.maximum(m, x)
+            if RAW:  # every token, before the excluded ids are set to −inf
+                live_raw = m_new > float("-inf")
+                p_raw = tl.where(x == float("-inf"), 0.0, tl.exp(temperature * (x - m_new)))
+                r = tl.where(live_raw, tl.exp(temperature * (m - m_new)), 0.0) * r + p_raw
             for j in range(K_EXCL):  # the excluded ids in this block: set to −inf for the sums
                 idj = tl.load(ids_row + j)
                 if (idj >= first) & (idj < first + BLOCK):
@@ -73,6 +84,9 @@ def _logit_pass_kernel(
         tl.store(max_ptr + i, top)
         tl.store(sum_ptr + i, tl.sum(alpha * s, 0))
         tl.store(usum_ptr + i, tl.sum(alpha * (u + tl.where(s > 0, (m - top) * s, 0.0)), 0))
+        if RAW:
+            alpha_raw = tl.where(m > float("-inf"), tl.exp(temperature * (m - top)), 0.0)
+            tl.store(raw_ptr + i, tl.sum(alpha_raw * r, 0))
         for j in range(K_ALL):
             idj = tl.load(ids_row + j)
             xj = tl.load(row_ptr + idj * col_stride).to(tl.float32) / temperature
@@ -85,12 +99,13 @@ def logit_pass_triton(
     ids: torch.Tensor,  # (N, K_all) int64
     n_excluded: int,  # the first n_excluded ids of each row are left out of the sums
     temperature: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(M (N,), sum_rest (N,), usum_rest (N,), x_ids (N, K_all)) float32, as the module states;
-    skipped rows hold 0."""
+    raw: bool,  # also sum_raw (else it holds 0)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(M (N,), sum_rest (N,), usum_rest (N,), x_ids (N, K_all), sum_raw (N,)) float32, as
+    the module states; skipped rows hold 0."""
     n, k_all = ids.shape
     V = logits.shape[-1]
-    outs = [torch.zeros(n, dtype=torch.float32, device=logits.device) for _ in range(3)]
+    outs = [torch.zeros(n, dtype=torch.float32, device=logits.device) for _ in range(4)]
     x_ids = torch.zeros(n, k_all, dtype=torch.float32, device=logits.device)
     if n:
         block = min(BLOCK, triton.next_power_of_2(V))
@@ -103,9 +118,11 @@ def logit_pass_triton(
             k_all,
             n_excluded,
             float(temperature),
-            *outs,
+            *outs[:3],
             x_ids,
+            outs[3],
             BLOCK=block,
+            RAW=bool(raw),
             num_warps=8 if block >= 2048 else 4,
         )
-    return outs[0], outs[1], outs[2], x_ids
+    return outs[0], outs[1], outs[2], x_ids, outs[3]

@@ -1,4 +1,4 @@
-"""The logit pass in torch: the same four tensors as the Triton kernel
+"""The logit pass in torch: the same five tensors as the Triton kernel
 (`trustlens.divergence.kernels.logit_pass`), for CUDA machines without Triton and for
 TRUSTLENS_KERNELS=torch. The rows are read through their element offsets (so views are read in
 place) a chunk of rows at a time, so that the extra memory is one chunk whatever N is; on CUDA the
@@ -25,7 +25,8 @@ def _chunk(
     ids: torch.Tensor,  # (R, K_all) int64
     n_excluded: int,
     temperature: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    raw: bool,  # also Σ_v e^(τ·(x_v − M)), the raw logits' normaliser (else 0)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The logit pass of R rows; a skipped row reads row 0's place and its results are zeroed."""
     valid = row_start >= 0
     start = row_start.clamp(min=0)[:, None]
@@ -39,11 +40,13 @@ def _chunk(
     s = p.sum(-1)
     u = torch.where(p > 0, z * p, 0.0).sum(-1)
     zero = torch.zeros((), dtype=torch.float32, device=x.device)
+    s_raw = torch.where(x == -math.inf, 0.0, torch.exp(temperature * z)).sum(-1) if raw else zero
     return (
         torch.where(valid, top[:, 0], zero),
         torch.where(valid, s, zero),
         torch.where(valid, u, zero),
         torch.where(valid[:, None], x_ids, zero),
+        torch.where(valid, s_raw, zero),
     )
 
 
@@ -100,18 +103,19 @@ def logit_pass_torch(
     ids: torch.Tensor,  # (N, K_all) int64
     n_excluded: int,
     temperature: float,
+    raw: bool,  # also sum_raw
     *,
     compiled: bool | None = None,  # None: compiled on CUDA only
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(M, sum_rest, usum_rest, x_ids) as `logit_pass_triton` returns them."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(M, sum_rest, usum_rest, x_ids, sum_raw) as `logit_pass_triton` returns them."""
     empty = torch.zeros(0, dtype=torch.float32, device=logits.device)
     k_empty = torch.zeros(0, ids.shape[1], dtype=torch.float32, device=logits.device)
     parts = by_row_chunks(
         _chunk,
         (logits,),
         (row_start, ids),
-        (n_excluded, float(temperature)),
-        (empty, empty, empty, k_empty),
+        (n_excluded, float(temperature), bool(raw)),
+        (empty, empty, empty, k_empty, empty),
         compiled=compiled,
     )
     return parts  # type: ignore[return-value]
