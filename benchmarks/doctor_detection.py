@@ -22,6 +22,9 @@ rollout reaches the trainer, at the magnitudes issue 30 quotes:
                    goes 0.011 → 0.036 over the run (vime #64)                -> engine_drift
 
 A defect counts as detected when its check's verdict is "problem" and it is the first finding.
+Each synthetic run is written twice: with the columns `record` derives from π's logits and μ's
+top-K (`TOPK` ids; pi_logp_raw, mu_topk_mass, pi_topk_mass), where the temperature and
+truncation checks take their logits form, and without them (their token-level form).
 
 Trained runs: each defect `trustlens train --engine DEFECT` plants (raw_logprobs, top_p, shifted,
 sentinel, token_ids; docs/train.md) on `--trained-seeds` seeds of the default preset,
@@ -48,6 +51,8 @@ SEQ_LEN = 24  # response length
 SAMPLES = 64  # responses per step
 STEPS = 8  # steps per planted run
 TAU = 0.5  # sampling temperature
+TOPK = 8  # μ's top-K ids per position the engine reports (logits form)
+FORMS = ("logits", "token-level")  # with the logit columns / without them
 NOISE = 0.04  # std of the clean engine's logit noise (on logits / τ): k3 ≈ 1e-4
 TOP_P = 0.8
 SENTINEL_SHARE = 0.1
@@ -100,8 +105,19 @@ def _top_p(logp: np.ndarray, p: float) -> np.ndarray:
     return kept - np.log(np.exp(kept).sum(axis=-1, keepdims=True))
 
 
-def planted_tokens(defect: str, seed: int) -> tuple[dict[str, list], dict]:
-    """The token columns of one planted run (`defect` "clean" for none) and its config."""
+def _topk_masses(reported: np.ndarray, old: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(Σ_S μ, Σ_S π_old) over μ's top-TOPK ids S of the reported log μ (..., V), the sampled
+    id forced in in place of the TOPK-th where S lacks it, as `record` forces it."""
+    top = np.argsort(-reported, axis=-1)[..., :TOPK]
+    lacks = ~(top == ids[..., None]).any(axis=-1)
+    top[..., -1] = np.where(lacks, ids, top[..., -1])
+    mass = [np.exp(np.take_along_axis(logp, top, axis=-1)).sum(axis=-1) for logp in (reported, old)]
+    return np.minimum(mass[0], 1.0), np.minimum(mass[1], 1.0)
+
+
+def planted_tokens(defect: str, seed: int, logit_columns: bool = False) -> tuple[dict[str, list], dict]:
+    """The token columns of one planted run (`defect` "clean" for none) and its config; with
+    `logit_columns`, also those `record` derives from π's logits and μ's top-K."""
     rng = np.random.default_rng(seed)
     n = STEPS * SAMPLES
     shape = (STEPS, SAMPLES, SEQ_LEN)
@@ -153,16 +169,20 @@ def planted_tokens(defect: str, seed: int) -> tuple[dict[str, list], dict]:
         "entropy": entropy,
         "advantage": np.broadcast_to(rng.normal(0.0, 1.0, (STEPS, SAMPLES, 1)), shape),
     }
+    if logit_columns:  # π's raw logits are scaled·τ; π moves at update 1 as pi_logp does
+        raw = np.take_along_axis(_log_softmax(scaled * TAU), trainer_ids[..., None], axis=-1)[..., 0]
+        cols["pi_logp_raw"] = np.minimum(raw + (pi_logp - old_logp), 0.0)
+        cols["mu_topk_mass"], cols["pi_topk_mass"] = _topk_masses(reported, old, ids)
     out = {k: np.asarray(v).reshape(n * SEQ_LEN).tolist() for k, v in cols.items()}
     config = {"temperature": TAU, "lr": lr, "planted": defect, "seed": seed}
     return out, config
 
 
-def write_planted(path: Path, defect: str, seed: int) -> Path:
+def write_planted(path: Path, defect: str, seed: int, logit_columns: bool = False) -> Path:
     """A planted run at `path` (run.json with the sampling the engine claims: τ, processed)."""
     from trustlens.run.tables import write_run
 
-    tokens, config = planted_tokens(defect, seed)
+    tokens, config = planted_tokens(defect, seed, logit_columns)
     write_run(path, tokens=tokens, rules=[], config=config)
     manifest = json.loads((path / "run.json").read_text())
     manifest["sampling"] = {"temperature": TAU, "top_p": None, "top_k": None, "min_p": None, "logprobs": None}
@@ -179,43 +199,45 @@ def verdicts(run_path: Path) -> list[tuple[str, str]]:
 
 
 def planted_table(seeds: int, folder: Path) -> tuple[list[str], list[dict]]:
-    """Per defect over `seeds` seeds: problem (its check's verdict is problem), first (its check
-    is the first finding) and detected (both), and the defect's measured size; and the clean
-    synthetic runs' findings."""
+    """Per defect and form (with the logit columns, without) over `seeds` seeds: problem (its
+    check's verdict is problem), first (its check is the first finding) and detected (both), and
+    the defect's measured size; and the clean synthetic runs' findings."""
     import polars as pl
 
     from trustlens import load_run
 
     lines, clean = [], []
     for defect, check in {"clean": None, **DEFECTS}.items():
-        problem = first = detected = 0
-        sizes = []
-        for seed in range(seeds):
-            path = write_planted(folder / f"{defect}-{seed}", defect, seed)
-            found = verdicts(path)
-            if check is None:
-                clean.append({"run": f"synthetic clean seed {seed}", "findings": found})
-                continue
-            mine = dict(found)[check]
-            problem += mine == "problem"
-            first += found[0][0] == check
-            detected += mine == "problem" and found[0][0] == check
-            if defect == "engine_drift":
-                per_step = (
-                    load_run(path)
-                    .tokens.group_by("step")
-                    .agg((pl.col("mu_logp") - pl.col("old_logp")).abs().mean().alias("a"))
-                    .sort("step")
-                    .collect()["a"]
+        for form in FORMS:
+            problem = first = detected = 0
+            sizes = []
+            for seed in range(seeds):
+                path = write_planted(folder / f"{defect}-{form}-{seed}", defect, seed, form == "logits")
+                found = verdicts(path)
+                if check is None:
+                    clean.append({"run": f"synthetic clean seed {seed} ({form})", "findings": found})
+                    continue
+                mine = dict(found)[check]
+                problem += mine == "problem"
+                first += found[0][0] == check
+                detected += mine == "problem" and found[0][0] == check
+                if defect == "engine_drift":
+                    per_step = (
+                        load_run(path)
+                        .tokens.group_by("step")
+                        .agg((pl.col("mu_logp") - pl.col("old_logp")).abs().mean().alias("a"))
+                        .sort("step")
+                        .collect()["a"]
+                    )
+                    sizes.append((per_step[0], per_step[-1]))
+            if check is not None:
+                size = (
+                    f"; mean \\|Δ log p\\| {np.mean([a for a, _ in sizes]):.3f} → {np.mean([b for _, b in sizes]):.3f}"
+                    if sizes
+                    else ""
                 )
-                sizes.append((per_step[0], per_step[-1]))
-        if check is not None:
-            size = (
-                f"; mean \\|Δ log p\\| {np.mean([a for a, _ in sizes]):.3f} → {np.mean([b for _, b in sizes]):.3f}"
-                if sizes
-                else ""
-            )
-            lines.append(f"| {defect} | {check} | {problem}/{seeds} | {first}/{seeds} | {detected}/{seeds}{size} |")
+                row = f"| {problem}/{seeds} | {first}/{seeds} | {detected}/{seeds}{size} |"
+                lines.append(f"| {defect} | {check} | synthetic, {form} {row}")
     return lines, clean
 
 
@@ -268,7 +290,7 @@ def trained_table(results: list[tuple[str, str | None, list[tuple[str, str]]]]) 
         problem = sum(dict(found)[check] == "problem" for found in runs)
         first = sum(found[0][0] == check for found in runs)
         detected = sum(dict(found)[check] == "problem" and found[0][0] == check for found in runs)
-        lines.append(f"| {defect} (trained) | {check} | {problem}/{n} | {first}/{n} | {detected}/{n} |")
+        lines.append(f"| {defect} | {check} | trained, token-level | {problem}/{n} | {first}/{n} | {detected}/{n} |")
     return lines
 
 
@@ -301,8 +323,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="doctor-") as tmp:
         folder = Path(tmp)
         lines, clean = planted_table(args.seeds, folder)
-        print("| planted defect | check | problem | first | detected |")
-        print("|---|---|---|---|---|")
+        print("| planted defect | check | kind, form | problem | first | detected |")
+        print("|---|---|---|---|---|---|")
         print("\n".join(lines), flush=True)
         if not args.no_train:
             trained_seeds = args.trained_seeds if engine_flag() else 0

@@ -15,7 +15,13 @@ from trustlens.analysis import Finding, doctor
 from trustlens.analysis.diagnosis import inputs as doctor_inputs
 from trustlens.analysis.diagnosis import inputs_of, note_consequences, ordered, read_sampling
 from trustlens.analysis.diagnosis.alignment import sentinel_check, shift_check, token_ids_check
-from trustlens.analysis.diagnosis.sampling import temperature_ratio, truncation_check
+from trustlens.analysis.diagnosis.sampling import (
+    moved_mass,
+    raw_share,
+    temperature_check,
+    temperature_ratio,
+    truncation_check,
+)
 from trustlens.run.tables import write_run
 
 bench = load("doctor_detection")
@@ -195,3 +201,69 @@ def test_shift_on_a_subsample_of_whole_samples(monkeypatch, tmp_path):
     rows = bench.STEPS * bench.SAMPLES * bench.SEQ_LEN
     assert 0 < part.evidence["positions"] < full.evidence["positions"] == rows * (bench.SEQ_LEN - 2) // bench.SEQ_LEN
     assert part.verdict == full.verdict == "problem"
+
+
+@pytest.fixture(scope="module")
+def planted_with_columns(tmp_path_factory):
+    """defect -> the findings of its planted run (seed 1) with the columns record derives from
+    π's logits and μ's top-K, "clean" included."""
+    folder = tmp_path_factory.mktemp("planted_logits")
+    return {d: doctor(bench.write_planted(folder / d, d, 1, logit_columns=True)) for d in ["clean", *bench.DEFECTS]}
+
+
+@pytest.mark.parametrize("defect", list(bench.DEFECTS))
+def test_with_logit_columns_each_defect_is_named_first(planted_with_columns, defect):
+    first = planted_with_columns[defect][0]
+    assert (first.check, first.verdict) == (bench.DEFECTS[defect], "problem")
+    found = {f.check: f for f in planted_with_columns[defect]}
+    assert found["temperature"].evidence["form"] == "logits" and found["truncation"].evidence["form"] == "top-K"
+
+
+def test_with_logit_columns_the_clean_run_is_ok(planted_with_columns):
+    assert [(f.check, f.verdict) for f in planted_with_columns["clean"] if f.verdict != "ok"] == []
+    found = {f.check: f for f in planted_with_columns["clean"]}
+    assert found["temperature"].evidence["share_nearer_raw"] < 0.05
+    assert abs(found["truncation"].evidence["moved"]) < 0.05
+    raw = {f.check: f for f in planted_with_columns["raw_logprobs"]}["temperature"].evidence
+    assert raw["share_nearer_raw"] > 0.95  # μ is the raw log-prob itself, up to the engine's noise
+    assert {f.check: f for f in planted_with_columns["top_p"]}["truncation"].evidence["moved"] > 0.8
+
+
+def _columns_run(tmp_path, columns: dict[str, list]) -> doctor_inputs.Inputs:
+    n = len(columns["mu_logp"])
+    base = {"step": [0] * n, "sample": list(range(n)), "pos": [0] * n, "token_id": [0] * n}
+    return inputs_of(load_run(write_run(tmp_path / "run", tokens={**base, **columns}, rules=[])))
+
+
+def test_raw_share_by_hand(tmp_path):
+    # log π = −1, log π_raw = −0.5: log μ = −0.6 on 30 tokens (nearer raw), −0.95 on 20 (nearer π);
+    # 10 tokens whose raw and processed log π are 0.1 apart cannot tell and are left out
+    mu = [-0.6] * 30 + [-0.95] * 20 + [-0.6] * 10
+    raw = [-0.5] * 50 + [-0.9] * 10
+    inp = _columns_run(tmp_path, {"mu_logp": mu, "old_logp": [-1.0] * 60, "pi_logp": [-1.0] * 60, "pi_logp_raw": raw})
+    stats = raw_share(inp.pairs)
+    assert stats is not None and stats["tokens"] == 50
+    assert stats["share_nearer_raw"] == pytest.approx(0.6)
+    assert stats["mean_abs_to_pi"] == pytest.approx((30 * 0.4 + 20 * 0.05) / 50)
+    assert stats["mean_abs_to_raw"] == pytest.approx((30 * 0.1 + 20 * 0.45) / 50)
+    f = temperature_check(inp)
+    assert (f.verdict, f.evidence["form"]) == ("problem", "logits")  # q = 0.6 ≥ 0.5
+
+
+def test_moved_mass_by_hand(tmp_path):
+    # Σ_S π = 0.8: Σ_S μ = 1 moves all of π's outside mass onto S (1), 0.85 a quarter of it;
+    # 10 positions where π leaves only 0.5% outside S are left out
+    mu_mass = [1.0] * 25 + [0.85] * 25 + [1.0] * 10
+    pi_mass = [0.8] * 50 + [0.995] * 10
+    logp = [-0.5] * 60
+    columns = {"mu_logp": logp, "old_logp": logp, "pi_logp": logp, "mu_topk_mass": mu_mass, "pi_topk_mass": pi_mass}
+    inp = _columns_run(tmp_path, columns)
+    stats = moved_mass(inp.pairs)
+    assert stats is not None and stats["tokens"] == 50
+    assert stats["moved"] == pytest.approx((1.0 + 0.25) / 2, abs=1e-6)
+    assert stats["share_mu_all_on_s"] == pytest.approx(0.5)
+    assert stats["mean_pi_outside"] == pytest.approx(0.2, abs=1e-6)
+    f = truncation_check(inp)
+    assert (f.verdict, f.evidence["form"]) == ("problem", "top-K")  # m = 0.625 ≥ 0.6
+    # a run without the columns (or with them null) takes the token-level form
+    assert raw_share(inp.pairs) is None

@@ -1,8 +1,11 @@
 """Checks of how μ was sampled: the temperature (1a) and a truncated support (1b).
 
-Both read d = log μ(a_t) − log π_old(a_t) (nats) over the sampled tokens. The run format keeps
-neither π's logits nor μ's top-K (only divergences derived from them), so both checks use the
-token-level forms of the issue: how d depends on log μ and on π's entropy.
+Each has two forms. Where `record` got π's logits (at τ ≠ 1) and μ's top-K, the run holds
+pi_logp_raw (log π(a_t) before the temperature) and mu_topk_mass / pi_topk_mass (Σ_S μ, Σ_S π
+over μ's top-K set S): the checks compare log μ with both candidates and μ's mass on S with π's
+("logits" form). Otherwise they read d = log μ(a_t) − log π_old(a_t) (nats) over the sampled
+tokens: how d depends on log μ and on π's entropy ("token-level" form). The evidence's "form"
+says which ran.
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ TRUNCATION_SHARE_WARNING = 0.75
 TRUNCATION_SHARE_PROBLEM = 0.9
 TRUNCATION_BIAS_WARNING = 0.01
 TRUNCATION_BIAS_PROBLEM = 0.02
+# temperature, logits form: tokens whose raw and processed log π differ by at least SEPARATION
+# nats can tell them apart; the share of them where log μ is nearer the raw one
+SEPARATION = 0.2
+RAW_SHARE_WARNING = 0.25
+RAW_SHARE_PROBLEM = 0.5
+# truncation, top-K form: positions where π leaves at least OUTSIDE of its mass outside S; the
+# mean share of that mass which μ moved onto S, (Σ_S μ − Σ_S π) / (1 − Σ_S π)
+OUTSIDE = 0.01
+MOVED_WARNING = 0.3
+MOVED_PROBLEM = 0.6
 
 
 def _uncertain() -> pl.Expr:
@@ -70,48 +83,87 @@ def temperature_ratio(pairs: pl.LazyFrame) -> tuple[float | None, int]:
     return float(1.0 - coef[1]), n
 
 
+def raw_share(pairs: pl.LazyFrame) -> dict | None:
+    """The logits form of 1a over the tokens with pi_logp_raw whose raw and processed log π
+    differ by ≥ SEPARATION nats: {"tokens", "share_nearer_raw" (weighted share with
+    |log μ − log π_raw| < |log μ − log π|), "mean_abs_to_pi", "mean_abs_to_raw" (nats)}; None
+    when the run lacks the column or has fewer than MIN_TOKENS such tokens."""
+    if "pi_logp_raw" not in pairs.collect_schema().names():
+        return None
+    pi, raw, w = pl.col("pi_logp").cast(pl.Float64), pl.col("pi_logp_raw").cast(pl.Float64), pl.col("w")
+    to_pi, to_raw = (pl.col("mu") - pi).abs(), (pl.col("mu") - raw).abs()
+    rows = pairs.filter(raw.is_not_null() & ((pi - raw).abs() >= SEPARATION))
+    stats = collect(
+        rows.select(
+            pl.len().alias("tokens"),
+            ((w * (to_raw < to_pi)).sum() / w.sum()).alias("share_nearer_raw"),
+            ((w * to_pi).sum() / w.sum()).alias("mean_abs_to_pi"),
+            ((w * to_raw).sum() / w.sum()).alias("mean_abs_to_raw"),
+        )
+    ).row(0, named=True)
+    return stats if stats["tokens"] >= MIN_TOKENS else None
+
+
 def temperature_check(inp: Inputs) -> Finding:
     """1a. μ not at the sampling temperature.
 
-    Statistic: r = τ_μ/τ_π from the fit of `temperature_ratio` (1 when μ and π_old share the
-    temperature). Threshold: |r − 1| ≥ 0.15 warning, ≥ 0.3 problem (raw log-probs at τ = 0.5
-    give r ≈ 2, at τ = 0.7 r ≈ 1.4). run.json's "sampling" (logprobs "raw" at τ ≠ 1) raises a
-    warning by itself, and the summary says when the data contradict it."""
+    Logits form (the run has pi_logp_raw): q = the share of the tokens that can tell them apart
+    (raw and processed log π ≥ SEPARATION nats apart) whose log μ is nearer log π_raw than
+    log π. Threshold: q ≥ 0.25 warning, ≥ 0.5 problem (raw log-probs give q ≈ 1, a clean engine
+    q ≈ 0). Token-level form: r = τ_μ/τ_π from the fit of `temperature_ratio` (1 when μ and
+    π_old share the temperature); |r − 1| ≥ 0.15 warning, ≥ 0.3 problem (raw log-probs at
+    τ = 0.5 give r ≈ 2, at τ = 0.7 r ≈ 1.4). run.json's "sampling" (logprobs "raw" at τ ≠ 1)
+    raises a warning by itself, and the summary says when the data contradict it."""
     sampling = inp.sampling
-    r, n = temperature_ratio(inp.pairs)
     tau = sampling.temperature
     says_raw = sampling.logprobs == "raw" and tau is not None and tau != 1.0
-    evidence: dict = {"ratio_tau_mu_over_tau_pi": r, "uncertain_tokens": n, "warning_at": TEMPERATURE_WARNING}
-    evidence["problem_at"] = TEMPERATURE_PROBLEM
-    evidence["temperature"] = tau
-    evidence["logprobs"] = sampling.logprobs
-    if r is None:
-        verdict = "warning" if says_raw else "ok"
-        summary = f"too few uncertain tokens ({n}) to measure μ's temperature" + (
-            f"; run.json says raw log-probs at τ = {tau:g}" if says_raw else ""
+    by_logits = raw_share(inp.pairs)
+    evidence: dict = {"temperature": tau, "logprobs": sampling.logprobs}
+    if by_logits is not None:
+        q = float(by_logits["share_nearer_raw"])
+        evidence |= {"form": "logits", **by_logits, "separation": SEPARATION}
+        evidence |= {"warning_at": RAW_SHARE_WARNING, "problem_at": RAW_SHARE_PROBLEM}
+        verdict = verdict_of(q, RAW_SHARE_WARNING, RAW_SHARE_PROBLEM)
+        strength = q / RAW_SHARE_PROBLEM
+        measured = (
+            f"log μ is nearer log π before the temperature than after it on {q:.1%} of "
+            f"{by_logits['tokens']} tokens (mean |Δ| {by_logits['mean_abs_to_raw']:.3f} against "
+            f"{by_logits['mean_abs_to_pi']:.3f} nats)"
         )
-        return Finding("temperature", verdict, summary, evidence, _TEMPERATURE_FIX if says_raw else "")
-    off = abs(r - 1.0)
-    verdict = verdict_of(off, TEMPERATURE_WARNING, TEMPERATURE_PROBLEM)
-    at = f" (μ looks sampled at τ = {r * tau:.2g}, π_old at {tau:g})" if tau and r > 0 else ""
+        order = (pl.col("mu") - pl.col("pi_logp").cast(pl.Float64)).abs()
+    else:
+        r, n = temperature_ratio(inp.pairs)
+        evidence |= {"form": "token-level", "ratio_tau_mu_over_tau_pi": r, "uncertain_tokens": n}
+        evidence |= {"warning_at": TEMPERATURE_WARNING, "problem_at": TEMPERATURE_PROBLEM}
+        if r is None:
+            verdict = "warning" if says_raw else "ok"
+            summary = f"too few uncertain tokens ({n}) to measure μ's temperature" + (
+                f"; run.json says raw log-probs at τ = {tau:g}" if says_raw else ""
+            )
+            return Finding("temperature", verdict, summary, evidence, _TEMPERATURE_FIX if says_raw else "")
+        off = abs(r - 1.0)
+        verdict = verdict_of(off, TEMPERATURE_WARNING, TEMPERATURE_PROBLEM)
+        strength = off / TEMPERATURE_PROBLEM
+        at = f" (μ looks sampled at τ = {r * tau:.2g}, π_old at {tau:g})" if tau and r > 0 else ""
+        measured = f"τ_μ/τ_π = {r:.3f}{at}"
+        order = pl.col("d").abs()
     if verdict == "ok":
-        summary = f"μ and π_old share the temperature: τ_μ/τ_π = {r:.3f}{at}"
+        summary = f"μ and π_old share the temperature: {measured}"
         if says_raw:
             verdict = "warning"
             summary += f"; run.json says raw log-probs at τ = {tau:g}, which the data contradict"
     else:
-        summary = f"μ is not at π_old's temperature: τ_μ/τ_π = {r:.3f}{at}"
+        summary = f"μ is not at π_old's temperature: {measured}"
         if says_raw:
             summary += "; run.json says raw log-probs"
-    if verdict != "ok":
-        evidence["examples"] = examples(inp.pairs.filter(_uncertain()), pl.col("d").abs())
+        evidence["examples"] = examples(inp.pairs.filter(_uncertain()), order)
     return Finding(
         "temperature",
         verdict,
         summary,
         evidence,
         _TEMPERATURE_FIX if verdict != "ok" else "",
-        strength=off / TEMPERATURE_PROBLEM,
+        strength=strength,
     )
 
 
@@ -120,15 +172,43 @@ _TEMPERATURE_FIX = (
 )
 
 
+def moved_mass(pairs: pl.LazyFrame) -> dict | None:
+    """The top-K form of 1b over the positions with mu_topk_mass and pi_topk_mass where π leaves
+    ≥ OUTSIDE of its mass outside μ's top-K set S: {"tokens", "moved" (the weighted mean of
+    (Σ_S μ − Σ_S π) / (1 − Σ_S π), the share of π's mass outside S that μ put on S),
+    "share_mu_all_on_s" (weighted share with Σ_S μ ≥ 0.999), "mean_pi_outside" (mean 1 − Σ_S π)};
+    None when the run lacks the columns or has fewer than MIN_TOKENS such positions."""
+    names = pairs.collect_schema().names()
+    if "mu_topk_mass" not in names or "pi_topk_mass" not in names:
+        return None
+    mu_s, pi_s, w = pl.col("mu_topk_mass").cast(pl.Float64), pl.col("pi_topk_mass").cast(pl.Float64), pl.col("w")
+    rows = pairs.filter(mu_s.is_not_null() & pi_s.is_not_null() & (pi_s <= 1.0 - OUTSIDE))
+    stats = collect(
+        rows.select(
+            pl.len().alias("tokens"),
+            ((w * (mu_s - pi_s) / (1.0 - pi_s)).sum() / w.sum()).alias("moved"),
+            ((w * (mu_s >= 0.999)).sum() / w.sum()).alias("share_mu_all_on_s"),
+            ((w * (1.0 - pi_s)).sum() / w.sum()).alias("mean_pi_outside"),
+        )
+    ).row(0, named=True)
+    return stats if stats["tokens"] >= MIN_TOKENS else None
+
+
 def truncation_check(inp: Inputs) -> Finding:
     """1b. Truncated sampling support (top-p, top-k, min-p) with μ renormalised over it.
 
-    Then log μ(a_t) − log π_old(a_t) = −log(kept mass of π_old) ≥ 0 at every position, larger
-    where the entropy is higher. Statistic over the uncertain tokens (π_old(a_t) < 0.99): the
-    (weighted) share s₊ with μ > π_old and their mean d. Clean engines' noise is symmetric
-    (s₊ ≈ 0.5, mean d ≈ KL(μ‖π_old), small). Threshold: s₊ ≥ 0.75 and mean d ≥ 0.01 nats
-    warning; s₊ ≥ 0.9 and mean d ≥ 0.02 problem. The evidence gives the mean d by entropy
-    bucket (< 0.1, 0.1–1, ≥ 1 nats; growing with the entropy under truncation)."""
+    Top-K form (the run has mu_topk_mass and pi_topk_mass): m = the mean share of π's mass
+    outside μ's top-K set S that μ puts on S, over the positions where π leaves ≥ 1% outside S
+    (`moved_mass`). A μ renormalised over a support inside S has Σ_S μ = 1: m = 1; a clean engine
+    m ≈ 0. Threshold: m ≥ 0.3 warning, ≥ 0.6 problem.
+
+    Token-level form: then log μ(a_t) − log π_old(a_t) = −log(kept mass of π_old) ≥ 0 at every
+    position, larger where the entropy is higher. Statistic over the uncertain tokens
+    (π_old(a_t) < 0.99): the (weighted) share s₊ with μ > π_old and their mean d. Clean engines'
+    noise is symmetric (s₊ ≈ 0.5, mean d ≈ KL(μ‖π_old), small). Threshold: s₊ ≥ 0.75 and mean
+    d ≥ 0.01 nats warning; s₊ ≥ 0.9 and mean d ≥ 0.02 problem. The evidence gives the mean d by
+    entropy bucket (< 0.1, 0.1–1, ≥ 1 nats; growing with the entropy under truncation), in both
+    forms."""
     rows = inp.pairs.filter(_uncertain())
     has_h = "entropy" in rows.collect_schema().names()
     w = pl.col("w")
@@ -142,21 +222,38 @@ def truncation_check(inp: Inputs) -> Finding:
     n = int(stats["n"])
     sampling = inp.sampling
     evidence: dict = {"uncertain_tokens": n, "share_mu_above_old": stats["share"], "mean_d": stats["bias"]}
-    evidence["thresholds"] = {
-        "warning": [TRUNCATION_SHARE_WARNING, TRUNCATION_BIAS_WARNING],
-        "problem": [TRUNCATION_SHARE_PROBLEM, TRUNCATION_BIAS_PROBLEM],
-    }
     evidence["sampling"] = {"top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p}
-    if n < MIN_TOKENS:
-        return Finding("truncation", "ok", f"too few uncertain tokens ({n}) to look for a truncated support", evidence)
-    share, bias = float(stats["share"]), float(stats["bias"])
-    if share >= TRUNCATION_SHARE_PROBLEM and bias >= TRUNCATION_BIAS_PROBLEM:
-        verdict = "problem"
-    elif share >= TRUNCATION_SHARE_WARNING and bias >= TRUNCATION_BIAS_WARNING:
-        verdict = "warning"
+    by_topk = moved_mass(inp.pairs)
+    if by_topk is not None:
+        moved = float(by_topk["moved"])
+        evidence |= {"form": "top-K", **by_topk, "outside_at_least": OUTSIDE}
+        evidence["thresholds"] = {"warning": MOVED_WARNING, "problem": MOVED_PROBLEM}
+        verdict = verdict_of(moved, MOVED_WARNING, MOVED_PROBLEM)
+        strength = moved / MOVED_PROBLEM
+        measured = (
+            f"μ puts {moved:.1%} of the mass π leaves outside μ's top-K on it ({by_topk['tokens']} positions; "
+            f"Σ_S μ ≥ 0.999 on {by_topk['share_mu_all_on_s']:.1%})"
+        )
     else:
-        verdict = "ok"
-    if has_h:
+        evidence["form"] = "token-level"
+        evidence["thresholds"] = {
+            "warning": [TRUNCATION_SHARE_WARNING, TRUNCATION_BIAS_WARNING],
+            "problem": [TRUNCATION_SHARE_PROBLEM, TRUNCATION_BIAS_PROBLEM],
+        }
+        if n < MIN_TOKENS:
+            return Finding(
+                "truncation", "ok", f"too few uncertain tokens ({n}) to look for a truncated support", evidence
+            )
+        share, bias = float(stats["share"]), float(stats["bias"])
+        if share >= TRUNCATION_SHARE_PROBLEM and bias >= TRUNCATION_BIAS_PROBLEM:
+            verdict = "problem"
+        elif share >= TRUNCATION_SHARE_WARNING and bias >= TRUNCATION_BIAS_WARNING:
+            verdict = "warning"
+        else:
+            verdict = "ok"
+        strength = min(share / TRUNCATION_SHARE_PROBLEM, bias / TRUNCATION_BIAS_PROBLEM)
+        measured = f"μ > π_old on {share:.1%} of uncertain tokens, mean log μ − log π_old {bias:+.4f} nats"
+    if has_h and n:
         by_h = collect(
             rows.with_columns(bucket_of("entropy", ENTROPIES).alias("h"))
             .filter(pl.col("h").is_not_null())
@@ -170,21 +267,15 @@ def truncation_check(inp: Inputs) -> Finding:
         ]
     claimed = sampling.truncated and sampling.logprobs != "raw"
     if verdict == "ok":
-        summary = (
-            f"no truncation bias: μ > π_old on {share:.1%} of uncertain tokens, mean log μ − log π_old {bias:+.4f}"
-        )
+        summary = f"no truncation bias: {measured}"
         if claimed:
             summary += "; run.json says a truncated support with processed log-probs, which the data contradict"
             verdict = "warning"
     else:
-        summary = (
-            f"μ > π_old on {share:.1%} of uncertain tokens (mean log μ − log π_old {bias:+.4f} nats): "
-            "μ looks renormalised over a truncated support"
-        )
+        summary = f"{measured}: μ looks renormalised over a truncated support"
         if claimed:
             summary += " (run.json says so)"
         evidence["examples"] = examples(rows, pl.col("d"))
-    strength = min(share / TRUNCATION_SHARE_PROBLEM, bias / TRUNCATION_BIAS_PROBLEM)
     return Finding(
         "truncation",
         verdict,
@@ -201,4 +292,4 @@ _TRUNCATION_FIX = (
 )
 
 
-__all__ = ["temperature_check", "temperature_ratio", "truncation_check"]
+__all__ = ["moved_mass", "raw_share", "temperature_check", "temperature_ratio", "truncation_check"]
