@@ -14,7 +14,7 @@ import math
 import streamlit as st
 from safe_display import md
 
-from trustlens.plots.numbers import NOISE, count, decimal, noise_to_zero, percent
+from trustlens.core.numbers import NOISE, count, decimal, noise_to_zero, percent
 
 # tiles per row: four fit the main column beside the sidebar at 1,280 px
 PER_ROW = 4

@@ -74,6 +74,7 @@ from trustlens.analysis.drivers import alert_drivers
 from trustlens.analysis.inputs import require_run
 from trustlens.analysis.onset import collapse_window
 from trustlens.analysis.signals import step_signals
+from trustlens.core.numbers import decimal, is_rate, percent
 from trustlens.core.values import (
     check_choice,
     check_columns,
@@ -358,7 +359,8 @@ def _message(ep: dict) -> str:
     span = f"step {ep['step']}" if ep["step"] == ep["end_step"] else f"steps {ep['step']}–{ep['end_step']}"
     factor = f" ({ep['value'] / ep['baseline']:.2g}× baseline)" if ep["baseline"] else ""
     learning = " while accuracy or reward rose (a policy sharpening as it learns)" if ep["info"] else ""
-    return f"{span}: {what} to {ep['value']:.4g} from a baseline of {ep['baseline']:.4g}{factor}{learning}"
+    shown = percent if is_rate(ep["signal"]) else decimal  # a block rate in percent, as on every page
+    return f"{span}: {what} to {shown(ep['value'])} from a baseline of {shown(ep['baseline'])}{factor}{learning}"
 
 
 def _rollout_lag(run) -> int:

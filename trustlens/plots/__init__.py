@@ -25,6 +25,7 @@ argument of every function here (a caller may build it from a run or rule name).
 Rules have one fixed colour each (`trustlens.core.render.rule_colour`), the same in every figure.
 """
 
+from trustlens.core.numbers import NOISE, count, decimal, is_rate, noise_floor, noise_to_zero, percent, signed
 from trustlens.plots.blocking import (
     blocked_by_bucket_bar,
     blocked_per_step_lines,
@@ -35,22 +36,7 @@ from trustlens.plots.blocking import (
 )
 from trustlens.plots.common import MAX_POINTS, SEVERITY_COLOURS, legend_beside, safe_text, thin, token_labels
 from trustlens.plots.mismatch import MISMATCH_CURVES, mismatch_by_bucket_bar, mismatch_curves
-from trustlens.plots.numbers import (
-    NOISE,
-    RATE_FORMAT,
-    count,
-    decimal,
-    is_rate,
-    noise_floor,
-    noise_to_zero,
-    percent,
-    plain_figure,
-    plain_numbers,
-    rate_columns,
-    scale_of,
-    signed,
-    zero_noise,
-)
+from trustlens.plots.numbers import RATE_FORMAT, plain_figure, plain_numbers, rate_columns, scale_of, zero_noise
 from trustlens.plots.runs import TIMELINE_SIGNALS, accuracy_curve, collapse_timeline, overlay_runs
 
 __all__ = [

@@ -10,8 +10,9 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from trustlens.analysis.mismatch import mismatch_trend
+from trustlens.core.numbers import decimal, noise_to_zero
 from trustlens.plots.common import MAX_POINTS, empty, legend_beside, safe_text, thin
-from trustlens.plots.numbers import decimal, noise_to_zero, plain_figure, scale_of, zero_noise
+from trustlens.plots.numbers import plain_figure, scale_of, zero_noise
 
 # k3_kl first: a non-negative KL estimate (mismatch_kl, the K1 estimate, can be negative).
 MISMATCH_CURVES = ("k3_kl", "mismatch_kl", "prob_diff_mean", "chi2_token")

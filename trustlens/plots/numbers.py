@@ -1,4 +1,5 @@
-"""One number format for every figure, tile, table and report, in one place.
+"""One number format for every figure, tile, table and report: the text formats of
+`trustlens.core.numbers` (re-exported here), plus figures' axes, colour bars and tables.
 
 - Plain decimals with 3 significant digits, in scientific notation below 1e-3 and from 1e4 on
   (1.6e-4, never 1.6e-04), never SI prefixes: plotly's default ticks write 6f, 10n and 200μ,
@@ -15,15 +16,14 @@
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
 from typing import ParamSpec
 
 import plotly.graph_objects as go
 import polars as pl
 
-# |value| / scale below this is float rounding, drawn and shown as 0
-NOISE = 1e-9
+from trustlens.core.numbers import is_rate, noise_floor
+
 # d3 format of a fraction on an axis or in hover text: a percentage with 3 significant digits,
 # trailing zeros dropped (0.0213 → 2.13%, 0.05 → 5%)
 RATE_FORMAT = ".3~p"
@@ -33,26 +33,9 @@ EXPONENT_FORMAT = "e"
 P = ParamSpec("P")
 
 
-def is_rate(name: str) -> bool:
-    """Whether a column called `name` holds a fraction of tokens, shown as a percentage: a block
-    rate (blocked_<rule> per step, blocked_frac, block_rate…) or a share (zero_adv_frac,
-    only_a_frac, over_frac_neg…)."""
-    return name.startswith(("blocked_", "block_rate")) or "_frac" in name
-
-
 def rate_columns(df: pl.DataFrame) -> list[str]:
     """The float columns of `df` whose names are rates (`is_rate`): those a table shows in percent."""
     return [c for c, t in df.schema.items() if t.is_float() and is_rate(c)]
-
-
-def noise_floor(scale: float = 1.0) -> float:
-    """The largest |value| that is float rounding at `scale`: NOISE · max(1, |scale|)."""
-    return NOISE * max(1.0, abs(scale))
-
-
-def noise_to_zero(value: float | None, scale: float = 1.0) -> float | None:
-    """0.0 for a |value| below `noise_floor(scale)`, else the value (None and NaN unchanged)."""
-    return 0.0 if value is not None and abs(value) < noise_floor(scale) else value
 
 
 def zero_noise(df: pl.DataFrame, columns: Sequence[str]) -> pl.DataFrame:
@@ -68,45 +51,6 @@ def scale_of(values: pl.Series) -> float:
     """The scale of a series for `noise_floor`: its largest finite |value| (0.0 when none is finite)."""
     finite = values.filter(values.is_finite()).abs()
     return float(finite.max() or 0.0) if finite.len() else 0.0  # type: ignore[arg-type]
-
-
-def decimal(value: float | None, digits: int = 3) -> str:
-    """`digits` significant digits, in scientific notation below 1e-3 and from 1e4 on (1.6e-4, not
-    1.6e-04); 0 as "0"; ±∞ as ∞; None or NaN as "n/a"."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if math.isinf(value):
-        return "∞" if value > 0 else "−∞"
-    if value == 0 or 1e-3 <= abs(value) < 1e4:
-        return f"{value:.{digits}g}"
-    mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
-    if "." in mantissa:
-        mantissa = mantissa.rstrip("0").rstrip(".")
-    return f"{mantissa}e{int(exponent)}"
-
-
-def signed(value: float | None, digits: int = 3) -> str:
-    """`decimal` with its sign always written (+2.3e-6, −0.004, 0)."""
-    text = decimal(value, digits)
-    return f"+{text}" if value is not None and value > 0 and not math.isinf(value) else text
-
-
-def count(n: int | None) -> str:
-    """A count shortened to 3 significant digits with k (thousands) or M (millions): 307k, 32k,
-    1.2M; below 10,000 in full (9,999)."""
-    if n is None:
-        return "n/a"
-    for size, suffix in ((1e6, "M"), (1e3, "k")):
-        if abs(n) >= size and (suffix == "M" or abs(n) >= 1e4):
-            return f"{n / size:.3g}{suffix}"
-    return f"{n:,}"
-
-
-def percent(fraction: float | None) -> str:
-    """A fraction as a percentage with up to 3 significant digits: 2.2 %, 75 %, 0.0213 %."""
-    if fraction is None or math.isnan(fraction):
-        return "n/a"
-    return f"{100 * fraction:.3g} %"
 
 
 def plain_numbers(fig: go.Figure) -> go.Figure:

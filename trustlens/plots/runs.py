@@ -9,9 +9,10 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
+from trustlens.core.numbers import is_rate
 from trustlens.core.render import rule_colours, series_colours
 from trustlens.plots.common import MAX_POINTS, SEVERITY_COLOURS, empty, legend_beside, safe_text, thin
-from trustlens.plots.numbers import RATE_FORMAT, is_rate, plain_figure
+from trustlens.plots.numbers import RATE_FORMAT, plain_figure
 
 TIMELINE_SIGNALS = ("entropy", "k3_kl", "reward", "accuracy", "grad_norm")
 
