@@ -78,6 +78,13 @@ def test_rows_are_the_tensors_verl_trained_on(verl_run):
     assert run.manifest["active_rule"] == "minirl"
     assert run.manifest["rules"]["minirl"]["low"] == 0.2 and run.manifest["rules"]["minirl"]["high"] == 0.28
     assert "dual clip" in run.manifest["config"]["loss"]
+    assert run.manifest["sampling"] == {
+        "temperature": 0.7,
+        "top_p": None,
+        "top_k": None,
+        "min_p": None,
+        "logprobs": "processed",
+    }
     assert sorted(tokens["rank"].unique().to_list()) == [1, 2]
     assert tokens.select("step", "update", "rank", "sample", "pos").is_duplicated().sum() == 0
     assert tokens["mu_logp"].null_count() == 0 and tokens["entropy"].null_count() == 0

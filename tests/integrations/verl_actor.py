@@ -259,7 +259,9 @@ def drive(run_dir: str, world: int, batches: str) -> None:
 
     os.environ["TRUSTLENS_DIR"] = run_dir
     actor = {"clip_ratio": 0.2, "clip_ratio_high": 0.28, "policy_loss": {}}
-    config = OmegaConf.create({"actor_rollout_ref": {"actor": actor}, "algorithm": {}})
+    # the rollout settings as verl's config holds them (vLLM, processed log-probs at τ = 0.7)
+    rollout = {"name": "vllm", "temperature": 0.7, "top_p": 1.0, "top_k": -1, "logprobs_mode": "processed_logprobs"}
+    config = OmegaConf.create({"actor_rollout_ref": {"actor": actor, "rollout": rollout}, "algorithm": {}})
     trainer = SimpleNamespace(
         config=config, tokenizer=Tokenizer(), actor_rollout_wg=SimpleNamespace(world_size=world), global_steps=0
     )

@@ -43,13 +43,14 @@ def _driver(trainer: Any) -> TokenRecorder | None:
         config = trainer.config
         rule, low, high, note = verl_active_rule(config.actor_rollout_ref.actor, config.get("algorithm"))
         workers = trainer.actor_rollout_wg.world_size
+        rollout = config.actor_rollout_ref.get("rollout")  # how μ was made; None: not known
         _state["driver"] = TokenRecorder(
             run_dir,
             rules=external_rules(rule, low, high),
             active_rule=rule,
             tokenizer=trainer.tokenizer,
             config={"trainer": "verl", "loss": note, "verl_version": _verl_version(), "rank_0": "the verl driver"},
-            sampling=verl_sampling(config.actor_rollout_ref.rollout),
+            sampling=None if rollout is None else verl_sampling(rollout),
             rank=0,
             world_size=workers + 1,
         )
