@@ -12,6 +12,7 @@ from trustlens.analysis.buckets import bucket_expr, bucket_table, collect
 from trustlens.analysis.diagnosis.finding import Finding
 from trustlens.analysis.diagnosis.inputs import ENTROPIES, Inputs, bucket_of, examples
 from trustlens.analysis.mismatch import mismatch_per_step
+from trustlens.core.numbers import decimal, percent
 
 # where: position buckets [lo, hi) of the response
 POSITIONS = ((0, 1), (1, 4), (4, 16), (16, 64), (64, 256), (256, 1 << 30))
@@ -141,8 +142,8 @@ def level_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
     lag = inp.config.get("rollout_lag")
     stale = isinstance(lag, int | float) and lag > 0
     text = (
-        f"k3 {k3:.2e} ({inp.model_kind} range {lo:g}–{hi:g}), prob_diff_mean {pdm:.4f}, "
-        f"ρ beyond [0.5, 2] on {share:.2%}"
+        f"k3 {decimal(k3)} ({inp.model_kind} range {lo:g}–{hi:g}), prob_diff_mean {decimal(pdm)}, "
+        f"ρ beyond [0.5, 2] on {percent(share)}"
     )
     if strength >= 1:
         verdict = "warning" if stale else "problem"
@@ -201,14 +202,15 @@ def engine_drift_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
         )
     if not static and not unknown:
         summary = (
-            f"the mismatch grows ×{growth:.1f} while the policy trains (mean |Δ log π| {move['m']:.2e} per "
+            f"the mismatch grows ×{growth:.1f} while the policy trains (mean |Δ log π| {decimal(move['m'])} per "
             "update): training's"
         )
         return Finding("engine_drift", "ok", summary, evidence)
     verdict = "problem" if static else "warning"
     why = "lr = 0" if lr == 0 else ("π does not move at its updates" if static else "whether π moved is not recorded")
     summary = (
-        f"the mismatch grows ×{growth:.1f} (k3 {first:.2e} → {last:.2e}) while {why}: the engine drifts, not the policy"
+        f"the mismatch grows ×{growth:.1f} (k3 {decimal(first)} → {decimal(last)}) while {why}: "
+        "the engine drifts, not the policy"
     )
     last_steps = inp.pairs.filter(pl.col("step") >= int(steps["step"][-third]))
     evidence["examples"] = examples(last_steps, pl.col("d").abs())
