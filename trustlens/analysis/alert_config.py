@@ -1,0 +1,104 @@
+"""The collapse alerts' configuration (`CollapseConfig`, one comment per threshold), their kinds and
+table schema, and the window of their early baseline (`alert_window`): what `detect_collapse`
+(trustlens.analysis.collapse, whose docstring states each detector) is set with and returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from trustlens.analysis.onset import collapse_window
+from trustlens.core.values import (
+    check_fraction,
+    check_int,
+    check_nonnegative_number,
+    check_number,
+    check_optional_int,
+    check_positive,
+)
+
+ALERT_KINDS = (
+    "entropy_collapse",
+    "entropy_surge",
+    "mismatch_growth",
+    "grad_norm_spike",
+    "reward_drop",
+    "blocked_drift",
+    "accuracy_drop",
+)
+
+ALERT_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
+    "step": pl.Int32,  # first step of the episode
+    "end_step": pl.Int32,  # last consecutive flagged step
+    "kind": pl.String,  # one of ALERT_KINDS
+    "signal": pl.String,  # the step_signals column it watched (e.g. blocked_ppo)
+    "severity": pl.String,  # "warning", "critical" or "info" (an entropy change while the run learns)
+    "critical_step": pl.Int32,  # the episode's first critical step (null for a warning)
+    "value": pl.Float64,  # x̄ at the episode's most extreme step (a critical reward_drop step: r̄)
+    "baseline": pl.Float64,  # the baseline median m at the first step
+    "z": pl.Float64,  # robust z-score at the most extreme step (null for accuracy_drop: no scale)
+    "message": pl.String,  # one line for people
+    "samples": pl.List(pl.Int64),  # sample ids that drove it, at `step`
+    "tokens": pl.List(pl.Struct({"sample": pl.Int64, "update": pl.Int16, "pos": pl.Int32})),
+}
+
+
+@dataclass(frozen=True)
+class CollapseConfig:
+    """Thresholds of the detectors (see the module docstring)."""
+
+    baseline_steps: int | None = None  # early steps the baseline is taken from; None = alert_window
+    baseline_start: int | None = None  # first baseline step of the π-vs-μ signals; None = the run's rollout_lag, or 0
+    smooth: int = 3  # steps whose median is x̄ (a trailing median) when a step is judged
+    merge_gap: int | None = None  # flagged steps at most this many steps apart are one alert; None = alert_window
+    z_warning: float = 3.0  # |robust z| a flagged step must exceed
+    rel_floor: float = 0.05  # the baseline scale is at least this fraction of |median|
+    entropy_drop: float = 0.3  # entropy collapse: fell by this fraction (critical: twice it)
+    entropy_surge: float = 0.25  # entropy surge: rose by this fraction (critical: twice it)
+    mismatch_growth: float = 2.0  # mismatch growth: k3_kl this multiple of the baseline (a warning only)
+    mismatch_k3_level: float | None = None  # ... and k3_kl at least this (nats); None = the model kind's normal range
+    grad_spike: float = 4.0  # grad-norm spike: this multiple of the baseline (critical: twice it)
+    reward_drop: float = 0.25  # reward drop: x̄ fell by this fraction (a warning)
+    reward_critical: float = 0.44  # ... critical: r̄, the mean over the last reward_window steps, fell by this fraction
+    reward_window: int | None = None  # steps of r̄; None = min(REWARD_WINDOW_MAX, the baseline's steps)
+    blocked_drift: float = 0.01  # blocked-rate drift: moved by at least this much (absolute)
+    blocked_factor: float = 2.0  # ... and by this factor up or down (critical: its square)
+    accuracy_drop: float = 0.25  # accuracy drop: an evaluation fell by this fraction of the first (a warning)
+    accuracy_evals: int = 2  # ... critical when this many evaluations in a row did
+    top_tokens: int = 10  # driving tokens listed per alert
+    top_samples: int = 5  # driving samples listed per alert
+
+    def __post_init__(self) -> None:
+        for name in ("baseline_steps", "merge_gap", "reward_window"):
+            check_optional_int(name, getattr(self, name), low=1)
+        check_optional_int("baseline_start", self.baseline_start, low=0)
+        for name in ("smooth", "accuracy_evals"):
+            check_int(name, getattr(self, name), low=1)
+        for name in ("top_tokens", "top_samples"):
+            check_int(name, getattr(self, name), low=0)
+        for name in ("z_warning", "rel_floor"):
+            check_nonnegative_number(name, getattr(self, name))
+        for name in ("entropy_drop", "reward_drop", "reward_critical", "accuracy_drop"):
+            check_fraction(name, getattr(self, name), zero=False, one=False)
+        check_positive("entropy_surge", self.entropy_surge)
+        if self.mismatch_k3_level is not None:
+            check_positive("mismatch_k3_level", self.mismatch_k3_level)
+        check_fraction("blocked_drift", self.blocked_drift)
+        for name in ("mismatch_growth", "grad_spike", "blocked_factor"):  # multiples of the baseline
+            check_number(name, getattr(self, name), low=1.0, low_open=True)
+
+
+# the most steps alert_window gives: the baseline of the alerts
+ALERT_WINDOW_MAX = 15
+# the most steps r̄, the critical reward mean, averages by default
+REWARD_WINDOW_MAX = 10
+
+
+def alert_window(steps: int) -> int:
+    """Steps of the alerts' early baseline: collapse_window, capped at ALERT_WINDOW_MAX (an alert
+    must not wait for 10% of a long run to react)."""
+    return min(ALERT_WINDOW_MAX, collapse_window(steps))
+
+
+__all__ = ["ALERT_KINDS", "ALERT_SCHEMA", "ALERT_WINDOW_MAX", "REWARD_WINDOW_MAX", "CollapseConfig", "alert_window"]
