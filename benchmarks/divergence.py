@@ -18,6 +18,11 @@ Goals: topk_divergence ≤ 0.6× the eager reference's time, ≤ 1/4 of its peak
 against the compiled reference ≤ 1.0× its time for float32 logits, ≤ 1.15× for bfloat16. The
 inputs are random logits (flat rows), where topk_divergence takes its compiled one-pass kernel
 (trustlens.divergence.vocab_chunks.COMPILE_MIN_ELEMENTS); its compile step runs in the warm-up call.
+
+Record's CPU path (`--only record`, also in the default run): `logit_quantities` on the same
+logits with μ's top-K at τ = 1 (entropy, top-K TV/KL and masses) against τ = 0.7, which also
+gives pi_logp_raw (log π(a_t) before the temperature, one more exp-and-sum pass per chunk): the
+ratio is that column's cost on the CPU (on CUDA it shares the logit pass's single read).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from collections.abc import Callable
 import torch
 
 from trustlens.divergence import exact_divergence, topk_divergence, topk_from_logits
+from trustlens.record.logit_quantities import logit_quantities
 
 # glibc: serve every allocation ≥ 64 KiB from fresh pages, so RSS growth sees it even when
 # earlier freed heap memory could have been reused.
@@ -126,6 +132,22 @@ def measure_times(variants, n, vocab, k, dtype, reps: int) -> dict[str, float]:
     return {v: statistics.median(t) for v, t in times.items()}
 
 
+def record_times(n: int, vocab: int, k: int, dtype: torch.dtype, reps: int) -> dict[float, float]:
+    """Median time (ms) of `logit_quantities` per temperature (1 and 0.7), calls interleaved,
+    on the top-K inputs seen as one (1, n) batch."""
+    pi, ids, logp = make_inputs(n, vocab, k, dtype, False)
+    args = (pi[None], torch.ones(1, n, dtype=torch.bool), ids[None, :, -1], ids[None], logp[None], None)
+    times: dict[float, list[float]] = {1.0: [], 0.7: []}
+    with torch.no_grad():
+        for rep in range(reps + 1):  # the first round warms up
+            for tau, spent in times.items():
+                start = time.perf_counter()
+                logit_quantities(*args, tau, want_entropy=True)
+                if rep:
+                    spent.append((time.perf_counter() - start) * 1e3)
+    return {tau: statistics.median(t) for tau, t in times.items()}
+
+
 def table(variants, times, mem, baseline: str) -> str:
     """Rows of median time, peak extra memory and ratios against the eager reference."""
     head = ("variant", "median ms", "peak extra MiB", "time / eager", "mem / eager")
@@ -144,7 +166,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=20, help="top-K size")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--reps", type=int, default=7, help="timed calls per variant")
-    parser.add_argument("--only", choices=["topk", "exact"], help="benchmark one function only")
+    parser.add_argument("--only", choices=["topk", "exact", "record"], help="benchmark one function only")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # internal: one variant's memory
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -155,6 +177,12 @@ def main() -> None:
         return
 
     print(f"N = {args.n}, V = {args.vocab}, K = {args.k}, logits {args.dtype}, 1 thread, torch {torch.__version__}")
+    if args.only in (None, "record"):
+        rec = record_times(*shape, reps=args.reps)
+        print(
+            f"\nrecord's logit_quantities: τ = 1 {rec[1.0]:.1f} ms, τ = 0.7 (+ pi_logp_raw) {rec[0.7]:.1f} ms: "
+            f"{rec[0.7] / rec[1.0]:.3f}×"
+        )
     for variants, goals in ((TOPK_VARIANTS, True), (EXACT_VARIANTS, False)):
         if args.only and not variants[0].startswith(args.only):
             continue

@@ -9,7 +9,10 @@
 - mu_topk_mass, pi_topk_mass: Σ_{i∈S} μ_i and Σ_{i∈S} π_i over that set S (`topk_mass`), with
   the top-K: a μ renormalised over a truncated support inside S has mass 1 there, π less;
 - pi_logp_raw: log softmax(logits)(a_t), π before the sampling temperature (τ·(logits/τ)), when
-  τ ≠ 1: what an engine that returns raw log-probs reports as μ.
+  τ ≠ 1: what an engine that returns raw log-probs reports as μ. On the CPU it costs one more
+  exp-and-sum pass per chunk (`python benchmarks/divergence.py --only record`: 1.21× the call at
+  τ = 1 on 1024 × 151,936 float32 logits, one thread of the 2-core CPU machine); on CUDA it is a
+  second running sum in the same read.
 
 On the CPU the valid rows are gathered a chunk of about LOGIT_CHUNK_ELEMENTS (rows × vocabulary)
 at a time, so that no (N, V) copy of them is made. On CUDA one logit pass
