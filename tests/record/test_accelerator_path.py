@@ -46,11 +46,13 @@ def recorded(path, batches: list[dict], *, on_device: bool, rules=None) -> pl.Da
     return tokens_of(path)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("impl", [None, "torch", "triton"])
-def test_the_same_rows_as_the_cpu_path(tmp_path, gen, monkeypatch, impl):
+def test_the_same_rows_as_the_cpu_path(tmp_path, gen, monkeypatch, impl, temperature):
     """Per-sequence and per-token advantages, caller's and default ids, logits with μ's top-K
-    through the one-pass kernels (impl) or the chunked path (None), padding holding NaN."""
-    first = with_topk(gen, make_batch(gen))
+    through the one-pass kernels (impl) or the chunked path (None), padding holding NaN; at
+    τ ≠ 1 with log π before the temperature (pi_logp_raw)."""
+    first = with_topk(gen, make_batch(gen)) | {"temperature": temperature}
     first["pi_logp"] = first["pi_logp"].masked_fill(~first["response_mask"], math.nan)  # padding: not read
     second = make_batch(gen)
     second.pop("logits")
@@ -60,6 +62,8 @@ def test_the_same_rows_as_the_cpu_path(tmp_path, gen, monkeypatch, impl):
         monkeypatch.setattr(kernels, "pass_impl", lambda device: impl)
     device = recorded(tmp_path / "device", [first, second], on_device=True)
     assert device.columns == cpu.columns and device.height == cpu.height
+    assert (device["pi_logp_raw"].null_count() < device.height) == (temperature != 1.0)
+    assert device["mu_topk_mass"].null_count() == device.height - int(first["response_mask"].sum())
     for name in device.columns:
         if device[name].dtype.is_float():
             got, want = (torch.tensor(df[name].fill_null(math.nan).to_numpy()) for df in (device, cpu))
@@ -118,11 +122,13 @@ def without_logits(batch: dict) -> dict:
     return {k: v for k, v in batch.items() if k not in ("logits", "mu_topk_ids", "mu_topk_logp")}
 
 
-def test_one_host_synchronisation_per_call(tmp_path, gen, monkeypatch):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_one_host_synchronisation_per_call(tmp_path, gen, monkeypatch, temperature):
     """The caller's thread reads nothing back from the tensors but the one `tolist` of
-    stage_rows (the writer thread takes the rows from the host copies)."""
+    stage_rows (the writer thread takes the rows from the host copies), also with the raw
+    log-prob at τ ≠ 1."""
     monkeypatch.setattr(kernels, "pass_impl", lambda device: "torch")
-    batch = with_topk(gen, make_batch(gen))
+    batch = with_topk(gen, make_batch(gen)) | {"temperature": temperature}
     caller, reads = threading.get_ident(), []
 
     def counted(name, original):

@@ -5,11 +5,15 @@ S, against hand-checked cases and float64 definitions, on the CPU's chunked path
 recorder into a run."""
 
 import math
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: kernels run on CPU tensors
 
 import numpy as np
 import pytest
 import torch
 
+import trustlens.divergence.kernels as kernels
 from trustlens import TokenRecorder, load_run
 from trustlens.divergence import topk_buckets, topk_mass
 from trustlens.record.logit_quantities import logit_quantities
@@ -17,20 +21,35 @@ from trustlens.record.logit_quantities import logit_quantities
 V, K, TAU = 30, 4, 0.7
 
 
-def test_hand_checked_row():
+def _impls() -> list:
+    """The CPU's chunked path (None), the logit pass's torch reference, and its Triton kernel
+    under the interpreter where Triton imports."""
+    return [
+        None,
+        "torch",
+        pytest.param("triton", marks=pytest.mark.skipif(not kernels.triton_available(), reason="no triton")),
+    ]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's inf − inf inside Triton's interpreter
+@pytest.mark.parametrize("impl", _impls())
+def test_hand_checked_row(monkeypatch, impl):
     """Raw logits (0, log 2, log 5): raw π = (1, 2, 5)/8; at τ = 0.5, π ∝ (1, 4, 25)/30. μ
     renormalised over the top-p set {2, 1}: μ = (4, 25)/29 there, Σ_S μ = 1, Σ_S π = 29/30."""
+    if impl is not None:
+        monkeypatch.setattr(kernels, "pass_impl", lambda device: impl)
     logits = torch.tensor([[[0.0, math.log(2.0), math.log(5.0)]]], dtype=torch.float64)  # (1, 1, 3)
     mask = torch.ones(1, 1, dtype=torch.bool)
     a_t = torch.tensor([[1]])
     mu_ids = torch.tensor([[[2, 1]]])
     mu_logp = torch.tensor([[[math.log(25 / 29), math.log(4 / 29)]]], dtype=torch.float64)
     got = logit_quantities(logits, mask, a_t, mu_ids, mu_logp, None, 0.5, want_entropy=False)
-    assert got["pi_logp_raw"].item() == pytest.approx(math.log(2 / 8), abs=1e-12)
-    assert got["mu_topk_mass"].item() == pytest.approx(1.0, abs=1e-12)
-    assert got["pi_topk_mass"].item() == pytest.approx(29 / 30, abs=1e-12)
+    tol = 1e-12 if impl is None else 1e-6  # the pass sums in float32
+    assert got["pi_logp_raw"].item() == pytest.approx(math.log(2 / 8), abs=tol)
+    assert got["mu_topk_mass"].item() == pytest.approx(1.0, abs=1e-12)  # μ's side is float64 in both
+    assert got["pi_topk_mass"].item() == pytest.approx(29 / 30, abs=tol)
     log_mu, log_pi = topk_buckets(logits[0], mu_ids[0], mu_logp[0], temperature=0.5)  # (1, K + 1)
-    assert topk_mass(log_pi).item() == pytest.approx(29 / 30, abs=1e-12)
+    assert topk_mass(log_pi).item() == pytest.approx(29 / 30, abs=tol)
     assert log_mu[0, -1].item() == -math.inf  # μ's rest bucket is empty
 
 

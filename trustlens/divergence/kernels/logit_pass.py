@@ -18,7 +18,7 @@ sums element by element (not subtracted afterwards), so that a rest mass far bel
 keeps its relative precision. Offsets are int64; rows are addressed by their element offset
 (`row_start`, −1: skip the row) and the vocabulary stride, so views are read in place.
 
-`trustlens.divergence.kernels.logit_pass_reference` computes the same four tensors with torch.
+`trustlens.divergence.kernels.logit_pass_reference` computes the same five tensors with torch.
 """
 
 from __future__ import annotations
