@@ -28,7 +28,8 @@ torch.compile fails (a warning says so) or TRUSTLENS_NO_COMPILE=1 use the eager 
 with the same results to float32 rounding.
 
 The chunked passes, the compiled kernel and both constants live in `trustlens.divergence.vocab_chunks`;
-this module checks the arguments and turns bucket log-probabilities into divergences.
+this module turns bucket log-probabilities into divergences (`exact_divergence`,
+`entropy_from_logits` and `topk_from_logits`, over every token: trustlens.divergence.full_vocab).
 """
 
 from __future__ import annotations
@@ -41,15 +42,11 @@ from trustlens.core.checks import (
     check_logp,
     check_same_device,
     check_same_shape,
-    check_tensor,
     check_token_ids,
 )
 from trustlens.core.torch_import import torch
 from trustlens.divergence import kernels, vocab_chunks
-
-# `entropy_from_logits` works on three chunk-sized tensors at once (input, log-softmax, exp):
-# chunks a quarter as large keep them together in cache (fastest of 2^14…2^18 when measured).
-ENTROPY_CHUNK_ELEMENTS = vocab_chunks.CHUNK_ELEMENTS // 4
+from trustlens.divergence.arguments import check_lead, check_logits, check_temperature, lead_index, result_dtype
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -103,39 +100,6 @@ def bucket_divergence(log_mu: torch.Tensor, log_pi: torch.Tensor) -> tuple[torch
     return tv.clamp(0.0, 1.0), kl_terms.sum(-1).clamp(min=0.0)
 
 
-def _check_temperature(temperature: float) -> float:
-    """Require a positive finite sampling temperature."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise ValueError(f"temperature must be a number, got {type(temperature).__name__}")
-    if not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be positive and finite, got {temperature}")
-    return float(temperature)
-
-
-def _check_logits(name: str, logits: object) -> torch.Tensor:
-    """Require a floating-point (..., V) tensor with V ≥ 1; NaN/inf are caught chunk by chunk."""
-    logits = check_tensor(name, logits, finite=False)
-    if logits.dim() == 0 or logits.shape[-1] == 0:
-        raise ValueError(f"{name} must have shape (..., V) with V ≥ 1, got {tuple(logits.shape)}")
-    return logits
-
-
-def _check_lead(name: str, t: torch.Tensor, logits_name: str, logits: torch.Tensor, extra: int) -> None:
-    """Require t to have logits' leading dims followed by `extra` (0 or 1) dims of its own."""
-    lead = tuple(logits.shape[:-1])
-    if t.dim() != len(lead) + extra or tuple(t.shape[: len(lead)]) != lead:
-        expected = f"{lead}" if extra == 0 else f"{(*lead, 'K')}"
-        raise ValueError(
-            f"{name} has shape {tuple(t.shape)}; expected {expected} to match {logits_name} of "
-            f"shape {tuple(logits.shape)}"
-        )
-
-
-def _result_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    """float64 when any input is float64, else float32."""
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-
-
 def topk_divergence(
     pi_logits: torch.Tensor,
     mu_topk_ids: torch.Tensor,
@@ -155,7 +119,7 @@ def topk_divergence(
         sampled_ids=sampled_ids,
         sampled_logp=sampled_logp,
     )
-    dtype = _result_dtype(pi_logits, mu_topk_logp)
+    dtype = result_dtype(pi_logits, mu_topk_logp)
     tv, kl = bucket_divergence(log_mu, log_pi)
     return tv.to(dtype), kl.to(dtype)
 
@@ -196,21 +160,21 @@ def topk_buckets(
         sampled_ids=sampled_ids,
         sampled_logp=sampled_logp,
     )
-    temperature = _check_temperature(temperature)
-    pi_logits = _check_logits("pi_logits", pi_logits)
+    temperature = check_temperature(temperature)
+    pi_logits = check_logits("pi_logits", pi_logits)
     if not isinstance(mu_topk_ids, torch.Tensor):
         raise ValueError(f"mu_topk_ids must be a torch.Tensor, got {type(mu_topk_ids).__name__}")
     logp_dtype: torch.dtype = getattr(mu_topk_logp, "dtype", torch.float32)
     mu_topk_logp = check_logp("mu_topk_logp", mu_topk_logp)
     check_same_shape(mu_topk_ids=mu_topk_ids, mu_topk_logp=mu_topk_logp)
-    _check_lead("mu_topk_ids", mu_topk_ids, "pi_logits", pi_logits, extra=1)
+    check_lead("mu_topk_ids", mu_topk_ids, "pi_logits", pi_logits, extra=1)
     V, K = pi_logits.shape[-1], mu_topk_ids.shape[-1]
     if K == 0:
         raise ValueError("mu_topk_ids holds no ids (K = 0); a top-K set needs K ≥ 1")
     if K > V:
         raise ValueError(f"mu_topk_ids has K = {K} ids per position, more than the vocabulary of pi_logits (V = {V})")
     ids = check_token_ids("mu_topk_ids", mu_topk_ids, V, distinct=True).reshape(-1, K)
-    dtype = _result_dtype(pi_logits, mu_topk_logp)
+    dtype = result_dtype(pi_logits, mu_topk_logp)
 
     # μ's side is small (N, K): float64, so that a small μ_rest = 1 − Σ_S μ keeps the digits
     # its float32 log-probs carry.
@@ -237,11 +201,6 @@ def topk_mass(log_buckets: torch.Tensor) -> torch.Tensor:
     first, the rest bucket last), in their dtype: the probability mass a distribution puts on μ's
     top-K set. A μ renormalised over a support inside S has mass 1 there where π has less."""
     return torch.logsumexp(log_buckets[..., :-1], -1).exp().clamp(max=1.0)
-
-
-def _lead_index(logits: torch.Tensor, row: int) -> tuple[int, ...]:
-    """The index in logits' leading dims of flat row `row`."""
-    return tuple(int(i) for i in torch.unravel_index(torch.tensor(row), logits.shape[:-1]))
 
 
 def _log_rest(name: str, log_topk: torch.Tensor, dtype: torch.dtype, lead: torch.Size, *, whole: bool) -> torch.Tensor:
@@ -277,7 +236,7 @@ def topk_divergence_from_logp(
     if mu_topk_logp.dim() == 0 or mu_topk_logp.shape[-1] == 0:
         raise ValueError(f"mu_topk_logp must have shape (..., K) with K ≥ 1, got {tuple(mu_topk_logp.shape)}")
     lead, K = mu_topk_logp.shape[:-1], mu_topk_logp.shape[-1]
-    dtype = _result_dtype(pi_topk_logp, mu_topk_logp)
+    dtype = result_dtype(pi_topk_logp, mu_topk_logp)
     log_pi, log_mu = pi_topk_logp.double().reshape(-1, K), mu_topk_logp.double().reshape(-1, K)
     rest_pi = _log_rest("pi_topk_logp", log_pi, pi_dtype, lead, whole=False)
     rest_mu = _log_rest("mu_topk_logp", log_mu, mu_dtype, lead, whole=False)
@@ -295,7 +254,7 @@ def _force_sampled(
     """(ids, log_mu) with the sampled token in every set: where a row lacks it, it replaces the
     entry of smallest log μ, with its log μ from sampled_logp (see `topk_divergence`)."""
     sampled = check_token_ids("sampled_ids", sampled_ids, pi_logits.shape[-1])
-    _check_lead("sampled_ids", sampled, "pi_logits", pi_logits, extra=0)
+    check_lead("sampled_ids", sampled, "pi_logits", pi_logits, extra=0)
     sampled = sampled.reshape(-1, 1).to(ids.device)
     missing = torch.nonzero(~(ids == sampled).any(-1))[:, 0]  # (M,) rows without a_t
     if not missing.numel():
@@ -303,12 +262,12 @@ def _force_sampled(
     if sampled_logp is None:
         row = int(missing[0])
         raise ValueError(
-            f"mu_topk_ids at index {_lead_index(pi_logits, row)} lacks the sampled token "
+            f"mu_topk_ids at index {lead_index(pi_logits, row)} lacks the sampled token "
             f"{int(sampled[row, 0])} ({missing.numel()} positions do); pass sampled_logp (log μ(a_t)) "
             "to force it into the set, or top-K sets that hold the sampled token"
         )
     logp = check_logp("sampled_logp", sampled_logp)
-    _check_lead("sampled_logp", logp, "pi_logits", pi_logits, extra=0)
+    check_lead("sampled_logp", logp, "pi_logits", pi_logits, extra=0)
     return force_sampled(ids, log_mu, sampled[:, 0], logp.double().reshape(-1).to(log_mu.device))
 
 
@@ -324,125 +283,3 @@ def force_sampled(
     slot = torch.arange(ids.shape[-1], device=ids.device) == log_mu.argmin(-1, keepdim=True)  # (N, K)
     hit = missing[:, None] & slot
     return torch.where(hit, sampled[:, None], ids), torch.where(hit, sampled_logp[:, None].to(log_mu.dtype), log_mu)
-
-
-def exact_divergence(
-    pi_logits: torch.Tensor, mu_logits: torch.Tensor, *, temperature: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(TV, KL(μ ‖ π)) over the whole vocabulary per position, from logits (..., V) of each,
-    both divided by the sampling `temperature`.
-
-    TV = ½ Σ_v |μ_v − π_v|, KL = Σ_v μ_v (log μ_v − log π_v), any float dtype in, float32 out
-    (float64 when an input is). Rows are processed in chunks: extra memory is a few chunks, not
-    (N, V) copies. A token with μ_v = 0 (a −inf logit) adds 0 to the KL; one with μ_v > 0 = π_v
-    makes it +inf. On CUDA one exact pass reads both rows in place (twice: the TV needs both
-    normalisers first), accumulating in float32 whatever the dtype
-    (trustlens.divergence.kernels.exact_pass states the math).
-    """
-    check_same_device(pi_logits=pi_logits, mu_logits=mu_logits)
-    temperature = _check_temperature(temperature)
-    pi_logits = _check_logits("pi_logits", pi_logits)
-    mu_logits = _check_logits("mu_logits", mu_logits)
-    check_same_shape(pi_logits=pi_logits, mu_logits=mu_logits)
-    dtype = _result_dtype(pi_logits, mu_logits)
-    lead = pi_logits.shape[:-1]
-    if (impl := kernels.pass_impl(pi_logits.device)) is not None:  # one exact pass on the accelerator
-        done = kernels.run_exact(pi_logits, mu_logits, temperature, impl)
-        _raise_bad_exact(pi_logits, mu_logits, torch.nonzero(done.bad)[:1, 0])
-        return done.tv.to(dtype).reshape(lead), done.kl.to(dtype).reshape(lead)
-    n = math.prod(pi_logits.shape[:-1])
-    tv, kl = (torch.empty(n, dtype=dtype, device=pi_logits.device) for _ in range(2))
-    rows = min(n, max(1, vocab_chunks.CHUNK_ELEMENTS // pi_logits.shape[-1]))
-    log_mu, log_pi, work = (
-        torch.empty(rows, pi_logits.shape[-1], dtype=dtype, device=pi_logits.device) for _ in range(3)
-    )
-    for first, (pi, mu) in vocab_chunks.row_chunks(pi_logits, mu_logits):
-        sl, r = slice(first, first + pi.shape[0]), pi.shape[0]
-        for logits, out in ((mu, log_mu[:r]), (pi, log_pi[:r])):
-            if logits.dtype != dtype:
-                logits = work[:r].copy_(logits)  # upcast once, in cache
-            if temperature != 1.0:
-                logits = torch.div(logits, temperature, out=work[:r])
-            torch.log_softmax(logits, -1, out=out)
-        ratio = torch.sub(log_mu[:r], log_pi[:r], out=work[:r])
-        ratio.nan_to_num_(nan=0.0, posinf=math.inf, neginf=0.0)  # μ = 0 terms: 0·(−inf) = 0
-        mu_p, pi_p = log_mu[:r].exp_(), log_pi[:r].exp_()
-        torch.matmul(mu_p.unsqueeze(-2), ratio.unsqueeze(-1), out=kl[sl].view(-1, 1, 1))
-        torch.sum(mu_p.sub_(pi_p).abs_(), -1, out=tv[sl])
-    # NaN, +inf or a row of only −inf makes its log-softmax NaN, hence its TV: find the culprit.
-    _raise_bad_exact(pi_logits, mu_logits, torch.nonzero(tv.isnan())[:1, 0])
-    return tv.mul_(0.5).clamp_(0.0, 1.0).reshape(lead), kl.clamp_(min=0.0).reshape(lead)
-
-
-def _raise_bad_exact(pi_logits: torch.Tensor, mu_logits: torch.Tensor, bad: torch.Tensor) -> None:
-    """ValueError naming the argument and the index of the first NaN, +inf or row of only −inf
-    in flat row `bad` (1,) of either logits; nothing when `bad` is empty."""
-    if bad.numel():
-        for name, logits in (("pi_logits", pi_logits), ("mu_logits", mu_logits)):
-            vocab_chunks.check_row_maxima(name, logits, vocab_chunks.flat_rows(logits, bad).amax(-1), bad)
-
-
-def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy H(π) = −Σ_v π_v log π_v of π = softmax(logits / temperature) per position, nats.
-
-    logits (..., V), any float dtype; returns (...) in float32 (float64 when logits are). A −inf
-    logit (probability 0) adds 0. Rows are processed in chunks with two scratch chunks reused
-    throughout: no (N, V) log-softmax is built, and each chunk is worked on while in cache (on
-    (768, 1010) float32 logits, 1.2 ms against 3.0 ms for one whole-tensor log-softmax). NaN, +inf
-    and rows of only −inf raise.
-    """
-    temperature = _check_temperature(temperature)
-    logits = _check_logits("logits", logits)
-    dtype = _result_dtype(logits)
-    if (impl := kernels.pass_impl(logits.device)) is not None:  # one pass on the accelerator
-        done = kernels.run_pass(logits, kernels.row_starts(logits), None, 0, temperature, impl)
-        kernels.raise_bad_row("logits", logits, done.bad)
-        return done.entropy.to(dtype).reshape(logits.shape[:-1])
-    n = math.prod(logits.shape[:-1])
-    out = torch.empty(n, dtype=dtype, device=logits.device)
-    rows = min(n, max(1, ENTROPY_CHUNK_ELEMENTS // logits.shape[-1]))
-    logp, work = (torch.empty(rows, logits.shape[-1], dtype=dtype, device=logits.device) for _ in range(2))
-    for first, (chunk,) in vocab_chunks.row_chunks(logits, rows=rows):
-        r = chunk.shape[0]
-        if chunk.dtype != dtype:
-            chunk = work[:r].copy_(chunk)  # upcast once, in cache
-        if temperature != 1.0:
-            chunk = torch.div(chunk, temperature, out=work[:r])
-        torch.log_softmax(chunk, -1, out=logp[:r])
-        p = torch.exp(logp[:r], out=work[:r])
-        logp[:r].clamp_(min=torch.finfo(dtype).min)  # π_v = 0 terms: 0 · (−inf) → 0 · finite = 0
-        torch.linalg.vecdot(p, logp[:r], out=out[first : first + r])
-    bad = torch.nonzero(out.isnan())[:1, 0]  # NaN/+inf or a row of only −inf: find the culprit
-    if bad.numel():
-        vocab_chunks.check_row_maxima("logits", logits, vocab_chunks.flat_rows(logits, bad).amax(-1), bad)
-    return out.neg_().clamp_(min=0.0).reshape(logits.shape[:-1])
-
-
-def topk_from_logits(
-    logits: torch.Tensor, sampled_ids: torch.Tensor, k: int, temperature: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """μ's top-K ids (..., k) int64 and their log-probs (..., k) at `temperature`, as a rollout
-    engine records them: the k most probable tokens in descending order, except that a sampled
-    token outside them replaces the k-th. logits: (..., V); sampled_ids: (...) integer.
-    Float32 log-probs (float64 for float64 logits); memory as `topk_divergence`.
-    """
-    temperature = _check_temperature(temperature)
-    logits = _check_logits("logits", logits)
-    V = logits.shape[-1]
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= V:
-        raise ValueError(f"k must be an int in [1, V = {V}] (the vocabulary of logits), got {k!r}")
-    sampled = check_token_ids("sampled_ids", sampled_ids, V)
-    _check_lead("sampled_ids", sampled, "logits", logits, extra=0)
-    sampled = sampled.reshape(-1, 1)
-    ids = logits.topk(k, dim=-1).indices.reshape(-1, k)  # (N, k), descending
-    missing = ~(ids == sampled).any(-1)
-    ids[missing, -1] = sampled[missing, 0]
-    dtype = _result_dtype(logits)
-    if (impl := kernels.pass_impl(logits.device)) is not None:  # one pass on the accelerator
-        done = kernels.run_pass(logits, kernels.row_starts(logits), ids, 0, temperature, impl)
-        kernels.raise_bad_row("logits", logits, done.bad)
-        logp = done.logp_ids.to(dtype)
-    else:
-        logp = vocab_chunks.logp_on_ids("logits", logits, ids, temperature, dtype)[0].to(dtype)
-    lead = logits.shape[:-1]
-    return ids.reshape(*lead, k), logp.reshape(*lead, k)

@@ -1,0 +1,50 @@
+"""The argument checks shared by the divergence functions: a sampling temperature, a logits tensor
+(..., V), a tensor of the logits' leading shape, and the float dtype of a result."""
+
+from __future__ import annotations
+
+import math
+
+from trustlens.core.checks import check_tensor
+from trustlens.core.torch_import import torch
+
+
+def check_temperature(temperature: float) -> float:
+    """Require a positive finite sampling temperature."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ValueError(f"temperature must be a number, got {type(temperature).__name__}")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be positive and finite, got {temperature}")
+    return float(temperature)
+
+
+def check_logits(name: str, logits: object) -> torch.Tensor:
+    """Require a floating-point (..., V) tensor with V ≥ 1; NaN/inf are caught chunk by chunk."""
+    logits = check_tensor(name, logits, finite=False)
+    if logits.dim() == 0 or logits.shape[-1] == 0:
+        raise ValueError(f"{name} must have shape (..., V) with V ≥ 1, got {tuple(logits.shape)}")
+    return logits
+
+
+def check_lead(name: str, t: torch.Tensor, logits_name: str, logits: torch.Tensor, extra: int) -> None:
+    """Require t to have logits' leading dims followed by `extra` (0 or 1) dims of its own."""
+    lead = tuple(logits.shape[:-1])
+    if t.dim() != len(lead) + extra or tuple(t.shape[: len(lead)]) != lead:
+        expected = f"{lead}" if extra == 0 else f"{(*lead, 'K')}"
+        raise ValueError(
+            f"{name} has shape {tuple(t.shape)}; expected {expected} to match {logits_name} of "
+            f"shape {tuple(logits.shape)}"
+        )
+
+
+def result_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float64 when any input is float64, else float32."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def lead_index(logits: torch.Tensor, row: int) -> tuple[int, ...]:
+    """The index in logits' leading dims of flat row `row`."""
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(row), logits.shape[:-1]))
+
+
+__all__ = ["check_lead", "check_logits", "check_temperature", "lead_index", "result_dtype"]
