@@ -1,4 +1,4 @@
-"""The accelerator path of `TokenRecorder.record` (trustlens.record.token_rows.stage_rows) run on
+"""The accelerator path of `TokenRecorder.record` (trustlens.record.staged_rows.stage_rows) run on
 CPU tensors through the recorder's private switch: every check on the device and read back in
 one host synchronisation with the row count, the rows copied to reused host buffers and taken by
 the writer thread. It writes the rows the CPU path writes, and refuses a bad input from the call

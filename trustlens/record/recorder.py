@@ -4,11 +4,12 @@ trustlens.record, where it is imported from).
 The class holds a run's open writer and the state its calls share (the reused copies, the default
 sample ids, the rule and column bookkeeping) and orders each call's work: arguments checked,
 inputs copied and the quantities from π's logits derived in the caller's thread, then the rows
-handed to the background writer. The pieces are in trustlens.record.args (argument checks),
-trustlens.record.token_rows (the rows of a `record` call), trustlens.record.logit_quantities (entropy and
-top-K divergences from π's logits), trustlens.record.columns (which rules a call decides, the
-manifest's anchor and missing columns), trustlens.record.sample_ids (sample and group ids) and
-trustlens.record.logged_rows (the rows of `log_metrics` and `log_samples`).
+handed to the background writer. The pieces: trustlens.record.args (argument checks),
+trustlens.record.token_rows (the rows of a `record` call; trustlens.record.staged_rows on an
+accelerator), trustlens.record.logit_quantities (entropy and top-K divergences from π's logits),
+trustlens.record.columns (which rules a call decides, the manifest's anchor and missing columns),
+trustlens.record.sample_ids (sample and group ids) and trustlens.record.logged_rows (the rows of
+`log_metrics` and `log_samples`).
 """
 
 from __future__ import annotations
@@ -37,15 +38,8 @@ from trustlens.record.columns import RecordedColumns
 from trustlens.record.logged_rows import metrics_batch, samples_batch
 from trustlens.record.logit_quantities import pending_logit_quantities
 from trustlens.record.sample_ids import SampleIds
-from trustlens.record.token_rows import (
-    Buffers,
-    TokenRows,
-    derive_rows,
-    derive_staged,
-    snapshot_token_ids,
-    snapshot_values,
-    stage_rows,
-)
+from trustlens.record.staged_rows import derive_staged, stage_rows
+from trustlens.record.token_rows import Buffers, TokenRows, derive_rows, snapshot_token_ids, snapshot_values
 from trustlens.rules import RULES, RuleSpec, resolve_rules
 from trustlens.run import signals
 from trustlens.run.aggregates import Keep

@@ -12,12 +12,12 @@ tensors the check, selecting the valid positions (nonzero, gathers), deciding th
 deriving the columns happen in `derive_rows`, in the writer thread: with the writer busy on the
 other core, the caller's share of benchmarks/recorder.py fell from 4.85–5.88% to 3.89–4.56% of
 the raw write when the checks left the caller (4 alternating pairs of runs, each the median of 5
-rounds, idle machine, 2026-11-26). A bad CPU input is
+rounds, idle 2-core machine). A bad CPU input is
 then found after its call returned: its rows are dropped and the next call raises
 `RejectedInputError`. Accelerator tensors are checked on the device and read back once, with the
-row count, in the call (`stage_rows`): a bad value raises from that call; clean rows leave the
-device in non-blocking copies to pinned host buffers, which the writer thread waits for (a CUDA
-event) before taking them as it takes a CPU call's (`derive_staged`).
+row count, in the call: a bad value raises from that call; clean rows leave the device in non-blocking
+copies to pinned host buffers, which the writer thread waits for (a CUDA event) before taking
+them as it takes a CPU call's (trustlens.record.staged_rows).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -41,31 +40,31 @@ from trustlens.run.aggregates import Keep, keep_rows
 from trustlens.run.errors import RejectedInputError
 from trustlens.run.parts import TokenBatch
 
-_LOGP = ("pi_logp", "mu_logp", "old_logp", "pi_logp_raw")
-_DIVERGENCES = ("entropy", "topk_tv", "topk_kl", "mu_topk_mass", "pi_topk_mass")
-_AT_MOST_ONE = ("topk_tv", "mu_topk_mass", "pi_topk_mass")  # probability masses: in [0, 1]
+LOGP_INPUTS = ("pi_logp", "mu_logp", "old_logp", "pi_logp_raw")
+DIVERGENCE_INPUTS = ("entropy", "topk_tv", "topk_kl", "mu_topk_mass", "pi_topk_mass")
+MASS_INPUTS = ("topk_tv", "mu_topk_mass", "pi_topk_mass")  # probability masses: in [0, 1]
 # columns only record's logit pass derives (trustlens.record.logit_quantities): null without logits
 _LOGIT_COLUMNS = ("pi_logp_raw", "mu_topk_mass", "pi_topk_mass")
 
 
-def _bounds(name: str, finite: float) -> tuple[float, float]:
+def value_bounds(name: str, finite: float) -> tuple[float, float]:
     """The lowest and highest value input `name` may hold (`finite`: the largest finite value of
     its dtype): log-probabilities ≤ LOGP_TOLERANCE (−inf is probability 0), finite advantages, and
     divergences ≥ −LOGP_TOLERANCE and finite, +inf allowed for topk_kl (π = 0 < μ), topk_tv and
     the top-K masses ≤ 1 + LOGP_TOLERANCE."""
-    if name in _LOGP:
+    if name in LOGP_INPUTS:
         return -math.inf, LOGP_TOLERANCE
     if name == "advantages":
         return -finite, finite
-    if name in _AT_MOST_ONE:
+    if name in MASS_INPUTS:
         return -LOGP_TOLERANCE, 1 + LOGP_TOLERANCE
     return -LOGP_TOLERANCE, math.inf if name == "topk_kl" else finite
 
 
 def _allowed(name: str, lo: float, hi: float) -> bool:
-    """Whether an input whose values span [lo, hi] holds only allowed values (`_bounds`; NaN
+    """Whether an input whose values span [lo, hi] holds only allowed values (`value_bounds`; NaN
     fails every test)."""
-    low, high = _bounds(name, sys.float_info.max)
+    low, high = value_bounds(name, sys.float_info.max)
     return lo >= low and hi <= high
 
 
@@ -125,7 +124,7 @@ class TokenRows:
     token_ids: torch.Tensor  # (B, T) the caller's integer dtype
     samples: torch.Tensor | int  # (B,) int64 sample ids, or the first of B consecutive ones
     groups: torch.Tensor | int  # (B,) int64 group ids, or the first of B consecutive ones
-    names: list[str]  # the per-token inputs in `values`: _LOGP, _DIVERGENCES, "advantages"
+    names: list[str]  # the per-token inputs in `values`: LOGP_INPUTS, DIVERGENCE_INPUTS, "advantages"
     values: torch.Tensor  # (F, B, T) float32 (float64 when an input is): those inputs
     decided_rules: list[str]  # the rules the caller decided itself
     decided: torch.Tensor | None  # (R, B, T) bool: their decisions, in that order (None: no rule)
@@ -167,11 +166,11 @@ def check_values(names: list[str], values: torch.Tensor, mask: torch.Tensor) -> 
         for name, v in zip(names, values, strict=True):  # raises at the first bad value at a valid position
             _CHECKS.get(name, check_logp)(name, v.masked_fill(~mask, 0))
     for v, name, (lo, hi) in zip(values, names, bounds, strict=True):
-        if name in _LOGP and not hi <= 0:
+        if name in LOGP_INPUTS and not hi <= 0:
             v.clamp_(max=0.0)
-        elif name in _DIVERGENCES and not lo >= 0:
+        elif name in DIVERGENCE_INPUTS and not lo >= 0:
             v.clamp_(min=0.0)
-        if name in _AT_MOST_ONE and hi > 1:
+        if name in MASS_INPUTS and hi > 1:
             v.clamp_(max=1.0)
 
 
@@ -308,120 +307,3 @@ def _to_cpu(step: int, update: int, ints: list[torch.Tensor], floats: dict, bloc
         floats={k: values[present.index(k)] if k in present else None for k in floats},
         blocked={k: bools[decided.index(k)] if k in decided else None for k in blocked},
     )
-
-
-# ---- accelerator tensors: checked on the device, one host synchronisation, copied without waiting ----
-
-
-@dataclass
-class StagedRows:
-    """A `record` call's rows from an accelerator, on their way to the host (`stage_rows`)."""
-
-    rows: TokenRows  # the host copies, checked; mask, token_ids and values go back to rows.buffers once taken
-    held: list[torch.Tensor]  # the other host copies (decisions, ids, advantages): back to rows.buffers then too
-    device_rows: TokenRows  # the device snapshot copied from; back to its buffers once the copies are done
-    ready: torch.cuda.Event | None  # recorded after the copies (CUDA); None: they are done already
-
-
-def value_flags(names: list[str], values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(F,) bool on the values' device: input f of `values` (F, B, T) holds a value outside its
-    `_bounds` at a valid position (NaN included). One fused min/max reduction over every input,
-    no host synchronisation; the padding is read as 0, an allowed value of every input."""
-    if not values.numel():
-        return torch.zeros(len(names), dtype=torch.bool, device=values.device)
-    lo, hi = torch.aminmax(values.masked_fill(~mask, 0).reshape(len(names), -1), dim=1)  # (F,) each
-    finite = torch.finfo(values.dtype).max
-    return ~torch.stack(
-        [(lo[f] >= low) & (hi[f] <= high) for f, (low, high) in enumerate(_bounds(n, finite) for n in names)]
-    )
-
-
-def _clamp_rounding(names: list[str], values: torch.Tensor) -> None:
-    """The clamps of `check_values` on checked `values` (F, B, T), in place and unconditional
-    (no bound is read back): log-probabilities to ≤ 0, divergences to ≥ 0, topk_tv to ≤ 1."""
-    for v, name in zip(values, names, strict=True):
-        if name in _LOGP:
-            v.clamp_(max=0.0)
-        elif name in _DIVERGENCES:
-            v.clamp_(min=0.0, max=1.0 if name in _AT_MOST_ONE else None)
-
-
-def stage_rows(
-    rows: TokenRows,  # on the accelerator, not checked: the snapshot `record` made
-    flags: list[torch.Tensor],  # bool tensors on its device, True: another check of the call failed
-    explain: list[Callable[[], object]],  # checks that raise, naming the bad value, for those flags
-    host: Buffers,  # where the host copies come from (pinned)
-) -> tuple[StagedRows, int]:
-    """(the rows on their way to the host, the number of valid positions), with one host
-    synchronisation: every check of the call (`flags`, the values' `value_flags`, the ids' int32
-    range) reduced on the device to one flag, read back with the count. When it is set, the
-    checks run again one by one (`explain`, then `check_rows`, host synchronisations on a bad
-    input only) and raise the ValueError naming the argument and the (b, t) of the bad value:
-    a bad accelerator input is refused by its own call. Otherwise the rounding is clamped on the
-    device and the snapshot is copied into `host` buffers with non-blocking copies, which the
-    writer thread waits for (`derive_staged`): `record` returns without waiting for them."""
-    ids = rows.token_ids
-    outside = ids < 0
-    if torch.iinfo(ids.dtype).max >= 2**31:
-        outside |= ids >= 2**31
-    checks = [value_flags(rows.names, rows.values, rows.mask), (rows.mask & outside).reshape(-1)]
-    bad = torch.cat([*checks, *(f.reshape(-1) for f in flags)]).any()
-    n_rows, failed = torch.stack([rows.mask.count_nonzero(), bad.long()]).tolist()  # the one host synchronisation
-    if failed:
-        try:
-            for check in explain:
-                check()
-            check_rows(rows)
-        finally:
-            if rows.buffers is not None:
-                rows.buffers.give_back(rows.mask, rows.token_ids, rows.values)
-        raise ValueError("record: an input failed its check on the device but not on the host; please report this")
-    _clamp_rounding(rows.names, rows.values)
-    pin = rows.mask.device.type == "cuda"
-    cpu = torch.device("cpu")
-
-    def to_host(t: torch.Tensor) -> torch.Tensor:
-        return host.empty(tuple(t.shape), t.dtype, cpu).copy_(t, non_blocking=pin)
-
-    held: list[torch.Tensor] = []
-
-    def held_copy(t: Any) -> Any:  # a tensor copied to the host and held; anything else as it is
-        if not isinstance(t, torch.Tensor):
-            return t
-        held.append(to_host(t))
-        return held[-1]
-
-    samples = held_copy(rows.samples)
-    host_rows = replace(
-        rows,
-        mask=to_host(rows.mask),
-        token_ids=to_host(rows.token_ids),
-        values=to_host(rows.values),
-        samples=samples,
-        groups=samples if rows.groups is rows.samples else held_copy(rows.groups),
-        decided=held_copy(rows.decided),
-        sequence_advantages=held_copy(rows.sequence_advantages),
-        buffers=host,
-        checked=True,
-    )
-    ready = None
-    if pin:
-        ready = torch.cuda.Event()
-        ready.record()
-    return StagedRows(rows=host_rows, held=held, device_rows=rows, ready=ready), n_rows
-
-
-def derive_staged(
-    step: int, update: int, staged: StagedRows, rules: list[Rule], evaluable: list[Rule], keep: Keep | None, rank: int
-) -> TokenBatch:
-    """`derive_rows` of staged rows, in the writer thread: waits for their copies (the CUDA
-    event), hands the device snapshot and the host copies back for reuse."""
-    if staged.ready is not None:
-        staged.ready.synchronize()
-    device = staged.device_rows
-    if device.buffers is not None:
-        device.buffers.give_back(device.mask, device.token_ids, device.values)
-    batch = derive_rows(step, update, staged.rows, rules, evaluable, keep, rank)
-    if staged.rows.buffers is not None:
-        staged.rows.buffers.give_back(*staged.held)
-    return batch
