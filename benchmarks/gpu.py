@@ -213,22 +213,6 @@ def peak_memory(recorder, model, ids, targets, mask, extra, step_no: int) -> Non
         out = model(ids).logits[:, :-1]
         logp = torch.log_softmax(out.float(), -1).gather(-1, targets[..., None])[..., 0]
     torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    recorder.record(
-        step_no,
-        token_ids=targets,
-        response_mask=mask,
-        pi_logp=logp,
-        mu_logp=(logp - 0.01).clamp(max=0.0),
-        advantages=extra["advantages"],
-        logits=out,
-        mu_topk_ids=extra["mu_topk_ids"],
-        mu_topk_logp=extra["mu_topk_logp"],
-    )
-    torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - before) / 2**20
-    print(f"\npeak extra GPU memory of one record call with logits + top-K: {peak:.1f} MiB (goal ≤ 256 MiB)")
     given = dict(
         token_ids=targets,
         response_mask=mask,
@@ -239,6 +223,12 @@ def peak_memory(recorder, model, ids, targets, mask, extra, step_no: int) -> Non
         mu_topk_ids=extra["mu_topk_ids"],
         mu_topk_logp=extra["mu_topk_logp"],
     )
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    recorder.record(step_no, **given)
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - before) / 2**20
+    print(f"\npeak extra GPU memory of one record call with logits + top-K: {peak:.1f} MiB (goal ≤ 256 MiB)")
     syncs = host_syncs(lambda: recorder.record(step_no + 1, **given))
     print(f"host synchronisations in one record call with logits + top-K: {len(syncs)} (goal ≤ 1)")
     for message in syncs:
