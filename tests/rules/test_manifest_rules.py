@@ -109,7 +109,7 @@ def test_a_runs_own_record_is_read_leniently_and_typed_thresholds_strictly(tmp_p
     assert "blocked_dppo_binary_kl" in wide.columns
     assert set(curves["rule"]) == {"ppo", "dppo_binary_tv"}
     typed = dict(run.rules)
-    with pytest.raises(ValueError, match="my_clip.*names no measure"):
+    with pytest.raises(ValueError, match=r"my_clip.*names no measure"):
         rule_boundaries(typed)
     del typed["my_clip"]
     with pytest.raises(ValueError, match="unknown key 'future_field'"):

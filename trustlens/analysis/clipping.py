@@ -46,9 +46,7 @@ from trustlens.run.reader import Run
 Rules = str | Sequence[str] | None
 
 
-def with_rules(
-    tokens: RunOrTokens, rules: Sequence[str], *, base: Mapping[str, Mapping] | None = None
-) -> pl.LazyFrame:
+def with_rules(tokens: RunOrTokens, rules: Sequence[str], *, base: Mapping[str, Mapping] | None = None) -> pl.LazyFrame:
     """`tokens` with a `blocked_<rule>` column for each of `rules` the table lacks, decided on the
     recorded columns by `trustlens.rules.columns.evaluate_columns` (no torch): a rule the run did not
     evaluate, compared counterfactually. `base` ({rule: manifest entry}, `Run.rules`) gives
