@@ -62,6 +62,14 @@ def check_positive(name: str, value: object) -> float:
     return x
 
 
+def check_temperature(value: object) -> float:
+    """A sampling temperature τ: a finite number > 0. A ValueError for every bad value, a text or a
+    bool included (as the divergences and the recorder have always raised)."""
+    if _is_real(value) and 0 < float(value) < math.inf:  # type: ignore[arg-type]
+        return float(value)  # type: ignore[arg-type]
+    raise ValueError(f"temperature must be a finite number > 0, got {value!r}")
+
+
 def check_nonnegative_number(name: str, value: object) -> float:
     """A finite number ≥ 0 (a noise level, a fraction that may be zero)."""
     x = check_number(name, value, finite=False)

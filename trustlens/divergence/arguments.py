@@ -1,21 +1,10 @@
-"""The argument checks shared by the divergence functions: a sampling temperature, a logits tensor
-(..., V), a tensor of the logits' leading shape, and the float dtype of a result."""
+"""The argument checks shared by the divergence functions: a logits tensor (..., V), a tensor of the
+logits' leading shape, and the float dtype of a result (the temperature: core.values)."""
 
 from __future__ import annotations
 
-import math
-
 from trustlens.core.checks import check_tensor
 from trustlens.core.torch_import import torch
-
-
-def check_temperature(temperature: float) -> float:
-    """Require a positive finite sampling temperature."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise ValueError(f"temperature must be a number, got {type(temperature).__name__}")
-    if not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be positive and finite, got {temperature}")
-    return float(temperature)
 
 
 def check_logits(name: str, logits: object) -> torch.Tensor:
@@ -47,4 +36,4 @@ def lead_index(logits: torch.Tensor, row: int) -> tuple[int, ...]:
     return tuple(int(i) for i in torch.unravel_index(torch.tensor(row), logits.shape[:-1]))
 
 
-__all__ = ["check_lead", "check_logits", "check_temperature", "lead_index", "result_dtype"]
+__all__ = ["check_lead", "check_logits", "lead_index", "result_dtype"]

@@ -14,8 +14,9 @@ from trustlens.core.checks import (
     check_token_ids,
 )
 from trustlens.core.torch_import import torch
+from trustlens.core.values import check_temperature
 from trustlens.divergence import kernels, vocab_chunks
-from trustlens.divergence.arguments import check_lead, check_logits, check_temperature, result_dtype
+from trustlens.divergence.arguments import check_lead, check_logits, result_dtype
 
 # `entropy_from_logits` works on three chunk-sized tensors at once (input, log-softmax, exp):
 # chunks a quarter as large keep them together in cache (fastest of 2^14…2^18 when measured).

@@ -45,8 +45,9 @@ from trustlens.core.checks import (
     check_token_ids,
 )
 from trustlens.core.torch_import import torch
+from trustlens.core.values import check_temperature
 from trustlens.divergence import kernels, vocab_chunks
-from trustlens.divergence.arguments import check_lead, check_logits, check_temperature, lead_index, result_dtype
+from trustlens.divergence.arguments import check_lead, check_logits, lead_index, result_dtype
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:

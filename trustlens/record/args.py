@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trustlens.core.values import check_temperature
+
 
 def distributed_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """(rank, world size): explicit values win; else torch.distributed when it is initialised;
@@ -114,8 +116,7 @@ def check_arguments(
         raise ValueError("record needs mu_logp or old_logp: ratio and divergences compare π with one of them")
     if (topk_ids is None) != (topk_logp is None):
         raise ValueError("mu_topk_ids and mu_topk_logp must be given together")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    check_temperature(temperature)
     for name, t in per_token.items():
         if t is not None or name == "pi_logp":
             check_tensor_shape(name, t, shape)
