@@ -46,16 +46,10 @@ def token_rows(
             f"{function}: aggregates must be the run's exact aggregates (Run.aggregates, a polars LazyFrame), "
             f"got {_given(aggregates)}"
         )
-    if isinstance(source, Run):
-        if aggregates is None and source.sampled:
-            aggregates = source.aggregates
-        return source.tokens, aggregates
-    if isinstance(source, pl.LazyFrame):
-        return source, aggregates
-    raise TypeError(
-        f"{function}: tokens must be a Run (trustlens.load_run) or its token rows (run.tokens, a polars "
-        f"LazyFrame), got {_given(source)}"
-    )
+    rows = lazy_rows(function, source)
+    if aggregates is None and isinstance(source, Run) and source.sampled:
+        aggregates = source.aggregates
+    return rows, aggregates
 
 
 def lazy_rows(function: str, source: object, name: str = "tokens") -> pl.LazyFrame:
