@@ -4,9 +4,12 @@ hover)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import polars as pl
 from safe_display import number
 
+from trustlens.rules import Rule
 from trustlens.run import blocked_column
 
 
@@ -14,7 +17,11 @@ def block_reasons(tokens: pl.DataFrame, rule: str, spec: dict, *, mu_recorded: b
     """The tokens `rule` blocks, each with the quantity its rule compares (run.json's `measure`:
     the ratio π/μ against 1 + high or 1 − low, or a divergence against high or low), the threshold
     its advantage's sign selects (A > 0: high, A < 0: low) and that sign. A rule anchored on π_old
-    in a run with μ compares quantities the token rows do not hold (their columns are against μ)."""
+    in a run with μ compares quantities the token rows do not hold (their columns are against μ).
+    An entry written before run.json kept the measure is completed from the registry, as every
+    analysis reads it (`Rule.from_manifest`)."""
+    with contextlib.suppress(ValueError):  # a custom rule recorded without its measure: the hover says more
+        spec = Rule.from_manifest(rule, spec).manifest_entry()
     measure = spec.get("measure")
     blocked = tokens.filter(pl.col(blocked_column(rule)))
     same_anchor = spec.get("anchor") != "old" or not mu_recorded

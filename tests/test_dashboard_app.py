@@ -677,6 +677,12 @@ def test_block_reasons_name_the_quantity_and_the_threshold(app_module):
         "binary_tv = 0.3 > 0.1",
         "binary_tv = 0.2 > 0.1",
     ]
+    # run.json written before it kept the measure (the shipped sample runs): the registry's ppo
+    legacy = {k: ppo[k] for k in ("low", "high", "anchor")}
+    assert reasons(tokens, "ppo", legacy, mu_recorded=True)["why"].to_list() == [
+        "ratio = 1.5 > 1.2",
+        "ratio = 0.5 < 0.8",
+    ]
     # anchored on π_old in a run with μ: the rows' ratio is against μ, not what the rule compares
     old = {**ppo, "anchor": "old"}
     assert reasons(tokens, "ppo", old, mu_recorded=True)["why"][0].startswith("ratio (not recorded")
