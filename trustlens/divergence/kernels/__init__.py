@@ -23,6 +23,7 @@ entropies; `run_exact` runs the exact pass and `finish_exact` turns its parts in
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -37,8 +38,9 @@ from trustlens.divergence.vocab_chunks import flat_rows
 KERNELS_ENV = "TRUSTLENS_KERNELS"
 
 
+@functools.cache
 def triton_available() -> bool:
-    """Whether Triton imports here."""
+    """Whether Triton imports here (asked once: `pass_impl` runs on every call on CUDA)."""
     try:
         import triton  # noqa: F401
     except ImportError:
