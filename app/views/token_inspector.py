@@ -148,7 +148,7 @@ st.caption(
     "with no recorded row (a sampled run keeps every token that matters and a share of the rest)."
 )
 if focus is not None and blocked_column(focus) in tokens.columns:
-    spec = (ctx.run.manifest.get("rules") or {}).get(focus) or {}
+    spec = ctx.run.rules.get(focus) or {}
     why = block_reasons(tokens, focus, spec, mu_recorded=ctx.anchor == "mu_logp")
     if why.is_empty():
         st.caption(f"{md(focus)} blocks none of these tokens.")
