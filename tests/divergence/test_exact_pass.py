@@ -56,6 +56,43 @@ def test_exact_pass_matches_float64(gen, impl, dtype):
     assert float(kl[0]) < 1e-4  # the near-equal row: within 2e-6 of a KL this small
 
 
+def offset_pair(offset, dtype=torch.float32):
+    """π's logits (3, 5003) and μ's: π's plus small noise plus a constant `offset` (logits are
+    shift-invariant; engines and trainers often differ by one), so the true KL is small."""
+    g = torch.Generator().manual_seed(0)
+    pi = torch.randn(3, 5003, generator=g) * 3
+    mu = pi + torch.randn(3, 5003, generator=g) * 0.01 + offset
+    return pi.to(dtype), mu.to(dtype)
+
+
+OFFSETS = [(0.1, 10.0), (1.0, 100.0), (1.0, 1000.0), (0.1, 1e4), (0.7, 1e4), (1.0, -1e4), (0.05, 1000.0), (3.0, 1e4)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("temperature", "offset"), OFFSETS)
+def test_a_constant_offset_between_the_rows_costs_the_kl_no_digits(impl, temperature, offset):
+    """KL within 1e-6 absolute or 1e-3 relative of float64 (true KLs of 8e-8 … 6e-4)."""
+    pi, mu = offset_pair(offset)
+    done = kernels.run_exact(pi, mu, temperature, impl)
+    tv, kl = oracle(pi, mu, temperature)
+    assert float(kl.min()) > 0
+    assert ((done.kl - kl).abs() <= torch.maximum(torch.full_like(kl, 1e-6), 1e-3 * kl)).all()
+    torch.testing.assert_close(done.tv, tv, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("temperature", "offset"), [(0.1, 10.0), (1.0, 1000.0), (0.7, 1e4)])
+def test_exact_divergence_keeps_the_kl_of_offset_rows(monkeypatch, impl, temperature, offset):
+    """exact_divergence through the pass, bf16 and float32 logits, against float64."""
+    monkeypatch.setattr(kernels, "pass_impl", lambda device: impl)
+    for dtype in (torch.float32, torch.bfloat16):
+        pi, mu = offset_pair(offset, dtype)
+        tv, kl = exact_divergence(pi, mu, temperature=temperature)
+        want_tv, want_kl = oracle(pi, mu, temperature)
+        assert ((kl.double() - want_kl).abs() <= torch.maximum(torch.full_like(want_kl, 1e-6), 1e-3 * want_kl)).all()
+        torch.testing.assert_close(tv.double(), want_tv, rtol=0, atol=2e-6)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_a_token_pi_masks_and_mu_does_not_makes_the_kl_inf(gen, impl):
     pi, mu = make_pair(gen, 3)

@@ -106,6 +106,47 @@ def test_bad_rows_raise_as_on_the_cpu(gen, monkeypatch, impl, value, message):
     assert str(one_pass.value) == str(cpu.value)
 
 
+def raw_pass(impl, logits, ids, n_excluded, temperature):
+    """The pass's five float32 tensors (M, sum_rest, usum_rest, x_ids, sum_raw) for every row."""
+    run = kernels.logit_pass_op if impl == "triton" else kernels.logit_pass_torch
+    return run(logits, kernels.row_starts(logits), ids, n_excluded, temperature, False)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("temperature", [0.7, 0.3, 1.3])
+def test_the_scale_is_the_cpu_paths_multiplication_by_one_over_tau(gen, impl, temperature):
+    """x on the ids is logits·(1/τ) rounded to float32 bit for bit, as torch.mul by 1/τ gives
+    on the CPU's chunked paths (one rounding of one shared factor, not a division)."""
+    logits = make_logits(gen, (4,))
+    ids = torch.stack([torch.randperm(V, generator=gen)[:5] for _ in range(4)])
+    x_ids = raw_pass(impl, logits, ids, 0, temperature)[3]
+    assert torch.equal(x_ids, torch.mul(logits.gather(-1, ids), 1.0 / temperature))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_id_outside_the_vocabulary_reads_nan_not_memory(gen, impl):
+    """The documented precondition (ids in [0, V)) broken: the gather is masked, x is NaN."""
+    logits = make_logits(gen, (2,))
+    ids = torch.tensor([[3, V, 5], [-1, 4, V + 10_000_000]])
+    x_ids = raw_pass(impl, logits, ids, 0, 1.0)[3]
+    bad = torch.tensor([[False, True, False], [True, False, True]])
+    assert x_ids[bad].isnan().all()
+    assert torch.equal(x_ids[~bad], logits.gather(-1, ids.clamp(0, V - 1))[~bad])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_excluded_ids_in_any_order_and_any_block(gen, impl):
+    """Excluded ids unsorted, two in one block, one in the last (partial) block, one at 0:
+    each is left out of the sums exactly once (the kernel walks them sorted, loading each once)."""
+    logits = make_logits(gen, (3,))
+    ids = torch.tensor([[4099, 5, 4097, 0, 2048, 100], [100, 4096, 3, 1, 2, 9], [7, 4098, 50, 4000, 3999, 12]])
+    done = kernels.run_pass(logits, kernels.row_starts(logits), ids, 5, 0.8, impl)
+    entropy, logp, rest = oracle(logits, ids, 5, 0.8)
+    torch.testing.assert_close(done.logp_ids, logp, rtol=0, atol=2e-6)
+    torch.testing.assert_close(done.log_rest, rest, rtol=0, atol=2e-5)
+    torch.testing.assert_close(done.entropy, entropy, rtol=1e-5, atol=1e-6)
+
+
 def test_dispatch(monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.delenv(kernels.KERNELS_ENV, raising=False)

@@ -32,7 +32,7 @@ def exact_divergence(
     TV = ½ Σ_v |μ_v − π_v|, KL = Σ_v μ_v (log μ_v − log π_v), any float dtype in, float32 out
     (float64 when an input is). Rows are processed in chunks: extra memory is a few chunks, not
     (N, V) copies. A token with μ_v = 0 (a −inf logit) adds 0 to the KL; one with μ_v > 0 = π_v
-    makes it +inf. On CUDA one exact pass reads both rows in place (twice: the TV needs both
+    makes it +inf. On CUDA one exact pass reads both rows in place (twice: the TV and KL need both
     normalisers first), accumulating in float32 whatever the dtype
     (trustlens.divergence.kernels.exact_pass states the math).
     """
@@ -59,7 +59,7 @@ def exact_divergence(
             if logits.dtype != dtype:
                 logits = work[:r].copy_(logits)  # upcast once, in cache
             if temperature != 1.0:
-                logits = torch.div(logits, temperature, out=work[:r])
+                logits = torch.mul(logits, 1.0 / temperature, out=work[:r])  # as the kernels scale
             torch.log_softmax(logits, -1, out=out)
         ratio = torch.sub(log_mu[:r], log_pi[:r], out=work[:r])
         ratio.nan_to_num_(nan=0.0, posinf=math.inf, neginf=0.0)  # μ = 0 terms: 0·(−inf) = 0
@@ -104,7 +104,7 @@ def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0) -> to
         if chunk.dtype != dtype:
             chunk = work[:r].copy_(chunk)  # upcast once, in cache
         if temperature != 1.0:
-            chunk = torch.div(chunk, temperature, out=work[:r])
+            chunk = torch.mul(chunk, 1.0 / temperature, out=work[:r])  # as the kernels scale
         torch.log_softmax(chunk, -1, out=logp[:r])
         p = torch.exp(logp[:r], out=work[:r])
         logp[:r].clamp_(min=torch.finfo(dtype).min)  # π_v = 0 terms: 0 · (−inf) → 0 · finite = 0

@@ -185,7 +185,7 @@ def logp_on_ids(
         if not all(unshifted[first:last]):
             src = torch.sub(src, shift[first:last], out=z)
         if temperature != 1.0:
-            src = torch.div(src, temperature, out=z)
+            src = torch.mul(src, 1.0 / temperature, out=z)  # as the kernels scale
         torch.exp(src, out=z)
         z.scatter_(-1, ids[first:last], 0.0)
         torch.sum(z, -1, out=rest[first:last])

@@ -216,18 +216,14 @@ def run_exact(
 
 
 def finish_exact(
-    parts: torch.Tensor,  # (6, N) float32: M_x, S_x, M_y, S_y, W, Σ|μ − π| (exact_pass.PARTS)
+    parts: torch.Tensor,  # (6, N) float32: M_a, S_x, M_b, S_y, KL, Σ|μ − π| (exact_pass.PARTS)
     valid: torch.Tensor,  # (N,) bool: the rows passed
 ) -> ExactPass:
-    """TV = ½ Σ|μ − π| and KL = W / S_y + (M_x − M_y) + log S_x − log S_y in float64 (x: π's
-    logits / τ, y: μ's), clamped to [0, 1] and [0, ∞]. A row is bad when an M or an S is not
-    finite (NaN/+inf logits, or a row of only −inf)."""
-    top_x, sum_x, top_y, sum_y, w, abs_diff = parts.double().unbind(0)
+    """TV = ½ Σ|μ − π| and the pass's KL in float64, clamped to [0, 1] and [0, ∞]. A row is bad
+    when an M or an S is not finite (NaN/+inf logits, or a row of only −inf)."""
+    top_x, sum_x, top_y, sum_y, kl, abs_diff = parts.double().unbind(0)
     bad = valid & ~(torch.isfinite(top_x) & torch.isfinite(sum_x) & torch.isfinite(top_y) & torch.isfinite(sum_y))
     ok = valid & ~bad
-    one = torch.ones((), dtype=torch.float64, device=parts.device)
-    sum_x, sum_y = torch.where(ok, sum_x, one), torch.where(ok, sum_y, one)
-    kl = w / sum_y + (top_x - top_y) + torch.log(sum_x) - torch.log(sum_y)
     zero = torch.zeros((), dtype=torch.float64, device=parts.device)
     return ExactPass(
         tv=torch.where(ok, 0.5 * abs_diff, zero).clamp(0.0, 1.0),

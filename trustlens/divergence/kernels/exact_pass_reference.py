@@ -20,21 +20,24 @@ def _exact_chunk(
     mu_cols: torch.Tensor,
     pi_start: torch.Tensor,  # (R,) int64; −1: skipped
     mu_start: torch.Tensor,  # (R,) int64
-    temperature: float,
+    inv_temperature: float,  # 1/τ
 ) -> tuple[torch.Tensor]:
     """The parts of R rows, (R, 6); a skipped row reads row 0's place and its parts are zeroed."""
     valid = (pi_start >= 0) & (mu_start >= 0)
-    x = pi_flat[pi_start.clamp(min=0)[:, None] + pi_cols[None, :]].float() / temperature  # (R, V)
-    y = mu_flat[mu_start.clamp(min=0)[:, None] + mu_cols[None, :]].float() / temperature  # (R, V)
-    top_x, top_y = x.amax(-1), y.amax(-1)  # (R,)
-    ex = torch.where(x == -math.inf, 0.0, torch.exp(x - top_x[:, None]))  # (R, V); NaN stays NaN
-    ey = torch.where(y == -math.inf, 0.0, torch.exp(y - top_y[:, None]))
-    sum_x, sum_y = ex.sum(-1), ey.sum(-1)
-    w = torch.where((ey > 0) & (x > -math.inf), ey * (y - x), 0.0).sum(-1)
-    hole = ((y > -math.inf) & (x == -math.inf)).any(-1)  # μ_v > 0 = π_v
-    w = torch.where(hole, math.inf, w)
-    abs_diff = (ey / sum_y[:, None] - ex / sum_x[:, None]).abs().sum(-1)
-    parts = torch.stack([top_x, sum_x, top_y, sum_y, w, abs_diff], -1)  # (R, 6)
+    a = pi_flat[pi_start.clamp(min=0)[:, None] + pi_cols[None, :]].float()  # (R, V)
+    b = mu_flat[mu_start.clamp(min=0)[:, None] + mu_cols[None, :]].float()  # (R, V)
+    top_a, top_b = a.amax(-1), b.amax(-1)  # (R,)
+    x = (a - top_a[:, None]) * inv_temperature  # (R, V)
+    y = (b - top_b[:, None]) * inv_temperature
+    ex = torch.where(a == -math.inf, 0.0, torch.exp(x))  # (R, V); NaN stays NaN
+    ey = torch.where(b == -math.inf, 0.0, torch.exp(y))
+    sum_x, sum_y = ex.sum(-1), ey.sum(-1)  # (R,)
+    p, q = ex / sum_x[:, None], ey / sum_y[:, None]
+    log_ratio = (torch.log(sum_x) - torch.log(sum_y))[:, None]  # (R, 1)
+    hole = (b > -math.inf) & (a == -math.inf)  # μ_v > 0 = π_v
+    kl = torch.where(hole, math.inf, torch.where(q > 0, q * ((y - x) + log_ratio), 0.0)).sum(-1)
+    abs_diff = (q - p).abs().sum(-1)
+    parts = torch.stack([top_a, sum_x, top_b, sum_y, kl, abs_diff], -1)  # (R, 6)
     return (torch.where(valid[:, None], parts, 0.0),)
 
 
@@ -53,7 +56,7 @@ def exact_pass_torch(
         _exact_chunk,
         (pi_logits, mu_logits),
         (pi_start, mu_start),
-        (float(temperature),),
+        (1.0 / temperature,),
         (empty,),
         compiled=compiled,
     )

@@ -1,6 +1,6 @@
 """The logit pass as a Triton kernel: one read of each valid row of π's logits (..., V).
 
-Per row, with x = logits / τ in float32 and M = max_v x_v (every token counts in M):
+Per row, with x = logits·(1/τ) in float32 and M = max_v x_v (every token counts in M):
 
     sum_rest  = Σ_{v∉E} e^(x_v − M)                 (E: the row's excluded ids, μ's top-K set)
     usum_rest = Σ_{v∉E} (x_v − M) e^(x_v − M)
@@ -15,8 +15,15 @@ e^(m_old − m_new) when its max grows) and are combined across lanes at the end
 once. A −inf logit adds 0; NaN or +inf turn the sums NaN and a row of only −inf gives M = −inf:
 `trustlens.divergence.kernels.finish` finds such rows from these values. E is left out of the
 sums element by element (not subtracted afterwards), so that a rest mass far below the top-K's
-keeps its relative precision. Offsets are int64; rows are addressed by their element offset
-(`row_start`, −1: skip the row) and the vocabulary stride, so views are read in place.
+keeps its relative precision: the wrapper hands the kernel each row's E sorted, and the block
+loop walks it, so that each excluded id is loaded once per row. Offsets are int64; rows are
+addressed by their element offset (`row_start`, −1: skip the row) and the vocabulary stride, so
+views are read in place.
+
+The scale is a multiplication by 1/τ, computed once on the host (the Python float, rounded to
+float32 as a kernel argument), as the torch paths do, so that every path rounds it the same way.
+Precondition on the ids: each in [0, V) (the public functions check them); the gather is masked
+all the same, so that a bad id reads no memory outside the row: its x is NaN.
 
 `trustlens.divergence.kernels.logit_pass_reference` computes the same five tensors with torch.
 """
@@ -38,10 +45,12 @@ def _logit_pass_kernel(
     row_start_ptr,  # (N,) int64 element offset of each row; −1: not a valid row, skipped
     col_stride,  # elements between two tokens of a row
     V,  # vocabulary size
-    ids_ptr,  # (N, K_ALL) int64 ids to gather; the first K_EXCL are left out of the sums
+    ids_ptr,  # (N, K_ALL) int64 ids to gather, each in [0, V) (else its x is NaN)
+    excl_ptr,  # (N, K_EXCL) int64 the ids left out of the sums, ascending per row
     K_ALL,
     K_EXCL,
-    temperature,  # τ > 0, applied in float32
+    temperature,  # τ > 0, float32 (the raw logits' scale)
+    inv_temperature,  # 1/τ, float32
     max_ptr,  # (N,) float32 out: M
     sum_ptr,  # (N,) float32 out: sum_rest
     usum_ptr,  # (N,) float32 out: usum_rest
@@ -55,7 +64,11 @@ def _logit_pass_kernel(
     if start >= 0:
         row_ptr = logits_ptr + start
         ids_row = ids_ptr + i * K_ALL
+        excl_row = excl_ptr + i * K_EXCL
         lanes = tl.arange(0, BLOCK)
+        past = V + BLOCK  # beyond every block: the next id once all are taken
+        j = 0  # the next excluded id, loaded once: excl_row[j], or `past` after the last
+        next_id = tl.load(excl_row + j, mask=j < K_EXCL, other=past)
         m = tl.full([BLOCK], float("-inf"), tl.float32)
         s = tl.zeros([BLOCK], tl.float32)
         u = tl.zeros([BLOCK], tl.float32)
@@ -63,16 +76,16 @@ def _logit_pass_kernel(
         for first in range(0, V, BLOCK):
             cols = first + lanes
             x = tl.load(row_ptr + cols.to(tl.int64) * col_stride, mask=cols < V, other=float("-inf"))
-            x = x.to(tl.float32) / temperature
+            x = x.to(tl.float32) * inv_temperature
             m_new = tl.maximum(m, x)
             if RAW:  # every token, before the excluded ids are set to −inf
                 live_raw = m_new > float("-inf")
                 p_raw = tl.where(x == float("-inf"), 0.0, tl.exp(temperature * (x - m_new)))
                 r = tl.where(live_raw, tl.exp(temperature * (m - m_new)), 0.0) * r + p_raw
-            for j in range(K_EXCL):  # the excluded ids in this block: set to −inf for the sums
-                idj = tl.load(ids_row + j)
-                if (idj >= first) & (idj < first + BLOCK):
-                    x = tl.where(cols == idj, float("-inf"), x)
+            while next_id < first + BLOCK:  # the excluded ids in this block: −inf for the sums
+                x = tl.where(cols == next_id, float("-inf"), x)
+                j += 1
+                next_id = tl.load(excl_row + j, mask=j < K_EXCL, other=past)
             live = m_new > float("-inf")
             scale = tl.where(live, tl.exp(m - m_new), 0.0)
             p = tl.where(x == float("-inf"), 0.0, tl.exp(x - m_new))  # NaN stays NaN: the row is bad
@@ -87,17 +100,18 @@ def _logit_pass_kernel(
         if RAW:
             alpha_raw = tl.where(m > float("-inf"), tl.exp(temperature * (m - top)), 0.0)
             tl.store(raw_ptr + i, tl.sum(alpha_raw * r, 0))
-        for j in range(K_ALL):
-            idj = tl.load(ids_row + j)
-            xj = tl.load(row_ptr + idj * col_stride).to(tl.float32) / temperature
-            tl.store(x_ids_ptr + i * K_ALL + j, xj)
+        for k in range(K_ALL):
+            idk = tl.load(ids_row + k)
+            ok = (idk >= 0) & (idk < V)
+            xk = tl.load(row_ptr + idk * col_stride, mask=ok, other=float("nan")).to(tl.float32)
+            tl.store(x_ids_ptr + i * K_ALL + k, xk * inv_temperature)
 
 
 def logit_pass_triton(
     logits: torch.Tensor,  # (..., V) any float dtype, any strides
     row_start: torch.Tensor,  # (N,) int64 element offsets of the rows; −1: skipped
-    ids: torch.Tensor,  # (N, K_all) int64
-    n_excluded: int,  # the first n_excluded ids of each row are left out of the sums
+    ids: torch.Tensor,  # (N, K_all) int64, each in [0, V) (else its x is NaN)
+    n_excluded: int,  # the first n_excluded ids of each row (distinct) are left out of the sums
     temperature: float,
     raw: bool,  # also sum_raw (else it holds 0)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -109,15 +123,18 @@ def logit_pass_triton(
     x_ids = torch.zeros(n, k_all, dtype=torch.float32, device=logits.device)
     if n:
         block = min(BLOCK, triton.next_power_of_2(V))
+        excluded = ids[:, :n_excluded].sort(-1).values.contiguous()  # (N, K_excl) ascending
         _logit_pass_kernel[(n,)](
             logits,
             row_start,
             logits.stride(-1),
             V,
             ids,
+            excluded,
             k_all,
             n_excluded,
             float(temperature),
+            1.0 / temperature,
             *outs[:3],
             x_ids,
             outs[3],

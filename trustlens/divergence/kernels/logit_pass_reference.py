@@ -22,7 +22,7 @@ def _chunk(
     flat: torch.Tensor,  # the logits' storage seen as 1-D from their first element
     cols: torch.Tensor,  # (V,) int64 element offsets of the tokens in a row
     row_start: torch.Tensor,  # (R,) int64; −1: skipped
-    ids: torch.Tensor,  # (R, K_all) int64
+    ids: torch.Tensor,  # (R, K_all) int64, each in [0, V) (else its x is NaN)
     n_excluded: int,
     temperature: float,
     raw: bool,  # also Σ_v e^(τ·(x_v − M)), the raw logits' normaliser (else 0)
@@ -30,11 +30,16 @@ def _chunk(
     """The logit pass of R rows; a skipped row reads row 0's place and its results are zeroed."""
     valid = row_start >= 0
     start = row_start.clamp(min=0)[:, None]
-    ids = torch.where(valid[:, None], ids, 0)  # a skipped row's ids may be padding
-    x = flat[start + cols[None, :]].float() / temperature  # (R, V)
-    x_ids = flat[start + cols[ids]].float() / temperature  # (R, K_all)
+    V = cols.shape[0]
+    inside = (ids >= 0) & (ids < V)  # (R, K_all): a bad id reads nothing, its x is NaN
+    ids = torch.where(valid[:, None] & inside, ids, V)  # a skipped row's ids may be padding
+    inv_temperature = 1.0 / temperature  # the kernel's scale, rounded alike
+    x = flat[start + cols[None, :]].float() * inv_temperature  # (R, V)
+    x_ids = flat[start + cols[ids.clamp(max=V - 1)]].float() * inv_temperature  # (R, K_all)
+    x_ids = torch.where(inside, x_ids, math.nan)
     top = x.amax(-1, keepdim=True)  # (R, 1)
-    excluded = torch.zeros_like(x, dtype=torch.bool).scatter_(-1, ids[:, :n_excluded], True)
+    excluded = torch.zeros(x.shape[0], V + 1, dtype=torch.bool, device=x.device)  # (R, V + 1), V: no token
+    excluded = excluded.scatter_(-1, ids[:, :n_excluded], True)[:, :V]
     z = x - top
     p = torch.where(excluded | (x == -math.inf), 0.0, torch.exp(z))
     s = p.sum(-1)
