@@ -1,6 +1,7 @@
 """Bad inputs to TokenRecorder: its constructor, `record`, `log_samples` and `log_metrics`; a
-repeated (step, update, sample) key; a resumed run with another rule set (issue 32). Each case
-asserts the error type and that the message names the argument."""
+repeated (step, update, sample) key; a resumed run with another rule set (issue 32); a tokenizer
+that gives something other than one str per id, and text with lone surrogates (issue 39). Each
+case asserts the error type and that the message names the argument."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ CONSTRUCTOR_CASES = [
     (dict(run_dir=None), TypeError, "run_dir"),
     (dict(run_dir=""), ValueError, "run_dir"),
     (dict(run_dir=3), TypeError, "run_dir"),
+    (dict(run_dir="s3://"), ValueError, "run_dir must name a location after s3://"),
+    (dict(run_dir="file://"), ValueError, "run_dir must name a location after file://"),
     (dict(tokenizer="Qwen/Qwen2.5-0.5B"), TypeError, "tokenizer"),
     (dict(tokenizer=object()), TypeError, "tokenizer"),
     (dict(rules="ppo"), ValueError, "rules"),
@@ -208,3 +211,45 @@ def test_valid_record_edge_cases(tmp_path):
     tokens = load_run(tmp_path / "run").tokens.collect()
     assert tokens.height == B * T and tokens["mu_logp"].null_count() == B * T
     assert tokens["pi_logp"].to_list() == [-INF] * (B * T) and tokens["ratio"].to_list() == [0.0] * (B * T)
+
+
+class _Tokenizer:
+    """decode returning `give(ids)`; with batch=True a good decode and batch_decode returning `give`."""
+
+    def __init__(self, give, batch=False):
+        self.decode = (lambda ids: str(ids)) if batch else give
+        if batch:
+            self.batch_decode = give
+
+
+TOKENIZER_CASES = [
+    (_Tokenizer(lambda ids: ids), r"tokenizer.decode must give one str per id; tokenizer.decode\(\[0\]\) gave list"),
+    (_Tokenizer(lambda ids: None), r"tokenizer.decode\(\[0\]\) gave NoneType"),
+    (_Tokenizer(lambda ids: b"x"), r"tokenizer.decode\(\[0\]\) gave bytes"),
+    (_Tokenizer(lambda ids: "one text", batch=True), "tokenizer.batch_decode must return a list of one str per id"),
+    (_Tokenizer(lambda ids: ["a", "b"], batch=True), "tokenizer.batch_decode must return a list .* for 1 ids"),
+    (_Tokenizer(lambda ids: [[7]], batch=True), r"tokenizer.batch_decode\(\[\[0\]\]\) gave list"),
+]
+
+
+@pytest.mark.parametrize(("tokenizer", "says"), TOKENIZER_CASES)
+def test_a_tokenizer_giving_other_than_one_str_per_id_fails_the_first_record(tmp_path, tokenizer, says):
+    rec = TokenRecorder(tmp_path / "run", rules=["ppo"], tokenizer=tokenizer)
+    with pytest.raises(TypeError, match=says):
+        rec.record(0, **_good())
+    rec.close()  # the refused call queued nothing: the run closes cleanly
+    assert load_run(tmp_path / "run").status == "finished"
+
+
+def test_text_with_lone_surrogates_is_stored_with_replacement_characters(tmp_path):
+    broken = "a\ud83d"  # half an emoji, as a tokenizer that splits one may give
+    tokenizer = _Tokenizer(lambda ids: f"<{ids[0]}>{broken}")
+    with TokenRecorder(tmp_path / "run", rules=["ppo"], tokenizer=tokenizer) as rec:
+        rec.record(0, **_good())
+        rec.log_samples(0, prompts=["p\udc80", None], responses=[broken, "fine"], rewards=[1.0, 0.0])
+        rec.log_metrics(0, {"loss\ud800": 1.0})
+    run = load_run(tmp_path / "run")
+    assert run.tokens.collect()["token"].unique().to_list() == ["<0>a\ufffd"]
+    samples = run.samples.collect().sort("sample")
+    assert samples["prompt"].to_list() == ["p\ufffd", None] and samples["response"].to_list() == ["a\ufffd", "fine"]
+    assert run.metrics.collect()["name"].to_list() == ["loss\ufffd"]

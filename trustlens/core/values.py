@@ -126,8 +126,9 @@ def check_str(name: str, value: object, *, empty: bool = False) -> str:
 
 
 def check_path(name: str, value: object) -> str | os.PathLike:
-    """A path (a str or os.PathLike, an object-store URL included) that is not empty or blank:
-    an empty path would silently mean the current directory. Returned unchanged."""
+    """A path (a str or os.PathLike, an object-store URL included) that is not empty or blank,
+    nor a URL scheme with no location after it ("s3://", "file://"): an empty path would silently
+    mean the current directory (or a bucket's root). Returned unchanged."""
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(value).__name__} {value!r}")
     text = os.fspath(value)
@@ -135,6 +136,9 @@ def check_path(name: str, value: object) -> str | os.PathLike:
         raise TypeError(f"{name} must be a text path, got bytes {text!r}")
     if not text.strip():
         raise ValueError(f"{name} must be a non-empty path, got {text!r} (use '.' for the current directory)")
+    scheme, sep, rest = text.partition("://")
+    if sep and scheme.isidentifier() and not rest.strip("/ "):  # "s3://", "file://": a scheme and no place
+        raise ValueError(f"{name} must name a location after {scheme}://, got {text!r}")
     if "\x00" in text:
         raise ValueError(f"{name} holds a NUL character: {text!r}")
     return value

@@ -16,6 +16,7 @@ import torch
 from trustlens.core.values import check_int, check_number
 from trustlens.record.args import check_unique
 from trustlens.run import table_schema
+from trustlens.run.parts import storable_text
 
 
 def _is_nan(value: object) -> bool:
@@ -37,7 +38,7 @@ def metrics_batch(step: int, metrics: object) -> pa.RecordBatch:
             value = value.item()
         if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
             raise ValueError(f"metric {name!r} must be a number, got {value!r}")
-        names.append(name)
+        names.append(storable_text(name))
         values.append(float(value))
     n = len(names)
     return pa.RecordBatch.from_pydict(
@@ -80,6 +81,7 @@ def samples_batch(
             for i, v in enumerate(value):
                 if v is not None and not isinstance(v, str):
                     raise TypeError(f"{arg}[{i}] must be a string (or None), got {type(v).__name__} {v!r}")
+            value = [None if v is None else storable_text(v) for v in value]
         columns[name] = value
     default_ids = columns["sample"] is None
     if default_ids:

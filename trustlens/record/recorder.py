@@ -185,6 +185,7 @@ class TokenRecorder:
         if keep is not None:  # run.json says the token rows are a sample, and how it was drawn
             self._writer.put_manifest({"keep": dataclasses.asdict(keep)})
         self._ids = SampleIds(self.rank)
+        self._tokenizer_unchecked = tokenizer is not None  # until a call's first token is decoded
         self._closed = False
         atexit.register(self._at_exit)
         signals.watch(id(self), self._interrupted)
@@ -288,6 +289,9 @@ class TokenRecorder:
         samples = self._ids.of_call("sample_ids", sample_ids, shape[0], device, id_key, live)
         groups = samples if group_ids is None else self._ids.of_call("group_ids", group_ids, shape[0], device, None)
         ids = snapshot_token_ids(token_ids, mask, self._buffers)
+        if self._tokenizer_unchecked and bool(mask.any()):  # a bad tokenizer fails here, not in the writer
+            self._tokenizer_unchecked = False
+            self._writer.writer.check_tokenizer(int(token_ids[mask][0]))
         columns = {k: v for k, v in per_token.items() if v is not None}
         # an accelerator's inputs are checked on the device and read back once (`stage_rows`):
         # flags (bool tensors, True: a check failed) and the checks that name the bad value

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,13 +119,49 @@ def token_record_batch(batch: TokenBatch, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 
+# a UTF-16 surrogate code point: only ever half of a pair, which UTF-8 (Parquet's text) cannot hold alone
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """`text` as a part file can hold it: each lone surrogate (e.g. from a tokenizer that splits
+    an emoji, or text decoded with errors="surrogateescape") replaced by U+FFFD, the rest kept."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 class TokenDecoder:
-    """Token id -> text, decoding each id once (a cache) with `tokenizer.decode`; None without
-    a tokenizer. The text is untrusted model output: stored as is, to be rendered as text."""
+    """Token id -> text, decoding each id once (a cache) with `tokenizer.batch_decode` (else
+    `tokenizer.decode`); None without a tokenizer. The text is untrusted model output: stored as
+    is (lone surrogates replaced, `storable_text`), to be rendered as text."""
 
     def __init__(self, tokenizer: Any | None) -> None:
         self.tokenizer = tokenizer
         self.cache: dict[int, str] = {}
+
+    def decode(self, ids: list[int]) -> list[str]:
+        """The texts of `ids` (cached), one str per id; TypeError naming `tokenizer` when it
+        returns anything else."""
+        missing = [i for i in ids if i not in self.cache]
+        if missing:
+            batch_decode = getattr(self.tokenizer, "batch_decode", None)
+            if batch_decode is not None:
+                how, texts = "batch_decode", batch_decode([[i] for i in missing])
+            else:
+                how, texts = "decode", [self.tokenizer.decode([i]) for i in missing]
+            if not isinstance(texts, (list, tuple)) or len(texts) != len(missing):
+                raise TypeError(
+                    f"tokenizer.batch_decode must return a list of one str per id, got {type(texts).__name__} "
+                    f"{texts!r:.80} for {len(missing)} ids"
+                )
+            wrong = next(((i, t) for i, t in zip(missing, texts, strict=True) if not isinstance(t, str)), None)
+            if wrong is not None:
+                call = f"batch_decode([[{wrong[0]}]])" if how == "batch_decode" else f"decode([{wrong[0]}])"
+                raise TypeError(
+                    f"tokenizer.{how} must give one str per id; tokenizer.{call} gave "
+                    f"{type(wrong[1]).__name__} {wrong[1]!r:.80}"
+                )
+            self.cache.update(zip(missing, map(storable_text, texts), strict=True))
+        return [self.cache[i] for i in ids]
 
     def dictionary_column(self, token_ids: pa.ChunkedArray) -> pa.ChunkedArray:
         """The `token` column for `token_ids`: dictionary-encoded, one entry per distinct id,
@@ -133,15 +170,7 @@ class TokenDecoder:
             return pa.chunked_array([pa.nulls(len(token_ids), pa.dictionary(pa.int32(), pa.string()))])
         encoded = pc.dictionary_encode(token_ids)  # hash-based; its chunks share one dictionary
         ids = encoded.chunk(0).dictionary.to_pylist() if encoded.num_chunks else []
-        missing = [i for i in ids if i not in self.cache]
-        if missing:
-            batch_decode = getattr(self.tokenizer, "batch_decode", None)
-            if batch_decode is not None:
-                texts = batch_decode([[i] for i in missing])
-            else:
-                texts = [self.tokenizer.decode([i]) for i in missing]
-            self.cache.update(zip(missing, texts, strict=True))
-        dictionary = pa.array([self.cache[i] for i in ids], pa.string())
+        dictionary = pa.array(self.decode(ids), pa.string())
         return pa.chunked_array(
             [pa.DictionaryArray.from_arrays(c.indices, dictionary) for c in encoded.chunks],
             pa.dictionary(pa.int32(), pa.string()),

@@ -179,6 +179,20 @@ class RankWriter:
         next_index = {t: (part_index(files[-1].name) or 0) + 1 if files else 0 for t, files in parts.items()}
         return manifest, last, next_index
 
+    def check_tokenizer(self, token_id: int) -> None:
+        """Decode `token_id` now (the recorder's first call): a tokenizer that gives anything but
+        one str per id raises TypeError naming it here, not later in the writer thread. Another
+        error of the tokenizer (an id it does not know) is left to the writer, which fails the run
+        with it."""
+        if self._decoder.tokenizer is None or not 0 <= token_id < 2**31:
+            return
+        try:
+            self._decoder.decode([token_id])
+        except TypeError:
+            raise
+        except Exception:  # reported by the writer, which fails the run with it
+            return
+
     @property
     def run_id(self) -> str | None:
         return None if self.manifest is None else self.manifest.get("run_id")
