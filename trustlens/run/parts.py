@@ -143,11 +143,11 @@ class TokenDecoder:
         returns anything else."""
         missing = [i for i in ids if i not in self.cache]
         if missing:
-            batch_decode = getattr(self.tokenizer, "batch_decode", None)
-            if batch_decode is not None:
-                how, texts = "batch_decode", batch_decode([[i] for i in missing])
+            tokenizer: Any = self.tokenizer
+            if hasattr(tokenizer, "batch_decode"):
+                how, texts = "batch_decode", tokenizer.batch_decode([[i] for i in missing])
             else:
-                how, texts = "decode", [self.tokenizer.decode([i]) for i in missing]
+                how, texts = "decode", [tokenizer.decode([i]) for i in missing]
             if not isinstance(texts, (list, tuple)) or len(texts) != len(missing):
                 raise TypeError(
                     f"tokenizer.batch_decode must return a list of one str per id, got {type(texts).__name__} "
