@@ -51,6 +51,15 @@ MANIFEST_FIELDS: dict[str, str] = {
     "min_p, logprobs}, null for a filter that is off or a value not known; null when not given",
     "model_kind": "dense or moe: the kind of model trained (the published mismatch ranges differ)",
 }
+# the keys of run.json the analyses read, and what a run.json without one loses (an older or a
+# hand-written one; `load_run` warns and reads the run with what it has)
+NEEDED_FIELDS: dict[str, str] = {
+    "rules": "the rules' thresholds (the rules are taken from the blocked_<rule> columns)",
+    "active_rule": "which rule the run trained with (none shown)",
+    "anchor": "what π was compared with (μ where mu_logp holds values)",
+    "status": "whether the run finished (status unknown)",
+    "world_size": "how many ranks recorded it",
+}
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "logprobs")  # the keys of run.json `sampling`
 LOGPROBS_MODES = ("raw", "processed")  # log μ before (raw) or after the temperature and the filters
 MODEL_KINDS = ("dense", "moe")

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trustlens.run.schema import RANK_DIR_PREFIX, TABLES, part_index, part_name
+from trustlens.run.schema import META_WORLD_SIZE, RANK_DIR_PREFIX, TABLES, part_index, part_name
 from trustlens.run.storage import Remote, write_local_atomic
 
 # where a run lives: a local directory or a location on an object store
@@ -245,6 +245,12 @@ def existing_parts(run_dir: Location, rank: int) -> dict[str, list[Location]]:
         folder = rank_folder(run_dir, table, rank)
         out[table] = [folder / n for n, is_dir in list_folder(folder) if not is_dir and part_index(n) is not None]
     return out
+
+
+def written_world_size(path: Location) -> int | None:
+    """The world size stamped in part file `path`'s metadata (None: written before it was)."""
+    value = (pq.read_schema(source(path)).metadata or {}).get(META_WORLD_SIZE)
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def last_step(files: list[Location]) -> int | None:

@@ -33,10 +33,11 @@ import pyarrow.parquet as pq
 from trustlens.core import logspace
 from trustlens.core.values import check_bool, check_path
 from trustlens.run.errors import CorruptPartWarning, NoRowsError, NotARunError, RunWarning
-from trustlens.run.manifest import MANIFEST, read_manifest
+from trustlens.run.manifest import MANIFEST, NEEDED_FIELDS, read_manifest
 from trustlens.run.parts import Location, list_folder, source
 from trustlens.run.schema import (
     META_SCHEMA_VERSION,
+    META_WORLD_SIZE,
     RANK,
     SCHEMA_VERSION,
     TABLES,
@@ -72,6 +73,7 @@ class Part:
     # (name, Arrow type) of the file's columns, from its footer: parts that differ from the run's
     # schema are read apart and conformed to it (`_conform`)
     columns: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+    world_size: int | None = field(default=None, compare=False)  # its writer's (None: not stamped)
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ class Run:
         for p in parts:
             columns = tuple(c for c in p.columns if c[0] != RANK)
             groups.setdefault((p.rank, p.rank_in_file, columns), []).append(p.path)
+        recorded = {name for p in parts for name, _ in p.columns}  # the columns some part holds
         frames = []
         target: pl.Schema | None = None
         for (rank, in_file, columns), files in groups.items():
@@ -167,7 +170,7 @@ class Run:
             if columns and columns != expected:
                 if target is None:
                     target = pl.from_arrow(frame_schema(table, rules).empty_table()).schema  # type: ignore[union-attr]
-                conformed = _conform(frame, target, files)
+                conformed = _conform(frame, target, files, recorded)
                 if conformed is None:
                     continue
                 frame = conformed
@@ -223,12 +226,14 @@ def _castable(have: pl.DataType, want: pl.DataType) -> bool:
     )
 
 
-def _conform(frame: pl.LazyFrame, target: pl.Schema, files: list[Location]) -> pl.LazyFrame | None:
+def _conform(frame: pl.LazyFrame, target: pl.Schema, files: list[Location], recorded: set[str]) -> pl.LazyFrame | None:
     """`frame` (parts whose columns differ from the run's) in the run's columns `target`: a
     missing column null, an extra one dropped, another type of number or text cast (a value
-    the run's type cannot hold becomes null). Parts that lack a key column (step, update,
-    sample, pos, name) or hold a column of another kind (text for a number) are skipped with a
-    RunWarning naming the files: None."""
+    the run's type cannot hold becomes null), with a RunWarning naming the files and those
+    columns; a column that no part of the run holds (`recorded`: one added by a later trustlens)
+    is null without one. Parts that lack a key column (step, update, sample, pos, name) or hold a
+    column of another kind (text for a number) are skipped with a RunWarning naming the files:
+    None."""
     have = frame.collect_schema()
     named = ", ".join(str(f) for f in files)
     lacking = [c for c in KEY_COLUMNS if c in target and c not in have]
@@ -239,6 +244,19 @@ def _conform(frame: pl.LazyFrame, target: pl.Schema, files: list[Location]) -> p
     if wrong:
         _warn(f"skipping part file(s) {named}: column {', '.join(wrong)}")
         return None
+    text = (pl.String, pl.Categorical)
+    differ = {
+        "missing, read as null": [c for c in target if c not in have and c in recorded],
+        "not the run's, dropped": [c for c in have if c not in target],
+        "cast to the run's type": [
+            f"{c} ({have[c]} to {t})"
+            for c, t in target.items()
+            if c in have and have[c] not in (t, pl.Null) and not (isinstance(have[c], text) and isinstance(t, text))
+        ],
+    }
+    if any(differ.values()):
+        said = "; ".join(f"{what}: {', '.join(cols)}" for what, cols in differ.items() if cols)
+        _warn(f"part file(s) {named} differ from the run's columns ({said})")
     return frame.select(
         pl.col(c).cast(t, strict=False) if c in have else pl.lit(None, t).alias(c) for c, t in target.items()
     )
@@ -307,7 +325,10 @@ def _readable_parts(path: Location, table: str, verify: bool) -> tuple[Part, ...
                 f"part file {f} was written with schema version {version}; this trustlens reads up "
                 f"to version {SCHEMA_VERSION}: upgrade trustlens"
             )
-        readable.append(Part(f, rank, RANK in meta.schema.names, _column_key(meta.schema.to_arrow_schema())))
+        stamped = (meta.metadata or {}).get(META_WORLD_SIZE, b"")
+        world_size = int(stamped) if stamped.isdigit() else None
+        columns = _column_key(meta.schema.to_arrow_schema())
+        readable.append(Part(f, rank, RANK in meta.schema.names, columns, world_size))
     return tuple(readable)
 
 
@@ -353,7 +374,30 @@ def load_run(path: str | os.PathLike | Remote, *, verify: bool = True) -> Run:
         _warn(f"{err}; loading its part files without it")
         manifest = None
     parts = {table: _readable_parts(location, table, verify) for table in TABLES}
+    lacking = [key for key in NEEDED_FIELDS if manifest is not None and key not in manifest]
+    if manifest is not None and lacking:
+        lost = "; ".join(f"{key}: {NEEDED_FIELDS[key]}" for key in lacking)
+        _warn(f"{location / MANIFEST} has no {', '.join(lacking)}; read without it ({lost})")
+        manifest = {**_stand_in_manifest(parts), **manifest}
+    _check_world_sizes(location, manifest, parts)
     return Run(path=location, manifest=manifest or _stand_in_manifest(parts), parts=parts)
+
+
+def _check_world_sizes(location: Location, manifest: dict[str, Any] | None, parts: dict[str, tuple[Part, ...]]) -> None:
+    """NotARunError naming both when the run's ranks were written with different world sizes
+    (run.json's world_size and those stamped in the part files; parts written before the stamp
+    are not compared)."""
+    said = (manifest or {}).get("world_size")
+    sizes: dict[int, str] = {said: str(location / MANIFEST)} if isinstance(said, int) else {}
+    for part in (p for table in parts.values() for p in table):
+        if part.world_size is not None:
+            sizes.setdefault(part.world_size, str(part.path))
+    if len(sizes) > 1:
+        (first, where), (other, there) = list(sizes.items())[:2]
+        raise NotARunError(
+            f"run {str(location)!r} holds ranks written with different world sizes: world_size {first} "
+            f"({where}) and world_size {other} ({there}); record each run with one world size"
+        )
 
 
 def load_runs(folder: str | os.PathLike, *, verify: bool = True) -> list[Run]:

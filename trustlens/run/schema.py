@@ -27,6 +27,8 @@ OLDEST_SCHEMA_VERSION = 1
 # keys of the Parquet file metadata that every part file carries
 META_SCHEMA_VERSION = b"trustlens.schema_version"
 META_TRUSTLENS_VERSION = b"trustlens.version"
+# the world size of the writer of a part file (the reader refuses a run whose parts disagree)
+META_WORLD_SIZE = b"trustlens.world_size"
 BLOCKED_PREFIX = "blocked_"
 # the column every table gets from its rank=R folder (a file column in schema 1)
 RANK = "rank"

@@ -38,8 +38,9 @@ from trustlens.run.parts import (
     last_step,
     rank_folder,
     token_record_batch,
+    written_world_size,
 )
-from trustlens.run.schema import TABLES, part_index, table_schema
+from trustlens.run.schema import META_WORLD_SIZE, TABLES, part_index, table_schema
 from trustlens.run.storage import Remote, is_url, local_path
 
 
@@ -124,7 +125,7 @@ class RankWriter:
                 raise ValueError(f"run_dir {str(self.path)!r} exists and is not a directory")
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock = RankLock(self.path, rank)
-        self.rank, self.rows_per_file = rank, rows_per_file
+        self.rank, self.world_size, self.rows_per_file = rank, world_size, rows_per_file
         self.stats = WriterStats()
         self._decoder = TokenDecoder(tokenizer)
         try:
@@ -133,8 +134,13 @@ class RankWriter:
             if self._lock is not None:
                 self._lock.release()
             raise
-        self._parts = {t: PartFiles(self.path, t, rank, table_schema(t, rules), next_index[t]) for t in TABLES}
+        self._parts = {t: PartFiles(self.path, t, rank, self._schema(t, rules), next_index[t]) for t in TABLES}
         self.write_manifest()
+
+    def _schema(self, table: str, rules: list[str]) -> pa.Schema:
+        """`table`'s part schema, its metadata stamped with this writer's world size."""
+        schema = table_schema(table, rules)
+        return schema.with_metadata({**(schema.metadata or {}), META_WORLD_SIZE: str(self.world_size).encode()})
 
     def _open(
         self, manifest: dict[str, Any] | None, resume: bool, overwrite: bool
@@ -163,8 +169,19 @@ class RankWriter:
                     "continue it (same run_id, later steps) or overwrite=True to replace it"
                 )
             return manifest, None, dict.fromkeys(TABLES, 0)
-        if manifest is not None and run_json is not None:
-            old = read_manifest(self.path)
+        old = read_manifest(self.path) if manifest is not None and run_json is not None else None
+        # the world size of this rank's last part of each table, and run.json's: one number
+        stamped = (written_world_size(files[-1]) for files in parts.values() if files)
+        written = {self.world_size, *(n for n in stamped if n is not None)}
+        if old is not None:
+            written.add(old.get("world_size", self.world_size))
+        if len(written) > 1:
+            raise ValueError(
+                f"world_size {self.world_size} differs from the world size the run in {str(self.path)!r} "
+                f"was recorded with ({', '.join(map(str, sorted(written - {self.world_size})))}): resume it "
+                "with the same number of ranks, or record a new run"
+            )
+        if old is not None and manifest is not None:
             old.update(status="running", error=None, signal=None)
             old["resumed"] = [*old.get("resumed", []), utc_now()]
             for key in ("rules", "active_rule", "world_size", "flush"):
