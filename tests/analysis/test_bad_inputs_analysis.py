@@ -1,5 +1,6 @@
-"""Bad inputs to the analyses: CollapseConfig's fields, a rule the run did not record, and the
-wrong kind of object where a Run or its token rows are expected (issue 32). Each case asserts
+"""Bad inputs to the analyses: CollapseConfig's fields, a rule the run did not record, the wrong
+kind of object where a Run or its token rows are expected (issue 32), TokenQuery fields of the
+wrong kind or shape and another table where the aggregates belong (issue 39). Each case asserts
 the error type and that the message names the argument."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 
 from trustlens import analysis
 from trustlens.analysis.collapse import CollapseConfig, detect_collapse
+from trustlens.analysis.tokens import TokenQuery
 from trustlens.run import load_run
 from trustlens.run.tables import write_run
 
@@ -205,6 +207,63 @@ DOMAIN_CASES = {
         TypeError,
         "aggregates",
     ),
+    "step_summary aggregates the token rows": (
+        lambda run: analysis.step_summary(run.tokens, aggregates=run.tokens),
+        TypeError,
+        "aggregates",
+    ),
+    "mismatch_per_step aggregates the samples": (
+        lambda run: analysis.mismatch_per_step(run, aggregates=run.samples),
+        TypeError,
+        "aggregates",
+    ),
+    "step_summary the aggregates as token rows": (
+        lambda run: analysis.step_summary(run.aggregates),
+        TypeError,
+        "tokens",
+    ),
+    "TokenQuery steps one int": (lambda run: TokenQuery(steps=5), TypeError, "TokenQuery.steps"),
+    "TokenQuery steps three ints": (lambda run: TokenQuery(steps=(0, 1, 2)), TypeError, "TokenQuery.steps"),
+    "TokenQuery steps floats": (lambda run: TokenQuery(steps=(0.0, 3.5)), TypeError, "TokenQuery.steps[0]"),
+    "TokenQuery steps text": (lambda run: TokenQuery(steps=("0", "3")), TypeError, "TokenQuery.steps[0]"),
+    "TokenQuery samples one int": (lambda run: TokenQuery(samples=3), TypeError, "TokenQuery.samples"),
+    "TokenQuery samples text": (lambda run: TokenQuery(samples="12"), TypeError, "TokenQuery.samples"),
+    "TokenQuery samples floats": (
+        lambda run: TokenQuery(samples=[1, 2.5]),
+        TypeError,
+        "TokenQuery.samples[1]",
+    ),
+    "TokenQuery decisions one pair": (
+        lambda run: TokenQuery(decisions=("ppo", True)),
+        TypeError,
+        "TokenQuery.decisions[0]",
+    ),
+    "TokenQuery decisions a mapping": (
+        lambda run: TokenQuery(decisions={"ppo": True}),
+        TypeError,
+        "TokenQuery.decisions",
+    ),
+    "TokenQuery decisions blocked text": (
+        lambda run: TokenQuery(decisions=[("ppo", "yes")]),
+        TypeError,
+        "TokenQuery.decisions[0] blocked",
+    ),
+    "TokenQuery anchor_prob one number": (
+        lambda run: TokenQuery(anchor_prob=0.5),
+        TypeError,
+        "TokenQuery.anchor_prob",
+    ),
+    "TokenQuery anchor_prob NaN": (
+        lambda run: TokenQuery(anchor_prob=(NAN, 0.5)),
+        ValueError,
+        "TokenQuery.anchor_prob[0]",
+    ),
+    "TokenQuery advantage_sign a number": (
+        lambda run: TokenQuery(advantage_sign=1),
+        TypeError,
+        "TokenQuery.advantage_sign",
+    ),
+    "TokenQuery text a number": (lambda run: TokenQuery(text=3), TypeError, "TokenQuery.text"),
     "threshold_sweep scales 0": (lambda run: analysis.threshold_sweep(run, "ppo", scales=[0.0]), ValueError, "scales"),
     "threshold_sweep scales a number": (
         lambda run: analysis.threshold_sweep(run, "ppo", scales=2.0),

@@ -181,3 +181,11 @@ def test_alert_query_and_tokens():
     rows = alert_tokens(_tokens(), alert)
     assert rows.select("sample", "pos").rows() == [(1, 1), (0, 2)]  # alert order; unknown token dropped
     assert rows["token"].to_list() == [" dog", "<b>"]
+
+
+def test_a_query_takes_lists_and_numpy_ints_and_keeps_tuples():
+    import numpy as np
+
+    q = TokenQuery(steps=[np.int64(0), 1], samples=[2, np.int32(3)], decisions=[["ppo", True]], anchor_prob=[0, 1])
+    assert q == TokenQuery(steps=(0, 1), samples=(2, 3), decisions=(("ppo", True),), anchor_prob=(0.0, 1.0))
+    assert type(q.steps[0]) is int and type(q.samples[1]) is int and hash(q) == hash(TokenQuery(**vars(q)))

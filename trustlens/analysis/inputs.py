@@ -34,6 +34,18 @@ def _given(value: object) -> str:
     return f"{type(value).__name__} {value!r:.80}"
 
 
+# columns that make a LazyFrame the aggregates table (trustlens.run.aggregates): a token table has none of the last two
+AGGREGATE_KEYS = ("step", "update", "tokens", "pairs")
+
+
+def _what_rows(names: list[str]) -> str:
+    """What a LazyFrame with columns `names` most likely holds, for an error."""
+    for table, marker in (("token rows", "pos"), ("samples", "sample"), ("metrics", "value")):
+        if marker in names:
+            return f"its columns {', '.join(names[:4])}, … look like the run's {table}"
+    return f"columns {', '.join(names[:6])}"
+
+
 def token_rows(
     function: str, source: object, aggregates: pl.LazyFrame | None = None
 ) -> tuple[pl.LazyFrame, pl.LazyFrame | None]:
@@ -41,11 +53,14 @@ def token_rows(
 
     A Run of a sampled run brings its aggregates, unless `aggregates` is given (it wins); a
     LazyFrame brings only the `aggregates` given. TypeError for anything else."""
-    if aggregates is not None and not isinstance(aggregates, pl.LazyFrame):
-        raise TypeError(
-            f"{function}: aggregates must be the run's exact aggregates (Run.aggregates, a polars LazyFrame), "
-            f"got {_given(aggregates)}"
-        )
+    if aggregates is not None:
+        names = aggregates.collect_schema().names() if isinstance(aggregates, pl.LazyFrame) else None
+        if names is None or not set(AGGREGATE_KEYS) <= set(names):
+            got = _given(aggregates) if names is None else f"a LazyFrame of other rows ({_what_rows(names)})"
+            raise TypeError(
+                f"{function}: aggregates must be the run's exact aggregates (Run.aggregates, a polars LazyFrame "
+                f"with columns {', '.join(AGGREGATE_KEYS)}), got {got}"
+            )
     rows = lazy_rows(function, source)
     if aggregates is None and isinstance(source, Run) and source.sampled:
         aggregates = source.aggregates
@@ -58,6 +73,12 @@ def lazy_rows(function: str, source: object, name: str = "tokens") -> pl.LazyFra
     if isinstance(source, Run):
         return source.tokens
     if isinstance(source, pl.LazyFrame):
+        names = source.collect_schema().names()
+        if set(AGGREGATE_KEYS) <= set(names) and "pos" not in names:
+            raise TypeError(
+                f"{function}: {name} must be a Run (trustlens.load_run) or a polars LazyFrame of its token rows, "
+                "got the run's aggregates (pass those as aggregates=)"
+            )
         return source
     raise TypeError(
         f"{function}: {name} must be a Run (trustlens.load_run) or a polars LazyFrame of its rows, got {_given(source)}"

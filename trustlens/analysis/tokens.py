@@ -16,6 +16,7 @@ from typing import Literal
 
 import polars as pl
 
+from trustlens.core.values import check_bool, check_choice, check_int, check_number, check_sequence, check_str
 from trustlens.run import blocked_column, rule_of_column
 
 # Advantage signs, named as everywhere in trustlens: pos (A > 0), neg (A < 0), zero (A = 0).
@@ -54,6 +55,52 @@ class TokenQuery:
     advantage_sign: AdvantageSign | None = None  # sign of the token's advantage (null never matches)
     text: str | None = None  # literal, case-insensitive substring of the decoded token text
     samples: tuple[int, ...] | None = None  # keep only these sample ids
+
+    def __post_init__(self) -> None:
+        """Each field's kind and shape checked, a TypeError naming it (`TokenQuery.steps`, ...);
+        lists kept as tuples. Their values (steps in order, a rule the run evaluated, a sign) are
+        checked against the run when the query is used (`query_expr`)."""
+        if self.steps is not None:
+            lo, hi = _pair("TokenQuery.steps", self.steps, "a (first, last) pair of ints")
+            object.__setattr__(
+                self, "steps", (check_int("TokenQuery.steps[0]", lo), check_int("TokenQuery.steps[1]", hi))
+            )
+        decisions = []
+        for i, item in enumerate(check_sequence("TokenQuery.decisions", self.decisions, what=_DECISIONS)):
+            rule, blocked = _pair(f"TokenQuery.decisions[{i}]", item, "a (rule, blocked) pair")
+            decisions.append(
+                (
+                    check_str(f"TokenQuery.decisions[{i}] rule", rule),
+                    check_bool(f"TokenQuery.decisions[{i}] blocked", blocked),
+                )
+            )
+        object.__setattr__(self, "decisions", tuple(decisions))
+        if self.anchor_prob is not None:
+            lo, hi = _pair("TokenQuery.anchor_prob", self.anchor_prob, "a (lo, hi) pair of probabilities")
+            object.__setattr__(
+                self,
+                "anchor_prob",
+                (check_number("TokenQuery.anchor_prob[0]", lo), check_number("TokenQuery.anchor_prob[1]", hi)),
+            )
+        if self.advantage_sign is not None and not isinstance(self.advantage_sign, str):
+            check_choice("TokenQuery.advantage_sign", self.advantage_sign, ADVANTAGE_SIGNS)  # a TypeError
+        if self.text is not None:
+            check_str("TokenQuery.text", self.text, empty=True)
+        if self.samples is not None:
+            items = check_sequence("TokenQuery.samples", self.samples, what="a list of sample ids (ints)")
+            object.__setattr__(
+                self, "samples", tuple(check_int(f"TokenQuery.samples[{i}]", v) for i, v in enumerate(items))
+            )
+
+
+_DECISIONS = "a list of (rule, blocked) pairs"
+
+
+def _pair(name: str, value: object, what: str) -> tuple[object, object]:
+    """`value` as a pair (a tuple or a list of two), else a TypeError naming `name` and `what`."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r:.80}")
+    return value[0], value[1]
 
 
 def rules_of(tokens: pl.LazyFrame) -> list[str]:
