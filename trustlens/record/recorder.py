@@ -63,7 +63,9 @@ class TokenRecorder:
         decided where the inputs allow it (null `blocked_<rule>` otherwise).
     active_rule: the rule the run trains with (must be among `rules`), for the manifest.
     tokenizer: anything with `decode(list[int]) -> str` (and optionally `batch_decode`); token
-        texts are then stored, decoded once per id. None leaves the `token` column null.
+        texts are then stored, decoded once per id (lone surrogates stored as U+FFFD). The first
+        `record` call decodes its first token: a tokenizer that gives anything but one str per
+        id raises TypeError there. None leaves the `token` column null.
     config: the training configuration (a dataclass or a mapping), stored in run.json.
     rows_per_file: token rows per part file (and the bound of the writer's buffer).
     flush_seconds: rows older than this are written even when a part file is not full: the most
