@@ -80,10 +80,11 @@ def test_a_constant_offset_between_the_rows_costs_the_kl_no_digits(impl, tempera
     torch.testing.assert_close(done.tv, tv, rtol=0, atol=2e-6)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize(("temperature", "offset"), [(0.1, 10.0), (1.0, 1000.0), (0.7, 1e4)])
+@pytest.mark.parametrize("impl", [*IMPLS, None])
+@pytest.mark.parametrize(("temperature", "offset"), [(0.1, 10.0), (1.0, 1000.0), (0.7, 1e4), (0.1, 1e4)])
 def test_exact_divergence_keeps_the_kl_of_offset_rows(monkeypatch, impl, temperature, offset):
-    """exact_divergence through the pass, bf16 and float32 logits, against float64."""
+    """exact_divergence through the pass (None: the CPU's chunked path, which also shifts each
+    row by its max before scaling), bf16 and float32 logits, against float64."""
     monkeypatch.setattr(kernels, "pass_impl", lambda device: impl)
     for dtype in (torch.float32, torch.bfloat16):
         pi, mu = offset_pair(offset, dtype)

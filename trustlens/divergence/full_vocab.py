@@ -58,7 +58,8 @@ def exact_divergence(
         for logits, out in ((mu, log_mu[:r]), (pi, log_pi[:r])):
             if logits.dtype != dtype:
                 logits = work[:r].copy_(logits)  # upcast once, in cache
-            if temperature != 1.0:
+            if temperature != 1.0:  # shifted by the row max first, as the exact pass: an offset costs no digits
+                logits = torch.sub(logits, logits.amax(-1, keepdim=True), out=work[:r])
                 logits = torch.mul(logits, 1.0 / temperature, out=work[:r])  # as the kernels scale
             torch.log_softmax(logits, -1, out=out)
         ratio = torch.sub(log_mu[:r], log_pi[:r], out=work[:r])
