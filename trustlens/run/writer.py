@@ -173,8 +173,8 @@ class RankWriter:
         # the world size of this rank's last part of each table, and run.json's: one number
         stamped = (written_world_size(files[-1]) for files in parts.values() if files)
         written = {self.world_size, *(n for n in stamped if n is not None)}
-        if old is not None:
-            written.add(old.get("world_size", self.world_size))
+        if old is not None and isinstance(old.get("world_size"), int):
+            written.add(old["world_size"])
         if len(written) > 1:
             raise ValueError(
                 f"world_size {self.world_size} differs from the world size the run in {str(self.path)!r} "
