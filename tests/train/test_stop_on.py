@@ -56,5 +56,6 @@ def test_a_mistyped_stop_on_is_one_line_before_training(capsys, tmp_path):
         main(["train", "--stop-on", "critcal", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "Traceback" not in err
-    assert "argument --stop-on: must be one of critical, warning, never, got 'critcal'" in err
+    assert "argument --stop-on: must be one of critical, warning, never; got 'critcal'" in err
+    assert "critical" in err.split("got 'critcal'")[1]  # the closest choice is named
     assert not (tmp_path / "r").exists()

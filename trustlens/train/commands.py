@@ -18,8 +18,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from trustlens.core.values import mirror_arg, port_arg
-from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, TrainConfig, stop_on_arg
+from trustlens.core.values import mirror_arg, port_arg, stop_on_arg
+from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, TrainConfig
 from trustlens.train.runner import config, finish, is_main, print_inspect, run_one
 from trustlens.train.runsets import CLAIM_RULES, claims_command, compare_command
 from trustlens.train.sample import demo_command, make_sample_command

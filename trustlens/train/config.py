@@ -11,7 +11,6 @@ from dataclasses import dataclass, fields
 RANDOM_INIT = "random"  # `checkpoint` value that starts from a random model instead of a warm start
 TV_MEASURES = ("binary_tv", "topk_tv")  # the measures `tv_bound` sets the bound of
 LOSS_AGG_MODES_HELP = "token-mean or seq-mean-token-sum-norm"  # see trustlens.rules.loss.LOSS_AGG_MODES
-STOP_ON = ("critical", "warning", "never")  # the severities `stop_on` names (trustlens.train.stopping)
 
 
 @dataclass
@@ -62,6 +61,7 @@ class TrainConfig:
             check_mirror,
             check_nonnegative_number,
             check_positive,
+            check_stop_on,
         )
         from trustlens.rules.loss import LOSS_AGG_MODES
 
@@ -101,7 +101,7 @@ class TrainConfig:
             raise ValueError(f"rollout_lag must be ≥ 0, got {self.rollout_lag}")
         for name in ("scale_advantages", "record", "alerts"):
             check_bool(name, getattr(self, name))
-        check_choice("stop_on", self.stop_on, list(STOP_ON))
+        check_stop_on("stop_on", self.stop_on)
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be ≥ 1, got {self.checkpoint_every}")
         if self.checkpoint is not None and self.checkpoint != RANDOM_INIT:
@@ -203,15 +203,6 @@ PRESETS: dict[str, dict] = {
     # more updates per rollout batch and a larger step: π drifts far from μ, rules disagree most
     "offpolicy": dict(minibatches=8, epochs=2, lr=1e-4, temperature=1.0),
 }
-
-
-def stop_on_arg(text: str) -> str:
-    """argparse type of --stop-on: one of STOP_ON."""
-    import argparse
-
-    if text not in STOP_ON:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(STOP_ON)}, got {text!r}")
-    return text
 
 
 def config_from_preset(preset: str = "default", **overrides) -> TrainConfig:

@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from trustlens.live.alert import LiveAlert, severity_rank
+from trustlens.live.alert import LiveAlert
+from trustlens.live.stop import first_at, stop_level, stopped_entry
 from trustlens.train.world import World, all_reduce_
 
 KEPT = 3  # rolling checkpoints kept (an alert reaches the trainer within a step or two of its first step)
@@ -43,7 +44,7 @@ class AlertStop:
     """The rolling checkpoints and the stop decision of one run (module docstring)."""
 
     def __init__(self, stop_on: str, every: int, run_dir: Path | None, world: World) -> None:
-        self.level = None if stop_on == "never" else severity_rank(stop_on)
+        self.level = stop_level(stop_on)
         self.stop_on, self.every, self.world = stop_on, every, world
         self.folder = None if run_dir is None else run_dir / FOLDER
         self.taken: list[int] = []  # steps of the checkpoints kept, oldest first
@@ -78,7 +79,7 @@ class AlertStop:
         if not self.active:
             return False
         assert self.level is not None
-        self.found = next((a for a in recorder.live_alerts if a.level >= self.level), None)
+        self.found = first_at(recorder.live_alerts, self.level)
         flag = torch.tensor([1.0 if self.found is not None else 0.0])
         return bool(all_reduce_(flag, "max").item())
 
@@ -91,18 +92,8 @@ class AlertStop:
         for taken in [s for s in self.taken if s > alert.step]:
             shutil.rmtree(self.folder / checkpoint_name(taken), ignore_errors=True)
         self.taken = [s for s in self.taken if s <= alert.step]
-        why = {
-            "on": self.stop_on,
-            "alert": {
-                "kind": alert.kind,
-                "step": alert.step,
-                "severity": alert.severity,
-                "raised_at_step": alert.raised_at_step,
-                "message": alert.message,
-            },
-            "step": step,
-            "checkpoint": f"{FOLDER}/{checkpoint_name(self.taken[-1])}" if self.taken else None,
-        }
+        kept = f"{FOLDER}/{checkpoint_name(self.taken[-1])}" if self.taken else None
+        why = stopped_entry(self.stop_on, alert, step, kept)
         recorder.annotate({"stopped": why})
         return why
 
