@@ -184,10 +184,19 @@ class CollapseSteps:
     docstring). `columns`: the signal columns the rows have; `rule`: the watched active rule
     (None: every blocked_<rule> column); `start`: the first step of the π-vs-μ baselines; `kind`:
     the run's model kind; `window`: the baseline's steps and merge gap where the config leaves
-    them None (`planned_window`)."""
+    them None (`planned_window`); `keep`: keep every episode in `episodes` (a finished run's
+    list; a live monitor keeps only the open ones)."""
 
     def __init__(
-        self, cfg: CollapseConfig, columns: list[str], rule: str | None, start: int, kind: str, window: int
+        self,
+        cfg: CollapseConfig,
+        columns: list[str],
+        rule: str | None,
+        start: int,
+        kind: str,
+        window: int,
+        *,
+        keep: bool = True,
     ) -> None:
         self.cfg = cfg
         n_base = cfg.baseline_steps if cfg.baseline_steps is not None else window
@@ -202,7 +211,8 @@ class CollapseSteps:
         self.below: deque[bool] = deque(maxlen=cfg.accuracy_evals)  # the last evaluations below the line
         self.evals = 0
         self.row = -1
-        self.episodes: list[Episode] = []  # every episode so far, in the order they opened
+        self.keep = keep
+        self.episodes: list[Episode] = []  # with keep: every episode so far, in the order they opened
         self.open: dict[tuple[str, str], Episode] = {}
 
     def push(self, step: int, row: dict[str, float | None]) -> list[Episode]:
@@ -273,7 +283,8 @@ class CollapseSteps:
             f.kind, f.signal, f.step, f.step, f.value, f.baseline, f.z, f.step if f.critical else None, f.info, self.row
         )
         self.open[key] = ep
-        self.episodes.append(ep)
+        if self.keep:
+            self.episodes.append(ep)
         return ep
 
     def closed(self) -> list[Episode]:

@@ -57,7 +57,6 @@ class LiveMonitor:
         self._doctor = None if doctor is None else LiveDoctor(self.manifest, doctor)
         self._alerts: dict[tuple, LiveAlert] = {}  # key -> the alert as last raised or changed
         self._episodes: dict[int, tuple] = {}  # id(episode) -> its alert's key
-        self._held: list[Episode] = []  # open episodes (keeps their ids valid)
         self._doctor_steps: dict[str, int] = {}  # check -> the step it was first raised at
         self.last_step: int | None = None
 
@@ -114,7 +113,7 @@ class LiveMonitor:
             cfg = self.collapse
             start = cfg.baseline_start if cfg.baseline_start is not None else rollout_lag(run)
             window = planned_window(self.manifest)
-            self._detectors = CollapseSteps(cfg, signals.columns, self.rule, start, model_kind(run), window)
+            self._detectors = CollapseSteps(cfg, signals.columns, self.rule, start, model_kind(run), window, keep=False)
         row = signals.row(0, named=True)
         out = []
         for ep in self._detectors.push(step, row):
@@ -147,8 +146,7 @@ class LiveMonitor:
             samples=tuple(row["samples"]),
             drivers=tuple(row["tokens"]),
         )
-        self._episodes[id(ep)] = alert.key
-        self._held.append(ep)
+        self._episodes[id(ep)] = alert.key  # the episode stays open (alive) until `_final`
         self._alerts[alert.key] = alert
         return alert
 
@@ -169,7 +167,6 @@ class LiveMonitor:
 
     def _final(self, ep: Episode, wall: float) -> LiveAlert:
         key = self._episodes.pop(id(ep))
-        self._held = [e for e in self._held if e is not ep]
         return self._change(
             key, ep, self.last_step if self.last_step is not None else ep.end_step, wall, provisional=False
         )
