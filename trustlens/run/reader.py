@@ -175,14 +175,14 @@ class Run:
         if not frames:
             return pl.from_arrow(frame_schema(table, rules).empty_table()).lazy()  # type: ignore[union-attr]
         out = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
-        return _with_derived(out) if table == "tokens" and self.sampled else out
+        return derive_sampled_columns(out) if table == "tokens" and self.sampled else out
 
 
 # token columns a sampled run does not store: they follow from the log-probabilities
 DERIVED = ("ratio", "binary_tv", "binary_kl")
 
 
-def _with_derived(tokens: pl.LazyFrame) -> pl.LazyFrame:
+def derive_sampled_columns(tokens: pl.LazyFrame) -> pl.LazyFrame:
     """`tokens` with ratio, binary_tv and binary_kl computed from pi_logp and the anchor (μ, else
     π_old) as the recorder computes them (`trustlens.core.logspace.derived_columns`).
     Declared elementwise, so that polars' streaming engine computes it batch by batch (otherwise
