@@ -55,7 +55,7 @@ def _follow_to_end(follower, timeout=60.0):
     deadline = time.monotonic() + timeout
     while not follower.done:
         assert time.monotonic() < deadline, "the run never closed"
-        steps.extend(follower.poll())
+        steps.extend(follower.poll().steps)
         time.sleep(0.02)
     return steps
 
@@ -104,15 +104,15 @@ def test_a_step_is_complete_once_every_rank_wrote_a_later_one_at_the_previous_po
         r0.write_all()
     r1.append("tokens", _tokens(0))
     r1.write_all()
-    assert follower.poll() == [] and follower.poll() == []  # rank 1 has not passed step 0
+    assert follower.poll().steps == [] and follower.poll().steps == []  # rank 1 has not passed step 0
     r1.append("tokens", _tokens(1))
     r1.write_all()
-    assert follower.poll() == []  # seen now, returned at the next poll
-    (step0,) = follower.poll()
+    assert follower.poll().steps == []  # seen now, returned at the next poll
+    (step0,) = follower.poll().steps
     assert step0.step == 0 and sorted(step0.tokens["rank"].to_list()) == [0, 0, 0, 1, 1, 1]
     r1.close()
     r0.close()
-    (step1,) = follower.poll()
+    (step1,) = follower.poll().steps
     assert step1.step == 1 and follower.done and follower.state.status == "finished"
 
 
@@ -124,12 +124,12 @@ def test_rows_of_a_step_already_returned_are_counted_late_not_returned_again(tmp
         w.append("tokens", _tokens(step))
         w.write_all()
     follower.poll()
-    (step0,) = follower.poll()
+    (step0,) = follower.poll().steps
     assert step0.metrics.height == 0
     w.append("metrics", _metric(0, 1.0))  # logged after step 1's tokens were written
     w.append("metrics", _metric(1, 2.0))
     w.close()
-    (step1,) = follower.poll()
+    (step1,) = follower.poll().steps
     assert step1.step == 1 and step1.metrics["value"].to_list() == [2.0]
     assert follower.state.late_rows == 1
 
@@ -145,7 +145,7 @@ def test_a_part_being_written_is_not_read(tmp_path):
     follower.poll()
     assert follower.state.parts_read == 1
     w.close()
-    assert [s.step for s in follower.poll()] == [0]
+    assert [s.step for s in follower.poll().steps] == [0]
 
 
 def test_a_corrupt_part_is_skipped_with_a_warning_and_the_rest_follows(tmp_path):
@@ -158,7 +158,7 @@ def test_a_corrupt_part_is_skipped_with_a_warning_and_the_rest_follows(tmp_path)
     (path / "tokens" / "rank=0" / "part-000000.parquet").write_bytes(b"not parquet")
     follower = RunFollower(path)
     with pytest.warns(CorruptPartWarning, match="part-000000"):
-        steps = follower.poll()
+        steps = follower.poll().steps
     assert [s.step for s in steps] == [1] and follower.done
 
 
@@ -166,8 +166,8 @@ def test_a_closed_run_is_read_whole_in_one_poll_even_past_a_gap_in_the_part_numb
     path = write_synthetic_run(tmp_path / "run", steps=4, samples_per_step=8, seq_len=4, rows_per_part=1)
     (path / "tokens" / "rank=0" / "part-000001.parquet").unlink()  # steps 2, 3 lie past the gap
     follower = RunFollower(path)
-    assert [s.step for s in follower.poll()] == [0, 1, 2, 3]
-    assert follower.done and follower.poll() == []
+    assert [s.step for s in follower.poll().steps] == [0, 1, 2, 3]
+    assert follower.done and follower.poll().steps == []
 
 
 def test_not_a_run_and_the_writer_lock(tmp_path):
@@ -191,8 +191,8 @@ def test_a_run_on_an_object_store_is_followed_part_by_part(s3):
     for step in (0, 1, 2):
         w.append("tokens", _tokens(step))
         w.write_all()
-    assert follower.poll() == []
-    assert [s.step for s in follower.poll()] == [0, 1]
+    assert follower.poll().steps == []
+    assert [s.step for s in follower.poll().steps] == [0, 1]
     w.close()
-    assert [s.step for s in follower.poll()] == [2] and follower.done
+    assert [s.step for s in follower.poll().steps] == [2] and follower.done
     assert follower.state.parts_read == 3

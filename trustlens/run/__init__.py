@@ -17,7 +17,7 @@ from trustlens.run.errors import (
     RunWarning,
     WriterError,
 )
-from trustlens.run.follow import FollowState, RunFollower, StepRows
+from trustlens.run.follow import FollowState, FollowUpdate, RunFollower, StepRows
 from trustlens.run.manifest import MANIFEST, MANIFEST_FIELDS, STATUSES
 from trustlens.run.reader import Part, Run, load_run, load_runs
 from trustlens.run.schema import (
@@ -52,6 +52,7 @@ __all__ = [
     "Column",
     "CorruptPartWarning",
     "FollowState",
+    "FollowUpdate",
     "NoRowsError",
     "NotARunError",
     "Part",

@@ -17,7 +17,8 @@ previous poll already (a writer's flush writes the tokens part before the sample
 parts of the same flush: the poll in between would miss them), or once the run is closed
 (status other than `running`): then every step read is complete. Rows for a step already
 returned (a table the writer kept buffered after the later step's tokens were written) are not
-returned again; `late_rows` counts them.
+returned again; `late_rows` counts them. The rows of the `alerts` table (the alerts a recorder
+raised live, trustlens.live) are not per step: each poll returns those it read.
 
 Memory: the rows of steps not yet complete, and a few numbers per (table, rank).
 """
@@ -46,7 +47,9 @@ from trustlens.run.schema import RANK, TABLES, part_index, part_name, rank_of_di
 from trustlens.run.storage import Remote, is_url, local_path
 
 # the column after which a table's `rank` column goes (as `load_run` places it)
-_RANK_AFTER = {"tokens": "update", "samples": "step", "metrics": "step", "aggregates": "update"}
+_RANK_AFTER = {"tokens": "update", "aggregates": "update"}
+# tables whose rows are events, returned as read rather than per step
+EVENT_TABLES = ("alerts",)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,14 @@ class StepRows:
     samples: pl.DataFrame  # one row per (rank, sample)
     metrics: pl.DataFrame  # one row per (rank, metric name)
     aggregates: pl.DataFrame  # a sampled run: one row per record call; else empty
+
+
+@dataclass(frozen=True)
+class FollowUpdate:
+    """What one poll found."""
+
+    steps: list[StepRows]  # the steps that became complete, in step order
+    alerts: pl.DataFrame  # rows of the run's alerts table read by this poll (empty: none)
 
 
 @dataclass
@@ -149,6 +160,7 @@ class RunFollower:
         self._watermark: dict[int, int] = {}  # rank -> largest step of its token rows read
         self._complete_before: int | None = None  # steps below it were complete at the last poll
         self._pending: dict[int, dict[str, list[pl.DataFrame]]] = {}  # step -> table -> rows
+        self._events: list[pl.DataFrame] = []  # rows of EVENT_TABLES read by this poll
         self._swept = False
 
     @property
@@ -160,9 +172,10 @@ class RunFollower:
         """Whether the run is closed and every step of it has been returned."""
         return self._swept and not self._pending
 
-    def poll(self) -> list[StepRows]:
+    def poll(self) -> FollowUpdate:
         """Read run.json and the part files written since the last poll; return the steps that
-        became complete, in step order (each step once over the follower's life)."""
+        became complete, in step order (each step once over the follower's life), and the alert
+        rows read."""
         with contextlib.suppress(ValueError, OSError):  # mid-replace or unreadable: keep the last one
             self.state.manifest = read_manifest(self.path)
         closed = self.state.closed  # read before the parts: a closed run's parts are all there
@@ -179,7 +192,9 @@ class RunFollower:
         out = [self._step_rows(s, self._pending.pop(s)) for s in steps]
         if out:
             self.state.last_complete = out[-1].step
-        return out
+        events, self._events = self._events, []
+        alerts = pl.concat(events, how="diagonal_relaxed") if events else pl.DataFrame()
+        return FollowUpdate(out, alerts)
 
     def _read_new(self, table: str, rank: int) -> None:
         """Read the parts of (table, rank) from the next expected number on, while they exist."""
@@ -218,9 +233,13 @@ class RunFollower:
         assert isinstance(frame, pl.DataFrame)
         if RANK not in frame.columns:  # schema 2: the rank is the folder's
             names = frame.columns
-            at = names.index(_RANK_AFTER[table]) + 1 if _RANK_AFTER[table] in names else len(names)
+            after = _RANK_AFTER.get(table, "step")
+            at = names.index(after) + 1 if after in names else len(names)
             frame = frame.select(*names[:at], pl.lit(rank, pl.Int16).alias(RANK), *names[at:])
         self.state.parts_read += 1
+        if table in EVENT_TABLES:
+            self._events.append(frame)
+            return
         sampled = "keep" in self.state.manifest
         if (table == "tokens" and not sampled) or table == "aggregates":
             self.state.tokens += frame.height if table == "tokens" else int(frame["tokens"].sum() or 0)
@@ -256,4 +275,12 @@ def _exists(path: Location) -> bool:
     return bool(path.fs.exists(path.path))
 
 
-__all__ = ["FollowState", "RunFollower", "StepRows", "run_location", "updated_seconds_ago", "writer_alive"]
+__all__ = [
+    "FollowState",
+    "FollowUpdate",
+    "RunFollower",
+    "StepRows",
+    "run_location",
+    "updated_seconds_ago",
+    "writer_alive",
+]
