@@ -25,6 +25,9 @@ _EXPORTS = {
     "NotARunError": "trustlens.run",
     "NoRowsError": "trustlens.run",
     "Keep": "trustlens.run.aggregates",
+    "LiveAlert": "trustlens.live",
+    "LiveMonitor": "trustlens.live",
+    "live_alerts": "trustlens.live",
     "RULES": "trustlens.rules",
     "Rule": "trustlens.rules",
     "evaluate": "trustlens.rules",
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
         topk_divergence,
         topk_from_logits,
     )
+    from trustlens.live import LiveAlert, LiveMonitor, live_alerts
     from trustlens.record import NullRecorder, TokenRecorder
     from trustlens.rules import RULES, Rule, evaluate, evaluate_all
     from trustlens.rules.loss import PolicyLoss, policy_loss

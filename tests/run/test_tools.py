@@ -12,6 +12,8 @@ from trustlens.record import SAMPLE_RANK, SAMPLE_STEP
 from trustlens.run import TABLES
 
 B, T = 3, 5
+# the tables the fixture writes rows to (two steps raise no live alert: tests/live reads that table)
+WRITTEN = [t for t in TABLES if t != "alerts"]
 
 
 @pytest.fixture(scope="module")
@@ -54,24 +56,24 @@ def _check(frame: pd.DataFrame, table: str) -> None:
         assert (frame["tokens"] == B * T).all()
 
 
-@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("table", WRITTEN)
 def test_pandas(run, table):
     _check(pd.read_parquet(run / table), table)
 
 
-@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("table", WRITTEN)
 def test_pyarrow_dataset(run, table):
     _check(ds.dataset(run / table, partitioning="hive").to_table().to_pandas(), table)
 
 
-@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("table", WRITTEN)
 def test_duckdb(run, table):
     pattern = str(run / table / "**" / "*.parquet")
     frame = duckdb.sql(f"select * from read_parquet('{pattern}', hive_partitioning=true)").df()
     _check(frame, table)
 
 
-@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("table", WRITTEN)
 def test_polars(run, table):
     _check(pl.read_parquet(run / table, hive_partitioning=True).to_pandas(), table)
     _check(getattr(load_run(run), table).collect().to_pandas(), table)

@@ -12,7 +12,10 @@ and the mirror turns itself off. Each rank mirrors the rows it records (its shar
 `mirror` on rank 0 only, or a log directory per rank. A `shard=True` mirror (the built-in
 trainer's rank 0 under torchrun) sends a logged value, reduced over all ranks by the trainer,
 rather than the same name computed from its shard (`step_scalars(..., shard=True)`).
-Collapse alerts need the whole run: they are not mirrored (`trustlens export` writes them).
+With live alerts on (`TokenRecorder(..., alerts=True)`, trustlens.live), each alert of severity
+warning or above, when raised and when it turns more severe, goes to the sink too (`alert`): a
+TensorBoard text and the counts `trustlens/alerts/<severity>`, a W&B `wandb.alert` and the table
+`trustlens/alerts` (trustlens.export.sinks). A sink without `log_live_alert` gets only scalars.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ from typing import Protocol
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from trustlens.core.values import check_mirror
 from trustlens.export.scalars import step_scalars
 from trustlens.export.sinks import TensorBoardSink, WandbSink
+from trustlens.run.step_rows import StepRows
 
 
 class Sink(Protocol):
@@ -61,20 +64,33 @@ class StepMirror:
             )
         self.sink = sink
         self.shard = shard  # the rows are one rank's shard of each step: logged values win
-        self._pending: dict[int, dict[str, list[pa.RecordBatch]]] = {}
+        self._rows = StepRows(TABLES)
         self._failed = False
+        self._raised: list = []  # the live alerts sent so far (trustlens.live.LiveAlert)
+        self._counts: dict[str, int] = {}  # severity -> live alerts of it sent so far
 
     def add(self, table: str, batch: pa.RecordBatch) -> None:
         """Called by the writer thread with each batch of `tokens`, `metrics` or `aggregates` rows
         it writes."""
-        if self._failed or table not in TABLES or batch.num_rows == 0:
+        if self._failed:
             return
-        steps = batch.column("step")
-        present = sorted(set(pc.unique(steps).to_pylist()))
-        self._emit(before=present[0])
-        for step in present:
-            part = batch if len(present) == 1 else batch.filter(pc.equal(steps, step))
-            self._pending.setdefault(int(step), {t: [] for t in TABLES})[table].append(part)
+        first = self._rows.add(table, batch)
+        if first is not None:
+            self._emit(before=first)
+
+    def end_step(self, step: int) -> None:
+        """The recorder says every row of `step` was given: send it now."""
+        self._emit(before=step + 1)
+
+    def alert(self, alert) -> None:
+        """Send a live alert (trustlens.live.LiveAlert) to a sink that takes them."""
+        log = getattr(self.sink, "log_live_alert", None)
+        if self._failed or log is None:
+            return
+        self._raised.append(alert)
+        self._counts[alert.severity] = self._counts.get(alert.severity, 0) + 1
+        counts = dict(self._counts)
+        self._guard(lambda: log(alert, counts, list(self._raised)))
 
     def close(self) -> None:
         """Send every step still pending and close the sink."""
@@ -83,8 +99,7 @@ class StepMirror:
             self._guard(self.sink.close)
 
     def _emit(self, before: int | None) -> None:
-        for step in sorted(s for s in self._pending if before is None or s < before):
-            rows = self._pending.pop(step)
+        for step, rows in self._rows.complete(before):
             if self._failed:
                 continue
             tables = {t: _frame(rows[t]) for t in TABLES}

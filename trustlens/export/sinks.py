@@ -1,21 +1,23 @@
 """Where exported scalars go: a TensorBoard log directory or a W&B run.
 
 A sink takes one step at a time (`log_step(step, scalars)`), the run's collapse alerts
-(`log_alerts`: TensorBoard text, a W&B table) and closes. `TensorBoardSink` writes event files
-with tensorboardX (no torch, no TensorFlow needed); `WandbSink` logs to a W&B run
-(`WANDB_MODE=offline` works with no network). Each needs its optional extra; a missing one is
-named in the error.
+(`log_alerts`: TensorBoard text, a W&B table), each alert raised live (`log_live_alert`,
+trustlens.live: TensorBoard text and alert counts, a W&B alert and table) and closes.
+`TensorBoardSink` writes event files with tensorboardX (no torch, no TensorFlow needed);
+`WandbSink` logs to a W&B run (`WANDB_MODE=offline` works with no network). Each needs its
+optional extra; a missing one is named in the error.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import polars as pl
 
+from trustlens.core.render import escape_markdown
 from trustlens.core.values import check_path
 from trustlens.export.scalars import alert_text
 
@@ -54,6 +56,16 @@ class TensorBoardSink:
         for step, text in alert_text(alerts).items():
             self._writer.add_text("alerts", text, global_step=step)
 
+    def log_live_alert(self, alert: Any, counts: Mapping[str, int], raised: Sequence[Any]) -> None:
+        """A live alert (trustlens.live.LiveAlert) as text under `trustlens/alerts` (escaped)
+        and, at the step that raised it, the scalars `trustlens/alerts/<severity>`: how many
+        alerts of each severity were raised so far (`counts`)."""
+        line = f"**{alert.severity}** {escape_markdown(alert.kind)}: {escape_markdown(alert.message)}"
+        self._writer.add_text("trustlens/alerts", line, global_step=alert.raised_at_step)
+        for severity, n in counts.items():
+            self._writer.add_scalar(f"trustlens/alerts/{severity}", n, global_step=alert.raised_at_step)
+        self._writer.flush()
+
     def flush(self) -> None:
         self._writer.flush()
 
@@ -77,6 +89,17 @@ class WandbSink:
     def log_alerts(self, alerts: pl.DataFrame) -> None:
         """The alerts as the table `alerts` (step, end_step, severity, kind, signal, message)."""
         self.log_table("alerts", alerts.select("step", "end_step", "severity", "kind", "signal", "message"))
+
+    def log_live_alert(self, alert: Any, counts: Mapping[str, int], raised: Sequence[Any]) -> None:
+        """A live alert (trustlens.live.LiveAlert) as `wandb.alert` at its level (critical and
+        problem: ERROR, warning: WARN) and the table `trustlens/alerts` of the alerts `raised`
+        so far (step, raised_at_step, severity, kind, signal, message)."""
+        levels = self._wandb.AlertLevel
+        level = levels.ERROR if alert.severity in ("critical", "problem") else levels.WARN
+        self.run.alert(title=f"trustlens {alert.severity}: {alert.kind}", text=alert.message, level=level)
+        columns = ("step", "raised_at_step", "severity", "kind", "signal", "message")
+        rows = [[_cell(getattr(a, c)) for c in columns] for a in raised]
+        self.run.log({"trustlens/alerts": self._wandb.Table(columns=list(columns), data=rows)}, commit=False)
 
     def log_table(self, tag: str, table: pl.DataFrame) -> None:
         """`table` as a W&B Table (cells are stored and shown as text, never as markup)."""

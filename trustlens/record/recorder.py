@@ -89,6 +89,14 @@ class TokenRecorder:
     mirror: stream each step's scalars live to TensorBoard or W&B: "tensorboard:LOGDIR",
         "wandb", "wandb:PROJECT" or a sink object (trustlens.export.mirror; docs/export.md).
         The scalars are those of this rank's rows. None: no mirror.
+    alerts: True (default thresholds) or a `CollapseConfig`: raise the collapse alerts and the
+        doctor's findings live, from this rank's rows, on the writer thread (trustlens.live);
+        they go to the run's `alerts` table, the mirror, `on_alert` and `live_alerts`. False:
+        none.
+    on_alert: a callable given each `LiveAlert` of severity warning or above when it is raised
+        or turns more severe, on a thread of its own; an exception in it is warned once.
+    planned_steps: the training steps the run plans, for run.json (the live alerts' baseline
+        window; None: config's `steps`, else 15 steps).
     """
 
     # The class `TokenRecorder(..., enabled=False)` returns: NullRecorder, a subclass defined in
@@ -123,6 +131,9 @@ class TokenRecorder:
         keep: Keep | None = None,
         sampling: Mapping[str, Any] | None = None,
         model_kind: str = "dense",
+        alerts: Any = False,
+        on_alert: Any | None = None,
+        planned_steps: int | None = None,
     ) -> None:
         check_path("run_dir", run_dir)
         for name, flag in (("enabled", enabled), ("resume", resume), ("overwrite", overwrite)):
@@ -153,12 +164,18 @@ class TokenRecorder:
             flush={"rows_per_file": rows_per_file, "flush_seconds": flush_seconds},
             sampling=sampling,
             model_kind=model_kind,
+            planned_steps=None if planned_steps is None else int_arg("planned_steps", planned_steps, 1, 2**31),
         )
-        tap = None  # made first: a bad mirror argument fails before the run is opened
+        tap = None  # made first: a bad mirror or alerts argument fails before the run is opened
         if mirror is not None:
             from trustlens.export.mirror import make_mirror
 
             tap = make_mirror(mirror)
+        self._live = None
+        if alerts is not False or on_alert is not None:
+            from trustlens.live.tap import live_tap
+
+            self._live = live_tap(alerts, on_alert, mirror=tap)
         if resume:
             check_resumed_rules(run_dir, self.rank, names)
         rank_writer = RankWriter(
@@ -175,8 +192,11 @@ class TokenRecorder:
         self.path: Path | Remote = rank_writer.path  # a local Path, or an object-store location
         # steps a resumed run may still record: after its last recorded one
         self._first_step = 0 if rank_writer.last_step is None else rank_writer.last_step + 1
+        if self._live is not None:
+            self._live.start(rank_writer, manifest, self.rank)
+        taps = [t for t in (tap, self._live) if t is not None]
         self._writer = BackgroundWriter(
-            rank_writer, flush_seconds=flush_seconds, queue_size=queue_size, writer_timeout=writer_timeout, tap=tap
+            rank_writer, flush_seconds=flush_seconds, queue_size=queue_size, writer_timeout=writer_timeout, taps=taps
         )
         kept = rank_writer.manifest or {}  # a resumed run keeps how μ was made; an older run gains it
         gained = {key: manifest[key] for key in ("sampling", "model_kind") if key not in kept}
@@ -394,6 +414,18 @@ class TokenRecorder:
         self._writer.put_table("samples", batch)
         self._ids.note(key, int(ids[0]) if default_ids and len(ids) else ids, batch.num_rows)
         self._writer.raise_rejected()
+
+    def end_step(self, step: int) -> None:
+        """Every row of `step` was given (tokens, samples, metrics): the live alerts and the
+        mirror judge it now rather than when rows of a later step arrive. Does not wait."""
+        self._check_open()
+        self._writer.end_step(self._step("step", step))
+
+    @property
+    def live_alerts(self) -> list:
+        """The live alerts (trustlens.live.LiveAlert) raised or changed so far, in order; [] without
+        `alerts`. Written by the writer thread: a copy, read at any time."""
+        return [] if self._live is None else list(self._live.raised)
 
     def flush(self) -> None:
         """Block until every row recorded so far is in complete part files. Raises the

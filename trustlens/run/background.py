@@ -15,7 +15,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -38,13 +38,14 @@ class BackgroundWriter:
         flush_seconds: float,
         queue_size: int,
         writer_timeout: float,
-        tap: Any | None = None,
+        taps: Sequence[Any] = (),
     ) -> None:
-        """`tap`: an object with `add(table, batch)` and `close()` that sees every batch of rows
-        this thread writes, on this thread, and is closed when the writer stops (the live
-        mirror of trustlens.export)."""
+        """`taps`: objects with `add(table, batch)`, `end_step(step)` and `close()` that see every
+        batch of rows this thread writes, on this thread, are told when the recorder ends a step,
+        and are closed before the last rows are written, so that rows they append go in (the live
+        mirror of trustlens.export, the live alerts of trustlens.live)."""
         self.writer, self.path = writer, writer.path
-        self.tap = tap
+        self.taps = tuple(taps)
         self.flush_seconds, self.writer_timeout = flush_seconds, writer_timeout
         self.error: BaseException | None = None
         self.rejected: list[RejectedInputError] = []  # bad inputs found, not yet raised
@@ -68,6 +69,11 @@ class BackgroundWriter:
 
     def put_table(self, table: str, batch: pa.RecordBatch) -> None:
         self._put((table, batch))
+
+    def end_step(self, step: int) -> None:
+        """Tell the taps, in order with the rows, that every row of `step` was given."""
+        if self.taps:
+            self._put(("end_step", step))
 
     def put_manifest(self, fields: dict[str, Any]) -> None:
         """Merge `fields` into run.json (no-op on ranks that don't write it)."""
@@ -196,8 +202,8 @@ class BackgroundWriter:
                         self._write_all()
                     continue
                 if kind == "stop":
+                    self._close_taps()
                     self._write_all()
-                    self._close_tap()
                     return
                 self._handle(kind, payload)
         except BaseException as err:  # kept and raised in the caller's thread
@@ -210,6 +216,9 @@ class BackgroundWriter:
             payload.set()
         elif kind == "manifest":
             self.writer.update_manifest(payload)
+        elif kind == "end_step":
+            for tap in self.taps:
+                tap.end_step(payload)
         else:
             self._buffer(kind, payload)
 
@@ -222,8 +231,8 @@ class BackgroundWriter:
                 break
             if kind != "stop":
                 self._handle(kind, payload)
+        self._close_taps()
         self._write_all()
-        self._close_tap()
 
     def _buffer(self, table: str, payload: TokenBatch | Callable[[], TokenBatch] | pa.RecordBatch) -> None:
         if callable(payload):
@@ -237,8 +246,8 @@ class BackgroundWriter:
             if rows.num_rows and self._oldest is None:
                 self._oldest = time.monotonic()
             self.writer.append(name, rows)
-            if self.tap is not None:
-                self.tap.add(name, rows)
+            for tap in self.taps:
+                tap.add(name, rows)
         if not self.writer.buffered:
             self._oldest = None
 
@@ -246,6 +255,6 @@ class BackgroundWriter:
         self.writer.write_all()
         self._oldest = None
 
-    def _close_tap(self) -> None:
-        if self.tap is not None:
-            self.tap.close()
+    def _close_taps(self) -> None:
+        for tap in self.taps:
+            tap.close()

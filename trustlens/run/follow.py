@@ -42,7 +42,7 @@ from trustlens.core.values import check_bool, check_path
 from trustlens.run.errors import CorruptPartWarning
 from trustlens.run.manifest import MANIFEST, read_manifest
 from trustlens.run.parts import Location, list_folder, rank_folder, source
-from trustlens.run.reader import derive_sampled_columns
+from trustlens.run.reader import with_derived
 from trustlens.run.schema import RANK, TABLES, part_index, part_name, rank_of_dir
 from trustlens.run.storage import Remote, is_url, local_path
 
@@ -263,7 +263,7 @@ class RunFollower:
 
         tokens = joined("tokens")
         if "keep" in self.state.manifest and tokens.height:
-            tokens = derive_sampled_columns(tokens.lazy()).collect()
+            tokens = with_derived(tokens.lazy()).collect()
         return StepRows(step, tokens, joined("samples"), joined("metrics"), joined("aggregates"))
 
 

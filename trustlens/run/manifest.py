@@ -50,6 +50,10 @@ MANIFEST_FIELDS: dict[str, str] = {
     "sampling": "how the rollout engine sampled and what log μ it reported: {temperature, top_p, top_k, "
     "min_p, logprobs}, null for a filter that is off or a value not known; null when not given",
     "model_kind": "dense or moe: the kind of model trained (the published mismatch ranges differ)",
+    "planned_steps": "training steps the run plans (sets the live alerts' baseline window, trustlens.live); "
+    "null when not given (the built-in trainer's config.steps stands in)",
+    "stopped": "why the run stopped on a live alert: {on, alert: {kind, step, severity, raised_at_step, message}, "
+    "step, checkpoint}; null when it did not",
 }
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "logprobs")  # the keys of run.json `sampling`
 LOGPROBS_MODES = ("raw", "processed")  # log μ before (raw) or after the temperature and the filters
@@ -72,6 +76,7 @@ def new_manifest(
     flush: dict[str, Any] | None = None,
     sampling: Mapping[str, Any] | None = None,
     model_kind: str = "dense",
+    planned_steps: int | None = None,
 ) -> dict[str, Any]:
     """A run.json for a new run (status `running`), with every field of MANIFEST_FIELDS;
     `sampling` and `model_kind` checked (`normalise_sampling`, MODEL_KINDS)."""
@@ -98,6 +103,8 @@ def new_manifest(
         "flush": flush,
         "sampling": sampling,
         "model_kind": model_kind,
+        "planned_steps": planned_steps,
+        "stopped": None,
     }
 
 

@@ -40,6 +40,7 @@ from trustlens.run.schema import (
     RANK,
     SCHEMA_VERSION,
     TABLES,
+    UPDATE_TABLES,
     frame_schema,
     part_index,
     rank_of_dir,
@@ -137,6 +138,13 @@ class Run:
         return self._scan("aggregates")
 
     @property
+    def alerts(self) -> pl.LazyFrame:
+        """The alerts raised live while the run was written (trustlens.live; docs/run-format.md):
+        one row per alert raised or changed, with the step and wall time it was; empty for a run
+        recorded without alerts. `trustlens.live.live_alerts(run)` gives each alert's last row."""
+        return self._scan("alerts")
+
+    @property
     def sampled(self) -> bool:
         """Whether the token rows are a sample (recorded with `Keep`; weights in `weight`)."""
         return bool(self.parts.get("aggregates"))
@@ -161,7 +169,7 @@ class Run:
             frame = _scan_files(files)
             if not in_file:
                 names = [name for name, _ in columns] or frame.collect_schema().names()
-                anchor = "step" if table in ("samples", "metrics") else "update"
+                anchor = "update" if table in UPDATE_TABLES else "step"
                 at = names.index(anchor) + 1 if anchor in names else len(names)
                 frame = frame.select(*names[:at], pl.lit(rank, pl.Int16).alias(RANK), *names[at:])
             if columns and columns != expected:
@@ -175,14 +183,14 @@ class Run:
         if not frames:
             return pl.from_arrow(frame_schema(table, rules).empty_table()).lazy()  # type: ignore[union-attr]
         out = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
-        return derive_sampled_columns(out) if table == "tokens" and self.sampled else out
+        return with_derived(out) if table == "tokens" and self.sampled else out
 
 
 # token columns a sampled run does not store: they follow from the log-probabilities
 DERIVED = ("ratio", "binary_tv", "binary_kl")
 
 
-def derive_sampled_columns(tokens: pl.LazyFrame) -> pl.LazyFrame:
+def with_derived(tokens: pl.LazyFrame) -> pl.LazyFrame:
     """`tokens` with ratio, binary_tv and binary_kl computed from pi_logp and the anchor (μ, else
     π_old) as the recorder computes them (`trustlens.core.logspace.derived_columns`).
     Declared elementwise, so that polars' streaming engine computes it batch by batch (otherwise

@@ -4,6 +4,7 @@ One table per kind of row, each written as part files per rank:
     tokens   one row per (step, update, sample, position)
     samples  one row per (step, sample)
     metrics  long format: one row per (step, name)
+    alerts   one row per alert raised live, or changed, while the run was written (trustlens.live)
 The column docs are used for validation, for the docs and for the dashboard's tooltips.
 
 Schema 2 stores the rank only in the folder name (`<table>/rank=R/`, Hive partitioning), so that
@@ -90,6 +91,30 @@ METRIC_COLUMNS: tuple[Column, ...] = (
     Column("value", pa.float64(), True, "metric value"),
 )
 
+ALERT_COLUMNS: tuple[Column, ...] = (
+    Column("step", pa.int32(), False, "first step of the alert (a doctor finding: the step it was first seen at)"),
+    Column("end_step", pa.int32(), False, "last flagged step of the alert so far"),
+    Column("critical_step", pa.int32(), True, "first critical step of a collapse alert (null: none yet)"),
+    Column("source", pa.string(), False, "collapse (trustlens.analysis.collapse) or doctor (its findings)"),
+    Column("kind", pa.string(), False, "the collapse detector (ALERT_KINDS) or the doctor's check"),
+    Column("signal", pa.string(), True, "the step signal a collapse alert watched (e.g. blocked_ppo)"),
+    Column("severity", pa.string(), False, "info, warning or critical (collapse); warning or problem (doctor)"),
+    Column("provisional", pa.bool_(), False, "True while later steps may still change the alert"),
+    Column("raised_at_step", pa.int32(), False, "the completed step whose rows raised or changed it"),
+    Column("raised_wall_time", pa.timestamp("ms", tz="UTC"), False, "UTC time it was raised or changed"),
+    Column("value", pa.float64(), True, "the most extreme value of the watched signal (collapse)"),
+    Column("baseline", pa.float64(), True, "the baseline median of the watched signal (collapse)"),
+    Column("z", pa.float64(), True, "robust z-score at the most extreme step (collapse; null without a scale)"),
+    Column("message", pa.string(), False, "one line for people"),
+    Column("samples", pa.list_(pa.int64()), True, "ids of the samples that drove it, at `step`"),
+    Column(
+        "tokens",
+        pa.list_(pa.struct([("sample", pa.int64()), ("update", pa.int16()), ("pos", pa.int32())])),
+        True,
+        "(sample, update, pos) of the tokens that drove it, at `step`",
+    ),
+)
+
 AGGREGATE_KEYS: tuple[Column, ...] = (
     Column("step", pa.int32(), False, "training step"),
     Column("update", pa.int16(), False, "minibatch update within the step"),
@@ -100,7 +125,10 @@ TABLES: dict[str, tuple[Column, ...]] = {
     "samples": SAMPLE_COLUMNS,
     "metrics": METRIC_COLUMNS,
     "aggregates": AGGREGATE_KEYS,  # plus aggregate_columns(rules): trustlens.run.aggregates
+    "alerts": ALERT_COLUMNS,
 }
+# the tables whose rank column goes after `update` (the others: after `step`)
+UPDATE_TABLES = ("tokens", "aggregates")
 
 
 def blocked_column(rule: str) -> str:
@@ -175,9 +203,9 @@ def table_schema(table: str, rules: list[str] | tuple[str, ...] = ()) -> pa.Sche
 
 def frame_schema(table: str, rules: list[str] | tuple[str, ...] = ()) -> pa.Schema:
     """The Arrow schema of `table` as `load_run` returns it: the file columns plus `rank`,
-    placed after `update` (tokens) or `step` (samples, metrics)."""
+    placed after `update` (tokens, aggregates) or `step` (samples, metrics, alerts)."""
     columns = list(_columns(table, rules))
-    at = [c.name for c in columns].index("step" if table in ("samples", "metrics") else "update") + 1
+    at = [c.name for c in columns].index("update" if table in UPDATE_TABLES else "step") + 1
     columns.insert(at, Column(RANK, RANK_TYPE, False, RANK_DOC))
     return arrow_schema(tuple(columns))
 

@@ -120,7 +120,9 @@ def write_run(
     the sample id, every other column to null. `rules` defaults to the rules whose
     `blocked_<rule>` columns are given (rules not given a column get a null one). samples and
     metrics are optional; their missing nullable columns are null and rank defaults to 0. The
-    run has as many ranks as the largest rank given + 1.
+    run has as many ranks as the largest rank given + 1. run.json's config gets `steps`, the
+    number of distinct steps written (the run's planned steps, as a trainer's config says them),
+    unless `config` gives it.
     Used by tests with known answers (and for odd inputs such as hostile token text).
     """
     check_status(status)
@@ -145,7 +147,11 @@ def write_run(
     manifest = new_manifest(
         rules=rule_entries(rules),
         active_rule=rules[0] if rules else None,
-        config={"source": "hand-built", **(config or {})},
+        config={
+            "source": "hand-built",
+            "steps": len(set(pc.unique(pa.chunked_array([t["step"] for t in tables.values()])).to_pylist())),
+            **(config or {}),
+        },
         world_size=max(int(pc.max(t[RANK]).as_py() or 0) for t in tables.values()) + 1,
         anchor="mu" if has_mu else "old",
         missing=[c.name for c in token_columns(rules) if c.nullable and c.name not in token_data],

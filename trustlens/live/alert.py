@@ -1,0 +1,128 @@
+"""`LiveAlert`: one alert or doctor finding as it was raised while the run was written, and the
+rows of the run's `alerts` table (docs/run-format.md) it is kept as."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from trustlens.run.schema import table_schema
+
+SOURCES = ("collapse", "doctor")
+# every severity, least severe first: info (collapse, an entropy change while the run learns),
+# warning (both), critical (collapse), problem (doctor); critical and problem rank alike
+SEVERITIES = ("info", "warning", "critical", "problem")
+_RANK = {"info": 0, "warning": 1, "critical": 2, "problem": 2}
+
+
+def severity_rank(severity: str) -> int:
+    """0 info, 1 warning, 2 critical or problem: what `--stop-on` and `on_alert` levels compare."""
+    return _RANK[severity]
+
+
+@dataclass(frozen=True)
+class LiveAlert:
+    """An alert raised live (`LiveMonitor.update`), or a change to one. Collapse alerts carry the
+    columns of `detect_collapse` (trustlens.analysis.collapse.ALERT_SCHEMA); doctor findings
+    carry their check as `kind`, their verdict as `severity` and their summary and fix as
+    `message`. The same alert is identified by `key` across its changes."""
+
+    kind: str  # a collapse detector (ALERT_KINDS) or a doctor check (CHECKS)
+    step: int  # first step of the alert (a doctor finding: the step at which it was first seen)
+    severity: str  # info | warning | critical (collapse); warning | problem (doctor)
+    message: str  # one line for people
+    source: str  # "collapse" or "doctor"
+    raised_at_step: int  # the completed step whose rows raised or changed it
+    raised_wall_time: float  # Unix time (s) it was raised or changed
+    provisional: bool  # later steps may still change it (an open collapse episode, an accumulating check)
+    end_step: int  # last flagged step so far
+    critical_step: int | None = None  # first critical step of a collapse alert
+    signal: str | None = None  # the step signal a collapse alert watches (e.g. blocked_ppo)
+    value: float | None = None  # the most extreme value of the signal
+    baseline: float | None = None  # its baseline median
+    z: float | None = None  # robust z-score at the most extreme step
+    samples: tuple[int, ...] = ()  # ids of the samples that drove it, at `step`, strongest first
+    drivers: tuple[dict[str, int], ...] = field(default=())  # (sample, update, pos) of the driving tokens at `step`
+
+    @property
+    def key(self) -> tuple[str, str, str | None, int]:
+        """(source, kind, signal, step): one alert across its rows."""
+        return self.source, self.kind, self.signal, self.step
+
+    @property
+    def level(self) -> int:
+        """severity_rank(severity)."""
+        return severity_rank(self.severity)
+
+    def line(self) -> str:
+        """One terminal line: severity, kind, message (and 'provisional' while it may change)."""
+        mark = " (provisional)" if self.provisional else ""
+        return f"{self.severity.upper():<8} {self.kind}{mark}: {self.message}"
+
+    def changed(self, **fields: Any) -> LiveAlert:
+        return replace(self, **fields)
+
+
+def alerts_batch(alerts: Iterable[LiveAlert]) -> pa.RecordBatch:
+    """The rows of the `alerts` table (trustlens.run.schema.ALERT_COLUMNS) of `alerts`."""
+    schema = table_schema("alerts")
+    rows = []
+    for a in alerts:
+        row = asdict(a)
+        row["tokens"] = list(row.pop("drivers"))
+        row["samples"] = list(row["samples"])
+        row["raised_wall_time"] = datetime.fromtimestamp(a.raised_wall_time, timezone.utc)
+        for name in ("value", "baseline", "z"):
+            if row[name] is not None and not math.isfinite(row[name]):
+                row[name] = None
+        rows.append(row)
+    return pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+def from_rows(frame: pl.DataFrame) -> list[LiveAlert]:
+    """LiveAlerts of rows of the `alerts` table (as `Run.alerts` reads them), in row order."""
+    out = []
+    for row in frame.iter_rows(named=True):
+        out.append(
+            LiveAlert(
+                kind=row["kind"],
+                step=row["step"],
+                severity=row["severity"],
+                message=row["message"],
+                source=row["source"],
+                raised_at_step=row["raised_at_step"],
+                raised_wall_time=row["raised_wall_time"].timestamp(),
+                provisional=row["provisional"],
+                end_step=row["end_step"],
+                critical_step=row["critical_step"],
+                signal=row["signal"],
+                value=row["value"],
+                baseline=row["baseline"],
+                z=row["z"],
+                samples=tuple(row["samples"] or ()),
+                drivers=tuple(row["tokens"] or ()),
+            )
+        )
+    return out
+
+
+def live_alerts(run: Any) -> list[LiveAlert]:
+    """Each alert a run raised live, as its last row left it (final, or provisional where the
+    run stopped before it closed), ordered by step then kind; [] for a run recorded without live
+    alerts. `run`: a Run (trustlens.load_run)."""
+    frame = run.alerts.collect()
+    if frame.is_empty():
+        return []
+    latest: dict[tuple, LiveAlert] = {}
+    for alert in from_rows(frame.sort("raised_at_step", "raised_wall_time", maintain_order=True)):
+        latest[alert.key] = alert
+    return sorted(latest.values(), key=lambda a: (a.step, a.kind, a.signal or ""))
+
+
+__all__ = ["SEVERITIES", "SOURCES", "LiveAlert", "alerts_batch", "from_rows", "live_alerts", "severity_rank"]

@@ -1,0 +1,101 @@
+"""`MemoryRun`: a few steps of a run held in memory, read by the analyses as any `Run` is.
+
+The live monitor hands the rows of the step it judges (and the doctor the steps it keeps) to the
+same functions that read a finished run (`step_signals`, `alert_drivers`, the doctor's checks),
+so that a step is judged live exactly as it is in the finished run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import polars as pl
+import pyarrow as pa
+
+from trustlens.run.reader import Run, with_derived
+from trustlens.run.schema import RANK, frame_schema
+
+# the tables a step's rows come in (the alerts table is what the monitor writes, not reads)
+ROW_TABLES = ("tokens", "samples", "metrics", "aggregates")
+Rows: TypeAlias = pl.DataFrame | pl.LazyFrame | pa.Table | pa.RecordBatch
+
+
+def _empty(table: str, rules: list[str]) -> pl.DataFrame:
+    frame = pl.from_arrow(frame_schema(table, rules).empty_table())
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
+def as_frame(table: str, rows: Rows | Iterable[pa.RecordBatch] | None, rules: list[str], rank: int) -> pl.DataFrame:
+    """`rows` of `table` as a polars DataFrame shaped as `load_run` reads it: a `rank` column
+    (`rank` where the rows lack one), the token text as plain strings."""
+    if rows is None:
+        return _empty(table, rules)
+    if isinstance(rows, pl.LazyFrame):
+        rows = rows.collect()
+    elif isinstance(rows, pa.RecordBatch):
+        rows = pa.Table.from_batches([rows])
+    elif not isinstance(rows, pl.DataFrame | pa.Table):
+        batches = list(rows)
+        if not batches:
+            return _empty(table, rules)
+        rows = pa.Table.from_batches(batches)
+    if isinstance(rows, pa.Table):
+        if "token" in rows.column_names and pa.types.is_dictionary(rows.schema.field("token").type):
+            rows = rows.set_column(rows.column_names.index("token"), "token", rows["token"].cast(pa.string()))
+        rows = pl.from_arrow(rows)
+    assert isinstance(rows, pl.DataFrame)
+    if RANK not in rows.columns:
+        rows = rows.with_columns(pl.lit(rank, pl.Int16).alias(RANK))
+    return rows
+
+
+@dataclass(frozen=True)
+class MemoryRun(Run):
+    """A Run whose tables are in memory (`frames`: table → DataFrame); a table not given is empty."""
+
+    frames: Mapping[str, pl.DataFrame] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, manifest: Mapping[str, Any], frames: Mapping[str, pl.DataFrame], name: str = "live") -> MemoryRun:
+        return cls(path=Path(name), manifest=dict(manifest), parts={}, frames=dict(frames))
+
+    def _table(self, table: str) -> pl.LazyFrame:
+        frame = self.frames.get(table)
+        if frame is None:
+            rules = list(self.rules) if table in ("tokens", "aggregates") else []
+            frame = _empty(table, rules)
+        return frame.lazy()
+
+    @property
+    def tokens(self) -> pl.LazyFrame:
+        tokens = self._table("tokens")
+        return with_derived(tokens) if self.sampled else tokens
+
+    @property
+    def samples(self) -> pl.LazyFrame:
+        return self._table("samples")
+
+    @property
+    def metrics(self) -> pl.LazyFrame:
+        return self._table("metrics")
+
+    @property
+    def aggregates(self) -> pl.LazyFrame:
+        return self._table("aggregates")
+
+    @property
+    def alerts(self) -> pl.LazyFrame:
+        return self._table("alerts")
+
+    @property
+    def sampled(self) -> bool:
+        """Recorded with Keep: run.json's `keep`, or aggregate rows among the frames."""
+        aggregates = self.frames.get("aggregates")
+        return bool(self.manifest.get("keep")) or (aggregates is not None and aggregates.height > 0)
+
+
+__all__ = ["ROW_TABLES", "MemoryRun", "Rows", "as_frame"]
