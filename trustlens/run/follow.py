@@ -42,12 +42,9 @@ from trustlens.core.values import check_bool, check_path
 from trustlens.run.errors import CorruptPartWarning
 from trustlens.run.manifest import MANIFEST, read_manifest
 from trustlens.run.parts import Location, list_folder, rank_folder, source
-from trustlens.run.reader import with_derived
-from trustlens.run.schema import RANK, TABLES, part_index, part_name, rank_of_dir
+from trustlens.run.schema import RANK, TABLES, UPDATE_TABLES, part_index, part_name, rank_of_dir
 from trustlens.run.storage import Remote, is_url, local_path
 
-# the column after which a table's `rank` column goes (as `load_run` places it)
-_RANK_AFTER = {"tokens": "update", "aggregates": "update"}
 # tables whose rows are events, returned as read rather than per step
 EVENT_TABLES = ("alerts",)
 
@@ -55,9 +52,9 @@ EVENT_TABLES = ("alerts",)
 @dataclass(frozen=True)
 class StepRows:
     """The rows of one completed step, from every rank (a `rank` column, as `load_run` gives),
-    in the columns of the run's part files; a sampled run's tokens carry the derived ratio and
-    binary divergences, as `Run.tokens` does. A table without rows for the step is an empty
-    frame (no columns when the run never wrote that table)."""
+    as the part files hold them (a sampled run's ratio and binary divergences are null there:
+    `Run.tokens` and the live monitor derive them). A table without rows for the step is an
+    empty frame (no columns when the run never wrote that table)."""
 
     step: int
     tokens: pl.DataFrame  # one row per (update, rank, sample, position)
@@ -233,7 +230,7 @@ class RunFollower:
         assert isinstance(frame, pl.DataFrame)
         if RANK not in frame.columns:  # schema 2: the rank is the folder's
             names = frame.columns
-            after = _RANK_AFTER.get(table, "step")
+            after = "update" if table in UPDATE_TABLES else "step"  # where `load_run` puts it
             at = names.index(after) + 1 if after in names else len(names)
             frame = frame.select(*names[:at], pl.lit(rank, pl.Int16).alias(RANK), *names[at:])
         self.state.parts_read += 1
@@ -261,10 +258,7 @@ class RunFollower:
                 return pl.DataFrame()
             return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
 
-        tokens = joined("tokens")
-        if "keep" in self.state.manifest and tokens.height:
-            tokens = with_derived(tokens.lazy()).collect()
-        return StepRows(step, tokens, joined("samples"), joined("metrics"), joined("aggregates"))
+        return StepRows(step, joined("tokens"), joined("samples"), joined("metrics"), joined("aggregates"))
 
 
 def _exists(path: Location) -> bool:
