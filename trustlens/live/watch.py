@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import polars as pl
 
     from trustlens.live.monitor import LiveMonitor
-    from trustlens.run.follow import StepRows
+    from trustlens.run.follow import CompletedStep
 
 # what --fail-on accepts, least severe first; a doctor "problem" counts as critical
 FAIL_ON = ("warning", "critical")
@@ -236,7 +236,7 @@ def watch(
         sleep(every)
 
 
-def judge(monitor: LiveMonitor, step: StepRows) -> list[LiveAlert]:
+def judge(monitor: LiveMonitor, step: CompletedStep) -> list[LiveAlert]:
     """`monitor.update` on a completed step's rows (a table without rows passed as None)."""
 
     def rows(frame: pl.DataFrame) -> pl.DataFrame | None:

@@ -17,7 +17,7 @@ from trustlens.run.errors import (
     RunWarning,
     WriterError,
 )
-from trustlens.run.follow import FollowState, FollowUpdate, RunFollower, StepRows
+from trustlens.run.follow import CompletedStep, FollowState, FollowUpdate, RunFollower
 from trustlens.run.manifest import MANIFEST, MANIFEST_FIELDS, STATUSES
 from trustlens.run.reader import Part, Run, load_run, load_runs
 from trustlens.run.schema import (
@@ -50,6 +50,7 @@ __all__ = [
     "STATUSES",
     "TABLES",
     "Column",
+    "CompletedStep",
     "CorruptPartWarning",
     "FollowState",
     "FollowUpdate",
@@ -61,7 +62,6 @@ __all__ = [
     "RunFollower",
     "RunLockedError",
     "RunWarning",
-    "StepRows",
     "WriterError",
     "blocked_column",
     "column_doc",

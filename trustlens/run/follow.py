@@ -50,7 +50,7 @@ EVENT_TABLES = ("alerts",)
 
 
 @dataclass(frozen=True)
-class StepRows:
+class CompletedStep:
     """The rows of one completed step, from every rank (a `rank` column, as `load_run` gives),
     as the part files hold them (a sampled run's ratio and binary divergences are null there:
     `Run.tokens` and the live monitor derive them). A table without rows for the step is an
@@ -67,7 +67,7 @@ class StepRows:
 class FollowUpdate:
     """What one poll found."""
 
-    steps: list[StepRows]  # the steps that became complete, in step order
+    steps: list[CompletedStep]  # the steps that became complete, in step order
     alerts: pl.DataFrame  # rows of the run's alerts table read by this poll (empty: none)
 
 
@@ -251,14 +251,14 @@ class RunFollower:
                 continue
             self._pending.setdefault(int(step), {}).setdefault(table, []).append(rows)
 
-    def _step_rows(self, step: int, tables: dict[str, list[pl.DataFrame]]) -> StepRows:
+    def _step_rows(self, step: int, tables: dict[str, list[pl.DataFrame]]) -> CompletedStep:
         def joined(table: str) -> pl.DataFrame:
             frames = tables.get(table)
             if not frames:
                 return pl.DataFrame()
             return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
 
-        return StepRows(step, joined("tokens"), joined("samples"), joined("metrics"), joined("aggregates"))
+        return CompletedStep(step, joined("tokens"), joined("samples"), joined("metrics"), joined("aggregates"))
 
 
 def _exists(path: Location) -> bool:
@@ -270,10 +270,10 @@ def _exists(path: Location) -> bool:
 
 
 __all__ = [
+    "CompletedStep",
     "FollowState",
     "FollowUpdate",
     "RunFollower",
-    "StepRows",
     "run_location",
     "updated_seconds_ago",
     "writer_alive",
