@@ -4,6 +4,7 @@ live alerts printed as such; each bad input one line."""
 
 import io
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -13,10 +14,11 @@ import pyarrow as pa
 import pytest
 from s3_server import BUCKET
 
-from trustlens import cli, load_run
+from trustlens import Keep, cli, load_run
 from trustlens.analysis.collapse import detect_collapse
 from trustlens.live import LiveAlert, alerts_batch
 from trustlens.live.watch import EXIT_CLOSED, EXIT_FAIL_ON, EXIT_STOPPED, Printer, watch
+from trustlens.run import MANIFEST
 from trustlens.run.manifest import new_manifest
 from trustlens.run.tables import rule_entries
 from trustlens.run.writer import RankWriter
@@ -228,3 +230,39 @@ def test_a_bad_flag_is_argparses_one_line(tmp_path, capsys, flags, message):
         cli.main(["watch", str(tmp_path), *flags])
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err.splitlines()[-1]
+
+
+def _publish(source, target, step):
+    """Make step `step`'s part files of `source` (one per table, rank and step) appear in `target`."""
+    for part in source.glob(f"*/rank=*/part-{step:06d}.parquet"):
+        copy = target / part.relative_to(source)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(part, copy)
+
+
+def test_a_sampled_two_rank_run_published_step_by_step_gets_the_finished_runs_alerts(tmp_path):
+    source = write_synthetic_run(
+        tmp_path / "source",
+        steps=24,
+        samples_per_step=16,
+        seq_len=16,
+        collapse_at=14,
+        world_size=2,
+        keep=Keep(rate=0.2, seed=0),
+        rows_per_part=1,
+        seed=2,
+    )
+    live = tmp_path / "live"
+    live.mkdir()
+    manifest = json.loads((source / MANIFEST).read_text())
+    (live / MANIFEST).write_text(json.dumps({**manifest, "status": "running"}))
+    steps = [lambda s=s: _publish(source, live, s) for s in range(24)]
+    steps.append(lambda: (live / MANIFEST).write_text((source / MANIFEST).read_text()))
+    out = io.StringIO()
+    # the run has no writer lock: `writer_alive` cannot tell, and `updated` is recent
+    assert watch(live, as_json=True, out=out, sleep=_Steps(*steps)) == EXIT_CLOSED
+    alerts = [json.loads(line) for line in out.getvalue().splitlines()[:-1]]
+    last = {(a["kind"], a["signal"], a["step"]): a["severity"] for a in alerts}
+    offline = detect_collapse(load_run(source))
+    assert last == {(r["kind"], r["signal"], r["step"]): r["severity"] for r in offline.iter_rows(named=True)}
+    assert last
