@@ -12,6 +12,7 @@ listing.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import asdict
 
 import streamlit as st
 from run_cache import Location, run_signature
@@ -19,6 +20,7 @@ from run_queries import signals_and_alerts
 from safe_display import md
 from sidebar import Context
 
+from trustlens.live import live_alerts
 from trustlens.run.follow import updated_seconds_ago
 from trustlens.run.manifest import read_manifest
 
@@ -54,22 +56,31 @@ def _live(path: Location, signature: tuple, step: int | None) -> None:
 
 def toast_new_alerts(ctx: Context | None) -> None:
     """Show each warning or critical alert that appeared since this session last showed the run
-    as a toast. The alerts a run had when first shown are on its pages, not toasted; a run opened
-    after it closed is not followed."""
+    as a toast: the alerts the recorder raised live (the run's alerts table) when it keeps them,
+    else those `detect_collapse` finds on the run as it stands. The alerts a run had when first
+    shown are on its pages, not toasted; a run opened after it closed is not followed."""
     if ctx is None or ctx.tokens is None:
         return
     seen: dict[str, set[tuple]] = st.session_state.setdefault(SEEN_KEY, {})
     key = str(ctx.path)
     if ctx.run.status != "running" and key not in seen:
         return
-    alerts = signals_and_alerts(*ctx.key)[1]
-    now = {(a["kind"], a["step"], a["severity"]): a for a in alerts.iter_rows(named=True)}
+    now = {(a["kind"], a["step"], a["severity"]): a for a in _alerts(ctx)}
     if key in seen:
         for found, alert in now.items():
             if found not in seen[key] and alert["severity"] in TOAST_ICONS:
+                live = " (raised live)" if alert["live"] else ""
                 st.toast(
-                    f"**{md(alert['severity'])} alert** at step {alert['step']}: {md(alert['kind'])} · "
+                    f"**{md(alert['severity'])} alert**{live} at step {alert['step']}: {md(alert['kind'])} · "
                     f"{md(alert['message'])}",
                     icon=TOAST_ICONS[alert["severity"]],
                 )
     seen[key] = set(now)
+
+
+def _alerts(ctx: Context) -> list[dict]:
+    """The run's collapse alerts as {kind, step, severity, message, live}."""
+    recorded = [a for a in live_alerts(ctx.run) if a.source == "collapse"]
+    if recorded:
+        return [{**asdict(a), "live": True} for a in recorded]
+    return [{**a, "live": False} for a in signals_and_alerts(*ctx.key)[1].iter_rows(named=True)]

@@ -5,13 +5,17 @@ tests/test_dashboard_live_browser.py."""
 
 import json
 import shutil
+import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from trustlens import dashboard
+from trustlens.live import LiveAlert, alerts_batch
 from trustlens.run import MANIFEST
+from trustlens.run.parts import write_part
 from trustlens.synthetic import write_synthetic_run
 
 ENTRY = Path(__file__).resolve().parent.parent / "app" / dashboard.ENTRY
@@ -87,3 +91,34 @@ def test_a_finished_run_is_not_followed(monkeypatch, tmp_path, collapsing):
     at = _app(monkeypatch, tmp_path).run()
     assert not at.exception
     assert _live_line(at) is None and not at.toast
+
+
+def _live_alert(step: int, severity: str) -> pa.Table:
+    alert = LiveAlert(
+        kind="reward_drop",
+        step=step,
+        severity=severity,
+        message="mean reward dropped <b>x</b>",
+        source="collapse",
+        raised_at_step=step,
+        raised_wall_time=time.time(),
+        provisional=True,
+        end_step=step,
+        signal="reward",
+    )
+    return pa.Table.from_batches([alerts_batch([alert])])
+
+
+def test_a_run_that_keeps_its_live_alerts_toasts_those(monkeypatch, tmp_path, collapsing):
+    run = tmp_path / "recorded"
+    copy_steps(collapsing, run, 6)
+    folder = run / "alerts" / "rank=0"
+    write_part(_live_alert(3, "warning"), folder, 0)
+    at = _app(monkeypatch, tmp_path).run()
+    assert not at.exception and not at.toast
+    copy_steps(collapsing, run, 7)
+    write_part(_live_alert(3, "critical"), folder, 1)
+    at.run()
+    (toast,) = [t.value for t in at.toast]
+    assert "critical alert** (raised live) at step 3" in toast and "reward\\_drop" in toast
+    assert "<b>" not in toast  # the message is shown as text
