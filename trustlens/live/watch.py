@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -163,7 +164,7 @@ def _ago(seconds: float | None) -> str:
 
 
 def watch(
-    path: str,
+    path: str | os.PathLike,
     *,
     every: float = DEFAULT_EVERY,
     doctor: bool = False,
