@@ -294,6 +294,20 @@ def _flag(flag: str, check: Callable[[str, object], Any], text: str) -> Any:
         raise argparse.ArgumentTypeError(str(err).removeprefix(f"{flag} ")) from err
 
 
+# the severities a run can stop on (`trustlens train --stop-on`, the TRL hook's stop_on)
+STOP_ON = ("critical", "warning", "never")
+
+
+def check_stop_on(name: str, value: object) -> str:
+    """One of STOP_ON."""
+    return check_choice(name, value, STOP_ON)
+
+
+def stop_on_arg(text: str) -> str:
+    """argparse type of a --stop-on flag: one of STOP_ON."""
+    return _flag("--stop-on", check_stop_on, text)
+
+
 def mirror_arg(text: str) -> str:
     """argparse type of a --mirror flag: a destination `check_mirror` accepts."""
     _flag("--mirror", check_mirror, text)

@@ -6,6 +6,7 @@ map to trustlens steps and updates, is in trustlens.integrations.trl's docstring
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from transformers import TrainerCallback
 
 from trustlens.integrations._trl_compat import BATCH_KEYS, unsupported
 from trustlens.integrations._trl_rules import active_rule_of, default_rules
+from trustlens.integrations._trl_stop import AlertStopper, planned_generations
 from trustlens.integrations.engines_sampling import trl_sampling
 from trustlens.rules import resolve_rules
 
@@ -40,6 +42,8 @@ class TrustLensGRPOMixin(_MixinBase):
         trustlens_dir: str | Path | None = None,
         recorder: Any = None,
         rules: Any = None,
+        stop_on: str = "never",
+        on_alert: Any = None,
         **kwargs: Any,
     ) -> None:
         if (trustlens_dir is None) == (recorder is None):
@@ -47,6 +51,7 @@ class TrustLensGRPOMixin(_MixinBase):
                 f"{type(self).__name__}: pass exactly one of trustlens_dir= (a new run directory) "
                 "or recorder= (an open TokenRecorder)"
             )
+        self._tl_stop = AlertStopper(stop_on, on_alert)  # bad stop_on / on_alert: refused before TRL sets up
         super().__init__(*args, **kwargs)
         if getattr(self.args, "use_liger_loss", False) or (
             getattr(self, "use_liger_kernel", False) and hasattr(self, "compute_liger_loss")
@@ -85,6 +90,9 @@ class TrustLensGRPOMixin(_MixinBase):
             tokenizer=self._tl_tokenizer(),
             config=self._tl_config(),
             sampling=trl_sampling(self.args),
+            alerts=self._tl_stop.alerts,
+            on_alert=self._tl_stop.on_alert,
+            planned_steps=planned_generations(self.args),
         )
 
     def _tl_topk_recordable(self) -> bool:
@@ -156,6 +164,8 @@ class TrustLensGRPOMixin(_MixinBase):
         if missing:
             raise unsupported(f"the generation batch lacks {', '.join(missing)}")
         self._tl_flush_metrics()
+        if self._tl_step >= 0:
+            self.trustlens_recorder.end_step(self._tl_step)  # the live alerts judge it now
         self._tl_step += 1
         self._tl_micro = 0
         n = batch["completion_ids"].shape[0]
@@ -305,6 +315,16 @@ class _LogCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if logs:
             self.trainer._tl_on_log(logs)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """With `stop_on`: save and stop after an optimizer step once a live alert of that
+        severity was raised (trustlens.integrations._trl_stop)."""
+        trainer = self.trainer
+        if trainer._tl_stop.due(trainer.trustlens_recorder):
+            checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            trainer._tl_stop.stop(trainer.trustlens_recorder, trainer._tl_step, checkpoint)
+            control.should_save = True
+            control.should_training_stop = True
 
 
 def _accepts_topk(record: Callable) -> bool:

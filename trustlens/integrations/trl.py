@@ -40,6 +40,12 @@ TRL's divergence mask decides. A top-K DPPO run keeps π's log-probs on μ's top
 captures them and records `topk_tv` / `topk_kl` from them (`topk_divergence_from_logp`), so the
 top-K rules are evaluated too, when the recorder accepts precomputed top-K divergences.
 
+Live alerts (trustlens.live): `stop_on="critical"` (or "warning") makes the recorder the hook
+opens raise the collapse alerts and doctor findings live, and the hook's callback stops training
+on the first at that severity: it sets `control.should_save` (OUTPUT_DIR/checkpoint-<step>) and
+`control.should_training_stop`, and run.json's `stopped` says why. `on_alert=callable` gets each
+alert of warning or above on a trustlens thread (`_trl_stop`).
+
 Steps: trustlens `step` = one TRL generation (a rollout batch, reused for
 `steps_per_generation × num_iterations` micro-batches); `update` = optimizer steps taken since
 that generation (for a configuration that accumulates more micro-batches than one generation
@@ -52,7 +58,7 @@ the ones the hook wraps exist, the hook takes extra arguments through, and it ra
 
 Every name is importable from here; the code is in trustlens.integrations' `_trl_hook` (the hook,
 `TrustLensGRPOMixin`), `_trl_compat` (the checks of the installed TRL), `_trl_rules` (the rules a
-TRL loss maps to) and `_trl_rollout` (`engine_rollout`).
+TRL loss maps to), `_trl_rollout` (`engine_rollout`) and `_trl_stop` (`stop_on`).
 """
 
 from __future__ import annotations

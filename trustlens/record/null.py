@@ -33,6 +33,16 @@ class NullRecorder(TokenRecorder):
     def log_samples(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    def end_step(self, step: int) -> None:
+        pass
+
+    def annotate(self, fields: Any) -> None:
+        pass
+
+    @property
+    def live_alerts(self) -> list:
+        return []
+
     def flush(self) -> None:
         pass
 

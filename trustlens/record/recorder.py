@@ -421,6 +421,11 @@ class TokenRecorder:
         self._check_open()
         self._writer.end_step(self._step("step", step))
 
+    def annotate(self, fields: Mapping[str, Any]) -> None:
+        """Merge `fields` into run.json (rank 0; e.g. why the run stopped), in order with the rows."""
+        self._check_open()
+        self._writer.put_manifest(dict(fields))
+
     @property
     def live_alerts(self) -> list:
         """The live alerts (trustlens.live.LiveAlert) raised or changed so far, in order; [] without

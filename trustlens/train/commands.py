@@ -18,7 +18,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from trustlens.core.values import mirror_arg, port_arg
+from trustlens.core.values import mirror_arg, port_arg, stop_on_arg
 from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, TrainConfig
 from trustlens.train.runner import config, finish, is_main, print_inspect, run_one
 from trustlens.train.runsets import CLAIM_RULES, claims_command, compare_command
@@ -69,6 +69,13 @@ _CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
         "sampled recording: every token that matters and this share of the rest, with exact aggregates",
     ),
     ("mirror", mirror_arg, "stream each step's scalars live from rank 0: tensorboard:LOGDIR, wandb or wandb:PROJECT"),
+    (
+        "stop_on",
+        stop_on_arg,
+        "stop after a live alert of this severity or above, keeping the last checkpoint from before it "
+        "(RUN/checkpoints): critical, warning or never",
+    ),
+    ("checkpoint_every", int, "with --stop-on: a rolling checkpoint every this many steps"),
 )
 
 # how --help shows the defaults that are not a value of their own
@@ -192,6 +199,14 @@ def _add_config_flags(parser: argparse.ArgumentParser, skip: set[str]) -> None:
         const=False,
         default=None,
         help="advantages r − mean(r) without dividing by the group std (Dr. GRPO)",
+    )
+    group.add_argument(
+        "--alerts",
+        dest="alerts",
+        action="store_const",
+        const=True,
+        default=None,
+        help="raise the collapse alerts and doctor findings live (progress line, mirror, the run's alerts table)",
     )
 
 

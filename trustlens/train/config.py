@@ -47,6 +47,9 @@ class TrainConfig:
     sample_every: int = 1  # log prompts and responses every this many steps
     keep_rate: float | None = None  # record every token that matters and this share of the rest (Keep); None = all
     mirror: str | None = None  # live scalars from rank 0: "tensorboard:LOGDIR", "wandb" or "wandb:PROJECT"
+    alerts: bool = False  # raise the collapse alerts and doctor findings live on rank 0 (trustlens.live)
+    stop_on: str = "never"  # stop on a live alert of this severity or above: critical, warning or never
+    checkpoint_every: int = 10  # with stop_on: a rolling checkpoint every this many steps (trustlens.train.stopping)
 
     def __post_init__(self) -> None:
         from trustlens.core.values import (
@@ -58,6 +61,7 @@ class TrainConfig:
             check_mirror,
             check_nonnegative_number,
             check_positive,
+            check_stop_on,
         )
         from trustlens.rules.loss import LOSS_AGG_MODES
 
@@ -95,8 +99,11 @@ class TrainConfig:
             raise ValueError(f"partial_credit must be in [0, 1), got {self.partial_credit}")
         if self.rollout_lag < 0:
             raise ValueError(f"rollout_lag must be ≥ 0, got {self.rollout_lag}")
-        for name in ("scale_advantages", "record"):
+        for name in ("scale_advantages", "record", "alerts"):
             check_bool(name, getattr(self, name))
+        check_stop_on("stop_on", self.stop_on)
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be ≥ 1, got {self.checkpoint_every}")
         if self.checkpoint is not None and self.checkpoint != RANDOM_INIT:
             check_existing_dir("checkpoint", self.checkpoint)  # a missing one fails here, not after the setup
         if self.mirror is not None:
@@ -167,6 +174,7 @@ _INTS = (
     "seed",
     "threads",
     "sample_every",
+    "checkpoint_every",
 )
 
 _COLLAPSE = dict(rollout_precision="fp8", rollout_lag=16, lr=6e-5, steps=250, eval_every=10, tv_bound=0.1)

@@ -54,6 +54,14 @@ def run_one(cfg, out: Path, *, overwrite: bool, quiet: bool):
         acc = " → ".join(f"{result.eval_accuracy[s]:.3f}" for s in (steps[0], steps[-1]))
         mean_time = sum(result.step_times) / len(result.step_times)
         print(f"{cfg.rule}: held-out accuracy {acc} (steps {steps[0]} → {steps[-1]}), {mean_time:.2f} s/step")
+    if world.main and result.stopped:
+        why = result.stopped
+        alert = why["alert"]
+        kept = f"kept {out / why['checkpoint']}" if why["checkpoint"] else "no checkpoint from before it"
+        print(
+            f"stopped after step {why['step']} (--stop-on {why['on']}): {alert['severity']} {alert['kind']} "
+            f"from step {alert['step']}; {kept}"
+        )
     return result
 
 

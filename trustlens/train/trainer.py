@@ -71,6 +71,7 @@ from trustlens.train.pooled import (
     std,
 )
 from trustlens.train.rollout import Rollout, RolloutEngine, response_logits
+from trustlens.train.stopping import AlertStop, alert_postfix
 from trustlens.train.tasks import ArithmeticTask
 from trustlens.train.world import average_gradients, init_world
 
@@ -82,6 +83,7 @@ class TrainResult:
     eval_accuracy_sampled: dict[int, float] = field(default_factory=dict)  # step -> sampled at τ
     rewards: list[float] = field(default_factory=list)  # mean training reward per step
     step_times: list[float] = field(default_factory=list)  # seconds per training step
+    stopped: dict | None = None  # why the run stopped on a live alert (run.json `stopped`), else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,6 +199,7 @@ def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict
         # ranks: under data parallelism those win over the same names computed from the shard
         mirror = make_mirror(cfg.mirror, shard=world_size > 1)
     keep = None if cfg.keep_rate is None else Keep(rate=cfg.keep_rate, seed=cfg.seed)
+    live = (cfg.alerts or cfg.stop_on != "never") and rank == 0  # rank 0 judges (trustlens.train.stopping)
     return TokenRecorder(
         run_dir,
         rules=rules,
@@ -206,6 +209,7 @@ def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict
         mirror=mirror,
         keep=keep,
         sampling=cfg.sampling(),
+        alerts=live,
     )
 
 
@@ -248,6 +252,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
     n_rows = n_prompts * cfg.group_size  # responses per rank per step
     result = TrainResult(run_dir)
     bar = _progress_bar(cfg.steps, progress and world.main)
+    stopper = AlertStop(cfg.stop_on, cfg.checkpoint_every, run_dir, world)
     with make_recorder(cfg, run_dir, tokenizer, rules) as recorder:
         recording = not isinstance(recorder, NullRecorder)  # the entropy below is for the record only
         for step in range(cfg.steps + 1):
@@ -261,6 +266,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
             if step == cfg.steps:  # the last pass only evaluates the final weights
                 log_reduced(recorder, world, step, metrics)
                 break
+            stopper.checkpoint(step, model, tokenizer, recorder)
             t_step = time.perf_counter()
 
             # 1. rollouts: G responses per problem from the engine
@@ -381,6 +387,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                     group_ids=group_ids.tolist(),
                 )
             logged = log_reduced(recorder, world, step, metrics)
+            recorder.end_step(step)  # the live alerts judge the step now
             result.rewards.append(logged["reward/mean"])
             result.step_times.append(step_time)
             if bar is not None:
@@ -390,7 +397,11 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                     reward=f"{logged['reward/mean']:.2f}",
                     acc=f"{result.eval_accuracy[last]:.2f}" if last is not None else "-",
                     acc_sampled=f"{result.eval_accuracy_sampled[last]:.2f}" if last is not None else "-",
+                    **alert_postfix(recorder.live_alerts),
                 )
+            if stopper.due(recorder):
+                result.stopped = stopper.stop(step, recorder)
+                break
     if bar is not None:
         bar.close()
     return result
