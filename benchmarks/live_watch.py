@@ -14,9 +14,9 @@ resident memory of the process after the first 100 steps and at the end; then ea
 over the first run's, measured in the same process. A watcher that reads only new parts and keeps
 state bounded by its windows is flat: the same cost and memory at step 10,000 as at step 100.
 
-DIR (default: a temporary folder in /dev/shm where it exists, else the system's) holds the runs;
-a tmpfs spares writing the source runs the disk's fsync per part file (the watcher's work is the
-same on any disk).
+DIR (default: a temporary folder in /dev/shm where it exists, else the system's, removed at the
+end) holds the runs; a tmpfs spares writing the source runs the disk's fsync per part file (the
+watcher's work is the same on any disk).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def measure(root: Path, steps: int, *, samples: int, seq_len: int, last: int, do
         "mean_ms": 1e3 * statistics.fmean(tail),
         "rss_early_mb": rss_early / 2**20,
         "rss_end_mb": process.memory_info().rss / 2**20,
-        "alerts": alerts,
+        "alerts": alerts,  # LiveAlerts returned: raised, changed or made final
     }
 
 
@@ -106,19 +107,26 @@ def main() -> None:
     parser.add_argument("--doctor", action="store_true", help="run the doctor's checks too (watch --doctor)")
     parser.add_argument("--dir", type=Path, default=None, help="where the runs are written [a temporary folder]")
     args = parser.parse_args()
-    shm = Path("/dev/shm")
-    base = args.dir or Path(tempfile.mkdtemp(prefix="trustlens-live-watch-", dir=shm if shm.is_dir() else None))
-    base.mkdir(parents=True, exist_ok=True)
-    rows = []
     for steps in args.steps:
         if steps < max(100, args.last):
             raise SystemExit(f"--steps must each be at least max(100, --last), got {steps}")
-        rows.append(
+    shm = Path("/dev/shm")
+    base = args.dir or Path(tempfile.mkdtemp(prefix="trustlens-live-watch-", dir=shm if shm.is_dir() else None))
+    base.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = [
             measure(base, steps, samples=args.samples, seq_len=args.seq_len, last=args.last, doctor=args.doctor)
-        )
+            for steps in args.steps
+        ]
+    finally:
+        if args.dir is None:  # a temporary folder: its runs are not kept
+            shutil.rmtree(base, ignore_errors=True)
     first = rows[0]["median_ms"]
     print(f"\nwatcher CPU per new step (median and mean over the last {args.last} steps), resident memory")
-    print("| run steps | CPU per step, median | mean | × first run | RSS after 100 steps | RSS at the end | alerts |")
+    print(
+        "| run steps | CPU per step, median | mean | × first run | RSS after 100 steps | RSS at the end "
+        "| alerts raised or changed |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
