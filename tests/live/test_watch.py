@@ -266,3 +266,25 @@ def test_a_sampled_two_rank_run_published_step_by_step_gets_the_finished_runs_al
     offline = detect_collapse(load_run(source))
     assert last == {(r["kind"], r["signal"], r["step"]): r["severity"] for r in offline.iter_rows(named=True)}
     assert last
+
+
+def test_doctor_findings_are_printed_once_each_with_doctor_and_not_without(tmp_path):
+    source = write_synthetic_run(
+        tmp_path / "source", steps=20, samples_per_step=16, seq_len=16, collapse_at=12, rows_per_part=1, seed=1
+    )
+    printed = {}
+    for doctor in (False, True):
+        live = tmp_path / f"live-{doctor}"
+        live.mkdir()
+        manifest = json.loads((source / MANIFEST).read_text())
+        (live / MANIFEST).write_text(json.dumps({**manifest, "status": "running"}))
+        steps = [lambda s=s, live=live: _publish(source, live, s) for s in range(20)]
+        steps.append(lambda live=live: (live / MANIFEST).write_text((source / MANIFEST).read_text()))
+        out = io.StringIO()
+        assert watch(live, doctor=doctor, as_json=True, out=out, sleep=_Steps(*steps)) == EXIT_CLOSED
+        printed[doctor] = [json.loads(line) for line in out.getvalue().splitlines()]
+    findings = [e for e in printed[True] if e["event"] == "finding"]
+    assert findings and all(e["source"] == "doctor" for e in findings)
+    assert len({(e["kind"], e["severity"]) for e in findings}) == len(findings)  # once per verdict
+    assert not any(e["event"] == "finding" for e in printed[False])
+    assert "finding" in printed[True][-1]["message"]  # the end line counts them
