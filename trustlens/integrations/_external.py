@@ -49,6 +49,28 @@ _NEEDS_TOPK = ("dppo_topk_tv", "dppo_topk_kl")
 _HASH_BITS = (1 << 62) - 1
 
 
+# the severity the driver stops a verl run on (trustlens.live.stop; docs/attach.md)
+ENV_STOP_ON = "TRUSTLENS_STOP_ON"
+
+
+def stop_on_from_env() -> str:
+    """TRUSTLENS_STOP_ON: critical, warning or never (default); a ValueError naming the variable
+    for anything else."""
+    from trustlens.core.values import check_stop_on
+
+    return check_stop_on(ENV_STOP_ON, os.environ.get(ENV_STOP_ON) or "never")
+
+
+def driver_alerts(recorder: Any, step: int, metrics: dict) -> dict:
+    """After the driver logged `step`'s metrics: tell its recorder the step ended (its live
+    alerts judge it) and return `metrics` with the alerts so far as `trustlens/alert/...`
+    numbers (trustlens.live.alert_metrics), for the framework's own logged metrics."""
+    from trustlens.live import alert_metrics
+
+    recorder.end_step(step)
+    return {**metrics, **alert_metrics(recorder.live_alerts)}
+
+
 def run_dir_from_env() -> str | None:
     """The run directory named by TRUSTLENS_DIR, or None (recording off) when it is unset or empty."""
     return os.environ.get(ENV_DIR) or None

@@ -3,6 +3,15 @@ reward, sequence advantage, length) at `_update_actor` of `RayPPOTrainer` and of
 default v1 `PPOTrainer`, every number verl logs through `Tracking.log` (as `verl/<name>`), and
 the run's end when `fit` returns (finished, or failed with the error).
 
+Live alerts (trustlens.live): the driver's recorder raises them from what it holds (each step's
+samples and verl's logged numbers: reward_drop and grad_norm_spike; the token signals are in the
+workers' rows, which `detect_collapse` reads on the run), judges a step when verl logs it, and
+adds the alerts so far to verl's own logged metrics as `trustlens/alert/...` (every tracker verl
+logs to gets them). With TRUSTLENS_STOP_ON=critical (or warning) in the driver's environment, the
+first alert at that severity lowers the trainer's `total_training_steps` to the current step:
+verl's own loop then runs its last step (saving a checkpoint when `trainer.save_freq` > 0,
+validating) and returns, and run.json's `stopped` says why.
+
 At `_update_actor` the driver numbers the step's samples (`_external.sample_ids`) and sends the
 workers, with the batch, its global step (`STEP_KEY`: batch-level) and each row's sample id
 (`SAMPLE_KEY`: a per-row int64 field, which verl's dispatch splits with the rows).
@@ -20,12 +29,14 @@ from trustlens.integrations._external import (
     SAMPLE_KEY,
     STEP_KEY,
     closing_run,
+    driver_alerts,
     external_rules,
     numeric_metrics,
     padded_sequences,
     run_dir_from_env,
     sample_columns,
     sample_ids,
+    stop_on_from_env,
 )
 from trustlens.integrations._verl_compat import _verl_version
 from trustlens.integrations._verl_rules import verl_active_rule
@@ -53,8 +64,22 @@ def _driver(trainer: Any) -> TokenRecorder | None:
             sampling=None if rollout is None else verl_sampling(rollout),
             rank=0,
             world_size=workers + 1,
+            alerts=True,
         )
     return _state["driver"]
+
+
+def _stop_if_due(trainer: Any, recorder: TokenRecorder, step: int) -> None:
+    """TRUSTLENS_STOP_ON: on the first alert at that severity, make verl's next step its last."""
+    from trustlens.live.stop import first_at, stop_level, stopped_entry
+
+    stop_on = stop_on_from_env()
+    alert = first_at(recorder.live_alerts, stop_level(stop_on))
+    if alert is None or trainer is None or _state.get("stopping"):
+        return
+    _state["stopping"] = True
+    trainer.total_training_steps = min(int(trainer.total_training_steps), int(trainer.global_steps))
+    recorder.annotate({"stopped": stopped_entry(stop_on, alert, step, None)})  # verl saves its last step itself
 
 
 def _log_samples(trainer: Any, batch: Any) -> None:
@@ -132,6 +157,7 @@ def _patch_driver() -> None:
 
         @functools.wraps(update_actor)
         def hooked_update(self, batch, *args, **kwargs):
+            _state["trainer"] = self  # the trainer whose loop a stop ends
             log_samples(self, batch)
             return update_actor(self, batch, *args, **kwargs)
 
@@ -140,8 +166,11 @@ def _patch_driver() -> None:
 
     @functools.wraps(log)
     def hooked_log(self, data, step, *args, **kwargs):
-        if _state["driver"] is not None:
-            _state["driver"].log_metrics(int(step), numeric_metrics(data, "verl/"))
+        recorder = _state["driver"]
+        if recorder is not None:
+            recorder.log_metrics(int(step), numeric_metrics(data, "verl/"))
+            data = driver_alerts(recorder, int(step), data)
+            _stop_if_due(_state.get("trainer"), recorder, int(step))
         return log(self, data, step, *args, **kwargs)
 
     hook_trainer(RayPPOTrainer, _log_samples)

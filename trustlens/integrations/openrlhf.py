@@ -21,6 +21,11 @@ top-K ones is evaluated counterfactually; OpenRLHF's `ppo` loss clips π/π_old,
 trustlens' `minirl` (its dual clip and train/rollout IS correction are named in run.json, no rule
 blocks the same tokens); its `gspo` loss has no matching rule.
 
+Live alerts (trustlens.live): the driver's recorder raises them from what it holds (samples and
+OpenRLHF's logged numbers) and adds the alerts so far to the numbers OpenRLHF logs as
+`trustlens/alert/...` (its W&B and TensorBoard loggers get them); how to stop on them:
+docs/attach.md.
+
 The driver (rank 0) records each step's samples (prompt and response text, reward, mean
 advantage, length, from the experience batches) and OpenRLHF's logged numbers as
 `openrlhf/<name>`, and marks the run finished, or failed with the error, when `PPOTrainer.fit`
@@ -62,6 +67,7 @@ from trustlens.integrations._external import (
     STEP_KEY,
     WorkerRecording,
     closing_run,
+    driver_alerts,
     external_rules,
     finishing,
     id_list,
@@ -198,6 +204,7 @@ def _driver(trainer: Any) -> TokenRecorder | None:
             sampling=openrlhf_sampling(getattr(trainer, "generate_kwargs", None) or {}),
             rank=0,
             world_size=workers + 1,
+            alerts=True,
         )
     return _state["driver"]
 
@@ -284,6 +291,8 @@ def _save_logs(self: Any, global_step: int, logs_dict: Any = None, *args: Any, *
     recorder = _driver(self)
     if recorder is not None and logs_dict:
         recorder.log_metrics(int(global_step), numeric_metrics(logs_dict, "openrlhf/"))
+    if recorder is not None:
+        logs_dict = driver_alerts(recorder, int(global_step), dict(logs_dict or {}))
     return _original(self, "save_logs_and_checkpoints")(self, global_step, logs_dict, *args, **kwargs)
 
 

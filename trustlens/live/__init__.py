@@ -35,18 +35,29 @@ row. A run read later tells the alerts raised live (that table) from the ones `d
 finds now.
 """
 
-from trustlens.live.alert import SEVERITIES, SOURCES, LiveAlert, alerts_batch, live_alerts, severity_rank
+from trustlens.live.alert import (
+    METRIC_PREFIX,
+    SEVERITIES,
+    SOURCES,
+    LiveAlert,
+    alert_metrics,
+    alerts_batch,
+    live_alerts,
+    severity_rank,
+)
 from trustlens.live.doctor import DoctorConfig
 from trustlens.live.monitor import LiveMonitor, replay, step_frames
 from trustlens.live.rows import MemoryRun
 
 __all__ = [
+    "METRIC_PREFIX",
     "SEVERITIES",
     "SOURCES",
     "DoctorConfig",
     "LiveAlert",
     "LiveMonitor",
     "MemoryRun",
+    "alert_metrics",
     "alerts_batch",
     "live_alerts",
     "replay",

@@ -69,6 +69,28 @@ class LiveAlert:
         return replace(self, **fields)
 
 
+# the prefix of the alert metrics put into a framework's own logged metrics (verl, OpenRLHF)
+METRIC_PREFIX = "trustlens/alert/"
+
+
+def alert_metrics(alerts: Iterable[LiveAlert], prefix: str = METRIC_PREFIX) -> dict[str, float]:
+    """The live alerts so far as numbers for a trainer's own metrics: `<prefix>warning`,
+    `<prefix>critical` and `<prefix>problem`, how many alerts are at that severity now (0 when
+    none), and `<prefix><kind>`, the severity rank (severity_rank) of the most severe alert of
+    each kind raised (info alerts are left out)."""
+    latest: dict[tuple, LiveAlert] = {}
+    for alert in alerts:
+        latest[alert.key] = alert
+    out = {f"{prefix}{severity}": 0.0 for severity in ("warning", "critical", "problem")}
+    for alert in latest.values():
+        if alert.level < 1:
+            continue
+        out[f"{prefix}{alert.severity}"] += 1
+        name = f"{prefix}{alert.kind}"
+        out[name] = max(out.get(name, 0.0), float(alert.level))
+    return out
+
+
 def alerts_batch(alerts: Iterable[LiveAlert]) -> pa.RecordBatch:
     """The rows of the `alerts` table (trustlens.run.schema.ALERT_COLUMNS) of `alerts`."""
     schema = table_schema("alerts")
@@ -125,4 +147,14 @@ def live_alerts(run: Any) -> list[LiveAlert]:
     return sorted(latest.values(), key=lambda a: (a.step, a.kind, a.signal or ""))
 
 
-__all__ = ["SEVERITIES", "SOURCES", "LiveAlert", "alerts_batch", "from_rows", "live_alerts", "severity_rank"]
+__all__ = [
+    "METRIC_PREFIX",
+    "SEVERITIES",
+    "SOURCES",
+    "LiveAlert",
+    "alert_metrics",
+    "alerts_batch",
+    "from_rows",
+    "live_alerts",
+    "severity_rank",
+]
