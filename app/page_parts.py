@@ -35,7 +35,7 @@ def header(title: str, ctx: Context) -> None:
             "steps_per_generation × num_iterations)."
         )
     if status == "running":
-        st.info("This run is still being written: use **Reload runs** in the sidebar to see new steps.")
+        st.info("This run is still being written: the pages show its new steps as they arrive.")
     if ctx.anchor == "old_logp":
         st.info(
             "μ (the rollout policy) was not recorded in this run: the anchor is π_old, "

@@ -121,11 +121,24 @@ def sidebar() -> Context | None:
     return ctx
 
 
+def _follow_the_end(path: str, hi: int) -> None:
+    """A run that grew (a live run's new steps): a chosen step range that reached its last step
+    reaches the new last step, so the pages keep showing the whole run as it grows."""
+    last = st.session_state.get("_tl_steps_end")  # (run, its last step) when the range was drawn
+    if last is not None and last[0] == path and last[1] < hi:
+        for key in ("tl_steps", "_tl_steps"):
+            chosen = st.session_state.get(key)
+            if chosen is not None and chosen[1] == last[1]:
+                st.session_state[key] = (chosen[0], hi)
+    st.session_state["_tl_steps_end"] = (path, hi)
+
+
 def _filters(ctx: Context) -> tq.TokenQuery:
     """The shared filter widgets; their values persist across pages (keys in session state)."""
     sb = st.sidebar
     sb.subheader("Filters")
     lo, hi = ctx.shown_steps
+    _follow_the_end(str(ctx.path), hi)
     restore("tl_steps", steps_param(st.query_params.get("steps")), lambda v: lo <= v[0] <= v[1] <= hi)
     keep_valid("tl_rule", lambda v: v is None or v in ctx.rules)
     if lo < hi:

@@ -11,6 +11,7 @@ rebinding page) is answered with an error and nothing else.
 
 from pathlib import Path
 
+import live
 import page_data
 import polars as pl
 import pyarrow as pa
@@ -44,7 +45,9 @@ st.sidebar.title("trustlens")
 READ_ERRORS = (OSError, ValueError, KeyError, pl.exceptions.PolarsError, pa.ArrowException)
 try:
     st.session_state[CONTEXT_KEY] = sidebar()
+    live.badge(context())
     page.run()
+    live.toast_new_alerts(context())
     page_data.warm_up(context())
 except READ_ERRORS as err:
     st.error(f"Could not read this run: {md(err)}")

@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("trustlens.export.exporters", "recorded runs to TensorBoard or W&B: per-step scalars and alerts"),
     "report": ("trustlens.report.page", "one self-contained HTML report of recorded runs (opens without a network)"),
     "doctor": ("trustlens.analysis.diagnosis.command", "log-probability bugs that fake a training–inference mismatch"),
+    "watch": ("trustlens.live.watch", "follow a run being written: print each alert and doctor finding as it appears"),
     "warmup": ("trustlens.train.warmup", "rebuild the warm-start checkpoint (supervised warm-up to mediocre accuracy)"),
 }
 

@@ -4,7 +4,8 @@ A run is a directory (docs/run-format.md): `run.json` (the manifest) and one fol
 (`tokens`, `samples`, `metrics`) holding Parquet part files per rank (`rank=R` folders).
 Everything that writes a run (`TokenRecorder`, the synthetic generator, the sample-run builder)
 goes through `trustlens.run.writer`; everything that reads one goes through `load_run` /
-`load_runs`. Importing this package does not import torch.
+`load_runs`, or, for a run still being written, `RunFollower` (trustlens.run.follow). Importing
+this package does not import torch.
 """
 
 from trustlens.run.errors import (
@@ -16,6 +17,7 @@ from trustlens.run.errors import (
     RunWarning,
     WriterError,
 )
+from trustlens.run.follow import CompletedStep, FollowState, FollowUpdate, RunFollower
 from trustlens.run.manifest import MANIFEST, MANIFEST_FIELDS, STATUSES
 from trustlens.run.reader import Part, Run, load_run, load_runs
 from trustlens.run.schema import (
@@ -50,12 +52,16 @@ __all__ = [
     "STATUSES",
     "TABLES",
     "Column",
+    "CompletedStep",
     "CorruptPartWarning",
+    "FollowState",
+    "FollowUpdate",
     "NoRowsError",
     "NotARunError",
     "Part",
     "RejectedInputError",
     "Run",
+    "RunFollower",
     "RunLockedError",
     "RunWarning",
     "WriterError",

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from trustlens.run.aggregates import Keep
 from trustlens.run.manifest import new_manifest
@@ -56,6 +57,7 @@ def write_synthetic_run(
     rows_per_part: int = 1_000_000,
     progress: bool = False,
     keep: Keep | None = None,
+    on_step: Callable[[int], object] | None = None,
 ) -> Location:
     """Write a synthetic run to `path` (created; must not hold a run already) and return it.
 
@@ -75,6 +77,9 @@ def write_synthetic_run(
     progress: show a progress bar over the steps.
     keep: record a sample of the token rows and the exact aggregates of all, as
         `TokenRecorder(keep=...)` does (trustlens.run.aggregates); None keeps every row.
+    on_step: called with each step once its rows are handed to the writer (in part files when
+        `rows_per_part` is below a step's rows): e.g. a pause that makes the run one being
+        trained, for following it live (trustlens.run.follow).
     """
     shape = _Shape(steps, samples_per_step, seq_len, group_size, updates, world_size)
     _check_shape(shape)
@@ -129,9 +134,16 @@ def write_synthetic_run(
         from tqdm import tqdm
 
         step_iter = tqdm(step_iter, desc="synthetic run", unit="step")
+
+    def step_tables() -> Iterator[dict[str, pa.Table]]:
+        for step in step_iter:
+            yield gen.step(step)  # the writer takes this step's rows before asking for the next
+            if on_step is not None:
+                on_step(step)
+
     return write_ranks(
         path,
-        (gen.step(step) for step in step_iter),
+        step_tables(),
         world_size=world_size,
         rules=rules,
         manifest=manifest,
