@@ -23,7 +23,7 @@ import polars as pl
 
 from trustlens.analysis.collapse import detect_collapse
 from trustlens.analysis.inputs import require_run
-from trustlens.core.values import check_path, check_type
+from trustlens.core.values import check_choice, check_path, check_type
 from trustlens.export.scalars import step_scalars
 from trustlens.export.sinks import TensorBoardSink, WandbSink
 from trustlens.run import NoRowsError, load_run
@@ -116,6 +116,21 @@ def driving_tokens(run, alerts: pl.DataFrame) -> pl.DataFrame:
     return joined.sort("alert", "rank").select(DRIVER_COLUMNS).collect()
 
 
+# what --to exports into (its first word)
+KINDS = ("tensorboard", "wandb")
+
+
+class _Destination(argparse.Action):
+    """--to KIND [DEST]: KIND one of KINDS, a typo answered with the closest while the flags are parsed."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        try:
+            check_choice("KIND", values[0], KINDS)
+        except ValueError as err:
+            raise argparse.ArgumentError(self, str(err)) from None
+        setattr(namespace, self.dest, values)
+
+
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
     """Flags of `trustlens export`."""
     # "*": runs written after --to are taken by it; _export says so instead of "RUN is required"
@@ -125,6 +140,7 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         nargs="+",
         required=True,
         metavar=("KIND", "DEST"),
+        action=_Destination,
         help="tensorboard LOGDIR (one sub-directory per run), or wandb [PROJECT] (W&B settings from "
         "its environment, e.g. WANDB_MODE=offline)",
     )
