@@ -34,13 +34,21 @@ DRIVER_COLUMNS = (
 )
 
 
+# names of the held-out evaluation's scalars: a run of N steps evaluates after its last step too,
+# logged at step N, a step that trained nothing
+EVALUATION_PREFIXES = ("eval/", "time/eval")
+
+
 def export_run(run, sink) -> int:
-    """Send `run`'s scalars and alerts to `sink`; the number of steps sent."""
+    """Send `run`'s scalars and alerts to `sink`; the number of training steps sent, as the run
+    counts its steps: a step holding only evaluation scalars (`EVALUATION_PREFIXES`, the
+    evaluation after the last step) is sent but not counted, so a 160-step run gives 160."""
     scalars = step_scalars(run)
     steps = 0
     for (step,), part in scalars.group_by("step", maintain_order=True):
-        sink.log_step(int(step), dict(zip(part["name"].to_list(), part["value"].to_list(), strict=True)))
-        steps += 1
+        names = part["name"].to_list()
+        sink.log_step(int(step), dict(zip(names, part["value"].to_list(), strict=True)))
+        steps += not all(name.startswith(EVALUATION_PREFIXES) for name in names)
     alerts = _alerts(run)
     if alerts.height:
         sink.log_alerts(alerts)
@@ -161,7 +169,7 @@ def _export(args: argparse.Namespace) -> int:
     else:
         raise ValueError(f"--to must be 'tensorboard LOGDIR' or 'wandb [PROJECT]', got {args.to}")
     for name, steps in done.items():
-        print(f"{name}: {steps} steps exported to {kind}{' ' + dest[0] if dest else ''}")
+        print(f"{name}: {steps} training steps and their evaluations exported to {kind}{' ' + dest[0] if dest else ''}")
     return 0
 
 
