@@ -3,7 +3,7 @@ tokens behind each), the per-step signals and the alerts raised on them."""
 
 import polars as pl
 import streamlit as st
-from page_parts import alert_box, chart, header, in_steps, need_tokens
+from page_parts import alert_box, chart, header, in_steps, need_tokens, shown_rules
 from run_cache import RUN_TTL, run_at
 from run_queries import signals_and_alerts
 from safe_display import dataframe, md
@@ -52,7 +52,7 @@ ctx = need_tokens(context())
 header("Collapse signals", ctx)
 
 signals, alerts = signals_and_alerts(*ctx.key)
-in_range, shown = in_steps(ctx, signals), in_steps(ctx, alerts)
+in_range, raised = in_steps(ctx, signals), in_steps(ctx, alerts)
 st.subheader("Timeline")
 st.caption(
     "The first warning or critical alert, what followed and the collapse (held-out accuracy below half its "
@@ -60,7 +60,7 @@ st.caption(
     "changes while accuracy or reward rose."
 )
 show_timeline(ctx, alerts)
-chart(plots.collapse_timeline(in_range, shown), "cs_timeline", ctx=ctx)
+chart(plots.collapse_timeline(in_range, raised, shown=shown_rules(ctx)), "cs_timeline", ctx=ctx)
 st.caption("Signals are computed on the whole run (the sidebar's step range applies; its token filters do not).")
 with st.expander("Per-step signals"):
     dataframe(in_range, percent=plots.rate_columns(in_range))
