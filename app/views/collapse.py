@@ -12,7 +12,7 @@ from sidebar import Context, context
 from trustlens import plots
 from trustlens.analysis import tokens as tq
 from trustlens.analysis.timeline import run_timeline
-from trustlens.core.render import visible_token
+from trustlens.core.render import quoted_token
 
 # driving tokens named per timeline entry
 DRIVERS_SHOWN = 5
@@ -29,7 +29,7 @@ def driving_tokens(path: str, signature: tuple, row: int) -> list[str]:
     """The text of the first DRIVERS_SHOWN driving tokens of alert `row`."""
     alert = signals_and_alerts(path, signature)[1].row(row, named=True)
     found = tq.alert_tokens(run_at(path, signature).tokens, alert)
-    return [visible_token(t) or "" for t in found["token"].head(DRIVERS_SHOWN).to_list()] if "token" in found else []
+    return [quoted_token(t) for t in found["token"].head(DRIVERS_SHOWN).to_list()] if "token" in found else []
 
 
 def show_timeline(ctx: Context, alerts: pl.DataFrame) -> None:
@@ -44,7 +44,7 @@ def show_timeline(ctx: Context, alerts: pl.DataFrame) -> None:
                 st.markdown(f":material/trending_down: {lead}:red[**{md(event['message'])}**]")
             continue
         tokens = driving_tokens(*ctx.key, event["alert"])
-        drivers = "driving tokens: " + ", ".join(f"“{md(t)}”" for t in tokens) if tokens else ""
+        drivers = "driving tokens: " + ", ".join(md(t) for t in tokens) if tokens else ""
         alert_box(alerts.row(event["alert"], named=True), f"cs_timeline_{i}", lead=lead, drivers=drivers)
 
 

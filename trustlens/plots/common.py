@@ -14,7 +14,7 @@ from typing import Literal
 import plotly.graph_objects as go
 import polars as pl
 
-from trustlens.core.render import visible_text
+from trustlens.core.render import quoted_token, visible_text
 
 # plotly's figure height when none is set, and the height of one row of a legend, px
 DEFAULT_HEIGHT = 450
@@ -67,24 +67,21 @@ def drawn(name: str, shown: Collection[str] | None) -> bool | Literal["legendonl
     return True if shown is None or name in shown else "legendonly"
 
 
-def safe_text(text: object, *, token: bool = False) -> str:
+def safe_text(text: object) -> str:
     """`text` safe to put in a plotly label or hover text: shown literally, never as markup.
-
-    Control and direction characters become visible escapes; with `token`, spaces are shown as
-    non-breaking spaces too (so a token's leading space stays visible)."""
-    shown = visible_text(None if text is None else str(text))
-    if not token:
-        shown = shown.replace("\u00a0", " ")
+    Control and direction characters become visible escapes, no-break spaces plain spaces (a
+    token's spaces are shown as ␣ by `token_labels`)."""
+    shown = visible_text(None if text is None else str(text)).replace("\u00a0", " ")
     return html.escape(shown, quote=True).replace("$", "&#36;")
 
 
 def token_labels(tokens: Sequence[str | None]) -> list[str]:
-    """Safe, distinct axis labels for token texts: quoted (so leading spaces show) and numbered
-    when two texts would look the same."""
+    """Safe, distinct axis labels for token texts, spelt as every page spells a token
+    (`quoted_token`: spaces as ␣, between ‹ and ›), numbered when two texts would look the same."""
     seen: dict[str, int] = {}
     out = []
     for t in tokens:
-        label = f"‹{safe_text(t, token=True)}›"
+        label = safe_text(quoted_token(t))
         seen[label] = seen.get(label, 0) + 1
         out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
     return out
