@@ -170,3 +170,8 @@ def test_training_reports_one_speed_figure(capsys, monkeypatch, tmp_path):
     shown = str(bar)
     bar.close()
     assert "1/3" in shown and "s/step" not in shown and "step/s" not in shown
+
+
+def test_a_host_that_does_not_resolve_is_named(capsys):
+    assert main(["dashboard", "--host", "no-such-host.invalid"]) == 2
+    assert "trustlens dashboard: error: --host 'no-such-host.invalid' names no address" in capsys.readouterr().err

@@ -121,11 +121,10 @@ def start(
     return subprocess.Popen(streamlit_command(port, host, open_browser), env=env, **popen)
 
 
-def _bindable(host: str, port: int) -> bool:
+def _bindable(family: socket.AddressFamily, host: str, port: int) -> bool:
     """Whether a server could listen on (host, port) now (with SO_REUSEADDR, as Streamlit's server
     binds: a port whose last connection is still closing counts as free)."""
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         with socket.create_server((host, port), family=family):
             return True
     except OSError:
@@ -134,11 +133,15 @@ def _bindable(host: str, port: int) -> bool:
 
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     """OSError naming `port` and a free port (the next one up that is) when something already
-    listens on `port` at `host`; checked before any work, so that nothing is trained or loaded for
-    a server that cannot start."""
-    if _bindable(host, port):
+    listens on `port` at `host`, or naming `host` when it does not resolve; checked before any
+    work, so that nothing is trained or loaded for a server that cannot start."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except OSError as err:
+        raise OSError(f"--host {host!r} names no address of this machine ({err})") from err
+    if _bindable(family, host, port):
         return
-    free = next((p for p in range(port + 1, min(port + 100, 65536)) if _bindable(host, p)), None)
+    free = next((p for p in range(port + 1, min(port + 100, 65536)) if _bindable(family, host, p)), None)
     instead = f"; pass --port {free}, which is free" if free is not None else "; pass another --port"
     raise OSError(f"port {port} on {host} is already in use{instead}")
 
