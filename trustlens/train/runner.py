@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -40,8 +39,9 @@ def check_out(path: Path, overwrite: bool) -> bool:
 
 def run_one(cfg, out: Path, *, overwrite: bool, quiet: bool):
     """Train `cfg` into `out` (rank 0 prepares the directory) and print a one-line summary: the
-    held-out accuracy and the run's one speed figure, seconds per step of wall clock (setup,
-    evaluation and recording included; the progress bar shows no rate of its own)."""
+    held-out accuracy and the run's one speed figure, the mean seconds of a training step
+    (rollout, updates and recording; setup and evaluations excluded; the progress bar shows no
+    rate of its own)."""
     from trustlens.train.trainer import train
     from trustlens.train.world import init_world
 
@@ -51,14 +51,13 @@ def run_one(cfg, out: Path, *, overwrite: bool, quiet: bool):
             shutil.rmtree(out)
         print(f"training rule {cfg.rule!r} for {cfg.steps} steps (seed {cfg.seed}, {world.size} process(es)) -> {out}")
     _barrier()
-    start = time.perf_counter()
     result = train(cfg, out, progress=not quiet)
-    per_step = (time.perf_counter() - start) / max(len(result.step_times), 1)
     if world.main:
         steps = sorted(result.eval_accuracy)
         acc = " → ".join(f"{result.eval_accuracy[s]:.3f}" for s in (steps[0], steps[-1])) if steps else ""
         done = f"held-out accuracy {acc} (steps {steps[0]} → {steps[-1]})" if steps else f"{cfg.steps} steps"
-        print(f"{cfg.rule}: {done}, {per_step:.2f} s/step")
+        per_step = sum(result.step_times) / max(len(result.step_times), 1)
+        print(f"{cfg.rule}: {done}, {per_step:.2f} s/step (training; setup and evaluations excluded)")
     return result
 
 
