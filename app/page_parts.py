@@ -14,6 +14,7 @@ from view_state import keep_valid, view_params
 
 from trustlens import plots
 from trustlens.analysis import tokens as tq
+from trustlens.analysis.agreement import default_rule_pair
 
 # Session-state key of what the token inspector should open (see inspect_tokens).
 INSPECT_KEY = "tl_inspect"
@@ -65,6 +66,19 @@ def need_tokens(ctx: Context | None) -> Context:
         st.info("This run has no token rows yet.")
         st.stop()
     return ctx
+
+
+def shown_rules(ctx: Context) -> list[str]:
+    """The rules a block-rate chart draws (the others one legend click away): the run's active
+    rule and the one compared with it, the sidebar's rule when one is picked, else the other of
+    the PPO vs DPPO page's default pair."""
+    active = ctx.run.active_rule if ctx.run.active_rule in ctx.rules else None
+    picked = [rule for rule, _ in ctx.query.decisions if rule in ctx.rules]
+    if picked or len(ctx.rules) < 2:
+        return list(dict.fromkeys([r for r in (active, *picked) if r is not None])) or ctx.rules[:1]
+    # with the active rule first, the default pair holds it (a ratio rule and a DPPO rule)
+    ordered = [active, *(r for r in ctx.rules if r != active)] if active is not None else ctx.rules
+    return list(default_rule_pair(ordered))
 
 
 def inspect_tokens(**target) -> None:

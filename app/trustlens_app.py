@@ -19,6 +19,7 @@ import streamlit as st
 from host_check import host_allowed
 from safe_display import md
 from sidebar import CONTEXT_KEY, context, sidebar
+from view_state import unknown_page
 
 st.set_page_config(page_title="trustlens", page_icon=str(Path(__file__).with_name("icon.png")), layout="wide")
 
@@ -40,6 +41,10 @@ PAGES = [
 ]
 page = st.navigation(PAGES)
 st.sidebar.title("trustlens")
+asked = unknown_page(PAGES)
+if asked is not None:
+    names = ", ".join(f"/{p.url_path}" if p.url_path else "/ (Overview)" for p in PAGES)
+    st.warning(f"No page at /{md(asked)}: showing the {page.title} instead. The pages: {names}.")
 
 # A run can be unreadable (a corrupt part file, a foreign schema): say so instead of crashing.
 READ_ERRORS = (OSError, ValueError, KeyError, pl.exceptions.PolarsError, pa.ArrowException)

@@ -9,6 +9,15 @@ state, which Streamlit keeps when a page switch drops widget state.
 from __future__ import annotations
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+
+def unknown_page(pages: list) -> str | None:
+    """The page path the address asks for when it names none of `pages` (`st.Page`s), else None.
+    Streamlit then runs the default page without a word; the caller says so instead."""
+    ctx = get_script_run_ctx()
+    asked = ctx.pages_manager.intended_page_name if ctx is not None else None
+    return asked if asked and asked not in {page.url_path for page in pages} else None
 
 
 def steps_param(value: str | None) -> tuple[int, int] | None:

@@ -151,7 +151,7 @@ def _hostile_text_is_text(page) -> None:
     """The hostile tokens and prompt are on screen as literal text, and every token's hover text
     holds its values."""
     body = page.inner_text("body")
-    assert "<script>alert(1)</script>" in body or "<img src=x onerror=alert(1)>" in body
+    assert "<script>alert(1)</script>" in body or "<img␣src=x␣onerror=alert(1)>" in body
     assert any(prompt in body for prompt in PROMPTS)
     assert RUN_NAME in body
     assert page.locator("img[src=x]").count() == 0 and page.locator("svg[onload]").count() == 0
@@ -351,5 +351,146 @@ def test_foreign_host_header_gets_only_an_error(two_runs):
             # the same server still serves its own name
             page.goto(f"http://localhost:{port}/")
             _settle(page, "Overview")
+        finally:
+            browser.close()
+
+
+# ---------------------------------------------------------------- first contact at 1,280 px
+
+SAMPLE = ROOT / "data" / "sample_run"
+
+# Every plotly figure on the page: its title, each trace's name and visibility, its plot area
+# and its legends' boxes (px, page coordinates), and its panel titles that overlap a tick label.
+FIGURES = """() => [...document.querySelectorAll('.js-plotly-plot')].map((gd) => {
+  const g = gd.getBoundingClientRect(), full = gd._fullLayout;
+  const box = (el) => { const b = el.getBoundingClientRect(); return {l: b.left, r: b.right, t: b.top, b: b.bottom}; };
+  const hit = (a, b) => a.l < b.r && b.l < a.r && a.t < b.b && b.t < a.b;
+  const ticks = [...gd.querySelectorAll('g.xtick text, g.ytick text')].map(box);
+  return {
+    title: (gd.querySelector('text.gtitle') || {}).textContent || '',
+    traces: gd._fullData.map((t) => [t.name, t.visible]),
+    plot: {l: g.left + full._size.l, r: g.left + full._size.l + full._size.w, b: g.top + full._size.t + full._size.h},
+    legends: [...gd.querySelectorAll('g.infolayer > g[class^="legend"]')].map(box),
+    clashes: [...gd.querySelectorAll('g.annotation text')].filter((a) => ticks.some((t) => hit(box(a), t)))
+      .map((a) => a.textContent),
+  };
+})"""
+
+
+@pytest.fixture(scope="module")
+def learning(tmp_path_factory):
+    """The dashboard on the shipped `learning` run (160 steps, 12 rules, active dppo_binary_tv)
+    and the shipped collapse; yields its URL."""
+    import shutil
+
+    runs = tmp_path_factory.mktemp("first_contact")
+    for name in ("learning", "pg_is"):
+        shutil.copytree(SAMPLE / name, runs / name)
+    with _served(runs, tmp_path_factory.mktemp("log3")) as url:
+        yield url
+
+
+def _figures(page, count: int = 1) -> dict[str, dict]:
+    """FIGURES of the page, by title, once `count` figures are drawn."""
+    page.wait_for_function(
+        "(n) => document.querySelectorAll('.js-plotly-plot .infolayer').length >= n", arg=count, timeout=60_000
+    )
+    page.wait_for_timeout(500)
+    return {f["title"]: f for f in page.evaluate(FIGURES)}
+
+
+def test_first_contact_at_1280_px(learning):
+    """The Overview's tiles name their steps alike, its block-rate chart draws the active and the
+    compared rule (the other ten one click away) with its legend under a wide plot, no panel
+    title sits on a tick label; an unknown address says so; a token that many rules block has
+    one ring and a count."""
+    import polars as pl
+
+    from trustlens.run import load_run
+
+    with playwright.sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1600})
+            page.goto(f"{learning}/?run=learning")
+            _settle(page, "Overview")
+            _no_error(page, "Overview")
+            figures = _figures(page, 3)  # the block rates, the timeline, the accuracy: the tiles drawn
+            labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
+            assert "Reward · step 159" in labels and "Accuracy · after step 159" in labels, labels
+            blocked = figures["Blocked fraction per step"]
+            drawn = {name for name, visible in blocked["traces"] if visible is True}
+            listed = {name for name, visible in blocked["traces"] if visible == "legendonly"}
+            assert drawn == {"dppo_binary_tv", "ppo"} and len(listed) == 10
+            plot = blocked["plot"]
+            assert plot["r"] - plot["l"] > 600  # the legend takes no width from the plot ...
+            assert all(legend["t"] >= plot["b"] for legend in blocked["legends"])  # ... it sits under it
+            assert {t: f["clashes"] for t, f in figures.items() if f["clashes"]} == {}
+            timeline = figures["Collapse signals"]  # beside the accuracy: the same two rules only
+            assert {n for n, v in timeline["traces"] if v is True} >= drawn
+            assert not any(n in listed for n, _ in timeline["traces"])
+            page.screenshot(path=str(SHOTS / "overview_1280.png"), full_page=True)
+
+            # the Collapse page's full-width timeline: the same two drawn, the rest listed
+            page.goto(f"{learning}/collapse?run=pg_is")
+            _settle(page, "Collapse signals")
+            timeline = _figures(page)["Collapse signals"]
+            rules = {n: v for n, v in timeline["traces"] if n in listed | drawn | {"pg_is"}}
+            assert {n for n, v in rules.items() if v is True} == {"pg_is", "dppo_binary_tv"}
+            assert timeline["clashes"] == []
+            assert "driving tokens: ‹" in page.inner_text("body")  # tokens spelt as on every page
+
+            # an address that names no page says so
+            page.goto(f"{learning}/collapse_signals")
+            _settle(page, "Overview")
+            assert "No page at /collapse_signals: showing the Overview instead" in page.inner_text("body")
+
+            # a token blocked by 9 rules: one dashed ring and the count
+            tokens = load_run(SAMPLE / "learning").tokens
+            columns = [c for c in tokens.collect_schema().names() if c.startswith("blocked_")]
+            count = pl.sum_horizontal(pl.col(c).cast(pl.Int32) for c in columns)
+            step, sample, many = (
+                # on the update the inspector opens on: the sample's first
+                tokens.filter((count > 2) & (pl.col("update") == pl.col("update").min().over("step", "sample")))
+                .select("step", "sample", count.alias("n"))
+                .sort("n", descending=True)
+                .first()
+                .collect()
+                .row(0)
+            )
+            page.goto(f"{learning}/token_inspector?run=learning&step={step}&sample={sample}")
+            _settle(page, "Token inspector")
+            page.locator("span[title*='blocked by:']").first.wait_for(timeout=60_000)
+            _no_error(page, "Token inspector")
+            rings = page.evaluate(
+                """() => [...document.querySelectorAll('span[title]')].filter((s) => s.style.outlineStyle === 'dashed')
+                     .map((s) => [s.style.boxShadow, s.lastElementChild ? s.lastElementChild.textContent : null])"""
+            )
+            assert ["", str(many)] in [list(r) for r in rings], rings
+            stacked = page.evaluate(
+                "() => Math.max(0, ...[...document.querySelectorAll('span[title]')]"
+                ".map((s) => s.style.boxShadow ? s.style.boxShadow.split('px,').length : 0))"
+            )
+            assert stacked <= 2  # never more than two rings stacked
+            page.screenshot(path=str(SHOTS / "inspector_rings_1280.png"), full_page=True)
+        finally:
+            browser.close()
+
+
+def test_token_text_is_spelt_one_way(server):
+    """The hostile run's tokens with spaces: ␣ in the inspector's response and its table."""
+    with playwright.sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1600})
+            page.goto(f"{server}/token_inspector")
+            _settle(page, "Token inspector")
+            page.locator("span[title*='blocked by:']").first.wait_for(timeout=60_000)
+            shown = page.evaluate(
+                "() => [...document.querySelectorAll('span[title]')].filter((s) => s.title.includes('blocked by:'))"
+                ".map((s) => s.firstChild ? s.firstChild.textContent : '')"
+            )
+            assert shown and not any(" " in text for text in shown), shown
+            assert any("␣" in text for text in shown) or "␣" in page.inner_text("body")
         finally:
             browser.close()

@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import plotly.graph_objects as go
 import polars as pl
@@ -315,12 +317,15 @@ def test_the_number_format():
     assert P.rate_columns(df) == ["blocked_ppo"]
 
 
-def test_the_rules_legend_sits_beside_the_block_rate_panel(run):
+def test_the_rules_legend_sits_under_the_block_rate_panel(run):
     signals = A.step_signals(run)
     fig = P.collapse_timeline(signals, panels=("entropy", "reward"))
     rules = [tr for tr in fig.data if f"blocked_{tr.name}" in signals.columns]
     assert rules and all(tr.legend == "legend2" for tr in rules)  # not in the top panels' legend
-    assert fig.layout.legend2.y == fig.layout.yaxis3.domain[1]  # level with the last panel's top
+    legend = fig.layout.legend2  # in rows under the last panel, the block rates', taking no width
+    assert (legend.orientation, legend.yref, legend.y, legend.yanchor) == ("h", "container", 0, "bottom")
+    rows = -(-len(rules) // 2)  # two entries a row
+    assert fig.layout.height == P.runs.PANEL_PX * 3 + 120 + P.common.LEGEND_ROW_PX * rows
     heat = P.confusion_heatmap(A.confusion_matrix(run.tokens))
     # counts, which differ where rates print 0.0 %, as the cells' text (a heatmap prints no customdata)
     only = A.confusion_matrix(run.tokens).row(1, named=True)
@@ -436,3 +441,27 @@ def test_block_rates_are_percentages(run):
     timeline = _every_figure(run)["collapse_timeline"]
     rules = [tr for tr in timeline.data if tr.legend == "legend2"]
     assert rules and all(P.RATE_FORMAT in tr.hovertemplate for tr in rules)
+
+
+@pytest.mark.parametrize("shown", [None, {"ppo"}])
+def test_block_rate_charts_draw_the_shown_rules_and_list_the_others(run, shown):
+    """The rules in `shown` are drawn, the others listed in the legend (one click draws them)."""
+    signals = A.step_signals(run)
+    figures = [
+        P.blocked_per_step_lines(A.blocked_per_step(run.tokens), shown=shown),
+        P.collapse_timeline(signals, panels=("entropy",), shown=shown),
+    ]
+    for fig in figures:
+        rules = {tr.name: tr.visible for tr in fig.data if f"blocked_{tr.name}" in signals.columns}
+        assert len(rules) > 1
+        expected = {r: True if shown is None or r in shown else "legendonly" for r in rules}
+        assert rules == expected
+
+
+def test_timeline_panels_leave_room_for_their_titles(run):
+    """TITLE_GAP_PX between two panels of the plot area (the figure less its 180 px of margins)."""
+    fig = P.collapse_timeline(A.step_signals(run), panels=("entropy", "reward"))
+    tops = [fig.layout[f"yaxis{i or ''}"].domain for i in (0, 2, 3)]
+    area = P.runs.PANEL_PX * 3 + 120 - 180
+    for above, below in itertools.pairwise(tops):
+        assert (above[0] - below[1]) * area == pytest.approx(P.runs.TITLE_GAP_PX)

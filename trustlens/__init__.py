@@ -62,7 +62,14 @@ if TYPE_CHECKING:
 
 
 # packages of the optional extras -> the extra that installs them
-_EXTRA_OF = {"torch": "torch", "transformers": "torch", "tokenizers": "torch", "safetensors": "torch", "trl": "trl"}
+_EXTRA_OF = {
+    "torch": "torch",
+    "transformers": "torch",
+    "tokenizers": "torch",
+    "safetensors": "torch",
+    "trl": "trl",
+    "verl": "verl",
+}
 
 
 def missing_extra(err: ImportError) -> str | None:
@@ -75,6 +82,18 @@ def missing_extra(err: ImportError) -> str | None:
         f'this needs {package}, which is not installed; install the extra: pip install "trustlens[{extra}]" '
         "(reading runs, the analyses and the dashboard need no torch)"
     )
+
+
+def import_extra(package: str) -> ModuleType:
+    """`import package`, a package of an optional extra; when it is missing, an ImportError whose
+    message names the extra to install (`missing_extra`) instead of a bare ModuleNotFoundError."""
+    try:
+        return importlib.import_module(package)
+    except ImportError as err:
+        message = missing_extra(err)
+        if message is None:
+            raise
+        raise ImportError(message, name=err.name) from err
 
 
 def __getattr__(name: str):

@@ -5,6 +5,9 @@ Each subcommand lives in the module that owns its work; that module provides
 function taking the parsed arguments and returning an exit code. Command modules import torch
 and other heavy packages inside their functions, so that `trustlens --help` stays fast.
 
+While the flags are parsed, a value outside a flag's choices is answered with the closest one
+("did you mean"), and a subcommand's unknown flag with that subcommand's usage.
+
 Errors a user can fix (bad arguments, missing or corrupt files) are printed as one line and exit
 with status 2; set TRUSTLENS_DEBUG=1 to see the traceback instead.
 """
@@ -12,11 +15,14 @@ with status 2; set TRUSTLENS_DEBUG=1 to see the traceback instead.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
+from typing import Any
 
 from trustlens import __version__, missing_extra
+from trustlens.core.values import closest
 
 # command -> (module that implements it, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -40,9 +46,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose refusal of a value outside a flag's `choices` names the closest
+    choice; `commands` holds the subcommands' parsers (the top-level parser's only)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            options = [str(c) for c in action.choices]
+            raise argparse.ArgumentError(
+                action, f"must be one of {', '.join(options)}; got {value!r}{closest(str(value), options)}"
+            )
+
+
+def build_parser(command: str | None = None) -> Parser:
     """The parser; only `command`'s module is imported to add its flags (None: every command's)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="trustlens",
         description="Token-level diagnostics of the trust region in LLM RL fine-tuning.",
     )
@@ -50,9 +72,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        parser.commands[name] = p
         if command is None or name == command:
             importlib.import_module(module).configure(name, p)
     return parser
+
+
+def parse(parser: Parser, argv: list[str]) -> argparse.Namespace:
+    """The parsed flags; an unknown flag is refused with the usage of the subcommand it was given
+    to (argparse's own refusal shows the top-level usage), naming the closest flag it has."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        owner = parser.commands.get(getattr(args, "command", None) or "", parser)
+        # compared without their dashes, which every flag shares
+        flags = {flag.lstrip("-"): flag for action in owner._actions for flag in action.option_strings}
+        near = difflib.get_close_matches(unknown[0].lstrip("-"), list(flags), n=1, cutoff=0.6)
+        hint = f" (did you mean {flags[near[0]]!r}?)" if unknown[0].startswith("-") and near else ""
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     # `trustlens train ...` never pay for the other commands' imports.
     command = next((a for a in argv if a in COMMANDS), "")
     parser = build_parser(command)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2

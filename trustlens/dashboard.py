@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -104,7 +105,7 @@ def start(
 ) -> subprocess.Popen:
     """Start the dashboard on `path` (a folder of runs or one run, local or an object-store URL;
     default the shipped sample run) in a background process and return it; `popen` goes to
-    subprocess.Popen (e.g. stdout).
+    subprocess.Popen (e.g. stdout). A port in use is an OSError naming a free one.
 
     Bound to `host` (localhost by default: the dashboard shows model text and has no login).
     """
@@ -115,8 +116,34 @@ def start(
                 f"the shipped sample run is missing ({path}); pass a RUNS_DIR, or record a run with `trustlens demo`"
             )
     check_port("port", port)
+    check_port_free(port, host)
     env = dict(os.environ, **{RUNS_ENV: runs_location(path)})
     return subprocess.Popen(streamlit_command(port, host, open_browser), env=env, **popen)
+
+
+def _bindable(family: socket.AddressFamily, host: str, port: int) -> bool:
+    """Whether a server could listen on (host, port) now (with SO_REUSEADDR, as Streamlit's server
+    binds: a port whose last connection is still closing counts as free)."""
+    try:
+        with socket.create_server((host, port), family=family):
+            return True
+    except OSError:
+        return False
+
+
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """OSError naming `port` and a free port (the next one up that is) when something already
+    listens on `port` at `host`, or naming `host` when it does not resolve; checked before any
+    work, so that nothing is trained or loaded for a server that cannot start."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except OSError as err:
+        raise OSError(f"--host {host!r} names no address of this machine ({err})") from err
+    if _bindable(family, host, port):
+        return
+    free = next((p for p in range(port + 1, min(port + 100, 65536)) if _bindable(family, host, p)), None)
+    instead = f"; pass --port {free}, which is free" if free is not None else "; pass another --port"
+    raise OSError(f"port {port} on {host} is already in use{instead}")
 
 
 def runs_location(path: str | Path) -> str:

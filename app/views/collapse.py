@@ -3,7 +3,7 @@ tokens behind each), the per-step signals and the alerts raised on them."""
 
 import polars as pl
 import streamlit as st
-from page_parts import alert_box, chart, header, in_steps, need_tokens
+from page_parts import alert_box, chart, header, in_steps, need_tokens, shown_rules
 from run_cache import RUN_TTL, run_at
 from run_queries import signals_and_alerts
 from safe_display import dataframe, md
@@ -12,7 +12,7 @@ from sidebar import Context, context
 from trustlens import plots
 from trustlens.analysis import tokens as tq
 from trustlens.analysis.timeline import run_timeline
-from trustlens.core.render import visible_token
+from trustlens.core.render import quoted_token
 
 # driving tokens named per timeline entry
 DRIVERS_SHOWN = 5
@@ -29,7 +29,7 @@ def driving_tokens(path: str, signature: tuple, row: int) -> list[str]:
     """The text of the first DRIVERS_SHOWN driving tokens of alert `row`."""
     alert = signals_and_alerts(path, signature)[1].row(row, named=True)
     found = tq.alert_tokens(run_at(path, signature).tokens, alert)
-    return [visible_token(t) or "" for t in found["token"].head(DRIVERS_SHOWN).to_list()] if "token" in found else []
+    return [quoted_token(t) for t in found["token"].head(DRIVERS_SHOWN).to_list()] if "token" in found else []
 
 
 def show_timeline(ctx: Context, alerts: pl.DataFrame) -> None:
@@ -44,7 +44,7 @@ def show_timeline(ctx: Context, alerts: pl.DataFrame) -> None:
                 st.markdown(f":material/trending_down: {lead}:red[**{md(event['message'])}**]")
             continue
         tokens = driving_tokens(*ctx.key, event["alert"])
-        drivers = "driving tokens: " + ", ".join(f"“{md(t)}”" for t in tokens) if tokens else ""
+        drivers = "driving tokens: " + ", ".join(md(t) for t in tokens) if tokens else ""
         alert_box(alerts.row(event["alert"], named=True), f"cs_timeline_{i}", lead=lead, drivers=drivers)
 
 
@@ -52,7 +52,7 @@ ctx = need_tokens(context())
 header("Collapse signals", ctx)
 
 signals, alerts = signals_and_alerts(*ctx.key)
-in_range, shown = in_steps(ctx, signals), in_steps(ctx, alerts)
+in_range, raised = in_steps(ctx, signals), in_steps(ctx, alerts)
 st.subheader("Timeline")
 st.caption(
     "The first warning or critical alert, what followed and the collapse (held-out accuracy below half its "
@@ -60,7 +60,7 @@ st.caption(
     "changes while accuracy or reward rose."
 )
 show_timeline(ctx, alerts)
-chart(plots.collapse_timeline(in_range, shown), "cs_timeline", ctx=ctx)
+chart(plots.collapse_timeline(in_range, raised, shown=shown_rules(ctx)), "cs_timeline", ctx=ctx)
 st.caption("Signals are computed on the whole run (the sidebar's step range applies; its token filters do not).")
 with st.expander("Per-step signals"):
     dataframe(in_range, percent=plots.rate_columns(in_range))

@@ -3,7 +3,7 @@
 import page_data
 import polars as pl
 import streamlit as st
-from page_parts import alert_list, chart, header, in_steps, need_tokens, step_window
+from page_parts import alert_list, chart, header, in_steps, need_tokens, shown_rules, step_window
 from safe_display import dataframe, md
 from sidebar import context
 from tiles import Tiles, count, decimal, percent, scope_of_steps
@@ -113,23 +113,30 @@ tiles.add(
 )
 if accuracy:
     (first_step, first), (last_step, final) = accuracy[0], accuracy[-1]
+    # the evaluation after the last trained step is logged at the next step, which has no tokens:
+    # named after the step it follows, as the Reward tile beside it names that step
+    after = last_step > last["step"]
     tiles.add(
         "Accuracy",
         f"{final:.3f}",
-        scope=f"step {last_step}",
+        scope=f"after step {last['step']}" if after else f"step {last_step}",
         delta=f"{final - first:+.3f}",
         help=f"held-out accuracy (eval/accuracy) at step {last_step}, the last evaluation in the filters' "
-        f"steps; the change since the first there, at step {first_step}.",
+        + (f"steps (the final one, run after the last trained step {last['step']})" if after else "steps")
+        + f"; the change since the first there, at step {first_step}.",
     )
 
+# every rule in the block-rate chart (the active and the compared one drawn, the others a legend
+# click away), at full width so that its legend fits under it; the timeline beside the accuracy
+# draws those two only
+shown = shown_rules(ctx)
+chart(plots.blocked_per_step_lines(blocked, shown=shown), "ov_blocked", ctx=ctx)
+others = [c for c in signals.columns if c.startswith("blocked_") and c.removeprefix("blocked_") not in shown]
 left, right = st.columns(2)
 with left:
-    chart(plots.blocked_per_step_lines(blocked), "ov_blocked", ctx=ctx)
-with right:
-    chart(plots.collapse_timeline(signals, alerts, panels=("entropy", "reward")), "ov_timeline", ctx=ctx)
+    chart(plots.collapse_timeline(signals.drop(others), alerts, panels=("entropy", "reward")), "ov_timeline", ctx=ctx)
 if accuracy:
-    left, _ = st.columns(2)
-    with left:
+    with right:
         chart(plots.accuracy_curve(accuracy), "ov_accuracy")
 
 st.subheader("Alerts")

@@ -144,8 +144,9 @@ st.html(
     )
 )
 st.caption(
-    "Hover a token for every recorded value; rings mark the rules that block it; … marks positions "
-    "with no recorded row (a sampled run keeps every token that matters and a share of the rest)."
+    "Hover a token for every recorded value; rings mark the rules that block it (a dashed ring and a number: "
+    "that many rules, named on hover); ␣ is a space; … marks positions with no recorded row (a sampled run "
+    "keeps every token that matters and a share of the rest)."
 )
 if focus is not None and blocked_column(focus) in tokens.columns:
     spec = ctx.run.rules.get(focus) or {}

@@ -279,6 +279,7 @@ def cases(fx: Fixtures) -> list[Case]:
 
 def _flag_word(flag: str, word: str) -> str:
     """The flag's name as either the flag (--tv-bound) or its setting (tv_bound) may be named:
-    the setting's name, which is in both (argparse's errors name the flag, TrainConfig's the
-    setting); the CLI errors are matched on it."""
-    return word.split("_")[0] if word in ("keep_rate",) else word
+    the longest word of the setting's name, which is in both (argparse's errors, the choices
+    checked while parsing included, name the flag, TrainConfig's the setting); the CLI errors are
+    matched on it."""
+    return max(word.split("_"), key=len)

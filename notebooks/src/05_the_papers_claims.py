@@ -16,7 +16,8 @@
 import polars as pl
 
 from trustlens.analysis.claims import alert_leads, measure_claims
-from trustlens.analysis.seeds import format_seed_table, run_outcomes, seed_table
+from trustlens.analysis.seed_text import format_seed_table
+from trustlens.analysis.seeds import run_outcomes, seed_table
 from trustlens.notebook import sample_runs, setup
 
 setup()

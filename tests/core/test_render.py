@@ -5,6 +5,8 @@ from html.parser import HTMLParser
 import pytest
 
 from trustlens.core.render import (
+    MANY_RULES_COLOUR,
+    MAX_RINGS,
     MISSING_BACKGROUND,
     NEGATIVE_RGB,
     POSITIVE_RGB,
@@ -14,7 +16,9 @@ from trustlens.core.render import (
     escape_markdown,
     legend_html,
     quantity_centre,
+    quoted_token,
     rule_colours,
+    token_text,
     visible_text,
     visible_token,
 )
@@ -184,3 +188,33 @@ def test_rule_colours_fixed_and_distinct():
 def test_hover_text_shows_infinite_kl():
     markup = colored_tokens_html(["a"], [1.0], quantity="ratio", hover={"topk_kl": [float("inf")]})
     assert "topk_kl = ∞" in markup
+
+
+def test_many_rules_on_one_token_get_one_ring_and_a_count():
+    """Up to MAX_RINGS rules: a ring each; more: one dashed ring and the count, names on hover."""
+    rules = ["ppo", "ppo_clip_higher", "minirl", "dppo_binary_tv", "cispo"]
+    blocked = {r: [True, i < MAX_RINGS, False] for i, r in enumerate(rules)}
+    markup = colored_tokens_html(["a", "b", "c"], [1.0, 1.0, 1.0], blocked=blocked)
+    tokens = re.findall(r'<span style="([^"]*)" title="([^"]*)">(.*?)</span>(?=<span|</div>)', markup)
+    (many, many_title, many_text), (two, _, two_text), (none, _, none_text) = tokens
+    assert MAX_RINGS == 2 and f"outline:2px dashed {MANY_RULES_COLOUR}" in many and "box-shadow" not in many
+    assert re.fullmatch(r'a<span style="[^"]*">5</span>', many_text)  # the count beside the text
+    assert "blocked by: " + ", ".join(rules) in html.unescape(many_title)
+    colours = rule_colours(rules)
+    assert f"0 0 0 2px {colours['ppo']}, 0 0 0 4px {colours['ppo_clip_higher']}" in two and "outline" not in two
+    assert two_text == "b" and none_text == "c" and "outline" not in none and "box-shadow" not in none
+    # the legend names the dashed ring when more rules than MAX_RINGS are shown
+    assert "blocked by more than 2 rules" in legend_html(rules, quantity="ratio")
+    assert "more than" not in legend_html(rules[:2], quantity="ratio")
+
+
+def test_a_token_is_spelt_one_way():
+    """Spaces as ␣ and invisible characters escaped: in the inspector, a table cell, a figure."""
+    from trustlens.plots import token_labels
+
+    assert token_text(" the\n") == "␣the↵" and token_text(None) == "∅"
+    assert visible_token(" the") == "␣the" and visible_token(None) is None
+    assert quoted_token(" 59") == "‹␣59›"
+    assert token_labels([" 59", " 59", "a b"]) == ["‹␣59›", "‹␣59› #2", "‹a␣b›"]
+    markup = colored_tokens_html([" 59"], [1.0])
+    assert ">␣59</span>" in markup and "#0  ␣59" in html.unescape(markup)

@@ -96,7 +96,8 @@ def test_step_scalars_of_a_trainer_run_match_the_analyses():
 
 def test_tensorboard_export_reads_back_with_tensorboards_reader(tmp_path):
     done = export_tensorboard([SAMPLE / "pg_is", SAMPLE / "ppo"], tmp_path / "tb")
-    assert done == {"pg_is": 251, "ppo": 251}  # steps 0–249 and the final evaluation at step 250
+    # steps 0–249; the evaluation after the last step, at step 250, is sent but trained nothing
+    assert done == {"pg_is": 250, "ppo": 250}
     for name in ("pg_is", "ppo"):
         read = scalars_of(tmp_path / "tb" / name)
         expected = step_scalars(load_run(SAMPLE / name))
@@ -388,7 +389,7 @@ def test_cli(tmp_path):
         text=True,
         check=True,
     )
-    assert "ppo: 251 steps exported to tensorboard" in out.stdout
+    assert "ppo: 250 training steps and their evaluations exported to tensorboard" in out.stdout
     assert "eval/accuracy" in scalars_of(tmp_path / "ppo")
     bad = subprocess.run(
         [sys.executable, "-m", "trustlens.cli", "export", str(SAMPLE / "ppo"), "--to", "tensorboard"],

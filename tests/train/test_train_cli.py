@@ -62,7 +62,12 @@ def test_help_names_the_preset_each_command_uses(capsys, command, preset):
     "argv, message",
     [
         (["train", "--steps", "many"], "invalid int value"),
-        (["train", "--preset", "huge"], "invalid choice"),
+        (["train", "--preset", "huge"], "argument --preset: must be one of default, quick,"),
+        # choices are checked while the flags are parsed, before any work, a typo named
+        (["train", "--rule", "nope"], "argument --rule: must be one of ppo,"),
+        (["train", "--rule", "dppo_binary"], "got 'dppo_binary' (did you mean 'dppo_binary_tv'?)"),
+        (["train", "--rollout-precision", "fp16"], "argument --rollout-precision: must be one of bf16, fp32, fp8"),
+        (["train", "--loss-agg-mode", "sum"], "argument --loss-agg-mode: must be one of token-mean,"),
         (["compare", "--rules", "ppo,ppo"], "listed twice"),
         (["compare", "--seeds", "1,x"], "comma-separated integers"),
     ],
@@ -77,9 +82,6 @@ def test_bad_arguments_exit_2_with_usage(capsys, argv, message):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--rule", "nope"], "unknown rule 'nope'; known rules: ppo,"),
-        (["--rollout-precision", "fp16"], "precision must be one of"),
-        (["--loss-agg-mode", "sum"], "loss_agg_mode must be one of"),
         (["--steps", "0"], "steps must be ≥ 1"),
         (["--group-size", "1"], "group_size must be ≥ 2"),
         (["--rule", "pg_is", "--high", "0.3"], "has no high threshold"),
@@ -97,8 +99,9 @@ def test_bad_settings_exit_2_without_traceback(capsys, tmp_path, argv, message):
 
 
 def test_compare_rejects_an_unknown_rule_before_training(capsys, tmp_path):
-    code, _, err = run_cli(capsys, "compare", "--rules", "ppo,bogus", *QUICK, "--out", str(tmp_path))
-    assert code == 2 and "unknown rule 'bogus'" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--rules", "ppo,bogus", *QUICK, "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "argument --rules: rule must be one of ppo," in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 
 

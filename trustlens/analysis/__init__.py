@@ -13,6 +13,7 @@ Modules, each documenting its return columns:
     drivers    the tokens and samples that drove a collapse alert
     doctor     log-probability bugs that fake a training–inference mismatch (doctor, Finding)
     seeds      per-run outcomes and their mean ± standard error over seeds (trustlens compare)
+    seed_text  the seed table as terminal text in blocks of ≤ 120 columns, with a legend
     findings   the paper's findings located in a run (motivating examples, where blocked tokens sit)
     sweep      what each rule blocks with its thresholds scaled (threshold_sweep)
     summary    the per-step summary of a run (the dashboard's overview table); a sampled run's

@@ -7,7 +7,9 @@ Per run (`run_outcome`), with steps numbered as recorded:
     acc_lowest                       the lowest evaluation (how far a run that did not collapse dipped)
     acc_drop                         the best accuracy level minus the final one, a level being the
                                      mean of `eval_window` consecutive evaluations (the final level:
-                                     the last ones); 0 when the final level is the best
+                                     the last ones); 0 when the final level is the best;
+                                     null with 3 evaluations or fewer (one level: no drop to
+                                     measure, whatever acc_final − acc_start)
     acc_drop_noise                   the 95th percentile of acc_drop among runs whose accuracy
                                      never changes: as many evaluations, the same w, each a
                                      binomial proportion over the run's `eval_size` problems at p̄,
@@ -48,8 +50,8 @@ steps is below half the mean reward of the first `window` steps, whichever comes
 = max(5, round(0.1 · steps)) steps (`collapse_window`), steps counted in the samples table for
 the reward and in the token rows for k3 and TV.
 
-Over seeds (`seed_table`), one row per rule: n (runs), collapsed (runs that collapsed),
-within_noise (runs that ended within noise of their best), and for
+Over seeds (`seed_table`, as text: `trustlens.analysis.seed_text`), one row per rule: n (runs),
+collapsed (runs that collapsed), within_noise (runs that ended within noise of their best), and for
 every outcome above `<name>_mean` and `<name>_se`, the standard error s/√n with s the sample
 standard deviation (ddof = 1; null for a single run). steps_to_collapse is averaged over the
 runs that collapsed only. Runs measured together should share their settings apart from rule and
@@ -174,8 +176,8 @@ def noise_tail(outside: int, n: int) -> float:
 
 def accuracy_drop(accuracy: list[float], eval_size: int | None) -> tuple[float | None, float | None]:
     """(acc_drop, acc_drop_noise) of a run's evaluations in step order (module docstring); both
-    null without evaluations, the noise null without a positive eval_size."""
-    if not accuracy:
+    null with 3 evaluations or fewer (a single level), the noise null without a positive eval_size."""
+    if len(accuracy) <= eval_window(len(accuracy)):  # none, or one level: nothing to fall from
         return None, None
     drop = float(level_drops(np.asarray(accuracy, dtype=np.float64), eval_window(len(accuracy))))
     if not eval_size or eval_size <= 0:
@@ -357,18 +359,6 @@ def over_seeds(values: Iterable[float | None]) -> str:
     return f"{format_mean_se(mean, se)} (n={n})"
 
 
-def format_seed_table(table: pl.DataFrame, by: str = "rule") -> str:
-    """The seed table as aligned text, one line per row."""
-    head = [by, "n", "collapsed", "within_noise", *OUTCOMES]
-    lines = [head]
-    for row in table.iter_rows(named=True):
-        cells = [str(row[by]), str(row["n"]), f"{row['collapsed']}/{row['n']}", f"{row['within_noise']}/{row['n']}"]
-        cells += [format_mean_se(row[f"{n}_mean"], row[f"{n}_se"]) for n in OUTCOMES]
-        lines.append(cells)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines)
-
-
 def csv_safe(table: pl.DataFrame) -> pl.DataFrame:
     """String cells that a spreadsheet would run as a formula (starting with =, +, -, @, tab or
     CR) prefixed with a single quote: run and rule names come from the run and are untrusted."""
@@ -390,7 +380,6 @@ __all__ = [
     "csv_safe",
     "eval_window",
     "format_mean_se",
-    "format_seed_table",
     "line_margin",
     "mean_se",
     "over_seeds",

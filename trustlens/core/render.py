@@ -46,6 +46,16 @@ EXTRA_COLOURS = ("#F0E442", "#1F3A93", "#E377C2", "#2CA02C", "#A50026", "#FF7F0E
 # Colours of things compared that are not rules (runs), in the order given.
 SERIES_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000", "#8C564B")
 OUTLINE_PX = 2
+# A token blocked by more than MAX_RINGS rules gets one dashed ring in MANY_RULES_COLOUR and the
+# count of its rules beside its text (their names in its hover text): a dozen stacked rings
+# would be unreadable and push the lines apart.
+MAX_RINGS = 2
+MANY_RULES_COLOUR = "#444"
+_MANY_RULES_RING = f"outline:{OUTLINE_PX}px dashed {MANY_RULES_COLOUR};outline-offset:1px;"
+_COUNT_STYLE = (
+    f"display:inline-block;margin-left:3px;padding:0 3px;border-radius:6px;font-size:0.75em;line-height:1.3;"
+    f"background:{MANY_RULES_COLOUR};color:#fff;vertical-align:top"
+)
 # the marker of positions with no token row, between two drawn tokens
 _GAP_STYLE = "display:inline-block;padding:1px 2px;margin:1px 2px;color:#888;font-family:monospace"
 
@@ -73,11 +83,22 @@ def visible_text(text: str | None) -> str:
     return _visible(text, _VISIBLE)
 
 
+def token_text(text: str | None) -> str:
+    """A token's text as every page, figure and report spells it: as `visible_text`, and every
+    space shown as "␣" (a leading or trailing space — most BPE tokens have one — is otherwise
+    invisible); None becomes "∅". Where nothing else marks where a token starts and ends (prose,
+    an axis label), `quoted_token` adds the marks."""
+    return _visible(text, _VISIBLE_TOKEN)
+
+
+def quoted_token(text: str | None) -> str:
+    """`token_text` between ‹ and ›, for a token named in prose or on an axis."""
+    return f"‹{token_text(text)}›"
+
+
 def visible_token(text: str | None) -> str | None:
-    """A token's text for a table cell: as `visible_text`, and every space shown as "␣" (a
-    leading or trailing space — most BPE tokens have one — is otherwise invisible). None stays
-    None (a missing value)."""
-    return None if text is None else _visible(text, _VISIBLE_TOKEN)
+    """A token's text for a table cell (`token_text`); None stays None (a missing value)."""
+    return None if text is None else token_text(text)
 
 
 def csv_cell(text: str | None) -> str | None:
@@ -189,7 +210,8 @@ def colored_tokens_html(
     centre   the value drawn white (default `quantity_centre(quantity)`)
     scale    |value − centre| drawn fully saturated (default: the largest in `values`)
     blocked  rule → per-token "blocked" flags: each blocked token gets a ring in the rule's colour
-             (rings stack when several rules block it)
+             (rings stack when up to MAX_RINGS rules block it; more get one dashed ring and
+             their count, MANY_RULES_COLOUR)
     hover    extra column → per-token values listed in the hover text
     positions each token's position in the response (the `pos` column), ascending: shown in the
              hover text, and a run of positions with no row between two tokens (a sampled run
@@ -221,28 +243,33 @@ def colored_tokens_html(
             missing = f"{expected}" if at[i] == expected + 1 else f"{expected}–{at[i] - 1}"
             title = html.escape(f"position(s) {missing}: not recorded (a sampled run keeps only some tokens)")
             spans.append(f'<span style="{_GAP_STYLE}" title="{title}">…</span>')
-        rings = [colours[r] for r, flags in blocked.items() if flags[i]]
+        blockers = [r for r, flags in blocked.items() if flags[i]]
+        many = len(blockers) > MAX_RINGS
+        rings = [] if many else [colours[r] for r in blockers]
         shadow = ", ".join(f"0 0 0 {OUTLINE_PX * (k + 1)}px {c}" for k, c in enumerate(rings))
         style = (
-            f"display:inline-block;white-space:pre;padding:1px 2px;margin:{OUTLINE_PX * len(rings) + 1}px 2px;"
+            f"display:inline-block;white-space:pre;padding:1px 2px;"
+            f"margin:{OUTLINE_PX * max(len(rings), 2 if many else 0) + 1}px 2px;"
             f"border-radius:3px;font-family:monospace;line-height:1.4;"
             f"background:{diverging_colour(v, centre, scale)};color:{_text_colour(v, centre, scale)};"
             + (f"box-shadow:{shadow};" if shadow else "")
+            + (_MANY_RULES_RING if many else "")
         )
-        lines = [f"#{at[i]}  {visible_text(tok)}", f"{quantity} = {_format_value(v)}"]
+        lines = [f"#{at[i]}  {token_text(tok)}", f"{quantity} = {_format_value(v)}"]
         lines += [f"{k} = {_format_value(seq[i])}" for k, seq in hover.items()]
-        blockers = [r for r, flags in blocked.items() if flags[i]]
         lines.append("blocked by: " + (", ".join(blockers) if blockers else "none"))
         title = html.escape("\n".join(lines), quote=True)
-        text = html.escape(visible_text(tok), quote=True)
-        spans.append(f'<span style="{style}" title="{title}">{text}</span>')
+        text = html.escape(token_text(tok), quote=True)
+        count = f'<span style="{_COUNT_STYLE}">{len(blockers)}</span>' if many else ""
+        spans.append(f'<span style="{style}" title="{title}">{text}{count}</span>')
         if tok is not None and "\n" in tok:
             spans.append("<br>")
     return f'<div style="line-height:2.2;word-wrap:break-word">{"".join(spans)}</div>'
 
 
 def legend_html(rules: Sequence[str], *, quantity: str, centre: float | None = None) -> str:
-    """The key to `colored_tokens_html`: the colour scale's ends and each rule's outline."""
+    """The key to `colored_tokens_html`: the colour scale's ends, each rule's outline, and the
+    dashed ring with a count of a token that more than MAX_RINGS of `rules` block."""
     centre = quantity_centre(quantity) if centre is None else float(centre)
     q = html.escape(visible_text(quantity), quote=True)
     pos = "rgb({},{},{})".format(*POSITIVE_RGB)
@@ -257,5 +284,10 @@ def legend_html(rules: Sequence[str], *, quantity: str, centre: float | None = N
         items.append(
             f'<span style="box-shadow:0 0 0 {OUTLINE_PX}px {colour};padding:1px 4px;margin:0 2px;'
             f'border-radius:3px">blocked by {name}</span>'
+        )
+    if len(rules) > MAX_RINGS:
+        items.append(
+            f'<span style="{_MANY_RULES_RING}padding:1px 4px;margin:0 2px;border-radius:3px">blocked by more than '
+            f'{MAX_RINGS} rules<span style="{_COUNT_STYLE}">n</span></span>'
         )
     return f'<div style="margin:4px 0 8px 0;line-height:2.2">{" ".join(items)}</div>'

@@ -312,6 +312,17 @@ def stop_on_arg(text: str) -> str:
     return _flag("--stop-on", check_stop_on, text)
 
 
+def choice_arg(options: Callable[[], Iterable[str]]) -> Callable[[str], str]:
+    """argparse type of a flag whose value is one of `options()`: a typo is answered with the
+    closest choice while the flags are parsed. `options` is called only when the flag is given, so
+    the module that knows the choices (one importing torch, say) stays out of `--help`."""
+
+    def parse(text: str) -> str:
+        return _flag("value", lambda name, value: check_choice(name, value, options()), text)
+
+    return parse
+
+
 def mirror_arg(text: str) -> str:
     """argparse type of a --mirror flag: a destination `check_mirror` accepts."""
     _flag("--mirror", check_mirror, text)

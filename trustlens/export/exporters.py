@@ -23,7 +23,7 @@ import polars as pl
 
 from trustlens.analysis.collapse import detect_collapse
 from trustlens.analysis.inputs import require_run
-from trustlens.core.values import check_path, check_type
+from trustlens.core.values import check_choice, check_path, check_type
 from trustlens.export.scalars import step_scalars
 from trustlens.export.sinks import TensorBoardSink, WandbSink
 from trustlens.run import NoRowsError, load_run
@@ -34,13 +34,21 @@ DRIVER_COLUMNS = (
 )
 
 
+# names of the held-out evaluation's scalars: a run of N steps evaluates after its last step too,
+# logged at step N, a step that trained nothing
+EVALUATION_PREFIXES = ("eval/", "time/eval")
+
+
 def export_run(run, sink) -> int:
-    """Send `run`'s scalars and alerts to `sink`; the number of steps sent."""
+    """Send `run`'s scalars and alerts to `sink`; the number of training steps sent, as the run
+    counts its steps: a step holding only evaluation scalars (`EVALUATION_PREFIXES`, the
+    evaluation after the last step) is sent but not counted, so a 160-step run gives 160."""
     scalars = step_scalars(run)
     steps = 0
     for (step,), part in scalars.group_by("step", maintain_order=True):
-        sink.log_step(int(step), dict(zip(part["name"].to_list(), part["value"].to_list(), strict=True)))
-        steps += 1
+        names = part["name"].to_list()
+        sink.log_step(int(step), dict(zip(names, part["value"].to_list(), strict=True)))
+        steps += not all(name.startswith(EVALUATION_PREFIXES) for name in names)
     alerts = _alerts(run)
     if alerts.height:
         sink.log_alerts(alerts)
@@ -116,6 +124,21 @@ def driving_tokens(run, alerts: pl.DataFrame) -> pl.DataFrame:
     return joined.sort("alert", "rank").select(DRIVER_COLUMNS).collect()
 
 
+# what --to exports into (its first word)
+KINDS = ("tensorboard", "wandb")
+
+
+class _Destination(argparse.Action):
+    """--to KIND [DEST]: KIND one of KINDS, a typo answered with the closest while the flags are parsed."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        try:
+            check_choice("KIND", values[0], KINDS)
+        except ValueError as err:
+            raise argparse.ArgumentError(self, str(err)) from None
+        setattr(namespace, self.dest, values)
+
+
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
     """Flags of `trustlens export`."""
     # "*": runs written after --to are taken by it; _export says so instead of "RUN is required"
@@ -125,6 +148,7 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         nargs="+",
         required=True,
         metavar=("KIND", "DEST"),
+        action=_Destination,
         help="tensorboard LOGDIR (one sub-directory per run), or wandb [PROJECT] (W&B settings from "
         "its environment, e.g. WANDB_MODE=offline)",
     )
@@ -145,7 +169,7 @@ def _export(args: argparse.Namespace) -> int:
     else:
         raise ValueError(f"--to must be 'tensorboard LOGDIR' or 'wandb [PROJECT]', got {args.to}")
     for name, steps in done.items():
-        print(f"{name}: {steps} steps exported to {kind}{' ' + dest[0] if dest else ''}")
+        print(f"{name}: {steps} training steps and their evaluations exported to {kind}{' ' + dest[0] if dest else ''}")
     return 0
 
 

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import warnings
 
-import trl
 from packaging.version import Version
-from trl import GRPOTrainer
+
+from trustlens import import_extra
+
+# imported first of the integration's modules: a missing TRL names the extra that installs it
+trl = import_extra("trl")
+GRPOTrainer = trl.GRPOTrainer
 
 # TRL releases this integration supports: tests/test_integrations_trl.py passes on 0.29.1, 1.0.0,
 # 1.8.0 and 1.16.0 (older TRL does not import with transformers 5). An older release is refused, a

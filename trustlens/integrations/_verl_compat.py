@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from packaging.version import Version
 
+from trustlens import import_extra
 from trustlens.integrations._external import warn_untested
 
 MIN_VERL = Version("0.7.0")
@@ -20,8 +21,7 @@ class UnsupportedVerlVersion(RuntimeError):
 
 
 def _check_version() -> None:
-    import verl
-
+    verl = import_extra("verl")  # a missing verl names the extra that installs it
     version = Version(verl.__version__)
     if version < MIN_VERL:
         raise UnsupportedVerlVersion(f"trustlens.integrations.verl needs verl >= {MIN_VERL}, found {version}")
@@ -30,6 +30,5 @@ def _check_version() -> None:
 
 
 def _verl_version() -> str:
-    import verl
-
+    verl = import_extra("verl")
     return str(verl.__version__)

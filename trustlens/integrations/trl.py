@@ -63,9 +63,7 @@ TRL loss maps to), `_trl_rollout` (`engine_rollout`) and `_trl_stop` (`stop_on`)
 
 from __future__ import annotations
 
-import trl
-
-from trustlens.integrations._trl_compat import MAX_TESTED_TRL, MIN_TRL, UnsupportedTRLVersion, check_trl
+from trustlens.integrations._trl_compat import MAX_TESTED_TRL, MIN_TRL, UnsupportedTRLVersion, check_trl, trl
 from trustlens.integrations._trl_hook import GROUP_KEY, SAMPLE_KEY, TrustLensGRPOMixin
 from trustlens.integrations._trl_rollout import engine_rollout
 from trustlens.integrations._trl_rules import Thresholds, active_rule_of, default_rules

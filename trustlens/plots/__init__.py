@@ -34,7 +34,16 @@ from trustlens.plots.blocking import (
     confusion_lines,
     figure1,
 )
-from trustlens.plots.common import MAX_POINTS, SEVERITY_COLOURS, legend_beside, safe_text, thin, token_labels
+from trustlens.plots.common import (
+    MAX_POINTS,
+    SEVERITY_COLOURS,
+    drawn,
+    legend_below,
+    legend_beside,
+    safe_text,
+    thin,
+    token_labels,
+)
 from trustlens.plots.mismatch import MISMATCH_CURVES, mismatch_by_bucket_bar, mismatch_curves
 from trustlens.plots.numbers import RATE_FORMAT, plain_figure, plain_numbers, rate_columns, scale_of, zero_noise
 from trustlens.plots.runs import TIMELINE_SIGNALS, accuracy_curve, collapse_timeline, overlay_runs
@@ -55,8 +64,10 @@ __all__ = [
     "confusion_lines",
     "count",
     "decimal",
+    "drawn",
     "figure1",
     "is_rate",
+    "legend_below",
     "legend_beside",
     "mismatch_by_bucket_bar",
     "mismatch_curves",

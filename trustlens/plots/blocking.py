@@ -6,6 +6,7 @@ two rules' masks compared (confusion_heatmap, confusion_lines). Each rule keeps 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import numpy as np
 import plotly.graph_objects as go
@@ -13,7 +14,7 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from trustlens.core.render import rule_colours
-from trustlens.plots.common import MAX_POINTS, empty, safe_text, thin, token_labels
+from trustlens.plots.common import MAX_POINTS, drawn, empty, legend_below, safe_text, thin, token_labels
 from trustlens.plots.numbers import RATE_FORMAT, plain_figure
 
 _SIDE_DASH = {"upper": "solid", "lower": "dash"}
@@ -226,9 +227,16 @@ def blocked_by_bucket_bar(
 
 @plain_figure
 def blocked_per_step_lines(
-    per_step: pl.DataFrame, *, max_points: int = MAX_POINTS, title: str = "Blocked fraction per step"
+    per_step: pl.DataFrame,
+    *,
+    shown: Collection[str] | None = None,
+    max_points: int = MAX_POINTS,
+    title: str = "Blocked fraction per step",
 ) -> go.Figure:
-    """One line per rule: the fraction of each step's A ≠ 0 tokens it blocks (`analysis.blocked_per_step`)."""
+    """One line per rule: the fraction of each step's A ≠ 0 tokens it blocks (`analysis.blocked_per_step`).
+    `shown`: the rules drawn (e.g. the run's active rule and the one compared with it); the others
+    are listed in the legend, one click away (None: every rule drawn). The legend sits under the
+    plot."""
     if per_step.is_empty():
         return empty(title, "no tokens")
     rules = list(dict.fromkeys(per_step["rule"].to_list()))
@@ -242,6 +250,7 @@ def blocked_per_step_lines(
                 y=part["blocked_frac"].to_list(),
                 mode="lines",
                 name=safe_text(rule),
+                visible=drawn(rule, shown),
                 line_color=colours[rule],
                 hovertemplate=f"step %{{x}}: %{{y:{RATE_FORMAT}}}<extra>{safe_text(rule)}</extra>",
             )
@@ -252,7 +261,7 @@ def blocked_per_step_lines(
         yaxis_title="blocked fraction of A ≠ 0 tokens",
         yaxis_tickformat=RATE_FORMAT,
     )
-    return fig
+    return legend_below(fig)
 
 
 @plain_figure

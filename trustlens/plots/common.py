@@ -1,18 +1,26 @@
 """What every figure module shares: `safe_text` and `token_labels` for the text a figure shows
 (see the package docstring), `thin` for curves longer than `MAX_POINTS` steps, `empty` for the
-figure of an empty frame, `legend_beside` to put a panel's legend next to it, and the alert
-colours (`SEVERITY_COLOURS`)."""
+figure of an empty frame, `legend_beside` to put a panel's legend next to it and `legend_below`
+to put a long one under the plot, `drawn` for the rules drawn among many (the others one legend
+click away), and the alert colours (`SEVERITY_COLOURS`)."""
 
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+import math
+from collections.abc import Collection, Sequence
+from typing import Literal
 
 import plotly.graph_objects as go
 import polars as pl
 
-from trustlens.core.render import visible_text
+from trustlens.core.render import quoted_token, visible_text
 
+# plotly's figure height when none is set, and the height of one row of a legend, px
+DEFAULT_HEIGHT = 450
+LEGEND_ROW_PX = 20
+# the width of the text of one entry of a legend under the plot: the longest rule name at 11 px
+LEGEND_ENTRY_PX = 150
 # Curves longer than this are averaged over equal step bins.
 MAX_POINTS = 2000
 SEVERITY_COLOURS = {"info": "#56B4E9", "warning": "#E69F00", "critical": "#D55E00"}
@@ -28,24 +36,52 @@ def legend_beside(fig: go.Figure, row: int, legend: str = "legend", **style) -> 
     return fig
 
 
-def safe_text(text: object, *, token: bool = False) -> str:
-    """`text` safe to put in a plotly label or hover text: shown literally, never as markup.
+def legend_below(fig: go.Figure, legend: str = "legend", **style) -> go.Figure:
+    """Lay `legend` out under the plot in rows of entries LEGEND_ENTRY_PX wide (two a row in a
+    400 px figure, more when wider), left-aligned, below the x axis title, so that a long legend
+    (a dozen rules) takes no width from a narrow plot; the figure grows by LEGEND_ROW_PX per row of
+    two, so the plot keeps its height. `style`: more of the legend's settings."""
+    entries = sum(1 for trace in fig.data if (trace.legend or "legend") == legend and trace.showlegend is not False)
+    below = {
+        "orientation": "h",
+        "entrywidth": LEGEND_ENTRY_PX,  # two entries a row from 400 px wide, more when wider
+        "entrywidthmode": "pixels",
+        "font": {"size": 11},
+        "itemwidth": 30,  # the line beside each name: plotly's narrowest
+        "x": 0,
+        "xref": "container",
+        "xanchor": "left",
+        "y": 0,
+        "yref": "container",
+        "yanchor": "bottom",
+    }
+    height = (fig.layout.height or DEFAULT_HEIGHT) + LEGEND_ROW_PX * math.ceil(entries / 2)
+    # the right margin of a legend beside the plot is not needed: the plot takes the width
+    fig.update_layout({legend: {**below, **style}, "height": height, "margin": {"r": 24}})
+    return fig
 
-    Control and direction characters become visible escapes; with `token`, spaces are shown as
-    non-breaking spaces too (so a token's leading space stays visible)."""
-    shown = visible_text(None if text is None else str(text))
-    if not token:
-        shown = shown.replace("\u00a0", " ")
+
+def drawn(name: str, shown: Collection[str] | None) -> bool | Literal["legendonly"]:
+    """A trace's `visible`: drawn when `shown` is None or holds `name`, else listed in the legend
+    only, where one click draws it."""
+    return True if shown is None or name in shown else "legendonly"
+
+
+def safe_text(text: object) -> str:
+    """`text` safe to put in a plotly label or hover text: shown literally, never as markup.
+    Control and direction characters become visible escapes, no-break spaces plain spaces (a
+    token's spaces are shown as ␣ by `token_labels`)."""
+    shown = visible_text(None if text is None else str(text)).replace("\u00a0", " ")
     return html.escape(shown, quote=True).replace("$", "&#36;")
 
 
 def token_labels(tokens: Sequence[str | None]) -> list[str]:
-    """Safe, distinct axis labels for token texts: quoted (so leading spaces show) and numbered
-    when two texts would look the same."""
+    """Safe, distinct axis labels for token texts, spelt as every page spells a token
+    (`quoted_token`: spaces as ␣, between ‹ and ›), numbered when two texts would look the same."""
     seen: dict[str, int] = {}
     out = []
     for t in tokens:
-        label = f"‹{safe_text(t, token=True)}›"
+        label = safe_text(quoted_token(t))
         seen[label] = seen.get(label, 0) + 1
         out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
     return out

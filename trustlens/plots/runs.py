@@ -3,7 +3,7 @@ the held-out accuracy with the collapse line, and several runs' per-step columns
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import plotly.graph_objects as go
 import polars as pl
@@ -11,10 +11,22 @@ from plotly.subplots import make_subplots
 
 from trustlens.core.numbers import is_rate
 from trustlens.core.render import rule_colours, series_colours
-from trustlens.plots.common import MAX_POINTS, SEVERITY_COLOURS, empty, legend_beside, safe_text, thin
+from trustlens.plots.common import (
+    MAX_POINTS,
+    SEVERITY_COLOURS,
+    drawn,
+    empty,
+    legend_below,
+    legend_beside,
+    safe_text,
+    thin,
+)
 from trustlens.plots.numbers import RATE_FORMAT, plain_figure
 
 TIMELINE_SIGNALS = ("entropy", "k3_kl", "reward", "accuracy", "grad_norm")
+# collapse_timeline: the height of one panel, and the gap above each panel (its title's room), px
+PANEL_PX = 160
+TITLE_GAP_PX = 44
 
 
 def _line(df: pl.DataFrame, x: str, y: str, max_points: int) -> dict:
@@ -33,6 +45,7 @@ def collapse_timeline(
     alerts: pl.DataFrame | None = None,
     *,
     panels: Sequence[str] = TIMELINE_SIGNALS,
+    shown: Collection[str] | None = None,
     max_points: int = MAX_POINTS,
     title: str = "Collapse signals",
 ) -> go.Figure:
@@ -40,22 +53,26 @@ def collapse_timeline(
     that the run has, then every blocked_<rule> fraction in one panel — with each alert
     (`analysis.detect_collapse`) marked on the panel of its signal, coloured by severity; the
     marker's hover text is the alert's message. A panel's line joins the steps that have a value
-    (accuracy: the evaluations, marked). The rules' legend sits beside the block-rate panel (in
-    percent), the alerts' beside the first panel with an alert."""
+    (accuracy: the evaluations, marked). `shown`: the rules drawn in the block-rate panel (in
+    percent), the others listed in its legend, one click away (None: every rule). The rules'
+    legend sits under the figure, the alerts' beside the first panel with an alert. Panels are
+    spaced so that each one's title clears the tick labels of the panel above."""
     if signals.is_empty():
         return empty(title, "no steps")
     blocked = [c for c in signals.columns if c.startswith("blocked_")]
-    shown = [p for p in panels if p in signals.columns and signals[p].drop_nulls().len() > 0]
-    rows = shown + (["blocked"] if blocked else [])
+    present = [p for p in panels if p in signals.columns and signals[p].drop_nulls().len() > 0]
+    rows = present + (["blocked"] if blocked else [])
+    height = PANEL_PX * len(rows) + 120
     fig = make_subplots(
         rows=len(rows),
         cols=1,
         shared_xaxes=True,
-        vertical_spacing=0.03,
+        # TITLE_GAP_PX of the plot area (the figure less its margins) between two panels
+        vertical_spacing=min(TITLE_GAP_PX / (height - 180), 0.3),
         subplot_titles=[safe_text(r) if r != "blocked" else "blocked fraction of A ≠ 0 tokens" for r in rows],
     )
-    row_of = {p: i for i, p in enumerate(shown, start=1)}
-    for p in shown:
+    row_of = {p: i for i, p in enumerate(present, start=1)}
+    for p in present:
         fig.add_trace(
             go.Scatter(
                 **_line(signals, "step", p, max_points),
@@ -78,8 +95,9 @@ def collapse_timeline(
                     y=df[c].to_list(),
                     mode="lines",
                     name=safe_text(rule),
+                    visible=drawn(rule, shown),
                     line_color=colours[rule],
-                    legend="legend2",  # the rules' legend sits beside their panel, not the top ones
+                    legend="legend2",  # the rules' legend sits under the figure, the alerts' beside a panel
                     hovertemplate=f"step %{{x}}: %{{y:{RATE_FORMAT}}}<extra>{safe_text(rule)}</extra>",
                 ),
                 row=len(rows),
@@ -111,9 +129,9 @@ def collapse_timeline(
                     col=1,
                 )
     fig.update_xaxes(title_text="step", row=len(rows), col=1)
-    fig.update_layout(title=safe_text(title), height=160 * len(rows) + 120)
-    if blocked:  # the rules' legend level with the block-rate panel (the last), in percent
-        legend_beside(fig, len(rows), "legend2")
+    fig.update_layout(title=safe_text(title), height=height)
+    if blocked:  # the rules' legend under the figure; the block-rate panel (the last) in percent
+        legend_below(fig, "legend2")
         fig.update_yaxes(tickformat=RATE_FORMAT, row=len(rows), col=1)
     if alert_legend == "legend" and alert_rows:
         legend_beside(fig, alert_rows[0])

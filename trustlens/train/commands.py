@@ -18,17 +18,43 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from trustlens.core.values import mirror_arg, port_arg, stop_on_arg
+from trustlens.core.values import check_choice, choice_arg, mirror_arg, port_arg, stop_on_arg
 from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, TrainConfig
 from trustlens.train.runner import config, finish, is_main, print_inspect, run_one
 from trustlens.train.runsets import CLAIM_RULES, claims_command, compare_command
-from trustlens.train.sample import demo_command, make_sample_command
+from trustlens.train.sample import DEMO_SEED, demo_command, make_sample_command
 
 RULE_HELP = (
     "trust-region rule that gates the updates (docs/rules.md): ppo, ppo_clip_higher, minirl, dppo_binary_tv, "
     "dppo_binary_kl, dppo_topk_tv, dppo_topk_kl, *_recompute, cispo, pg_is, grpo_tis; "
     "the full list is trustlens.rules.RULES [dppo_binary_tv]"
 )
+
+
+def _rules() -> list[str]:
+    from trustlens.rules import RULES
+
+    return list(RULES)
+
+
+def _engines() -> list[str]:
+    from trustlens.train.engine_defects import ENGINE_DEFECTS
+
+    return list(ENGINE_DEFECTS)
+
+
+def _precisions() -> list[str]:
+    from trustlens.train.rollout import PRECISIONS
+
+    return sorted(PRECISIONS)
+
+
+def _loss_agg_modes() -> list[str]:
+    from trustlens.rules.loss import LOSS_AGG_MODES
+
+    return list(LOSS_AGG_MODES)
+
+
 # (TrainConfig field, argparse type, help). The flag is --field-name; its default is the preset's.
 _CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("steps", int, "training steps; each is one rollout batch"),
@@ -44,16 +70,16 @@ _CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("weight_decay", float, "AdamW weight decay"),
     ("grad_clip", float, "max global gradient L2 norm"),
     ("clip_ratio_c", float, "cap C of the importance weight min(π/μ, C)"),
-    ("loss_agg_mode", str, "loss aggregation over tokens: " + LOSS_AGG_MODES_HELP),
+    ("loss_agg_mode", choice_arg(_loss_agg_modes), "loss aggregation over tokens: " + LOSS_AGG_MODES_HELP),
     ("temperature", float, "sampling temperature τ (μ and π both use logits / τ)"),
     ("max_new_tokens", int, "response length cap in tokens"),
     ("topk", int, "K of μ's recorded top-K distribution"),
-    ("rollout_precision", str, "rollout engine precision: bf16, fp32 or fp8 (W8A8 float8)"),
+    ("rollout_precision", choice_arg(_precisions), "rollout engine precision: bf16, fp32 or fp8 (W8A8 float8)"),
     ("rollout_lag", int, "rollout engine lags the trainer by this many steps (asynchronous RL)"),
     ("logit_noise", float, "std of Gaussian noise on the rollout engine's logits"),
     (
         "engine",
-        str,
+        choice_arg(_engines),
         "plant a log-probability bug of the rollout engine (docs/train.md): clean, raw_logprobs, top_p, "
         "shifted, sentinel or token_ids",
     ),
@@ -96,7 +122,7 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         for preset, values in PRESETS.items()
     )
     if name == "train":
-        parser.add_argument("--rule", default="dppo_binary_tv", help=RULE_HELP)
+        parser.add_argument("--rule", type=choice_arg(_rules), default="dppo_binary_tv", help=RULE_HELP)
         parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<rule>)")
         parser.set_defaults(func=_train)
     elif name == "compare":
@@ -141,7 +167,7 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         )
         parser.set_defaults(func=claims_command)
     elif name == "demo":
-        parser.add_argument("--rule", default="dppo_binary_tv", help=RULE_HELP)
+        parser.add_argument("--rule", type=choice_arg(_rules), default="dppo_binary_tv", help=RULE_HELP)
         parser.add_argument(
             "--out",
             type=Path,
@@ -180,18 +206,22 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     # compare and make-sample train several rules: per-rule thresholds make no sense there
     several = {"low", "high"} if name in ("compare", "make-sample", "claims") else set()
-    _add_config_flags(parser, skip=several | ({"seed"} if name in ("compare", "claims") else set()))
+    # the demo trains its own seed when --seed is not given (trustlens.train.sample.DEMO_SEED)
+    shown: dict[str, object] = {"seed": DEMO_SEED} if name == "demo" else {}
+    _add_config_flags(parser, skip=several | ({"seed"} if name in ("compare", "claims") else set()), shown=shown)
 
 
-def _add_config_flags(parser: argparse.ArgumentParser, skip: set[str]) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, skip: set[str], shown: dict[str, object]) -> None:
+    """The TrainConfig flags but those in `skip`; `shown`: defaults --help shows in place of the
+    default preset's."""
     defaults = TrainConfig.__dataclass_fields__
     group = parser.add_argument_group("training settings (default: the preset's value; shown: the default preset's)")
     for name, kind, text in _CONFIG_FLAGS:
         if name in skip:
             continue
         flag = "--" + name.replace("_", "-")
-        shown = _SHOWN_DEFAULTS.get(name, defaults[name].default)
-        group.add_argument(flag, dest=name, type=kind, default=None, help=f"{text} [{shown}]")
+        default = {**_SHOWN_DEFAULTS, **shown}.get(name, defaults[name].default)
+        group.add_argument(flag, dest=name, type=kind, default=None, help=f"{text} [{default}]")
     group.add_argument(
         "--no-scale-advantages",
         dest="scale_advantages",
@@ -211,12 +241,17 @@ def _add_config_flags(parser: argparse.ArgumentParser, skip: set[str]) -> None:
 
 
 def _rule_list(text: str) -> list[str]:
-    """Comma-separated rule names (checked against the registry when the configs are built)."""
+    """Comma-separated rule names of the registry; a typo names the closest rule."""
     rules = [r.strip() for r in text.split(",") if r.strip()]
     if not rules:
         raise argparse.ArgumentTypeError(f"expected comma-separated rule names, got {text!r}")
     if len(set(rules)) != len(rules):
         raise argparse.ArgumentTypeError(f"a rule is listed twice in {text!r}")
+    for rule in rules:
+        try:
+            check_choice("rule", rule, _rules())
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
     return rules
 
 

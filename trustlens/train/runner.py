@@ -38,7 +38,10 @@ def check_out(path: Path, overwrite: bool) -> bool:
 
 
 def run_one(cfg, out: Path, *, overwrite: bool, quiet: bool):
-    """Train `cfg` into `out` (rank 0 prepares the directory) and print a one-line summary."""
+    """Train `cfg` into `out` (rank 0 prepares the directory) and print a one-line summary: the
+    held-out accuracy and the run's one speed figure, the mean seconds of a training step
+    (rollout, updates and recording; setup and evaluations excluded; the progress bar shows no
+    rate of its own)."""
     from trustlens.train.trainer import train
     from trustlens.train.world import init_world
 
@@ -49,11 +52,12 @@ def run_one(cfg, out: Path, *, overwrite: bool, quiet: bool):
         print(f"training rule {cfg.rule!r} for {cfg.steps} steps (seed {cfg.seed}, {world.size} process(es)) -> {out}")
     _barrier()
     result = train(cfg, out, progress=not quiet)
-    if world.main and result.eval_accuracy:
+    if world.main:
         steps = sorted(result.eval_accuracy)
-        acc = " → ".join(f"{result.eval_accuracy[s]:.3f}" for s in (steps[0], steps[-1]))
-        mean_time = sum(result.step_times) / len(result.step_times)
-        print(f"{cfg.rule}: held-out accuracy {acc} (steps {steps[0]} → {steps[-1]}), {mean_time:.2f} s/step")
+        acc = " → ".join(f"{result.eval_accuracy[s]:.3f}" for s in (steps[0], steps[-1])) if steps else ""
+        done = f"held-out accuracy {acc} (steps {steps[0]} → {steps[-1]})" if steps else f"{cfg.steps} steps"
+        per_step = sum(result.step_times) / max(len(result.step_times), 1)
+        print(f"{cfg.rule}: {done}, {per_step:.2f} s/step (training; setup and evaluations excluded)")
     if world.main and result.stopped:
         why = result.stopped
         alert = why["alert"]

@@ -118,7 +118,8 @@ def compare_table(runs: list, out: Path):
     """The outcomes of `runs` (loaded Runs) and their seed table (trustlens.analysis.seeds):
     the table printed and saved as OUT/compare.csv, the outcomes as OUT/compare_runs.csv.
     Returns (table, outcomes)."""
-    from trustlens.analysis.seeds import csv_safe, format_seed_table, run_outcomes, seed_table
+    from trustlens.analysis.seed_text import format_seed_table
+    from trustlens.analysis.seeds import csv_safe, run_outcomes, seed_table
 
     outcomes = run_outcomes(runs)
     table = seed_table(outcomes)
@@ -292,7 +293,7 @@ def write_claims_report(runs, out: Path, table, outcomes, *, left_out: list[str]
     OUT/figures/C*.html and OUT/claims.md (`table` and `outcomes` from `compare_table`, the
     runs `left_out` listed); the report's path."""
     from trustlens.analysis.claims import alert_leads, measure_claims, outcome_rows
-    from trustlens.analysis.seeds import format_seed_table
+    from trustlens.analysis.seed_text import format_seed_table
 
     claims = measure_claims(runs, outcomes)
     figures = out / "figures"

@@ -23,13 +23,17 @@ DEMO_BESIDE = ("pg_is", "dppo_binary_tv")
 def demo_command(args: argparse.Namespace) -> int:
     cfg = config(args, rule=args.rule, **({"seed": DEMO_SEED} if getattr(args, "seed", None) is None else {}))
     out = args.out or Path("runs") / "demo"
+    launch = None if args.no_dashboard else _dashboard_launcher()
+    if launch is not None and is_main():
+        from trustlens.dashboard import check_port_free
+
+        check_port_free(args.port)  # before the training, not after it
     try:
         run_one(cfg, out, overwrite=args.overwrite or args.out is None, quiet=args.quiet)
     finally:
         finish()
     if not is_main():
         return 0
-    launch = None if args.no_dashboard else _dashboard_launcher()
     if launch is None:
         print_inspect(out)
         return 0

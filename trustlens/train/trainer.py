@@ -412,4 +412,6 @@ def _progress_bar(total: int, enabled: bool):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
+    # no rate: the run's one speed figure is run_one's s/step at the end
+    bar = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+    return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True, bar_format=bar)
