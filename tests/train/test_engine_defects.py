@@ -168,6 +168,7 @@ def test_engine_option_is_checked():
         "top_k": None,
         "min_p": None,
         "logprobs": "raw",
+        "processors": [],
     }
     assert engine_sampling("top_p", 1.0)["top_p"] == 0.8
 

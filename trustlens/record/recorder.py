@@ -81,10 +81,10 @@ class TokenRecorder:
         random share of the rest, with sampling weights, plus the exact `aggregates` table of
         all tokens (docs/run-format.md). None (default): record every token.
     sampling: how the rollout engine sampled and what log μ it reported, for run.json:
-        {"temperature": τ, "top_p", "top_k", "min_p", "logprobs": "raw" | "processed"}, each
-        None when not known (or the filter is off); checked and completed by
-        `trustlens.run.manifest.normalise_sampling`. None: not known. A resumed run keeps the
-        values it was started with.
+        {"temperature": τ, "top_p", "top_k", "min_p", "logprobs": "raw" | "tempered" | "processed",
+        "processors": the active logit processors}, each None when not known (or the filter is
+        off); checked and completed by `trustlens.run.manifest.normalise_sampling`. None: not
+        known. A resumed run keeps the values it was started with.
     model_kind: "dense" (default) or "moe", for run.json (the published mismatch ranges differ).
     mirror: stream each step's scalars live to TensorBoard or W&B: "tensorboard:LOGDIR",
         "wandb", "wandb:PROJECT" or a sink object (trustlens.export.mirror; docs/export.md).

@@ -63,13 +63,15 @@ def check_defect(defect: str) -> str:
 def engine_sampling(defect: str, temperature: float) -> dict[str, Any]:
     """The `sampling` of run.json (TokenRecorder) as the engine reports its own settings: the
     temperature, top-p 0.8 for `top_p` (whose processed log-probs are renormalised), logprobs
-    "raw" for `raw_logprobs`. The other defects are invisible in an engine's settings."""
+    "raw" for `raw_logprobs`; no logit processor. The other defects are invisible in an engine's
+    settings."""
     return {
         "temperature": temperature,
         "top_p": TOP_P if defect == "top_p" else None,
         "top_k": None,
         "min_p": None,
         "logprobs": "raw" if defect == "raw_logprobs" else "processed",
+        "processors": [],
     }
 
 

@@ -28,6 +28,7 @@ K3_PROBLEM_FACTOR = 10.0  # k3 this many times the range's upper end is a proble
 DRIFT_GROWTH = 4.0  # (|Δ log p| doubling shows as k3 × 4)
 STATIC_MOVE = 1e-6  # mean |log π − log π_old| at updates ≥ 1 below this: the policy did not move
 MIN_STEPS = 6
+WHERE_MIN_ROWS = 50  # where: a position bucket with fewer kept rows is not named as the largest
 
 
 def _position_label(lo: int, hi: int) -> str:
@@ -42,12 +43,20 @@ def _mean_abs_d() -> pl.Expr:
 
 
 def _table(pairs: pl.LazyFrame, key: pl.Expr) -> pl.DataFrame:
+    """Per bucket: tokens (the rows' weight: the tokens they stand for), rows (kept rows) and the
+    weighted mean |d|."""
     return collect(
         pairs.with_columns(key.alias("bucket"))
         .group_by("bucket")
-        .agg(pl.col("w").sum().alias("tokens"), _mean_abs_d().alias("mean_abs_d"))
+        .agg(pl.col("w").sum().alias("tokens"), pl.len().alias("rows"), _mean_abs_d().alias("mean_abs_d"))
         .sort("bucket")
     )
+
+
+def _rows_text(bucket: dict, weighted: bool) -> str:
+    """ "28 rows" (and on a sampled run ", standing for 412 tokens"): what a statement rests on."""
+    rows = f"{bucket['rows']} row{'s' if bucket['rows'] != 1 else ''}"
+    return f"{rows} standing for {bucket['tokens']:.0f} tokens" if weighted else rows
 
 
 def where_check(inp: Inputs) -> Finding:
@@ -57,29 +66,34 @@ def where_check(inp: Inputs) -> Finding:
 
     Verdict from the first token, where engines and trainers most often disagree on the context
     (TRL #4159: an IS ratio of 2.0 on first tokens): its mean |Δ| ≥ 0.1 nats and ≥ 5× the other
-    positions' warns; ≥ log 1.5 (a ratio beyond 1.5× on average) and ≥ 5× is a problem."""
+    positions' warns; ≥ log 1.5 (a ratio beyond 1.5× on average) and ≥ 5× is a problem. The
+    summary names the position where the mismatch is largest among those with ≥ WHERE_MIN_ROWS
+    kept rows, with its row count (and on a sampled run the tokens they stand for)."""
     pairs = inp.pairs
     by_pos = _table(pairs, bucket_of("pos", POSITIONS))
     evidence: dict = {
         "by_position": [
-            {"pos": _position_label(*POSITIONS[b]), "tokens": t, "mean_abs_d": m}
-            for b, t, m in by_pos.iter_rows()
+            {"pos": _position_label(*POSITIONS[b]), "tokens": t, "rows": n, "mean_abs_d": m}
+            for b, t, n, m in by_pos.iter_rows()
             if b is not None
         ],
     }
     if "entropy" in pairs.collect_schema().names():
         by_h = _table(pairs.filter(pl.col("entropy").is_not_null()), bucket_of("entropy", ENTROPIES))
         evidence["by_entropy"] = [
-            {"entropy": f"{ENTROPIES[b][0]:g}–{ENTROPIES[b][1]:g}", "tokens": t, "mean_abs_d": m}
-            for b, t, m in by_h.iter_rows()
+            {"entropy": f"{ENTROPIES[b][0]:g}–{ENTROPIES[b][1]:g}", "tokens": t, "rows": n, "mean_abs_d": m}
+            for b, t, n, m in by_h.iter_rows()
         ]
     labels = bucket_table()["label"].to_list()
     by_mu = _table(pairs, bucket_expr("mu"))
-    evidence["by_mu_decade"] = [{"mu": labels[b], "tokens": t, "mean_abs_d": m} for b, t, m in by_mu.iter_rows()]
+    evidence["by_mu_decade"] = [
+        {"mu": labels[b], "tokens": t, "rows": n, "mean_abs_d": m} for b, t, n, m in by_mu.iter_rows()
+    ]
     s = collect(
         pairs.select(
             pl.when(pl.col("pos") == 0).then(pl.col("w") * pl.col("d").abs()).sum().alias("first_sum"),
             pl.when(pl.col("pos") == 0).then(pl.col("w")).sum().alias("first_w"),
+            (pl.col("pos") == 0).sum().alias("first_n"),
             pl.when(pl.col("pos") > 0).then(pl.col("w") * pl.col("d").abs()).sum().alias("rest_sum"),
             pl.when(pl.col("pos") > 0).then(pl.col("w")).sum().alias("rest_w"),
         )
@@ -92,16 +106,23 @@ def where_check(inp: Inputs) -> Finding:
     verdict = "ok"
     if factor >= FIRST_FACTOR:
         verdict = "problem" if first >= FIRST_PROBLEM else ("warning" if first >= FIRST_WARNING else "ok")
-    worst = max(evidence["by_position"], key=lambda r: r["mean_abs_d"] or 0.0)
     if verdict == "ok":
-        summary = (
-            f"the mismatch is largest at position {worst['pos']} (mean |Δ log p| {worst['mean_abs_d']:.4f} "
-            "nats); no first-token excess"
-        )
+        solid = [r for r in evidence["by_position"] if r["rows"] >= WHERE_MIN_ROWS]
+        if solid:
+            worst = max(solid, key=lambda r: r["mean_abs_d"] or 0.0)
+            summary = (
+                f"the mismatch is largest at position {worst['pos']} (mean |Δ log p| {worst['mean_abs_d']:.4f} nats "
+                f"over {_rows_text(worst, inp.weighted)}); no first-token excess"
+            )
+        else:
+            summary = (
+                f"no position holds {WHERE_MIN_ROWS} rows to say where the mismatch is largest; no first-token excess"
+            )
         return Finding("where", verdict, summary, evidence)
+    first_rows = {"rows": s["first_n"], "tokens": s["first_w"]}
     summary = (
-        f"the first token carries a mean |log μ − log π_old| of {first:.3f} nats (ratio ~{math.exp(first):.2f}), "
-        f"{factor:.0f}× the other positions'"
+        f"the first token carries a mean |log μ − log π_old| of {first:.3f} nats (ratio ~{math.exp(first):.2f}) over "
+        f"{_rows_text(first_rows, inp.weighted)}, {factor:.0f}× the other positions'"
     )
     evidence["examples"] = examples(pairs.filter(pl.col("pos") == 0), pl.col("d").abs())
     fix = (
@@ -149,6 +170,8 @@ def level_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
         verdict = "warning" if stale else "problem"
     elif k3 > hi or pdm > PROB_DIFF_WARNING:
         verdict = "warning"
+    elif k3 < lo:
+        return Finding("level", "ok", f"below the published range: {text}", evidence, strength=strength)
     else:
         return Finding("level", "ok", f"within the published range: {text}", evidence, strength=strength)
     summary = f"above the published range: {text}" + (f" (stale rollouts: rollout_lag {lag})" if stale else "")

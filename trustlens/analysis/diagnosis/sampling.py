@@ -17,7 +17,7 @@ import polars as pl
 
 from trustlens.analysis.buckets import collect
 from trustlens.analysis.diagnosis.finding import Finding, verdict_of
-from trustlens.analysis.diagnosis.inputs import ENTROPIES, Inputs, bucket_of, examples
+from trustlens.analysis.diagnosis.inputs import ENTROPIES, Inputs, Sampling, bucket_of, examples
 
 # temperature: |r − 1| at which the check warns / finds a problem (r = τ_μ / τ_π, see below)
 TEMPERATURE_WARNING = 0.15
@@ -113,12 +113,19 @@ def temperature_check(inp: Inputs) -> Finding:
     q ≈ 0). Token-level form: r = τ_μ/τ_π from the fit of `temperature_ratio` (1 when μ and
     π_old share the temperature); |r − 1| ≥ 0.15 warning, ≥ 0.3 problem (raw log-probs at
     τ = 0.5 give r ≈ 2, at τ = 0.7 r ≈ 1.4). run.json's "sampling" (logprobs "raw" at τ ≠ 1)
-    raises a warning by itself, and the summary says when the data contradict it."""
+    raises a warning by itself, and the summary says when the data contradict it. A fit that
+    gives r ≤ 0 (no temperature does) fails: a warning that says so."""
     sampling = inp.sampling
     tau = sampling.temperature
     says_raw = sampling.logprobs == "raw" and tau is not None and tau != 1.0
     by_logits = raw_share(inp.pairs)
-    evidence: dict = {"temperature": tau, "logprobs": sampling.logprobs}
+    evidence: dict = {"temperature": tau, "logprobs": sampling.logprobs, "processors": list(sampling.processors)}
+    raw_note = (
+        f"; run.json says raw log μ (before the temperature τ = {tau:g}): the ratio compares π at τ with μ at "
+        "τ = 1, off on every uncertain token"
+        if says_raw
+        else ""
+    )
     if by_logits is not None:
         q = float(by_logits["share_nearer_raw"])
         evidence |= {"form": "logits", **by_logits, "separation": SEPARATION}
@@ -137,10 +144,17 @@ def temperature_check(inp: Inputs) -> Finding:
         evidence |= {"warning_at": TEMPERATURE_WARNING, "problem_at": TEMPERATURE_PROBLEM}
         if r is None:
             verdict = "warning" if says_raw else "ok"
-            summary = f"too few uncertain tokens ({n}) to measure μ's temperature" + (
-                f"; run.json says raw log-probs at τ = {tau:g}" if says_raw else ""
-            )
+            summary = f"too few uncertain tokens ({n}) to measure μ's temperature{raw_note}"
             return Finding("temperature", verdict, summary, evidence, _TEMPERATURE_FIX if says_raw else "")
+        if r <= 0:
+            summary = (
+                f"the temperature fit fails: the slope of log μ − log π_old on log μ over {n} uncertain tokens "
+                f"is {1.0 - r:.3f}, which gives no positive τ_μ/τ_π; log μ and log π_old differ in a way no "
+                f"temperature explains (see the other checks){raw_note}"
+            )
+            evidence["fit_failed"] = True
+            evidence["examples"] = examples(inp.pairs.filter(_uncertain()), pl.col("d").abs())
+            return Finding("temperature", "warning", summary, evidence, "", strength=0.5)
         off = abs(r - 1.0)
         verdict = verdict_of(off, TEMPERATURE_WARNING, TEMPERATURE_PROBLEM)
         strength = off / TEMPERATURE_PROBLEM
@@ -151,11 +165,9 @@ def temperature_check(inp: Inputs) -> Finding:
         summary = f"μ and π_old share the temperature: {measured}"
         if says_raw:
             verdict = "warning"
-            summary += f"; run.json says raw log-probs at τ = {tau:g}, which the data contradict"
+            summary += f"{raw_note}, which the data contradict"
     else:
-        summary = f"μ is not at π_old's temperature: {measured}"
-        if says_raw:
-            summary += "; run.json says raw log-probs"
+        summary = f"μ is not at π_old's temperature: {measured}{raw_note}"
         evidence["examples"] = examples(inp.pairs.filter(_uncertain()), order)
     return Finding(
         "temperature",
@@ -168,7 +180,8 @@ def temperature_check(inp: Inputs) -> Finding:
 
 
 _TEMPERATURE_FIX = (
-    "return processed log-probs (vLLM: logprobs_mode='processed_logprobs') or divide the trainer's logits by the same τ"
+    "take log μ after the temperature (vLLM: logprobs_mode='processed_logprobs'; SGLang: leave "
+    "SGLANG_RETURN_ORIGINAL_LOGPROB unset) or divide the trainer's logits by the same τ"
 )
 
 
@@ -230,10 +243,14 @@ def truncation_check(inp: Inputs) -> Finding:
         evidence["thresholds"] = {"warning": MOVED_WARNING, "problem": MOVED_PROBLEM}
         verdict = verdict_of(moved, MOVED_WARNING, MOVED_PROBLEM)
         strength = moved / MOVED_PROBLEM
-        measured = (
-            f"μ puts {moved:.1%} of the mass π leaves outside μ's top-K on it ({by_topk['tokens']} positions; "
-            f"Σ_S μ ≥ 0.999 on {by_topk['share_mu_all_on_s']:.1%})"
-        )
+        where = f"{by_topk['tokens']} positions; Σ_S μ ≥ 0.999 on {by_topk['share_mu_all_on_s']:.1%}"
+        if moved >= 0:
+            measured = f"μ puts {moved:.1%} of the mass π leaves outside μ's top-K on it ({where})"
+        else:  # μ holds less on its own top-K than π: nothing moved onto it
+            measured = (
+                f"μ moves none of the mass π leaves outside μ's top-K onto it: it holds less there than π, by "
+                f"{-moved:.1%} of π's outside mass ({where})"
+            )
     else:
         evidence["form"] = "token-level"
         evidence["thresholds"] = {
@@ -265,30 +282,52 @@ def truncation_check(inp: Inputs) -> Finding:
             {"entropy": f"{ENTROPIES[h][0]:g}–{ENTROPIES[h][1]:g}", "tokens": t, "mean_d": m}
             for h, m, t in by_h.iter_rows()
         ]
-    claimed = sampling.truncated and sampling.logprobs != "raw"
-    if verdict == "ok":
+    evidence["logprobs"] = sampling.logprobs
+    claimed = sampling.truncated and sampling.logprobs in ("processed", None)
+    untruncated = sampling.truncated and sampling.logprobs in ("raw", "tempered")
+    fix = _TRUNCATION_FIX
+    if untruncated:  # the settings alone: μ is not the tokens' sampling probability
+        summary = (
+            f"run.json says {sampling.logprobs} log μ (before truncation) with {_filters(sampling)}: the tokens were "
+            "drawn from the truncated distribution, so μ is not their sampling probability and every ratio misses "
+            f"the factor 1 / (μ's mass on the support) ({measured})"
+        )
+        verdict = "warning" if verdict == "ok" else verdict
+        fix = _UNTRUNCATED_FIX
+    elif verdict == "ok":
         summary = f"no truncation bias: {measured}"
-        if claimed:
+        if claimed and sampling.logprobs == "processed":
             summary += "; run.json says a truncated support with processed log-probs, which the data contradict"
             verdict = "warning"
     else:
         summary = f"{measured}: μ looks renormalised over a truncated support"
         if claimed:
-            summary += " (run.json says so)"
+            summary += f" (run.json says {_filters(sampling)})"
+    if verdict != "ok":
         evidence["examples"] = examples(rows, pl.col("d"))
     return Finding(
         "truncation",
         verdict,
         summary,
         evidence,
-        _TRUNCATION_FIX if verdict != "ok" else "",
+        fix if verdict != "ok" else "",
         strength=max(strength, 0.0),
     )
 
 
+def _filters(sampling: Sampling) -> str:
+    """The truncating filters of `sampling`, e.g. "top_p 0.9, top_k 50"."""
+    given = {"top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p}
+    return ", ".join(f"{k} {v:g}" for k, v in given.items() if v is not None) or "no filter"
+
+
 _TRUNCATION_FIX = (
-    "apply the same top-p/top-k/min-p mask to the trainer's logits (vLLM: return_sampling_mask) or take μ "
-    "before truncation"
+    "give π the support μ was drawn from: apply the engine's sampling mask to the trainer's logits (vLLM and "
+    "SGLang: return_sampling_mask) so both are renormalised over it"
+)
+_UNTRUNCATED_FIX = (
+    "record the processed μ (vLLM: logprobs_mode='processed_logprobs'; SGLang: return_sampling_mask and "
+    "from_sglang(processed=True)) and apply the same sampling mask to π"
 )
 
 
