@@ -19,7 +19,8 @@ Two places of the engine:
   the response tokens, drawn at random, as padding code does where the log-prob is unknown;
   ``token_ids`` hands the trainer the id of ``<unk>`` wherever the engine sampled the step
   separator ``;`` (a vocabulary mismatch between engine and trainer, about 13% of the tokens of a
-  response): the trainer computes π_old and π on ids that μ never scored.
+  response; μ's top-K ids are mapped the same way): the trainer computes π_old and π on ids that μ
+  never scored.
 
 ``clean`` is the engine as it is without `--engine`: these functions then do exactly what the
 engine did before they existed (bit-identical runs).
@@ -123,7 +124,9 @@ def deliver(batch: Rollout, defect: str, *, tokenizer, generator: torch.Generato
         swapped, unknown = tokenizer.convert_tokens_to_ids([SWAPPED_TOKEN, UNKNOWN_TOKEN])
         response_ids = batch.response_ids.masked_fill(mask & (batch.response_ids == swapped), unknown)
         input_ids = torch.cat([batch.input_ids[:, : batch.prompt_len], response_ids], 1)
-        return replace(batch, response_ids=response_ids, input_ids=input_ids)
+        # μ's top-K ids go through the same vocabulary: the sampled id stays in its set
+        topk_ids = batch.mu_topk_ids.masked_fill(mask[..., None] & (batch.mu_topk_ids == swapped), unknown)
+        return replace(batch, response_ids=response_ids, input_ids=input_ids, mu_topk_ids=topk_ids)
     return batch
 
 
