@@ -266,7 +266,11 @@ def test_vllm_sampling_mask_and_weight_versions():
     tokens = from_vllm([out, CompletionOutput(1, "", ids[:1], None, positions[:1])], topk=2)
     assert tokens.support_size.tolist() == [[len(s) for s in supports], [0, 0, 0]]  # 0: no mask
     assert tokens.weight_version.tolist() == [[3, 3, 4], [-1, -1, -1]]
-    assert tokens.staleness(4).tolist() == [[1, 1, 0], [-1, -1, -1]]
+    with pytest.raises(ValueError, match="response 1, position 0: its weight version is not known"):
+        tokens.staleness(4)
+    assert from_vllm([out]).staleness(4).tolist() == [[1, 1, 0]]
+    with pytest.raises(ValueError, match="trainer_version 3 is older than a token's weight version"):
+        from_vllm([out]).staleness(3)
 
 
 def test_processors_are_named_in_sampling():
@@ -293,3 +297,39 @@ def test_a_response_without_versions_in_a_batch_with_them_is_unknown():
     with pytest.raises(ValueError, match="weight version span"):
         from_sglang({"meta_info": meta | {"weight_versions": [{"version": "1", "start": 0, "end": 5}]}})
     assert math.isfinite(float(tokens.mu_logp.sum()))
+
+
+def test_support_mass_and_staleness_are_recorded(tmp_path):
+    import trustlens
+
+    logits, ids = logits_and_draw(4, seed=6)
+    tau, top_p = 0.7, 0.8
+    tempered = torch.log_softmax(logits / tau, -1)  # π = μ: the engine samples from the trainer's π
+    supports, processed = [], []
+    for t, a in enumerate(ids):
+        order = tempered[t].argsort(descending=True).tolist()
+        keep = order[: int((tempered[t, order].exp().cumsum(0) < top_p).sum()) + 1]
+        keep = keep if a in keep else [*keep, a]
+        supports.append(keep)
+        processed.append(float(tempered[t, a] - torch.logsumexp(tempered[t, keep], 0)))
+    meta = sglang_meta(ids, tempered, 2) | {
+        "output_token_sampling_mask": supports,
+        "output_token_sampling_logprobs": processed,
+        "weight_versions": [{"version": "4", "start": 0, "end": 4}],
+    }
+    tokens = from_sglang({"meta_info": meta}, processed=True)
+    pi_logits = logits[None]  # (1, T, V) π's logits before the temperature
+    mass = tokens.pi_support_mass(pi_logits, tau)[0]
+    expected = [float(tempered[t, s].exp().sum()) for t, s in enumerate(supports)]
+    assert mass.tolist() == pytest.approx(expected, abs=1e-6)
+    pi_logp = torch.log_softmax(logits / tau, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0][None].float()
+    with trustlens.TokenRecorder(tmp_path / "run") as rec:
+        args = tokens.record_args(logits=pi_logits, temperature=tau, trainer_version=5)
+        rec.record(0, **args, pi_logp=pi_logp, advantages=torch.tensor([1.0]))
+    rows = trustlens.load_run(tmp_path / "run").tokens.collect().sort("pos")
+    assert rows["support_size"].to_list() == [float(len(s)) for s in supports]
+    assert rows["pi_support_mass"].to_list() == pytest.approx(expected, abs=1e-6)
+    assert rows["staleness"].to_list() == [1.0] * 4
+    # the exact truncation: log μ − (log π − log Σ_S π) = 0 with μ the processed μ of π itself
+    exact = rows["mu_logp"] - (rows["pi_logp"] - rows["pi_support_mass"].log())
+    assert exact.abs().max() < 1e-5

@@ -84,21 +84,22 @@ def _flat_array(where: str, meta: Mapping[str, Any], part: str, dtype: str) -> n
     return np.asarray(plain, dtype=np.float64 if part == "val" else np.int64)
 
 
-def support_sizes(where: str, masks: Any, ids: list[int]) -> list[int] | None:
-    """Per token the size of its sampling support (`masks`: per token a list of ids, or an
-    object with such a `token_ids`); None without masks. ValueError naming `where` when a
-    mask lacks its sampled id or the count differs."""
+def supports(where: str, masks: Any, ids: list[int]) -> list[list[int]] | None:
+    """Per token the ids of its sampling support (`masks`: per token a list of ids, or an object
+    with such a `token_ids`); None without masks. ValueError naming `where` when a mask lacks its
+    sampled id or the count differs."""
     if masks is None:
         return None
     masks = getattr(masks, "token_ids", masks)
     if len(masks) != len(ids):
         raise ValueError(f"{where}: a sampling mask for {len(masks)} tokens, but {len(ids)} tokens")
-    sizes = []
+    out = []
     for t, (token, support) in enumerate(zip(ids, masks, strict=True)):
+        support = [token_id(f"{where}, position {t}, sampling mask", int(i)) for i in support]
         if token not in support:
             raise ValueError(f"{where}, position {t}: the sampling mask lacks the sampled token {token}")
-        sizes.append(len(support))
-    return sizes
+        out.append(support)
+    return out
 
 
 def sampling_logprobs(where: str, values: Any, masks: Any, ids: list[int]) -> list[float]:
@@ -153,4 +154,4 @@ def _version(value: Any) -> int:
     return -1
 
 
-__all__ = ["flat_top", "has_flat_top", "sampling_logprobs", "support_sizes", "weight_versions"]
+__all__ = ["flat_top", "has_flat_top", "sampling_logprobs", "supports", "weight_versions"]

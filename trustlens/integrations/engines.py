@@ -44,7 +44,7 @@ from trustlens.integrations.engine_fields import (
     flat_top,
     has_flat_top,
     sampling_logprobs,
-    support_sizes,
+    supports,
     weight_versions,
 )
 from trustlens.integrations.engine_tokens import EngineTokens, Response, log_prob, padded, token_id
@@ -116,7 +116,7 @@ def from_vllm(
             _check_mass(where, candidates[-1])
             if topk is not None:
                 _check_ranked(where, candidates[-1])
-        sizes = support_sizes(f"response {b}", getattr(completion, "sampling_mask", None), ids)
+        sizes = supports(f"response {b}", getattr(completion, "sampling_mask", None), ids)
         versions = weight_versions(f"response {b}", getattr(completion, "weight_versions", None), len(ids))
         responses.append((ids, logps, candidates, sizes, versions))
     return padded(responses, topk=topk, pad_id=pad_id, length=length)
@@ -153,7 +153,7 @@ def from_sglang(
         else:
             logps = [log_prob(f"response {b}, position {t}", entry[0]) for t, entry in enumerate(tokens)]
         candidates = _sglang_candidates(b, meta, len(ids), topk)
-        sizes = support_sizes(f"response {b}", masks, ids)
+        sizes = supports(f"response {b}", masks, ids)
         versions = meta.get("weight_versions") or meta.get("weight_version")
         rows.append((ids, logps, candidates, sizes, weight_versions(f"response {b}", versions, len(ids))))
     return padded(rows, topk=topk, pad_id=pad_id, length=length)

@@ -216,6 +216,9 @@ class TokenRecorder:
         mu_topk_ids: torch.Tensor | None = None,  # (B, T, K) μ's top-K ids, sampled id included
         mu_topk_logp: torch.Tensor | None = None,  # (B, T, K) their log μ
         entropy: torch.Tensor | None = None,  # (B, T) entropy of π, nats
+        support_size: torch.Tensor | None = None,  # (B, T) ids in the engine's sampling support (its mask)
+        pi_support_mass: torch.Tensor | None = None,  # (B, T) Σ π over that support, probability mass
+        staleness: torch.Tensor | None = None,  # (B, T) weight updates between a_t's engine weights and π's
         sample_ids: torch.Tensor | Sequence[int] | None = None,  # (B,) unique sample ids
         group_ids: torch.Tensor | Sequence[int] | None = None,  # (B,) prompt-group ids
         update: int = 0,  # minibatch update within the step
@@ -259,6 +262,9 @@ class TokenRecorder:
             "entropy": entropy,
             "topk_tv": topk_tv,
             "topk_kl": topk_kl,
+            "support_size": support_size,
+            "pi_support_mass": pi_support_mass,
+            "staleness": staleness,
         }
         check_same_device(
             token_ids=token_ids,
