@@ -356,3 +356,52 @@ def test_level_below_the_range_says_below(tmp_path):
     )
     level = {f.check: f for f in doctor(path)}["level"]
     assert level.verdict == "ok" and level.summary.startswith("below the published range: k3 0")
+
+
+def test_truncation_is_exact_with_the_sampling_masks(tmp_path):
+    # μ renormalised over a support holding m = 0.8 of π_old: d = −log 0.8 on every token, and 0
+    # once π_old is renormalised over the support (log π_old − log m)
+    n = 80
+    old = [math.log(0.4)] * n
+    mu = [math.log(0.4 / 0.8)] * n
+    columns = {"mu_logp": mu, "old_logp": old, "pi_logp": old, "pi_support_mass": [0.8] * n}
+    f = truncation_check(_columns_run(tmp_path, columns))
+    assert f.evidence["form"] == "sampling mask" and f.verdict == "problem"
+    assert f.evidence["mean_d"] == pytest.approx(-math.log(0.8), abs=1e-6)
+    assert f.evidence["mean_d_on_support"] == pytest.approx(0.0, abs=1e-6)
+    # π_old renormalised on the same support by the trainer: d = 0, nothing left to explain
+    same = {**columns, "old_logp": mu, "pi_logp": mu}
+    assert truncation_check(_columns_run(tmp_path / "same", same)).verdict == "ok"
+
+
+def test_level_judges_the_fresh_tokens_when_staleness_is_recorded(tmp_path):
+    # 100 fresh tokens with a tiny mismatch, 100 tokens 3 updates stale with ρ = 4: the engine is fine
+    fresh_mu, stale_mu = [math.log(0.5)] * 100, [math.log(0.1)] * 100
+    old = [math.log(0.5001)] * 100 + [math.log(0.4)] * 100
+    columns = {
+        "mu_logp": fresh_mu + stale_mu,
+        "old_logp": old,
+        "pi_logp": old,
+        "staleness": [0.0] * 100 + [3.0] * 100,
+    }
+    path = write_run(
+        tmp_path / "run",
+        tokens={"step": [0] * 200, "sample": list(range(200)), "pos": [1] * 200, "token_id": [0] * 200, **columns},
+        rules=[],
+    )
+    level = {f.check: f for f in doctor(path)}["level"]
+    assert level.verdict == "ok"
+    assert level.evidence["staleness"]["fresh_rows"] == 100
+    assert level.evidence["staleness"]["stale_share"] == pytest.approx(0.5)
+    assert level.evidence["k3_kl"] == pytest.approx(0.5001 / 0.5 - 1 - math.log(0.5001 / 0.5), rel=1e-3)
+    assert (
+        "over the 100 tokens sampled with π_old's weights (50 % of tokens stale, mean staleness 1.50" in level.summary
+    )
+    # without the column the stale half reads as the engine's: ρ = 4 on 50% of the tokens
+    del columns["staleness"]
+    path = write_run(
+        tmp_path / "bare",
+        tokens={"step": [0] * 200, "sample": list(range(200)), "pos": [1] * 200, "token_id": [0] * 200, **columns},
+        rules=[],
+    )
+    assert {f.check: f for f in doctor(path)}["level"].verdict == "problem"

@@ -29,6 +29,7 @@ DRIFT_GROWTH = 4.0  # (|Δ log p| doubling shows as k3 × 4)
 STATIC_MOVE = 1e-6  # mean |log π − log π_old| at updates ≥ 1 below this: the policy did not move
 MIN_STEPS = 6
 WHERE_MIN_ROWS = 50  # where: a position bucket with fewer kept rows is not named as the largest
+MIN_FRESH = 50  # level: fresh tokens (staleness 0) needed to judge the engine on them alone
 
 
 def _position_label(lo: int, hi: int) -> str:
@@ -146,25 +147,47 @@ def level_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
     0.005 is normal, above 0.01 points at the engine's precision; R3: over 10% of tokens with
     ρ > 2 is a problem. Threshold: k3 above its range or prob_diff_mean > 0.01 warns; k3 over
     10× the range's upper end or an extreme share > 10% is a problem — a warning only in a run
-    whose config sets rollout_lag > 0 (stale rollouts: μ is an older policy by design)."""
+    whose config sets rollout_lag > 0 (stale rollouts: μ is an older policy by design).
+
+    A run with the per-token `staleness` column (the engine's weight versions) is judged on its
+    fresh tokens (staleness 0, sampled with π_old's weights) when it has ≥ MIN_FRESH of them,
+    without the cap: the stale tokens' mismatch is the staleness, theirs the engine's. With
+    fewer fresh tokens, stale tokens cap the verdict at a warning as rollout_lag does."""
     w = pl.col("w")
     extreme = (pl.col("d").abs() > math.log(2.0)).cast(pl.Float64)
-    share = collect(inp.pairs.select(((w * extreme).sum() / w.sum()).alias("x"))).item()
     lo, hi = K3_RANGE[inp.model_kind]
-    evidence: dict = {"model_kind": inp.model_kind, "k3_range": [lo, hi], "extreme_share": share}
+    evidence: dict = {"model_kind": inp.model_kind, "k3_range": [lo, hi]}
+    lags = _staleness(inp)
+    fresh = lags is not None and lags["fresh_rows"] >= MIN_FRESH
+    pairs = inp.pairs.filter(pl.col("staleness") == 0) if fresh else inp.pairs
+    share = collect(pairs.select(((w * extreme).sum() / w.sum()).alias("x"))).item()
+    evidence["extreme_share"] = share
     if per_step.is_empty() or share is None:
         return Finding("level", "ok", "no μ–π_old pairs to measure", evidence)
-    n = per_step["tokens"].cast(pl.Float64)
-    k3 = float((per_step["k3_kl"] * n).sum()) / float(n.sum())
-    pdm = float((per_step["prob_diff_mean"] * n).sum()) / float(n.sum())
+    if fresh:  # k3 = E[ρ − 1 − log ρ] and E|π_old − μ| over the fresh tokens, ρ = π_old/μ = e^(−d)
+        k3_row = (-pl.col("d")).exp() - 1 + pl.col("d")
+        diff = (pl.col("mu").exp() - pl.col("ref").exp()).abs()
+        got = collect(pairs.select((w * k3_row).sum() / w.sum(), ((w * diff).sum() / w.sum()).alias("p"))).row(0)
+        k3, pdm = float(got[0]), float(got[1])
+    else:
+        n = per_step["tokens"].cast(pl.Float64)
+        k3 = float((per_step["k3_kl"] * n).sum()) / float(n.sum())
+        pdm = float((per_step["prob_diff_mean"] * n).sum()) / float(n.sum())
     evidence |= {"k3_kl": k3, "prob_diff_mean": pdm, "prob_diff_warning": PROB_DIFF_WARNING}
     evidence["extreme_problem"] = EXTREME_PROBLEM
     strength = max(k3 / (K3_PROBLEM_FACTOR * hi), share / EXTREME_PROBLEM)
     lag = inp.config.get("rollout_lag")
-    stale = isinstance(lag, int | float) and lag > 0
+    if lags is not None:
+        evidence["staleness"] = lags
+        stale = not fresh and lags["stale_share"] > 0
+        why = f"{percent(lags['stale_share'])} of tokens stale, mean staleness {lags['mean']:.2f} updates"
+    else:
+        stale = isinstance(lag, int | float) and lag > 0
+        why = f"rollout_lag {lag}"
+    on = f" over the {lags['fresh_rows']} tokens sampled with π_old's weights ({why})" if fresh and lags else ""
     text = (
         f"k3 {decimal(k3)} ({inp.model_kind} range {lo:g}–{hi:g}), prob_diff_mean {decimal(pdm)}, "
-        f"ρ beyond [0.5, 2] on {percent(share)}"
+        f"ρ beyond [0.5, 2] on {percent(share)}{on}"
     )
     if strength >= 1:
         verdict = "warning" if stale else "problem"
@@ -174,13 +197,31 @@ def level_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
         return Finding("level", "ok", f"below the published range: {text}", evidence, strength=strength)
     else:
         return Finding("level", "ok", f"within the published range: {text}", evidence, strength=strength)
-    summary = f"above the published range: {text}" + (f" (stale rollouts: rollout_lag {lag})" if stale else "")
-    evidence["examples"] = examples(inp.pairs, pl.col("d").abs())
+    summary = f"above the published range: {text}" + (f" (stale rollouts: {why})" if stale else "")
+    evidence["examples"] = examples(pairs, pl.col("d").abs())
     fix = (
         "serve the engine in the trainer's precision (bf16/fp32 lm_head, same kernels) or correct with "
         "truncated IS (TIS/MIS)"
     )
     return Finding("level", verdict, summary, evidence, fix, strength=strength)
+
+
+def _staleness(inp: Inputs) -> dict | None:
+    """{"rows", "fresh_rows", "stale_share" (weighted), "mean", "max"} of the per-token
+    `staleness` column (weight updates behind π_old's weights); None without it."""
+    if "staleness" not in inp.pairs.collect_schema().names():
+        return None
+    lag, w = pl.col("staleness").cast(pl.Float64), pl.col("w")
+    got = collect(
+        inp.pairs.filter(lag.is_not_null()).select(
+            pl.len().alias("rows"),
+            (lag == 0).sum().alias("fresh_rows"),
+            ((w * (lag > 0)).sum() / w.sum()).alias("stale_share"),
+            ((w * lag).sum() / w.sum()).alias("mean"),
+            lag.max().alias("max"),
+        )
+    ).row(0, named=True)
+    return got if got["rows"] else None
 
 
 def engine_drift_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:

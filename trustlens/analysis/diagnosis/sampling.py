@@ -4,8 +4,10 @@ Each has two forms. Where `record` got π's logits (at τ ≠ 1) and μ's top-K,
 pi_logp_raw (log π(a_t) before the temperature) and mu_topk_mass / pi_topk_mass (Σ_S μ, Σ_S π
 over μ's top-K set S): the checks compare log μ with both candidates and μ's mass on S with π's
 ("logits" form). Otherwise they read d = log μ(a_t) − log π_old(a_t) (nats) over the sampled
-tokens: how d depends on log μ and on π's entropy ("token-level" form). The evidence's "form"
-says which ran.
+tokens: how d depends on log μ and on π's entropy ("token-level" form). Where `record` got the
+engine's sampling masks (pi_support_mass: Σ π over the support each token was drawn from), the
+truncation check is exact ("sampling mask" form). The evidence's "form" says which ran, and
+"logprobs" which kind of log μ run.json says it is (raw, tempered, processed).
 """
 
 from __future__ import annotations
@@ -207,8 +209,36 @@ def moved_mass(pairs: pl.LazyFrame) -> dict | None:
     return stats if stats["tokens"] >= MIN_TOKENS else None
 
 
+def support_bias(pairs: pl.LazyFrame) -> dict | None:
+    """The sampling-mask form of 1b over the uncertain tokens with pi_support_mass m (Σ π over
+    the engine's sampling support S, from its mask): {"tokens", "mean_d" (weighted mean of
+    d = log μ − log π_old), "mean_d_on_support" (of d + log m: μ against π_old renormalised
+    over S), "mean_log_mass" (of −log m, nats outside S)}; None without the column or below
+    MIN_TOKENS tokens. A μ renormalised over S against an unrenormalised π_old gives mean_d ≈
+    mean_log_mass and mean_d_on_support ≈ 0: the truncation's whole effect, exactly."""
+    if "pi_support_mass" not in pairs.collect_schema().names():
+        return None
+    m, w = pl.col("pi_support_mass").cast(pl.Float64), pl.col("w")
+    rows = pairs.filter(_uncertain() & m.is_not_null() & (m > 0))
+    stats = collect(
+        rows.select(
+            pl.len().alias("tokens"),
+            ((w * pl.col("d")).sum() / w.sum()).alias("mean_d"),
+            ((w * (pl.col("d") + m.log())).sum() / w.sum()).alias("mean_d_on_support"),
+            ((w * -m.log()).sum() / w.sum()).alias("mean_log_mass"),
+        )
+    ).row(0, named=True)
+    return stats if stats["tokens"] >= MIN_TOKENS else None
+
+
 def truncation_check(inp: Inputs) -> Finding:
     """1b. Truncated sampling support (top-p, top-k, min-p) with μ renormalised over it.
+
+    Sampling-mask form (the run has pi_support_mass, `support_bias`): e = mean d − |mean d once
+    π_old is renormalised over the support|, the bias the support explains; e ≥ 0.01 nats
+    warning, ≥ 0.02 problem. Run.json's kind of μ: raw or tempered log μ with a truncating
+    filter warns by itself (the tokens were drawn from the truncated distribution, so μ is not
+    their sampling probability).
 
     Top-K form (the run has mu_topk_mass and pi_topk_mass): m = the mean share of π's mass
     outside μ's top-K set S that μ puts on S, over the positions where π leaves ≥ 1% outside S
@@ -237,7 +267,21 @@ def truncation_check(inp: Inputs) -> Finding:
     evidence: dict = {"uncertain_tokens": n, "share_mu_above_old": stats["share"], "mean_d": stats["bias"]}
     evidence["sampling"] = {"top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p}
     by_topk = moved_mass(inp.pairs)
-    if by_topk is not None:
+    by_mask = support_bias(inp.pairs)
+    if by_mask is not None:
+        bias, rest = float(by_mask["mean_d"]), float(by_mask["mean_d_on_support"])
+        evidence |= {"form": "sampling mask", **by_mask}
+        evidence["thresholds"] = {"warning": TRUNCATION_BIAS_WARNING, "problem": TRUNCATION_BIAS_PROBLEM}
+        # the share of the bias the support explains decides: a μ renormalised over S leaves d + log m ≈ 0
+        explained = bias - abs(rest)
+        verdict = verdict_of(explained, TRUNCATION_BIAS_WARNING, TRUNCATION_BIAS_PROBLEM)
+        strength = explained / TRUNCATION_BIAS_PROBLEM
+        measured = (
+            f"mean log μ − log π_old {bias:+.4f} nats over {by_mask['tokens']} uncertain tokens, "
+            f"{rest:+.4f} once π_old is renormalised over the engine's sampling support (exact, from its masks; "
+            f"π leaves {by_mask['mean_log_mass']:.4f} nats outside it)"
+        )
+    elif by_topk is not None:
         moved = float(by_topk["moved"])
         evidence |= {"form": "top-K", **by_topk, "outside_at_least": OUTSIDE}
         evidence["thresholds"] = {"warning": MOVED_WARNING, "problem": MOVED_PROBLEM}
@@ -331,4 +375,4 @@ _UNTRUNCATED_FIX = (
 )
 
 
-__all__ = ["moved_mass", "raw_share", "temperature_check", "temperature_ratio", "truncation_check"]
+__all__ = ["moved_mass", "raw_share", "support_bias", "temperature_check", "temperature_ratio", "truncation_check"]
