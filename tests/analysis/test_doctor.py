@@ -405,3 +405,18 @@ def test_level_judges_the_fresh_tokens_when_staleness_is_recorded(tmp_path):
         rules=[],
     )
     assert {f.check: f for f in doctor(path)}["level"].verdict == "problem"
+
+
+def test_raw_share_of_a_mu_far_from_both_candidates_is_not_a_finding(tmp_path):
+    # log π = −1, log π_raw = −0.5; log μ scattered ±0.6 around −0.9 (a stale engine): nearer raw
+    # on 40% of the tokens by chance, but nearer log π on average
+    mu = [-0.3] * 20 + [-1.5] * 30
+    inp = _columns_run(
+        tmp_path, {"mu_logp": mu, "old_logp": [-1.0] * 50, "pi_logp": [-1.0] * 50, "pi_logp_raw": [-0.5] * 50}
+    )
+    stats = raw_share(inp.pairs)
+    assert stats["share_nearer_raw"] == pytest.approx(0.4)
+    assert stats["mean_abs_to_raw"] == pytest.approx((20 * 0.2 + 30 * 1.0) / 50)
+    assert stats["mean_abs_to_pi"] == pytest.approx((20 * 0.7 + 30 * 0.5) / 50)
+    f = temperature_check(inp)
+    assert f.verdict == "ok" and "nearer after it on average" in f.summary

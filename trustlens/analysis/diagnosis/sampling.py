@@ -112,11 +112,13 @@ def temperature_check(inp: Inputs) -> Finding:
     Logits form (the run has pi_logp_raw): q = the share of the tokens that can tell them apart
     (raw and processed log π ≥ SEPARATION nats apart) whose log μ is nearer log π_raw than
     log π. Threshold: q ≥ 0.25 warning, ≥ 0.5 problem (raw log-probs give q ≈ 1, a clean engine
-    q ≈ 0). Token-level form: r = τ_μ/τ_π from the fit of `temperature_ratio` (1 when μ and
-    π_old share the temperature); |r − 1| ≥ 0.15 warning, ≥ 0.3 problem (raw log-probs at
-    τ = 0.5 give r ≈ 2, at τ = 0.7 r ≈ 1.4). run.json's "sampling" (logprobs "raw" at τ ≠ 1)
-    raises a warning by itself, and the summary says when the data contradict it. A fit that
-    gives r ≤ 0 (no temperature does) fails: a warning that says so."""
+    q ≈ 0), and only where log μ is also nearer log π_raw on average (a stale or noisy μ, far
+    from both, is nearer either by chance). Token-level form: r = τ_μ/τ_π from the fit of
+    `temperature_ratio` (1 when μ and π_old share the temperature); |r − 1| ≥ 0.15 warning,
+    ≥ 0.3 problem (raw log-probs at τ = 0.5 give r ≈ 2, at τ = 0.7 r ≈ 1.4). run.json's
+    "sampling" (logprobs "raw" at τ ≠ 1) raises a warning by itself, and the summary says when
+    the data contradict it. A fit that gives r ≤ 0 (no temperature does) fails: a warning that
+    says so."""
     sampling = inp.sampling
     tau = sampling.temperature
     says_raw = sampling.logprobs == "raw" and tau is not None and tau != 1.0
@@ -132,12 +134,15 @@ def temperature_check(inp: Inputs) -> Finding:
         q = float(by_logits["share_nearer_raw"])
         evidence |= {"form": "logits", **by_logits, "separation": SEPARATION}
         evidence |= {"warning_at": RAW_SHARE_WARNING, "problem_at": RAW_SHARE_PROBLEM}
-        verdict = verdict_of(q, RAW_SHARE_WARNING, RAW_SHARE_PROBLEM)
-        strength = q / RAW_SHARE_PROBLEM
+        # a μ far from both candidates (a stale or noisy engine) is nearer either by chance: raw
+        # log-probs are also nearer log π_raw on average
+        nearer_raw = by_logits["mean_abs_to_raw"] < by_logits["mean_abs_to_pi"]
+        verdict = verdict_of(q, RAW_SHARE_WARNING, RAW_SHARE_PROBLEM) if nearer_raw else "ok"
+        strength = q / RAW_SHARE_PROBLEM if nearer_raw else 0.0
         measured = (
             f"log μ is nearer log π before the temperature than after it on {q:.1%} of "
             f"{by_logits['tokens']} tokens (mean |Δ| {by_logits['mean_abs_to_raw']:.3f} against "
-            f"{by_logits['mean_abs_to_pi']:.3f} nats)"
+            f"{by_logits['mean_abs_to_pi']:.3f} nats{'' if nearer_raw else ': nearer after it on average'})"
         )
         order = (pl.col("mu") - pl.col("pi_logp").cast(pl.Float64)).abs()
     else:
