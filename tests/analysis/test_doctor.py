@@ -420,3 +420,14 @@ def test_raw_share_of_a_mu_far_from_both_candidates_is_not_a_finding(tmp_path):
     assert stats["mean_abs_to_pi"] == pytest.approx((20 * 0.7 + 30 * 0.5) / 50)
     f = temperature_check(inp)
     assert f.verdict == "ok" and "nearer after it on average" in f.summary
+
+
+def test_the_checks_name_the_kind_of_mu(tmp_path):
+    rng = np.random.default_rng(7)
+    mu = -rng.uniform(0.05, 4.0, 200)
+    manifest = {"sampling": {"temperature": 0.7, "logprobs": "processed"}}
+    inp = _pairs_run(tmp_path, mu, mu, manifest=manifest)
+    for check in (temperature_check, truncation_check):
+        f = check(inp)
+        assert f.verdict == "ok"
+        assert f.summary.endswith("(run.json: processed log μ, of the distribution the tokens were drawn from)")

@@ -176,6 +176,8 @@ def temperature_check(inp: Inputs) -> Finding:
     else:
         summary = f"μ is not at π_old's temperature: {measured}{raw_note}"
         evidence["examples"] = examples(inp.pairs.filter(_uncertain()), order)
+    if sampling.logprobs is not None and not says_raw:
+        summary += f" (run.json: {_KINDS[sampling.logprobs]})"
     return Finding(
         "temperature",
         verdict,
@@ -352,6 +354,8 @@ def truncation_check(inp: Inputs) -> Finding:
         summary = f"{measured}: μ looks renormalised over a truncated support"
         if claimed:
             summary += f" (run.json says {_filters(sampling)})"
+    if sampling.logprobs is not None and not untruncated:
+        summary += f" (run.json: {_KINDS[sampling.logprobs]})"
     if verdict != "ok":
         evidence["examples"] = examples(rows, pl.col("d"))
     return Finding(
@@ -362,6 +366,14 @@ def truncation_check(inp: Inputs) -> Finding:
         fix if verdict != "ok" else "",
         strength=max(strength, 0.0),
     )
+
+
+# the kinds of log μ as the summaries name them
+_KINDS = {
+    "raw": "raw log μ, before the temperature",
+    "tempered": "tempered log μ, after the temperature and before truncation",
+    "processed": "processed log μ, of the distribution the tokens were drawn from",
+}
 
 
 def _filters(sampling: Sampling) -> str:
