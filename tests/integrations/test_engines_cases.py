@@ -333,3 +333,23 @@ def test_support_mass_and_staleness_are_recorded(tmp_path):
     # the exact truncation: log μ − (log π − log Σ_S π) = 0 with μ the processed μ of π itself
     exact = rows["mu_logp"] - (rows["pi_logp"] - rows["pi_support_mass"].log())
     assert exact.abs().max() < 1e-5
+
+
+@dataclass
+class VersionedRequestOutput:  # vllm/outputs.py RequestOutput with the version bound at admission (vLLM #53199)
+    request_id: str
+    outputs: list
+    weight_version: str | None = None
+
+
+def test_vllm_request_bound_weight_version_labels():
+    logits, ids = logits_and_draw(2, seed=7)
+    logp = torch.log_softmax(logits, -1)
+    positions = [vllm_ranked(logp[t], a, []) for t, a in enumerate(ids)]
+    completions = [CompletionOutput(i, "", ids, None, positions) for i in range(3)]
+    requests = [
+        VersionedRequestOutput("a", completions[:1], "step-42"),  # vLLM's versions are labels
+        VersionedRequestOutput("b", completions[1:2], "default"),  # before the first weight update
+        VersionedRequestOutput("c", completions[2:], "17"),
+    ]
+    assert from_vllm(requests).weight_version.tolist() == [[42, 42], [-1, -1], [17, 17]]

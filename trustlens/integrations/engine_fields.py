@@ -14,14 +14,17 @@ SGLang's flat top-logprobs, the sampling masks of both engines, their weight ver
 - Weight versions: the version of the weights that sampled each token. SGLang: meta_info
   `weight_versions`, spans {"version", "start", "end"} over the output tokens, else the
   response's single `weight_version`; vLLM: `CompletionOutput.weight_versions` read the same way
-  (spans, one version per token, or one for the response). A version that is not an integer
-  (SGLang's "default" before the first weight update) is not known: −1.
+  (spans, one version per token, or one for the response), else its RequestOutput's
+  `weight_version` (bound to the request). Versions are labels: an integer, or a label ending
+  in one ("step-42", "v3") reads as that integer; any other ("default" before the first weight
+  update of either engine) is not known: −1.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -145,13 +148,14 @@ def weight_versions(where: str, versions: Any, n: int) -> list[int] | None:
 
 
 def _version(value: Any) -> int:
+    """A weight version as an int: an int ≥ 0, or the number a label ends with ("17", "step-42",
+    "v3"); −1 (not known) for anything else ("default", "initial")."""
     if isinstance(value, bool):
         return -1
     if isinstance(value, int):
         return value if value >= 0 else -1
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    return -1
+    found = re.fullmatch(r"\D*?(\d+)", value.strip()) if isinstance(value, str) else None
+    return int(found.group(1)) if found else -1
 
 
 __all__ = ["flat_top", "has_flat_top", "sampling_logprobs", "supports", "weight_versions"]

@@ -16,7 +16,8 @@
   the dict holds the ids the user chose, ranked by their place in that list, not μ's top-K: pass
   `params=` and `topk` is refused; without `params`, ranks out of the order of the log-probs are
   refused. The engine's `logprobs_mode` "raw_logits" / "processed_logits" returns logits: refused.
-  Also read where present: `sampling_mask` (`return_sampling_mask`) and `weight_versions`.
+  Also read where present: `sampling_mask` (`return_sampling_mask`) and the weight versions
+  (`weight_versions` or `weight_version` of the CompletionOutput, else of its RequestOutput).
 - `from_sglang(responses)`: SGLang `/generate` JSON (`return_logprob=True`, `top_logprobs_num=K`),
   one dict per response (or one dict): `meta_info.output_token_logprobs` is a list of
   [logprob, token_id, text] per generated token (text is null unless `return_text_in_logprobs`),
@@ -91,7 +92,7 @@ def from_vllm(
             "chosen ids, not μ's top-K; ask SamplingParams(logprobs=K) for the top-K, or pass topk=None"
         )
     responses: list[Response] = []
-    for b, completion in enumerate(_vllm_completions(outputs)):
+    for b, (completion, request) in enumerate(_vllm_completions(outputs)):
         ids = [token_id(f"outputs[{b}].token_ids", i) for i in completion.token_ids]
         positions = completion.logprobs
         if positions is None:
@@ -117,7 +118,7 @@ def from_vllm(
             if topk is not None:
                 _check_ranked(where, candidates[-1])
         sizes = supports(f"response {b}", getattr(completion, "sampling_mask", None), ids)
-        versions = weight_versions(f"response {b}", getattr(completion, "weight_versions", None), len(ids))
+        versions = weight_versions(f"response {b}", _vllm_versions(completion, request), len(ids))
         responses.append((ids, logps, candidates, sizes, versions))
     return padded(responses, topk=topk, pad_id=pad_id, length=length)
 
@@ -180,18 +181,30 @@ def _sglang_candidates(b: int, meta: Mapping[str, Any], n: int, topk: int | None
     ]
 
 
-def _vllm_completions(outputs: Sequence[Any]) -> list[Any]:
-    """Every CompletionOutput: those of each RequestOutput in order, or the outputs themselves."""
+def _vllm_versions(completion: Any, request: Any) -> Any:
+    """The weight versions of a completion: its own `weight_versions` or `weight_version`, else
+    its RequestOutput's (a version bound to the request); None when neither has one."""
+    for holder in (completion, request):
+        for name in ("weight_versions", "weight_version"):
+            value = getattr(holder, name, None)
+            if value is not None:
+                return value
+    return None
+
+
+def _vllm_completions(outputs: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """Every CompletionOutput with its RequestOutput (None when given bare): those of each
+    RequestOutput in order, or the outputs themselves."""
     if isinstance(outputs, (str, bytes, Mapping)) or not isinstance(outputs, Sequence):
         raise ValueError(
             f"outputs must be a list of vLLM RequestOutputs or CompletionOutputs, got {type(outputs).__name__}"
         )
-    completions = []
+    completions: list[tuple[Any, Any]] = []
     for i, out in enumerate(outputs):
         if hasattr(out, "outputs"):
-            completions.extend(out.outputs)
+            completions.extend((completion, out) for completion in out.outputs)
         elif hasattr(out, "token_ids") and hasattr(out, "logprobs"):
-            completions.append(out)
+            completions.append((out, None))
         else:
             raise ValueError(
                 f"outputs[{i}] is a {type(out).__name__}, not a vLLM RequestOutput (with .outputs) or "
