@@ -28,6 +28,7 @@ engine did before they existed (bit-identical runs).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -124,9 +125,16 @@ def deliver(batch: Rollout, defect: str, *, tokenizer, generator: torch.Generato
         swapped, unknown = tokenizer.convert_tokens_to_ids([SWAPPED_TOKEN, UNKNOWN_TOKEN])
         response_ids = batch.response_ids.masked_fill(mask & (batch.response_ids == swapped), unknown)
         input_ids = torch.cat([batch.input_ids[:, : batch.prompt_len], response_ids], 1)
-        # μ's top-K ids go through the same vocabulary: the sampled id stays in its set
-        topk_ids = batch.mu_topk_ids.masked_fill(mask[..., None] & (batch.mu_topk_ids == swapped), unknown)
-        return replace(batch, response_ids=response_ids, input_ids=input_ids, mu_topk_ids=topk_ids)
+        # μ's top-K ids go through the same vocabulary: the sampled id stays in its set. A set that
+        # held <unk> as well keeps its ids distinct: that entry becomes `;` at μ = 0
+        valid = mask[..., None]  # (B, T, 1)
+        was_swapped, was_unknown = batch.mu_topk_ids == swapped, batch.mu_topk_ids == unknown  # (B, T, K)
+        both = valid & was_unknown & was_swapped.any(-1, keepdim=True)
+        topk_ids = batch.mu_topk_ids.masked_fill(valid & was_swapped, unknown).masked_fill(both, swapped)
+        topk_logp = batch.mu_topk_logp.masked_fill(both, -math.inf)
+        return replace(
+            batch, response_ids=response_ids, input_ids=input_ids, mu_topk_ids=topk_ids, mu_topk_logp=topk_logp
+        )
     return batch
 
 
