@@ -24,6 +24,7 @@ from trustlens.analysis import (
     confusion_matrix,
     figure1_density,
     mismatch_by_bucket,
+    mismatch_by_staleness,
     mismatch_per_step,
     mismatch_unavailable,
     rule_boundaries,
@@ -108,6 +109,11 @@ def mismatch(ctx: Context) -> tuple[str | None, pl.DataFrame | None, pl.DataFram
     if reason is not None:
         return reason, None, None
     return None, on_steps(mismatch_per_step, ctx), on_tokens(mismatch_by_bucket, ctx)
+
+
+def mismatch_staleness(ctx: Context) -> pl.DataFrame:
+    """The mismatch per staleness of the filtered tokens (empty without the staleness column)."""
+    return on_tokens(mismatch_by_staleness, ctx)
 
 
 def _warm(ctx: Context) -> None:

@@ -28,7 +28,9 @@ truncation checks take their logits form, and without them (their token-level fo
 
 Trained runs: each defect `trustlens train --engine DEFECT` plants (raw_logprobs, top_p, shifted,
 sentinel, token_ids; docs/train.md) on `--trained-seeds` seeds of the default preset,
-`--trained-steps` steps each, no evaluation. Clean runs: the generator without a defect, every
+`--trained-steps` steps each, no evaluation. The built-in trainer passes `record` π's logits and
+μ's top-K, so its runs hold the logit columns (logits form); each is also read with them dropped
+(token-level form). Clean runs: the generator without a defect, every
 built-in preset's clean run (`trustlens train --preset P --steps N --eval-size 0`, N =
 `--train-steps`; quick its own 3) and the shipped sample runs (data/sample_run). The training
 runs are the trainer's own `train` called in `--jobs` worker processes (what `trustlens train`
@@ -191,11 +193,29 @@ def write_planted(path: Path, defect: str, seed: int, logit_columns: bool = Fals
     return path
 
 
+LOGIT_COLUMNS = ("pi_logp_raw", "mu_topk_mass", "pi_topk_mass")  # what `record` derives from π's logits
+
+
 def verdicts(run_path: Path) -> list[tuple[str, str]]:
     """(check, verdict) of every finding, most severe first."""
     from trustlens.analysis import doctor
 
     return [(f.check, f.verdict) for f in doctor(run_path)]
+
+
+def without_logit_columns(run_path: Path) -> Path:
+    """A copy of the run beside it (`NAME-token-level`) whose token files lack LOGIT_COLUMNS:
+    the run as `record` writes it without π's logits, where the checks take their token-level form."""
+    import shutil
+
+    import polars as pl
+
+    out = run_path.with_name(run_path.name + "-token-level")
+    shutil.copytree(run_path, out)
+    for part in (out / "tokens").rglob("*.parquet"):
+        frame = pl.read_parquet(part)
+        frame.drop([c for c in LOGIT_COLUMNS if c in frame.columns]).write_parquet(part)
+    return out
 
 
 def planted_table(seeds: int, folder: Path) -> tuple[list[str], list[dict]]:
@@ -268,29 +288,37 @@ def training_jobs(folder: Path, *, train_steps: int, trained_seeds: int, trained
     return jobs
 
 
-def run_training(jobs: list[tuple], workers: int) -> list[tuple[str, str | None, list[tuple[str, str]]]]:
+def run_training(jobs: list[tuple], workers: int) -> list[tuple[str, str | None, dict[str, list[tuple[str, str]]]]]:
     """Train every job (`workers` processes, each importing torch once) and run the doctor on
-    it: (label, check, findings)."""
+    it: (label, check, {form: findings}). The built-in trainer records π's logits and μ's top-K
+    (the logits form); a defect's run is also read without the logit columns (token-level)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         paths = list(pool.map(_train, jobs))
-    return [(label, check, verdicts(path)) for (label, check, *_), path in zip(jobs, paths, strict=True)]
+    results = []
+    for (label, check, *_), path in zip(jobs, paths, strict=True):
+        found = {"logits": verdicts(path)}
+        if check is not None:
+            found["token-level"] = verdicts(without_logit_columns(path))
+        results.append((label, check, found))
+    return results
 
 
-def trained_table(results: list[tuple[str, str | None, list[tuple[str, str]]]]) -> list[str]:
-    """Per `--engine` defect: problem, first and detected over its seeds."""
+def trained_table(results: list[tuple[str, str | None, dict[str, list[tuple[str, str]]]]]) -> list[str]:
+    """Per `--engine` defect and form: problem, first and detected over its seeds."""
     lines = []
     for defect, check in TRAINED.items():
-        runs = [found for label, c, found in results if c is not None and label == defect]
-        if not runs:
-            continue
-        n = len(runs)
-        problem = sum(dict(found)[check] == "problem" for found in runs)
-        first = sum(found[0][0] == check for found in runs)
-        detected = sum(dict(found)[check] == "problem" and found[0][0] == check for found in runs)
-        lines.append(f"| {defect} | {check} | trained, token-level | {problem}/{n} | {first}/{n} | {detected}/{n} |")
+        for form in FORMS:
+            runs = [found[form] for label, c, found in results if c is not None and label == defect]
+            if not runs:
+                continue
+            n = len(runs)
+            problem = sum(dict(found)[check] == "problem" for found in runs)
+            first = sum(found[0][0] == check for found in runs)
+            detected = sum(dict(found)[check] == "problem" and found[0][0] == check for found in runs)
+            lines.append(f"| {defect} | {check} | trained, {form} | {problem}/{n} | {first}/{n} | {detected}/{n} |")
     return lines
 
 
@@ -335,7 +363,7 @@ def main() -> None:
             )
             results = run_training(jobs, args.jobs)
             print("\n".join(trained_table(results)))
-            clean += [{"run": label, "findings": found} for label, check, found in results if check is None]
+            clean += [{"run": label, "findings": found["logits"]} for label, check, found in results if check is None]
         clean += sample_runs()
     pairs = [v for run in clean for _, v in run["findings"]]
     problems = [f"{r['run']}: {c}" for r in clean for c, v in r["findings"] if v == "problem"]

@@ -96,6 +96,15 @@ metric = st.selectbox(
     help="Mismatch within each μ-probability bucket",
 )
 chart(plots.mismatch_by_bucket_bar(by_bucket, metric), "mm_bucket")
+by_staleness = page_data.mismatch_staleness(ctx)
+if not by_staleness.is_empty():  # the engine's weight versions were recorded (the `staleness` column)
+    st.subheader("By staleness")
+    st.caption(
+        "Mismatch of the tokens by how many weight updates the engine's weights were behind π_old's when it "
+        "sampled them (0: the same weights): what staleness adds on top of the engine's numerics. The doctor's "
+        "level check judges the engine on the 0 row."
+    )
+    dataframe(by_staleness)
 with st.expander("Per-step mismatch table"):
     st.caption(sources(ctx, per_step))
     dataframe(per_step)

@@ -267,3 +267,167 @@ def test_moved_mass_by_hand(tmp_path):
     assert (f.verdict, f.evidence["form"]) == ("problem", "top-K")  # m = 0.625 ≥ 0.6
     # a run without the columns (or with them null) takes the token-level form
     assert raw_share(inp.pairs) is None
+
+
+def test_kinds_of_mu_are_read_and_old_runs_stay_readable():
+    s = read_sampling({"sampling": {"temperature": 0.7, "logprobs": "tempered", "processors": ["logit_bias", "x"]}})
+    assert (s.logprobs, s.processors) == ("tempered", ("logit_bias",))
+    assert read_sampling({"sampling": {"logprobs": "processed"}}).processors == ()  # before `processors`
+
+
+def test_raw_mu_is_named_with_what_it_means_for_the_ratio(tmp_path):
+    rng = np.random.default_rng(4)
+    mu = -rng.uniform(0.05, 4.0, 300)
+    c = rng.uniform(0.0, 1.0, 300)
+    old = 2 * mu - 2 * c  # μ at twice π_old's temperature: r = 2
+    manifest = {"sampling": {"temperature": 0.5, "logprobs": "raw"}}
+    f = temperature_check(_pairs_run(tmp_path, mu, old, entropy=list(c), manifest=manifest))
+    assert f.verdict == "problem"
+    assert "raw log μ (before the temperature τ = 0.5): the ratio compares π at τ with μ at τ = 1" in f.summary
+    assert "logprobs_mode='processed_logprobs'" in f.fix and "SGLANG_RETURN_ORIGINAL_LOGPROB" in f.fix
+
+
+def test_a_temperature_fit_that_fails_says_so(tmp_path):
+    # d = 2·log μ + 5: slope 2, so τ_μ/τ_π = 1 − 2 = −1, which no temperature gives
+    rng = np.random.default_rng(5)
+    mu = -rng.uniform(0.05, 4.0, 200)
+    old = -mu - 5.0
+    f = temperature_check(_pairs_run(tmp_path, mu, old))
+    assert f.verdict == "warning" and f.evidence["fit_failed"]
+    assert f.summary.startswith("the temperature fit fails: the slope of log μ − log π_old on log μ over 200")
+    assert "-" not in f.summary.split("is ")[1].split(",")[0]  # the slope 2.000, no negative ratio printed
+
+
+def test_moved_mass_below_zero_is_not_printed_negative(tmp_path):
+    # Σ_S μ = 0.7 < Σ_S π = 0.8: (0.7 − 0.8) / 0.2 = −0.5, μ moved nothing onto S
+    logp = [-0.5] * 60
+    columns = {"mu_logp": logp, "old_logp": logp, "pi_logp": logp, "mu_topk_mass": [0.7] * 60}
+    f = truncation_check(_columns_run(tmp_path, {**columns, "pi_topk_mass": [0.8] * 60}))
+    assert f.evidence["moved"] == pytest.approx(-0.5, abs=1e-6) and f.verdict == "ok"
+    assert "μ moves none of the mass" in f.summary and "by 50.0% of π's outside mass" in f.summary
+    assert "-" not in f.summary.replace("top-K", "")
+
+
+def test_tempered_mu_with_truncation_warns_from_the_settings(tmp_path):
+    rng = np.random.default_rng(6)
+    mu = np.log(rng.uniform(0.05, 0.9, 100))
+    old = mu + rng.normal(0, 0.01, 100)
+    manifest = {"sampling": {"temperature": 0.7, "top_p": 0.9, "logprobs": "tempered"}}
+    f = truncation_check(_pairs_run(tmp_path, mu, np.minimum(old, -1e-3), manifest=manifest))
+    assert f.verdict == "warning"
+    assert f.summary.startswith("run.json says tempered log μ (before truncation) with top_p 0.9: the tokens were")
+    assert "from_sglang(processed=True)" in f.fix and "sampling mask" in f.fix
+    processed = {"sampling": {"temperature": 0.7, "top_p": 0.9, "logprobs": "processed"}}
+    g = truncation_check(_pairs_run(tmp_path / "p", mu, np.minimum(old, -1e-3), manifest=processed))
+    assert "contradict" in g.summary  # processed μ over a truncated support, yet no bias in the data
+
+
+def test_where_names_a_position_only_with_enough_rows_and_gives_their_count(tmp_path):
+    from trustlens.analysis.diagnosis.level import WHERE_MIN_ROWS, where_check
+
+    # 60 rows at positions 4–15 (|d| 0.01), 28 rows at 16–63 (|d| 6.5), weighted 33 each
+    n_small, n_big = 60, 28
+    pos = [0] * 60 + [5] * n_small + [20] * n_big
+    mu = [-1.0] * 60 + [-1.0] * n_small + [-1.0] * n_big
+    old = [-1.0] * 60 + [-1.01] * n_small + [-7.5] * n_big
+    weight = [1.0] * (60 + n_small) + [33.0] * n_big
+    base = {"step": [0] * len(mu), "sample": list(range(len(mu))), "token_id": [0] * len(mu)}
+    columns = {"pos": pos, "mu_logp": mu, "old_logp": old, "pi_logp": old, "weight": weight}
+    f = where_check(inputs_of(load_run(write_run(tmp_path / "run", tokens={**base, **columns}, rules=[]))))
+    assert n_big < WHERE_MIN_ROWS <= n_small
+    assert "largest at position 4–15 (mean |Δ log p| 0.0100 nats over 60 rows standing for 60 tokens)" in f.summary
+    rows = {r["pos"]: (r["rows"], r["tokens"]) for r in f.evidence["by_position"]}
+    assert rows["16–63"] == (28, 28 * 33.0)
+
+
+def test_level_below_the_range_says_below(tmp_path):
+    path = write_run(
+        tmp_path / "run",
+        tokens={
+            "step": [0] * 100,
+            "sample": list(range(100)),
+            "pos": [1] * 100,
+            "token_id": [0] * 100,
+            "mu_logp": [-0.7] * 100,
+            "old_logp": [-0.7] * 100,
+            "pi_logp": [-0.7] * 100,
+        },
+        rules=[],
+    )
+    level = {f.check: f for f in doctor(path)}["level"]
+    assert level.verdict == "ok" and level.summary.startswith("below the published range: k3 0")
+
+
+def test_truncation_is_exact_with_the_sampling_masks(tmp_path):
+    # μ renormalised over a support holding m = 0.8 of π_old: d = −log 0.8 on every token, and 0
+    # once π_old is renormalised over the support (log π_old − log m)
+    n = 80
+    old = [math.log(0.4)] * n
+    mu = [math.log(0.4 / 0.8)] * n
+    columns = {"mu_logp": mu, "old_logp": old, "pi_logp": old, "pi_support_mass": [0.8] * n}
+    f = truncation_check(_columns_run(tmp_path, columns))
+    assert f.evidence["form"] == "sampling mask" and f.verdict == "problem"
+    assert f.evidence["mean_d"] == pytest.approx(-math.log(0.8), abs=1e-6)
+    assert f.evidence["mean_d_on_support"] == pytest.approx(0.0, abs=1e-6)
+    # π_old renormalised on the same support by the trainer: d = 0, nothing left to explain
+    same = {**columns, "old_logp": mu, "pi_logp": mu}
+    assert truncation_check(_columns_run(tmp_path / "same", same)).verdict == "ok"
+
+
+def test_level_judges_the_fresh_tokens_when_staleness_is_recorded(tmp_path):
+    # 100 fresh tokens with a tiny mismatch, 100 tokens 3 updates stale with ρ = 4: the engine is fine
+    fresh_mu, stale_mu = [math.log(0.5)] * 100, [math.log(0.1)] * 100
+    old = [math.log(0.5001)] * 100 + [math.log(0.4)] * 100
+    columns = {
+        "mu_logp": fresh_mu + stale_mu,
+        "old_logp": old,
+        "pi_logp": old,
+        "staleness": [0.0] * 100 + [3.0] * 100,
+    }
+    path = write_run(
+        tmp_path / "run",
+        tokens={"step": [0] * 200, "sample": list(range(200)), "pos": [1] * 200, "token_id": [0] * 200, **columns},
+        rules=[],
+    )
+    level = {f.check: f for f in doctor(path)}["level"]
+    assert level.verdict == "ok"
+    assert level.evidence["staleness"]["fresh_rows"] == 100
+    assert level.evidence["staleness"]["stale_share"] == pytest.approx(0.5)
+    assert level.evidence["k3_kl"] == pytest.approx(0.5001 / 0.5 - 1 - math.log(0.5001 / 0.5), rel=1e-3)
+    assert (
+        "over the 100 tokens sampled with π_old's weights (50 % of tokens stale, mean staleness 1.50" in level.summary
+    )
+    # without the column the stale half reads as the engine's: ρ = 4 on 50% of the tokens
+    del columns["staleness"]
+    path = write_run(
+        tmp_path / "bare",
+        tokens={"step": [0] * 200, "sample": list(range(200)), "pos": [1] * 200, "token_id": [0] * 200, **columns},
+        rules=[],
+    )
+    assert {f.check: f for f in doctor(path)}["level"].verdict == "problem"
+
+
+def test_raw_share_of_a_mu_far_from_both_candidates_is_not_a_finding(tmp_path):
+    # log π = −1, log π_raw = −0.5; log μ scattered ±0.6 around −0.9 (a stale engine): nearer raw
+    # on 40% of the tokens by chance, but nearer log π on average
+    mu = [-0.3] * 20 + [-1.5] * 30
+    inp = _columns_run(
+        tmp_path, {"mu_logp": mu, "old_logp": [-1.0] * 50, "pi_logp": [-1.0] * 50, "pi_logp_raw": [-0.5] * 50}
+    )
+    stats = raw_share(inp.pairs)
+    assert stats["share_nearer_raw"] == pytest.approx(0.4)
+    assert stats["mean_abs_to_raw"] == pytest.approx((20 * 0.2 + 30 * 1.0) / 50)
+    assert stats["mean_abs_to_pi"] == pytest.approx((20 * 0.7 + 30 * 0.5) / 50)
+    f = temperature_check(inp)
+    assert f.verdict == "ok" and "nearer after it on average" in f.summary
+
+
+def test_the_checks_name_the_kind_of_mu(tmp_path):
+    rng = np.random.default_rng(7)
+    mu = -rng.uniform(0.05, 4.0, 200)
+    manifest = {"sampling": {"temperature": 0.7, "logprobs": "processed"}}
+    inp = _pairs_run(tmp_path, mu, mu, manifest=manifest)
+    for check in (temperature_check, truncation_check):
+        f = check(inp)
+        assert f.verdict == "ok"
+        assert f.summary.endswith("(run.json: processed log μ, of the distribution the tokens were drawn from)")

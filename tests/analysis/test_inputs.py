@@ -23,6 +23,7 @@ TOKEN_ANALYSES = [
     ("figure1_density", ()),
     ("mismatch_per_step", ()),
     ("mismatch_by_bucket", ()),
+    ("mismatch_by_staleness", ()),
     ("mismatch_unavailable", ()),
     ("rule_confusion", ("ppo", "dppo_binary_tv")),
     ("step_summary", ()),

@@ -10,6 +10,7 @@ from trustlens.analysis import (
     MISMATCH_COLUMNS,
     exact_aggregates,
     mismatch_by_bucket,
+    mismatch_by_staleness,
     mismatch_per_step,
     mismatch_unavailable,
 )
@@ -248,3 +249,17 @@ def test_the_sample_runs_show_the_trainers_log_ppl_diff_as_export_sends_it(name)
     exported = step_scalars(run).filter(pl.col("name").is_in(SEQUENCE_LEVEL))
     assert exported["name"].unique().to_list() == ["log_ppl_diff"]
     assert exported["value"].to_list() == shown["log_ppl_diff"].to_list()
+
+
+def test_mismatch_by_staleness_by_hand(tmp_path):
+    # 3 fresh tokens with ρ = π_old/μ = 1, 2 tokens 2 updates stale with ρ = 2: k3 = ρ − 1 − log ρ
+    mu = [math.log(0.5)] * 3 + [math.log(0.2)] * 2
+    old = [math.log(0.5)] * 3 + [math.log(0.4)] * 2
+    tokens = {"step": [0] * 5, "sample": list(range(5)), "pos": [0] * 5, "mu_logp": mu, "old_logp": old}
+    path = write_run(tmp_path / "r", tokens={**tokens, "pi_logp": old, "staleness": [0.0] * 3 + [2.0] * 2}, rules=[])
+    df = mismatch_by_staleness(load_run(path))
+    assert df["staleness"].to_list() == [0.0, 2.0] and df["tokens"].to_list() == [3, 2]
+    assert df["k3_kl"].to_list() == pytest.approx([0.0, 2 - 1 - math.log(2)], abs=1e-6)
+    assert df["prob_diff_mean"].to_list() == pytest.approx([0.0, 0.2], abs=1e-6)
+    bare = write_run(tmp_path / "b", tokens={**tokens, "pi_logp": old}, rules=[])
+    assert mismatch_by_staleness(load_run(bare)).is_empty()

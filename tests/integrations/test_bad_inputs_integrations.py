@@ -45,13 +45,14 @@ def test_engine_settings_name_the_argument(call, error, named):
 def test_valid_engine_settings_are_returned_as_given():
     params = SimpleNamespace(temperature=0.7, top_p=0.9, top_k=-1, min_p=0.0)
     got = engines.vllm_sampling(params, "raw_logprobs")
-    assert got == {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "min_p": 0.0, "logprobs": "raw"}
+    assert got == {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "min_p": 0.0, "logprobs": "raw", "processors": []}
     assert engines.sglang_sampling({}) == {
         "temperature": 1.0,
         "top_p": 1.0,
         "top_k": -1,
         "min_p": 0.0,
-        "logprobs": None,
+        "logprobs": "tempered",  # SGLang's log softmax(logits / τ)
+        "processors": [],
     }
-    assert engines_sampling.verl_sampling({"name": "sglang", "temperature": 1.0})["logprobs"] is None
+    assert engines_sampling.verl_sampling({"name": "sglang", "temperature": 1.0})["logprobs"] == "tempered"
     assert engines.from_sglang(SGLANG).record_args()["mu_logp"].tolist() == [[-0.5, -1.0]]

@@ -1,4 +1,5 @@
-"""trustlens.integrations.engines against outputs shaped exactly as the engines document them:
+"""trustlens.integrations.engines against outputs shaped exactly as the engines document them
+(faithful fixtures: the engines are not importable here; test_engines_cases.py follows their code):
 vLLM's RequestOutput / CompletionOutput / Logprob (vllm/outputs.py, vllm/logprobs.py: same field
 names, as dataclasses) and SGLang's /generate JSON (meta_info.output_token_logprobs as
 [logprob, token_id, text], output_top_logprobs per position)."""
@@ -267,6 +268,7 @@ def test_trainer_settings_map_to_sampling():
         "top_k": None,
         "min_p": None,
         "logprobs": "processed",
+        "processors": [],
     }
     server = SimpleNamespace(**{**grpo, "generation_kwargs": {"top_p": 0.8}}, use_vllm=True, vllm_mode="server")
     assert trl_sampling(server)["top_p"] == 0.8 and trl_sampling(server)["logprobs"] is None
@@ -279,11 +281,12 @@ def test_trainer_settings_map_to_sampling():
         "top_k": None,
         "min_p": None,
         "logprobs": "raw",  # no logprobs_mode key: vLLM V1's default
+        "processors": [],
     }
     rollout["logprobs_mode"] = "processed_logprobs"  # verl 0.7–0.9's default
     assert verl_sampling(rollout)["logprobs"] == "processed"
     rollout["name"] = "sglang"
-    assert verl_sampling(rollout)["logprobs"] is None
+    assert verl_sampling(rollout)["logprobs"] == "tempered"  # SGLang's log softmax(logits / τ)
 
     kwargs = {"do_sample": True, "max_new_tokens": 64, "temperature": 0.8, "top_p": 0.95}
     assert normalise_sampling(openrlhf_sampling(kwargs)) == {
@@ -292,4 +295,5 @@ def test_trainer_settings_map_to_sampling():
         "top_k": None,
         "min_p": None,
         "logprobs": "raw",
+        "processors": [],
     }

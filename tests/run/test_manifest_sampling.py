@@ -17,14 +17,18 @@ def test_sampling_is_completed_and_filters_that_are_off_are_none():
         "top_k": None,
         "min_p": None,
         "logprobs": None,
+        "processors": None,
     }
-    assert normalise_sampling({"top_k": 0, "top_p": 0.8, "min_p": 0.05, "logprobs": "raw"}) == {
+    given = {"top_k": 0, "top_p": 0.8, "min_p": 0.05, "logprobs": "tempered", "processors": ["logit_bias", "grammar"]}
+    assert normalise_sampling(given) == {
         "temperature": None,
         "top_p": 0.8,
         "top_k": None,
         "min_p": 0.05,
-        "logprobs": "raw",
+        "logprobs": "tempered",
+        "processors": ["grammar", "logit_bias"],
     }
+    assert normalise_sampling({"logprobs": "raw", "processors": []})["processors"] == []
     assert normalise_sampling(None) is None
 
 
@@ -41,7 +45,9 @@ def test_sampling_is_completed_and_filters_that_are_off_are_none():
         ({"min_p": 1.0}, r"sampling\['min_p'\] must be in \[0, 1\)"),
         ({"top_k": 2.5}, r"sampling\['top_k'\] must be an int"),
         ({"top_k": -2}, r"sampling\['top_k'\] must be an int"),
-        ({"logprobs": "logits"}, r"sampling\['logprobs'\] must be one of raw, processed"),
+        ({"logprobs": "logits"}, r"sampling\['logprobs'\] must be one of raw, tempered, processed"),
+        ({"processors": ["penalty"]}, r"sampling\['processors'\] must be a list of repetition_penalty, "),
+        ({"processors": "logit_bias"}, r"sampling\['processors'\] must be a list of"),
         ([0.5], "sampling must be a mapping"),
     ],
 )
@@ -68,7 +74,8 @@ def test_run_json_holds_sampling_and_model_kind_and_resume_keeps_them(tmp_path):
     with trustlens.TokenRecorder(path, sampling={"temperature": 0.7, "top_p": 0.9}, model_kind="moe") as rec:
         record_one(rec, 0)
     manifest = trustlens.load_run(path).manifest
-    assert manifest["sampling"] == {"temperature": 0.7, "top_p": 0.9, "top_k": None, "min_p": None, "logprobs": None}
+    expected = {"temperature": 0.7, "top_p": 0.9, "top_k": None, "min_p": None, "logprobs": None, "processors": None}
+    assert manifest["sampling"] == expected
     assert set(manifest["sampling"]) == set(SAMPLING_KEYS)
     assert manifest["model_kind"] == "moe"
     with trustlens.TokenRecorder(path, resume=True) as rec:  # reopened without them: kept

@@ -44,11 +44,14 @@ def test_token_schema_is_the_contract():
         "pi_logp_raw",
         "mu_topk_mass",
         "pi_topk_mass",
+        "support_size",
+        "pi_support_mass",
+        "staleness",
         "advantage",
         "weight",
     ]
-    assert schema.names[7:21] == floats and all(schema.field(n).type == pa.float32() for n in floats)
-    assert schema.names[21:] == ["blocked_ppo", "blocked_dppo_binary_tv"]
+    assert schema.names[7:24] == floats and all(schema.field(n).type == pa.float32() for n in floats)
+    assert schema.names[24:] == ["blocked_ppo", "blocked_dppo_binary_tv"]
     assert schema.field("blocked_ppo").type == pa.bool_()
     assert not schema.field("pi_logp").nullable and schema.field("mu_logp").nullable
     assert schema.metadata[META_SCHEMA_VERSION] == str(SCHEMA_VERSION).encode()

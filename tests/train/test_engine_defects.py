@@ -3,6 +3,7 @@ each reports the μ its bug reports, the clean engine is unchanged, and a run re
 
 import json
 import math
+from dataclasses import replace
 
 import polars as pl
 import pytest
@@ -148,7 +149,28 @@ def test_token_ids_hands_the_trainer_unk_for_the_separator():
     assert torch.equal(out.input_ids[:, 1:], out.response_ids) and torch.equal(
         out.input_ids[:, :1], batch.input_ids[:, :1]
     )
-    assert torch.equal(out.mu_logp, batch.mu_logp) and torch.equal(out.mu_topk_ids, batch.mu_topk_ids)
+    assert torch.equal(out.mu_logp, batch.mu_logp)
+    # μ's top-K ids through the same vocabulary: the sampled id stays in its set (record(logits=…) needs it)
+    assert out.mu_topk_ids[..., 0].tolist() == out.response_ids.tolist()
+
+
+def test_token_ids_keeps_a_top_k_set_holding_unk_distinct():
+    # one position whose engine top-2 holds both `;` (sampled, μ 0.6) and `<unk>` (μ 0.1)
+    semi, unk = TOK.convert_tokens_to_ids([";", TOK.unk_token])
+    response = torch.tensor([[semi]])
+    batch = replace(
+        hand_rollout(),
+        input_ids=torch.tensor([[1, semi]]),
+        attention_mask=torch.ones(1, 2, dtype=torch.long),
+        response_ids=response,
+        response_mask=torch.tensor([[True]]),
+        mu_logp=torch.tensor([[math.log(0.6)]]),
+        mu_topk_ids=torch.tensor([[[semi, unk]]]),
+        mu_topk_logp=torch.log(torch.tensor([[[0.6, 0.1]]])),
+    )
+    out = deliver(batch, "token_ids", tokenizer=TOK, generator=torch.Generator())
+    assert out.mu_topk_ids.tolist() == [[[unk, semi]]]  # distinct; the sampled id <unk> at μ(;)
+    assert out.mu_topk_logp[0, 0, 0].item() == pytest.approx(math.log(0.6)) and out.mu_topk_logp[0, 0, 1] == -math.inf
 
 
 def test_clean_delivers_the_rollout_itself():
@@ -168,6 +190,7 @@ def test_engine_option_is_checked():
         "top_k": None,
         "min_p": None,
         "logprobs": "raw",
+        "processors": [],
     }
     assert engine_sampling("top_p", 1.0)["top_p"] == 0.8
 

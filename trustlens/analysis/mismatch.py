@@ -78,11 +78,13 @@ def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
     log_rho = pl.col("old") - pl.col("mu")
     lr = log_rho.clip(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     has_weights = weighted(tokens)
+    extra = ["staleness"] if "staleness" in tokens.collect_schema().names() else []
     return (
         tokens.select(
             "step",
             "update",
             "sample",
+            *extra,
             pl.col("mu_logp").cast(pl.Float64).alias("mu"),
             _trainer_logp().cast(pl.Float64).alias("old"),
             (row_weight() if has_weights else pl.lit(1.0, pl.Float64)).alias("w"),
@@ -284,6 +286,29 @@ def mismatch_by_bucket(tokens: RunOrTokens, *, min_p: float = MIN_P, per_decade:
     return out.select(
         *buckets.columns, pl.col("tokens").cast(pl.Int64), *(pl.col(c).cast(pl.Float64) for c in _TOKEN_LEVEL)
     ).sort("bucket")
+
+
+def mismatch_by_staleness(tokens: RunOrTokens) -> pl.DataFrame:
+    """Per staleness (the per-token `staleness` column: weight updates between the weights that
+    sampled the token and π_old's): staleness, tokens, and the token-level statistics of
+    `mismatch_by_bucket`, fresh tokens (0) first. Empty when the run has no staleness recorded
+    or no μ–π_old pairs: the mismatch a stale engine adds on top of its numerics, by how stale."""
+    tokens = lazy_rows("mismatch_by_staleness", tokens)
+    schema = _schema({"staleness": pl.Float64()}, _TOKEN_LEVEL)
+    names = tokens.collect_schema().names()
+    if "mu_logp" not in names or "staleness" not in names:
+        return pl.DataFrame(schema=schema)
+    df = collect(
+        _pairs(tokens.filter(pl.col("staleness").is_not_null()))
+        .group_by(pl.col("staleness").cast(pl.Float64))
+        .agg(_sums())
+        .group_by("staleness")
+        .agg(_token_stats())
+        .sort("staleness")
+    )
+    if df.is_empty():
+        return pl.DataFrame(schema=schema)
+    return df.select("staleness", pl.col("tokens").cast(pl.Int64), *(pl.col(c).cast(pl.Float64) for c in _TOKEN_LEVEL))
 
 
 @dataclass(frozen=True)

@@ -1,42 +1,158 @@
-"""run.json `sampling` (TokenRecorder's `sampling=`) from the settings of the trainers that the
-hooks attach to: what temperature and filters their rollout engine samples with, and whether the
-log μ it returns is raw (before the temperature and the filters) or processed. No trainer is
-imported: each function reads attributes or keys of the config object it is given.
+"""run.json `sampling` (TokenRecorder's `sampling=`) from the rollout engines' settings and from
+the trainers that the hooks attach to: what temperature, filters and logit processors the engine
+samples with, and which of the three kinds of log μ it returns. No engine or trainer is
+imported: each function reads attributes or keys of the object it is given.
 
-- TRL (`trl_sampling`): GRPOConfig's temperature, top_p, top_k, min_p (a `generation_kwargs`
-  entry overrides them, as in TRL). With vLLM in colocate mode TRL builds the engine with
-  `logprobs_mode="processed_logprobs"`: processed; in server mode the server's
-  `--logprobs-mode` decides, which the trainer does not know: None. Without vLLM: processed (TRL's
-  own generation; it returns no μ, so the run's mu_logp is null anyway).
+The three kinds of log μ (run.json sampling["logprobs"]; z: the logits, after the processors
+the kind names, τ: the temperature):
+
+    raw        log softmax(z)            before the temperature
+    tempered   log softmax(z / τ)        after the temperature, before top-p / top-k / min-p
+    processed  log of the distribution the token was drawn from: after every processor,
+               renormalised over the truncated support
+
+- vLLM (`vllm_sampling`): `logprobs_mode` "raw_logprobs" (V1's default: raw, before every
+  processor) or "processed_logprobs" (processed). The "…_logits" modes return logits, not
+  log-probabilities, and are refused. Greedy (temperature < 1e-5) samples the argmax: top_k 1
+  at τ 1, and vLLM's processed log-probs of a greedy request are taken before truncation:
+  tempered.
+- SGLang (`sglang_sampling`): log softmax(z/τ) over the logits after its penalties, bias and
+  grammar mask: tempered; raw with `SGLANG_RETURN_ORIGINAL_LOGPROB=1`; processed where μ is
+  read from `output_token_sampling_logprobs` (`return_sampling_mask`, `from_sglang(processed=True)`).
+  A JSON null takes SGLang's default; temperature 0 is greedy (SGLang: τ 1, top_k 1).
+- TRL (`trl_sampling`): GRPOConfig's temperature, top_p, top_k, min_p, repetition_penalty (a
+  `generation_kwargs` entry overrides them, as in TRL). With vLLM in colocate mode TRL builds the
+  engine with `logprobs_mode="processed_logprobs"`: processed; in server mode the server's
+  `--logprobs-mode` decides, which the trainer does not know: None. Without vLLM: processed
+  (TRL's own generation; it returns no μ, so the run's mu_logp is null anyway).
 - verl (`verl_sampling`): `actor_rollout_ref.rollout`'s temperature, top_p, top_k (−1: off) and
   `logprobs_mode` (verl 0.7–0.9: "processed_logprobs" by default, handed to vLLM); a config
   without that key (older verl) is taken as vLLM V1's default, raw. With SGLang as the rollout
-  engine `logprobs_mode` does not apply: None.
+  engine: tempered (raw when this process sees `SGLANG_RETURN_ORIGINAL_LOGPROB` set).
 - OpenRLHF (`openrlhf_sampling`): the trainer's `generate_kwargs` (temperature, top_p; 0.11 sets
   no top_k or min_p) and no `logprobs_mode` given to vLLM, so vLLM V1's default: raw.
+
+`processors` lists the active logit processors that change μ besides the temperature and the
+filters (PROCESSORS); [] when none is set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from trustlens.core.values import check_attributes, check_type
-from trustlens.integrations.engines import VLLM_LOGPROBS_MODES, checked_sampling
+from trustlens.run.manifest import normalise_sampling
 
+# vLLM's `logprobs_mode` values that return log-probabilities -> run.json sampling["logprobs"]
+VLLM_LOGPROBS_MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
+VLLM_LOGITS_MODES = ("raw_logits", "processed_logits")  # return logits: refused
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
 _FILTERS = ("temperature", "top_p", "top_k", "min_p")
+# processor -> (the settings' keys that turn it on, the value that leaves it off)
+_PROCESSOR_KEYS: dict[str, tuple[tuple[str, ...], Any]] = {
+    "repetition_penalty": (("repetition_penalty",), 1.0),
+    "presence_penalty": (("presence_penalty",), 0.0),
+    "frequency_penalty": (("frequency_penalty",), 0.0),
+    "logit_bias": (("logit_bias",), None),
+    "bad_words": (("bad_words",), None),
+    "allowed_token_ids": (("allowed_token_ids",), None),
+    "min_tokens": (("min_tokens", "min_new_tokens"), 0),
+    "grammar": (("structured_outputs", "guided_decoding", "regex", "json_schema", "ebnf", "structural_tag"), None),
+    "custom": (("custom_logit_processor", "logits_processors"), None),
+}
+
+
+def active_processors(get: Callable[[str], Any]) -> list[str]:
+    """The processors of PROCESSORS whose setting (read with `get(key)`, None when absent) is on:
+    a penalty ≠ its neutral value, a non-empty bias, word list, id list or grammar."""
+    active = []
+    for name, (keys, off) in _PROCESSOR_KEYS.items():
+        for key in keys:
+            value = get(key)
+            if value is None or value is False or (hasattr(value, "__len__") and len(value) == 0):
+                continue
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == float(off or 0.0):
+                continue
+            active.append(name)
+            break
+    return active
+
+
+def vllm_sampling(params: Any, logprobs_mode: str | None = None) -> dict[str, Any]:
+    """TokenRecorder's `sampling` from a vLLM SamplingParams (or anything with its temperature,
+    top_p, top_k, min_p and processor settings) and the engine's `logprobs_mode` (vLLM V1's
+    default "raw_logprobs"; None: not known). Greedy (temperature < 1e-5): τ 1, top_k 1."""
+    if logprobs_mode in VLLM_LOGITS_MODES:
+        raise ValueError(
+            f"logprobs_mode {logprobs_mode!r} returns logits, not log-probabilities: serve vLLM with "
+            "logprobs_mode='processed_logprobs' (or 'raw_logprobs') to record μ"
+        )
+    if logprobs_mode is not None and logprobs_mode not in VLLM_LOGPROBS_MODES:
+        raise ValueError(
+            f"logprobs_mode must be one of {', '.join(VLLM_LOGPROBS_MODES)} or None, got {logprobs_mode!r}"
+        )
+    check_attributes("params", params, ("temperature", "top_p"), "a vLLM SamplingParams")
+    sampling = {key: getattr(params, key, None) for key in _FILTERS}
+    kind = None if logprobs_mode is None else VLLM_LOGPROBS_MODES[logprobs_mode]
+    tau = sampling["temperature"]
+    if isinstance(tau, (int, float)) and not isinstance(tau, bool) and 0 <= tau < GREEDY_BELOW:
+        # vLLM takes the argmax; its processed log-probs of a greedy row skip the temperature and
+        # the filters (vllm/v1/sample/sampler.py, Sampler.sample's all-greedy path)
+        sampling = {"temperature": 1.0, "top_p": None, "top_k": 1, "min_p": None}
+        kind = "tempered" if kind == "processed" else kind
+    processors = active_processors(lambda key: getattr(params, key, None))
+    return checked_sampling({**sampling, "logprobs": kind, "processors": processors})
+
+
+# SGLang's defaults where a key of sampling_params is absent or null (sglang/srt/sampling/sampling_params.py)
+SGLANG_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
+SGLANG_TOP_K_ALL = 1 << 30  # SGLang's "no top-k" as its sampling_params may carry it
+
+
+def sglang_sampling(sampling_params: Mapping[str, Any], logprobs: str | None = "tempered") -> dict[str, Any]:
+    """TokenRecorder's `sampling` from the `sampling_params` of a /generate request: SGLang's
+    defaults where a key is absent or null (temperature 1, top_p 1, top_k −1, min_p 0);
+    temperature 0 is greedy (τ 1, top_k 1, as SGLang sets it). `logprobs`: the kind of log μ
+    read (module docstring): "tempered" (the server's default), "raw" (the server runs with
+    SGLANG_RETURN_ORIGINAL_LOGPROB=1), "processed" (`from_sglang(processed=True)`), None."""
+    check_type("sampling_params", sampling_params, Mapping, "the sampling_params mapping of a /generate request")
+    sampling = {
+        key: sampling_params[key] if sampling_params.get(key) is not None else value
+        for key, value in SGLANG_DEFAULTS.items()
+    }
+    if sampling["top_k"] == SGLANG_TOP_K_ALL:
+        sampling["top_k"] = -1
+    tau = sampling["temperature"]
+    if isinstance(tau, (int, float)) and not isinstance(tau, bool) and 0 <= tau < GREEDY_BELOW:
+        sampling["temperature"], sampling["top_k"] = 1.0, 1
+    processors = active_processors(sampling_params.get)
+    return checked_sampling({**sampling, "logprobs": logprobs, "processors": processors})
+
+
+def checked_sampling(sampling: dict[str, Any]) -> dict[str, Any]:
+    """`sampling` as given, once `normalise_sampling` (what TokenRecorder's `sampling=` checks)
+    accepts it: a bad setting is refused where it is read from the engine's configuration,
+    naming the key, not later when the recorder opens the run."""
+    normalise_sampling(sampling)
+    return sampling
 
 
 def trl_sampling(args: Any) -> dict[str, Any]:
     """`sampling` of a TRL GRPOConfig (module docstring)."""
     check_attributes("args", args, ("temperature",), "a TRL GRPOConfig")
     overrides = getattr(args, "generation_kwargs", None) or {}
-    sampling = {key: overrides.get(key, getattr(args, key, None)) for key in _FILTERS}
+
+    def get(key: str) -> Any:
+        return overrides.get(key, getattr(args, key, None))
+
+    sampling = {key: get(key) for key in _FILTERS}
     if not getattr(args, "use_vllm", False):
         logprobs: str | None = "processed"
     else:
         logprobs = "processed" if getattr(args, "vllm_mode", "server") == "colocate" else None
-    return checked_sampling({**sampling, "logprobs": logprobs})
+    return checked_sampling({**sampling, "logprobs": logprobs, "processors": active_processors(get)})
 
 
 def verl_sampling(rollout: Mapping[str, Any]) -> dict[str, Any]:
@@ -44,16 +160,31 @@ def verl_sampling(rollout: Mapping[str, Any]) -> dict[str, Any]:
     if not callable(getattr(rollout, "get", None)):
         check_type("rollout", rollout, Mapping, "verl's actor_rollout_ref.rollout config (a DictConfig or a mapping)")
     sampling = {key: rollout.get(key) for key in ("temperature", "top_p", "top_k")}
+    processors = active_processors(rollout.get)
     if rollout.get("name") == "sglang":
-        return checked_sampling({**sampling, "logprobs": None})
+        original = os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true")
+        return checked_sampling({**sampling, "logprobs": "raw" if original else "tempered", "processors": processors})
     mode = rollout.get("logprobs_mode", "raw_logprobs")
-    return checked_sampling({**sampling, "logprobs": VLLM_LOGPROBS_MODES.get(mode)})
+    return checked_sampling({**sampling, "logprobs": VLLM_LOGPROBS_MODES.get(mode), "processors": processors})
 
 
 def openrlhf_sampling(generate_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """`sampling` of an OpenRLHF trainer's `generate_kwargs` (module docstring)."""
     check_type("generate_kwargs", generate_kwargs, Mapping, "the trainer's generate_kwargs mapping")
-    return checked_sampling({**{key: generate_kwargs.get(key) for key in _FILTERS}, "logprobs": "raw"})
+    sampling = {key: generate_kwargs.get(key) for key in _FILTERS}
+    return checked_sampling({**sampling, "logprobs": "raw", "processors": active_processors(generate_kwargs.get)})
 
 
-__all__ = ["openrlhf_sampling", "trl_sampling", "verl_sampling"]
+__all__ = [
+    "GREEDY_BELOW",
+    "SGLANG_DEFAULTS",
+    "VLLM_LOGITS_MODES",
+    "VLLM_LOGPROBS_MODES",
+    "active_processors",
+    "checked_sampling",
+    "openrlhf_sampling",
+    "sglang_sampling",
+    "trl_sampling",
+    "verl_sampling",
+    "vllm_sampling",
+]

@@ -83,10 +83,10 @@ class TokenRecorder:
         random share of the rest, with sampling weights, plus the exact `aggregates` table of
         all tokens (docs/run-format.md). None (default): record every token.
     sampling: how the rollout engine sampled and what log μ it reported, for run.json:
-        {"temperature": τ, "top_p", "top_k", "min_p", "logprobs": "raw" | "processed"}, each
-        None when not known (or the filter is off); checked and completed by
-        `trustlens.run.manifest.normalise_sampling`. None: not known. A resumed run keeps the
-        values it was started with.
+        {"temperature": τ, "top_p", "top_k", "min_p", "logprobs": "raw" | "tempered" | "processed",
+        "processors": the active logit processors}, each None when not known (or the filter is
+        off); checked and completed by `trustlens.run.manifest.normalise_sampling`. None: not
+        known. A resumed run keeps the values it was started with.
     model_kind: "dense" (default) or "moe", for run.json (the published mismatch ranges differ).
     mirror: stream each step's scalars live to TensorBoard or W&B: "tensorboard:LOGDIR",
         "wandb", "wandb:PROJECT" or a sink object (trustlens.export.mirror; docs/export.md).
@@ -239,6 +239,9 @@ class TokenRecorder:
         mu_topk_ids: torch.Tensor | None = None,  # (B, T, K) μ's top-K ids, sampled id included
         mu_topk_logp: torch.Tensor | None = None,  # (B, T, K) their log μ
         entropy: torch.Tensor | None = None,  # (B, T) entropy of π, nats
+        support_size: torch.Tensor | None = None,  # (B, T) ids in the engine's sampling support (its mask)
+        pi_support_mass: torch.Tensor | None = None,  # (B, T) Σ π over that support, probability mass
+        staleness: torch.Tensor | None = None,  # (B, T) weight updates between a_t's engine weights and π's
         sample_ids: torch.Tensor | Sequence[int] | None = None,  # (B,) unique sample ids
         group_ids: torch.Tensor | Sequence[int] | None = None,  # (B,) prompt-group ids
         update: int = 0,  # minibatch update within the step
@@ -282,6 +285,9 @@ class TokenRecorder:
             "entropy": entropy,
             "topk_tv": topk_tv,
             "topk_kl": topk_kl,
+            "support_size": support_size,
+            "pi_support_mass": pi_support_mass,
+            "staleness": staleness,
         }
         check_same_device(
             token_ids=token_ids,

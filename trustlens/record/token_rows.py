@@ -41,8 +41,19 @@ from trustlens.run.errors import RejectedInputError
 from trustlens.run.parts import TokenBatch
 
 LOGP_INPUTS = ("pi_logp", "mu_logp", "old_logp", "pi_logp_raw")
-DIVERGENCE_INPUTS = ("entropy", "topk_tv", "topk_kl", "mu_topk_mass", "pi_topk_mass")
-MASS_INPUTS = ("topk_tv", "mu_topk_mass", "pi_topk_mass")  # probability masses: in [0, 1]
+# the inputs that are ≥ 0: divergences, masses and the engine's per-token counts
+DIVERGENCE_INPUTS = (
+    "entropy",
+    "topk_tv",
+    "topk_kl",
+    "mu_topk_mass",
+    "pi_topk_mass",
+    "support_size",
+    "pi_support_mass",
+    "staleness",
+)
+MASS_INPUTS = ("topk_tv", "mu_topk_mass", "pi_topk_mass", "pi_support_mass")  # probability masses: in [0, 1]
+ENGINE_INPUTS = ("support_size", "pi_support_mass", "staleness")  # from the engine's mask and weight versions
 # columns only record's logit pass derives (trustlens.record.logit_quantities): null without logits
 _LOGIT_COLUMNS = ("pi_logp_raw", "mu_topk_mass", "pi_topk_mass")
 
@@ -76,6 +87,9 @@ _CHECKS: dict[str, Callable[..., torch.Tensor]] = {
     "topk_kl": functools.partial(check_nonnegative, allow_inf=True),
     "mu_topk_mass": check_tv,  # a probability mass: in [0, 1] as a TV is
     "pi_topk_mass": check_tv,
+    "support_size": check_nonnegative,
+    "pi_support_mass": check_tv,
+    "staleness": check_nonnegative,
 }
 
 
@@ -245,7 +259,7 @@ def take_rows(step: int, update: int, rows: TokenRows, rules: list[Rule]) -> Tok
         t,
         rows.token_ids.reshape(-1)[index].long(),
     ]
-    names = ("mu_logp", "old_logp", "pi_logp", "topk_tv", "topk_kl", "entropy", *_LOGIT_COLUMNS)
+    names = ("mu_logp", "old_logp", "pi_logp", "topk_tv", "topk_kl", "entropy", *_LOGIT_COLUMNS, *ENGINE_INPUTS)
     floats = {**{k: values.get(k) for k in names}, "advantage": values["advantages"]}
     batch = _to_cpu(step, update, ints, floats, {r.name: decisions.get(r.name) for r in rules})
     if rows.buffers is not None:  # every row is taken (copied) from them now

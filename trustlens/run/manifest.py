@@ -48,7 +48,8 @@ MANIFEST_FIELDS: dict[str, str] = {
     "missing": "token quantities never recorded so far (their columns are null)",
     "flush": "writer settings: rows_per_file and flush_seconds (the most a killed run loses)",
     "sampling": "how the rollout engine sampled and what log μ it reported: {temperature, top_p, top_k, "
-    "min_p, logprobs}, null for a filter that is off or a value not known; null when not given",
+    "min_p, logprobs (raw | tempered | processed), processors (the active logit processors)}, null for a "
+    "filter that is off or a value not known; null when not given",
     "model_kind": "dense or moe: the kind of model trained (the published mismatch ranges differ)",
     "planned_steps": "training steps the run plans (sets the live alerts' baseline window, trustlens.live); "
     "null when not given (the built-in trainer's config.steps stands in)",
@@ -64,8 +65,23 @@ NEEDED_FIELDS: dict[str, str] = {
     "status": "whether the run finished (status unknown)",
     "world_size": "how many ranks recorded it",
 }
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "logprobs")  # the keys of run.json `sampling`
-LOGPROBS_MODES = ("raw", "processed")  # log μ before (raw) or after the temperature and the filters
+# the keys of run.json `sampling`
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "logprobs", "processors")
+# the kinds of log μ: before the temperature (raw), after it and before the filters (tempered), or
+# of the distribution the token was drawn from, after every processor and the filters (processed)
+LOGPROBS_MODES = ("raw", "tempered", "processed")
+# logit processors besides the temperature and the filters that change μ (sampling["processors"])
+PROCESSORS = (
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "bad_words",
+    "allowed_token_ids",
+    "min_tokens",
+    "grammar",
+    "custom",
+)
 MODEL_KINDS = ("dense", "moe")
 
 
@@ -119,10 +135,10 @@ def new_manifest(
 
 def normalise_sampling(sampling: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """`sampling` of run.json with every key of SAMPLING_KEYS: temperature τ (finite, > 0), top_p
-    in (0, 1], top_k an int ≥ 1, min_p in [0, 1), logprobs "raw" or "processed"; each may be None
-    (not known). A filter that is off becomes None: top_p 1, top_k 0 or −1 (HF and vLLM's "off"),
-    min_p 0. None stays None (not recorded). Raises ValueError naming the key for an unknown key
-    or a value out of range."""
+    in (0, 1], top_k an int ≥ 1, min_p in [0, 1), logprobs one of LOGPROBS_MODES, processors a
+    list of PROCESSORS (sorted, [] for none); each may be None (not known). A filter that is off
+    becomes None: top_p 1, top_k 0 or −1 (HF and vLLM's "off"), min_p 0. None stays None (not
+    recorded). Raises ValueError naming the key for an unknown key or a value out of range."""
     if sampling is None:
         return None
     if not isinstance(sampling, Mapping):
@@ -152,6 +168,13 @@ def normalise_sampling(sampling: Mapping[str, Any] | None) -> dict[str, Any] | N
     if logprobs is not None and logprobs not in LOGPROBS_MODES:
         raise ValueError(f"sampling['logprobs'] must be one of {', '.join(LOGPROBS_MODES)} or None, got {logprobs!r}")
     out["logprobs"] = logprobs
+    processors = sampling.get("processors")
+    if processors is not None:
+        if isinstance(processors, (str, bytes, Mapping)) or not all(p in PROCESSORS for p in processors):
+            raise ValueError(
+                f"sampling['processors'] must be a list of {', '.join(PROCESSORS)} or None, got {processors!r}"
+            )
+        out["processors"] = sorted(set(processors))
     if out["top_p"] == 1.0:
         out["top_p"] = None
     if out["min_p"] == 0.0:

@@ -72,6 +72,18 @@ TOKEN_COLUMNS: tuple[Column, ...] = (
     ),
     Column("mu_topk_mass", _F, True, "Σ μ over μ's top-K ids (a_t included), probability mass; null without top-K"),
     Column("pi_topk_mass", _F, True, "Σ π over μ's top-K ids (a_t included), probability mass; null without top-K"),
+    Column(
+        "support_size", _F, True, "ids in the engine's sampling support at the position, a count; null without its mask"
+    ),
+    Column(
+        "pi_support_mass", _F, True, "Σ π over the engine's sampling support, probability mass; null without its mask"
+    ),
+    Column(
+        "staleness",
+        _F,
+        True,
+        "weight updates between the weights that sampled a_t (engine weight version) and π's; null when not given",
+    ),
     Column("advantage", _F, True, "advantage of the token (sequence advantages broadcast)"),
     Column("weight", _F, True, "sampling weight of a run recorded with Keep: 1/rate for the random share, else 1"),
 )

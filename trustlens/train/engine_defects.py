@@ -19,7 +19,8 @@ Two places of the engine:
   the response tokens, drawn at random, as padding code does where the log-prob is unknown;
   ``token_ids`` hands the trainer the id of ``<unk>`` wherever the engine sampled the step
   separator ``;`` (a vocabulary mismatch between engine and trainer, about 13% of the tokens of a
-  response): the trainer computes π_old and π on ids that μ never scored.
+  response; μ's top-K ids are mapped the same way): the trainer computes π_old and π on ids that μ
+  never scored.
 
 ``clean`` is the engine as it is without `--engine`: these functions then do exactly what the
 engine did before they existed (bit-identical runs).
@@ -27,6 +28,7 @@ engine did before they existed (bit-identical runs).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -63,13 +65,15 @@ def check_defect(defect: str) -> str:
 def engine_sampling(defect: str, temperature: float) -> dict[str, Any]:
     """The `sampling` of run.json (TokenRecorder) as the engine reports its own settings: the
     temperature, top-p 0.8 for `top_p` (whose processed log-probs are renormalised), logprobs
-    "raw" for `raw_logprobs`. The other defects are invisible in an engine's settings."""
+    "raw" for `raw_logprobs`; no logit processor. The other defects are invisible in an engine's
+    settings."""
     return {
         "temperature": temperature,
         "top_p": TOP_P if defect == "top_p" else None,
         "top_k": None,
         "min_p": None,
         "logprobs": "raw" if defect == "raw_logprobs" else "processed",
+        "processors": [],
     }
 
 
@@ -121,7 +125,16 @@ def deliver(batch: Rollout, defect: str, *, tokenizer, generator: torch.Generato
         swapped, unknown = tokenizer.convert_tokens_to_ids([SWAPPED_TOKEN, UNKNOWN_TOKEN])
         response_ids = batch.response_ids.masked_fill(mask & (batch.response_ids == swapped), unknown)
         input_ids = torch.cat([batch.input_ids[:, : batch.prompt_len], response_ids], 1)
-        return replace(batch, response_ids=response_ids, input_ids=input_ids)
+        # μ's top-K ids go through the same vocabulary: the sampled id stays in its set. A set that
+        # held <unk> as well keeps its ids distinct: that entry becomes `;` at μ = 0
+        valid = mask[..., None]  # (B, T, 1)
+        was_swapped, was_unknown = batch.mu_topk_ids == swapped, batch.mu_topk_ids == unknown  # (B, T, K)
+        both = valid & was_unknown & was_swapped.any(-1, keepdim=True)
+        topk_ids = batch.mu_topk_ids.masked_fill(valid & was_swapped, unknown).masked_fill(both, swapped)
+        topk_logp = batch.mu_topk_logp.masked_fill(both, -math.inf)
+        return replace(
+            batch, response_ids=response_ids, input_ids=input_ids, mu_topk_ids=topk_ids, mu_topk_logp=topk_logp
+        )
     return batch
 
 

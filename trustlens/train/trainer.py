@@ -346,10 +346,13 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                                 advantages=advantages[rows],
                                 mu_logp=mb.mu_logp,
                                 old_logp=old_logp[rows],
-                                entropy=entropy_from_logits(logits.detach()),  # (b, T) π's entropy, nats
-                                topk_tv=topk_tv,  # computed once above, as are the rule decisions
-                                topk_kl=topk_kl,
-                                blocked=blocked,
+                                # π's logits before the temperature and μ's top-K, as users pass them:
+                                # the recorder derives entropy, top-K TV/KL, pi_logp_raw and the masses
+                                logits=logits.detach() * cfg.temperature,  # (b, T, V)
+                                temperature=cfg.temperature,
+                                mu_topk_ids=mb.mu_topk_ids,
+                                mu_topk_logp=mb.mu_topk_logp,
+                                blocked=blocked,  # the rule decisions, computed once above
                                 sample_ids=sample_ids[rows],
                                 group_ids=group_ids[rows],
                             )

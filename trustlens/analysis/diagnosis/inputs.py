@@ -18,6 +18,7 @@ import polars as pl
 
 from trustlens.analysis.alert_levels import model_kind
 from trustlens.analysis.buckets import collect, row_weight, weighted
+from trustlens.run.manifest import LOGPROBS_MODES, PROCESSORS
 
 # the shift check's join of neighbouring positions reads, on a run with more than MAX_ROWS μ–π_old
 # pairs, the whole samples whose id hash falls in one of ⌈rows / MAX_ROWS⌉ buckets (a
@@ -26,7 +27,6 @@ MAX_ROWS = 2_000_000
 EXAMPLES = 5  # example tokens per finding
 MODEL_KINDS = ("dense", "moe")
 ENTROPIES = ((0.0, 0.1), (0.1, 1.0), (1.0, math.inf))  # buckets of π's entropy, nats
-LOGPROBS_KINDS = ("raw", "processed")
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,8 @@ class Sampling:
     top_p: float | None  # nucleus threshold (None or 1: none)
     top_k: int | None  # top-k truncation (None or ≤ 0: none)
     min_p: float | None  # min-p truncation (None or 0: none)
-    logprobs: str | None  # "raw" (before temperature and truncation) or "processed"
+    logprobs: str | None  # "raw" (before the temperature), "tempered" (after it, before truncation), "processed"
+    processors: tuple[str, ...] = ()  # active logit processors besides temperature and filters (PROCESSORS)
 
     @property
     def truncated(self) -> bool:
@@ -65,12 +66,15 @@ def read_sampling(manifest: dict[str, Any]) -> Sampling:
         temperature = _number(config.get("temperature"))
     top_k = _number(given.get("top_k"))
     logprobs = given.get("logprobs")
+    processors = given.get("processors")
+    processors = processors if isinstance(processors, list) else []
     return Sampling(
         temperature=temperature,
         top_p=_number(given.get("top_p")),
         top_k=None if top_k is None else int(top_k),
         min_p=_number(given.get("min_p")),
-        logprobs=logprobs if logprobs in LOGPROBS_KINDS else None,
+        logprobs=logprobs if logprobs in LOGPROBS_MODES else None,
+        processors=tuple(p for p in processors if p in PROCESSORS),
     )
 
 

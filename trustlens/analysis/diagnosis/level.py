@@ -28,6 +28,8 @@ K3_PROBLEM_FACTOR = 10.0  # k3 this many times the range's upper end is a proble
 DRIFT_GROWTH = 4.0  # (|Δ log p| doubling shows as k3 × 4)
 STATIC_MOVE = 1e-6  # mean |log π − log π_old| at updates ≥ 1 below this: the policy did not move
 MIN_STEPS = 6
+WHERE_MIN_ROWS = 50  # where: a position bucket with fewer kept rows is not named as the largest
+MIN_FRESH = 50  # level: fresh tokens (staleness 0) needed to judge the engine on them alone
 
 
 def _position_label(lo: int, hi: int) -> str:
@@ -42,12 +44,20 @@ def _mean_abs_d() -> pl.Expr:
 
 
 def _table(pairs: pl.LazyFrame, key: pl.Expr) -> pl.DataFrame:
+    """Per bucket: tokens (the rows' weight: the tokens they stand for), rows (kept rows) and the
+    weighted mean |d|."""
     return collect(
         pairs.with_columns(key.alias("bucket"))
         .group_by("bucket")
-        .agg(pl.col("w").sum().alias("tokens"), _mean_abs_d().alias("mean_abs_d"))
+        .agg(pl.col("w").sum().alias("tokens"), pl.len().alias("rows"), _mean_abs_d().alias("mean_abs_d"))
         .sort("bucket")
     )
+
+
+def _rows_text(bucket: dict, weighted: bool) -> str:
+    """ "28 rows" (and on a sampled run ", standing for 412 tokens"): what a statement rests on."""
+    rows = f"{bucket['rows']} row{'s' if bucket['rows'] != 1 else ''}"
+    return f"{rows} standing for {bucket['tokens']:.0f} tokens" if weighted else rows
 
 
 def where_check(inp: Inputs) -> Finding:
@@ -57,29 +67,34 @@ def where_check(inp: Inputs) -> Finding:
 
     Verdict from the first token, where engines and trainers most often disagree on the context
     (TRL #4159: an IS ratio of 2.0 on first tokens): its mean |Δ| ≥ 0.1 nats and ≥ 5× the other
-    positions' warns; ≥ log 1.5 (a ratio beyond 1.5× on average) and ≥ 5× is a problem."""
+    positions' warns; ≥ log 1.5 (a ratio beyond 1.5× on average) and ≥ 5× is a problem. The
+    summary names the position where the mismatch is largest among those with ≥ WHERE_MIN_ROWS
+    kept rows, with its row count (and on a sampled run the tokens they stand for)."""
     pairs = inp.pairs
     by_pos = _table(pairs, bucket_of("pos", POSITIONS))
     evidence: dict = {
         "by_position": [
-            {"pos": _position_label(*POSITIONS[b]), "tokens": t, "mean_abs_d": m}
-            for b, t, m in by_pos.iter_rows()
+            {"pos": _position_label(*POSITIONS[b]), "tokens": t, "rows": n, "mean_abs_d": m}
+            for b, t, n, m in by_pos.iter_rows()
             if b is not None
         ],
     }
     if "entropy" in pairs.collect_schema().names():
         by_h = _table(pairs.filter(pl.col("entropy").is_not_null()), bucket_of("entropy", ENTROPIES))
         evidence["by_entropy"] = [
-            {"entropy": f"{ENTROPIES[b][0]:g}–{ENTROPIES[b][1]:g}", "tokens": t, "mean_abs_d": m}
-            for b, t, m in by_h.iter_rows()
+            {"entropy": f"{ENTROPIES[b][0]:g}–{ENTROPIES[b][1]:g}", "tokens": t, "rows": n, "mean_abs_d": m}
+            for b, t, n, m in by_h.iter_rows()
         ]
     labels = bucket_table()["label"].to_list()
     by_mu = _table(pairs, bucket_expr("mu"))
-    evidence["by_mu_decade"] = [{"mu": labels[b], "tokens": t, "mean_abs_d": m} for b, t, m in by_mu.iter_rows()]
+    evidence["by_mu_decade"] = [
+        {"mu": labels[b], "tokens": t, "rows": n, "mean_abs_d": m} for b, t, n, m in by_mu.iter_rows()
+    ]
     s = collect(
         pairs.select(
             pl.when(pl.col("pos") == 0).then(pl.col("w") * pl.col("d").abs()).sum().alias("first_sum"),
             pl.when(pl.col("pos") == 0).then(pl.col("w")).sum().alias("first_w"),
+            (pl.col("pos") == 0).sum().alias("first_n"),
             pl.when(pl.col("pos") > 0).then(pl.col("w") * pl.col("d").abs()).sum().alias("rest_sum"),
             pl.when(pl.col("pos") > 0).then(pl.col("w")).sum().alias("rest_w"),
         )
@@ -92,16 +107,23 @@ def where_check(inp: Inputs) -> Finding:
     verdict = "ok"
     if factor >= FIRST_FACTOR:
         verdict = "problem" if first >= FIRST_PROBLEM else ("warning" if first >= FIRST_WARNING else "ok")
-    worst = max(evidence["by_position"], key=lambda r: r["mean_abs_d"] or 0.0)
     if verdict == "ok":
-        summary = (
-            f"the mismatch is largest at position {worst['pos']} (mean |Δ log p| {worst['mean_abs_d']:.4f} "
-            "nats); no first-token excess"
-        )
+        solid = [r for r in evidence["by_position"] if r["rows"] >= WHERE_MIN_ROWS]
+        if solid:
+            worst = max(solid, key=lambda r: r["mean_abs_d"] or 0.0)
+            summary = (
+                f"the mismatch is largest at position {worst['pos']} (mean |Δ log p| {worst['mean_abs_d']:.4f} nats "
+                f"over {_rows_text(worst, inp.weighted)}); no first-token excess"
+            )
+        else:
+            summary = (
+                f"no position holds {WHERE_MIN_ROWS} rows to say where the mismatch is largest; no first-token excess"
+            )
         return Finding("where", verdict, summary, evidence)
+    first_rows = {"rows": s["first_n"], "tokens": s["first_w"]}
     summary = (
-        f"the first token carries a mean |log μ − log π_old| of {first:.3f} nats (ratio ~{math.exp(first):.2f}), "
-        f"{factor:.0f}× the other positions'"
+        f"the first token carries a mean |log μ − log π_old| of {first:.3f} nats (ratio ~{math.exp(first):.2f}) over "
+        f"{_rows_text(first_rows, inp.weighted)}, {factor:.0f}× the other positions'"
     )
     evidence["examples"] = examples(pairs.filter(pl.col("pos") == 0), pl.col("d").abs())
     fix = (
@@ -125,39 +147,81 @@ def level_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
     0.005 is normal, above 0.01 points at the engine's precision; R3: over 10% of tokens with
     ρ > 2 is a problem. Threshold: k3 above its range or prob_diff_mean > 0.01 warns; k3 over
     10× the range's upper end or an extreme share > 10% is a problem — a warning only in a run
-    whose config sets rollout_lag > 0 (stale rollouts: μ is an older policy by design)."""
+    whose config sets rollout_lag > 0 (stale rollouts: μ is an older policy by design).
+
+    A run with the per-token `staleness` column (the engine's weight versions) is judged on its
+    fresh tokens (staleness 0, sampled with π_old's weights) when it has ≥ MIN_FRESH of them,
+    without the cap: the stale tokens' mismatch is the staleness, theirs the engine's. With
+    fewer fresh tokens, stale tokens cap the verdict at a warning as rollout_lag does."""
     w = pl.col("w")
     extreme = (pl.col("d").abs() > math.log(2.0)).cast(pl.Float64)
-    share = collect(inp.pairs.select(((w * extreme).sum() / w.sum()).alias("x"))).item()
     lo, hi = K3_RANGE[inp.model_kind]
-    evidence: dict = {"model_kind": inp.model_kind, "k3_range": [lo, hi], "extreme_share": share}
+    evidence: dict = {"model_kind": inp.model_kind, "k3_range": [lo, hi]}
+    lags = _staleness(inp)
+    fresh = lags is not None and lags["fresh_rows"] >= MIN_FRESH
+    pairs = inp.pairs.filter(pl.col("staleness") == 0) if fresh else inp.pairs
+    share = collect(pairs.select(((w * extreme).sum() / w.sum()).alias("x"))).item()
+    evidence["extreme_share"] = share
     if per_step.is_empty() or share is None:
         return Finding("level", "ok", "no μ–π_old pairs to measure", evidence)
-    n = per_step["tokens"].cast(pl.Float64)
-    k3 = float((per_step["k3_kl"] * n).sum()) / float(n.sum())
-    pdm = float((per_step["prob_diff_mean"] * n).sum()) / float(n.sum())
+    if fresh:  # k3 = E[ρ − 1 − log ρ] and E|π_old − μ| over the fresh tokens, ρ = π_old/μ = e^(−d)
+        k3_row = (-pl.col("d")).exp() - 1 + pl.col("d")
+        diff = (pl.col("mu").exp() - pl.col("ref").exp()).abs()
+        got = collect(pairs.select((w * k3_row).sum() / w.sum(), ((w * diff).sum() / w.sum()).alias("p"))).row(0)
+        k3, pdm = float(got[0]), float(got[1])
+    else:
+        n = per_step["tokens"].cast(pl.Float64)
+        k3 = float((per_step["k3_kl"] * n).sum()) / float(n.sum())
+        pdm = float((per_step["prob_diff_mean"] * n).sum()) / float(n.sum())
     evidence |= {"k3_kl": k3, "prob_diff_mean": pdm, "prob_diff_warning": PROB_DIFF_WARNING}
     evidence["extreme_problem"] = EXTREME_PROBLEM
     strength = max(k3 / (K3_PROBLEM_FACTOR * hi), share / EXTREME_PROBLEM)
     lag = inp.config.get("rollout_lag")
-    stale = isinstance(lag, int | float) and lag > 0
+    if lags is not None:
+        evidence["staleness"] = lags
+        stale = not fresh and lags["stale_share"] > 0
+        why = f"{percent(lags['stale_share'])} of tokens stale, mean staleness {lags['mean']:.2f} updates"
+    else:
+        stale = isinstance(lag, int | float) and lag > 0
+        why = f"rollout_lag {lag}"
+    on = f" over the {lags['fresh_rows']} tokens sampled with π_old's weights ({why})" if fresh and lags else ""
     text = (
         f"k3 {decimal(k3)} ({inp.model_kind} range {lo:g}–{hi:g}), prob_diff_mean {decimal(pdm)}, "
-        f"ρ beyond [0.5, 2] on {percent(share)}"
+        f"ρ beyond [0.5, 2] on {percent(share)}{on}"
     )
     if strength >= 1:
         verdict = "warning" if stale else "problem"
     elif k3 > hi or pdm > PROB_DIFF_WARNING:
         verdict = "warning"
+    elif k3 < lo:
+        return Finding("level", "ok", f"below the published range: {text}", evidence, strength=strength)
     else:
         return Finding("level", "ok", f"within the published range: {text}", evidence, strength=strength)
-    summary = f"above the published range: {text}" + (f" (stale rollouts: rollout_lag {lag})" if stale else "")
-    evidence["examples"] = examples(inp.pairs, pl.col("d").abs())
+    summary = f"above the published range: {text}" + (f" (stale rollouts: {why})" if stale else "")
+    evidence["examples"] = examples(pairs, pl.col("d").abs())
     fix = (
         "serve the engine in the trainer's precision (bf16/fp32 lm_head, same kernels) or correct with "
         "truncated IS (TIS/MIS)"
     )
     return Finding("level", verdict, summary, evidence, fix, strength=strength)
+
+
+def _staleness(inp: Inputs) -> dict | None:
+    """{"rows", "fresh_rows", "stale_share" (weighted), "mean", "max"} of the per-token
+    `staleness` column (weight updates behind π_old's weights); None without it."""
+    if "staleness" not in inp.pairs.collect_schema().names():
+        return None
+    lag, w = pl.col("staleness").cast(pl.Float64), pl.col("w")
+    got = collect(
+        inp.pairs.filter(lag.is_not_null()).select(
+            pl.len().alias("rows"),
+            (lag == 0).sum().alias("fresh_rows"),
+            ((w * (lag > 0)).sum() / w.sum()).alias("stale_share"),
+            ((w * lag).sum() / w.sum()).alias("mean"),
+            lag.max().alias("max"),
+        )
+    ).row(0, named=True)
+    return got if got["rows"] else None
 
 
 def engine_drift_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:

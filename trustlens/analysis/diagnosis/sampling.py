@@ -4,8 +4,10 @@ Each has two forms. Where `record` got π's logits (at τ ≠ 1) and μ's top-K,
 pi_logp_raw (log π(a_t) before the temperature) and mu_topk_mass / pi_topk_mass (Σ_S μ, Σ_S π
 over μ's top-K set S): the checks compare log μ with both candidates and μ's mass on S with π's
 ("logits" form). Otherwise they read d = log μ(a_t) − log π_old(a_t) (nats) over the sampled
-tokens: how d depends on log μ and on π's entropy ("token-level" form). The evidence's "form"
-says which ran.
+tokens: how d depends on log μ and on π's entropy ("token-level" form). Where `record` got the
+engine's sampling masks (pi_support_mass: Σ π over the support each token was drawn from), the
+truncation check is exact ("sampling mask" form). The evidence's "form" says which ran, and
+"logprobs" which kind of log μ run.json says it is (raw, tempered, processed).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import polars as pl
 
 from trustlens.analysis.buckets import collect
 from trustlens.analysis.diagnosis.finding import Finding, verdict_of
-from trustlens.analysis.diagnosis.inputs import ENTROPIES, Inputs, bucket_of, examples
+from trustlens.analysis.diagnosis.inputs import ENTROPIES, Inputs, Sampling, bucket_of, examples
 
 # temperature: |r − 1| at which the check warns / finds a problem (r = τ_μ / τ_π, see below)
 TEMPERATURE_WARNING = 0.15
@@ -110,25 +112,37 @@ def temperature_check(inp: Inputs) -> Finding:
     Logits form (the run has pi_logp_raw): q = the share of the tokens that can tell them apart
     (raw and processed log π ≥ SEPARATION nats apart) whose log μ is nearer log π_raw than
     log π. Threshold: q ≥ 0.25 warning, ≥ 0.5 problem (raw log-probs give q ≈ 1, a clean engine
-    q ≈ 0). Token-level form: r = τ_μ/τ_π from the fit of `temperature_ratio` (1 when μ and
-    π_old share the temperature); |r − 1| ≥ 0.15 warning, ≥ 0.3 problem (raw log-probs at
-    τ = 0.5 give r ≈ 2, at τ = 0.7 r ≈ 1.4). run.json's "sampling" (logprobs "raw" at τ ≠ 1)
-    raises a warning by itself, and the summary says when the data contradict it."""
+    q ≈ 0), and only where log μ is also nearer log π_raw on average (a stale or noisy μ, far
+    from both, is nearer either by chance). Token-level form: r = τ_μ/τ_π from the fit of
+    `temperature_ratio` (1 when μ and π_old share the temperature); |r − 1| ≥ 0.15 warning,
+    ≥ 0.3 problem (raw log-probs at τ = 0.5 give r ≈ 2, at τ = 0.7 r ≈ 1.4). run.json's
+    "sampling" (logprobs "raw" at τ ≠ 1) raises a warning by itself, and the summary says when
+    the data contradict it. A fit that gives r ≤ 0 (no temperature does) fails: a warning that
+    says so."""
     sampling = inp.sampling
     tau = sampling.temperature
     says_raw = sampling.logprobs == "raw" and tau is not None and tau != 1.0
     by_logits = raw_share(inp.pairs)
-    evidence: dict = {"temperature": tau, "logprobs": sampling.logprobs}
+    evidence: dict = {"temperature": tau, "logprobs": sampling.logprobs, "processors": list(sampling.processors)}
+    raw_note = (
+        f"; run.json says raw log μ (before the temperature τ = {tau:g}): the ratio compares π at τ with μ at "
+        "τ = 1, off on every uncertain token"
+        if says_raw
+        else ""
+    )
     if by_logits is not None:
         q = float(by_logits["share_nearer_raw"])
         evidence |= {"form": "logits", **by_logits, "separation": SEPARATION}
         evidence |= {"warning_at": RAW_SHARE_WARNING, "problem_at": RAW_SHARE_PROBLEM}
-        verdict = verdict_of(q, RAW_SHARE_WARNING, RAW_SHARE_PROBLEM)
-        strength = q / RAW_SHARE_PROBLEM
+        # a μ far from both candidates (a stale or noisy engine) is nearer either by chance: raw
+        # log-probs are also nearer log π_raw on average
+        nearer_raw = by_logits["mean_abs_to_raw"] < by_logits["mean_abs_to_pi"]
+        verdict = verdict_of(q, RAW_SHARE_WARNING, RAW_SHARE_PROBLEM) if nearer_raw else "ok"
+        strength = q / RAW_SHARE_PROBLEM if nearer_raw else 0.0
         measured = (
             f"log μ is nearer log π before the temperature than after it on {q:.1%} of "
             f"{by_logits['tokens']} tokens (mean |Δ| {by_logits['mean_abs_to_raw']:.3f} against "
-            f"{by_logits['mean_abs_to_pi']:.3f} nats)"
+            f"{by_logits['mean_abs_to_pi']:.3f} nats{'' if nearer_raw else ': nearer after it on average'})"
         )
         order = (pl.col("mu") - pl.col("pi_logp").cast(pl.Float64)).abs()
     else:
@@ -137,10 +151,17 @@ def temperature_check(inp: Inputs) -> Finding:
         evidence |= {"warning_at": TEMPERATURE_WARNING, "problem_at": TEMPERATURE_PROBLEM}
         if r is None:
             verdict = "warning" if says_raw else "ok"
-            summary = f"too few uncertain tokens ({n}) to measure μ's temperature" + (
-                f"; run.json says raw log-probs at τ = {tau:g}" if says_raw else ""
-            )
+            summary = f"too few uncertain tokens ({n}) to measure μ's temperature{raw_note}"
             return Finding("temperature", verdict, summary, evidence, _TEMPERATURE_FIX if says_raw else "")
+        if r <= 0:
+            summary = (
+                f"the temperature fit fails: the slope of log μ − log π_old on log μ over {n} uncertain tokens "
+                f"is {1.0 - r:.3f}, which gives no positive τ_μ/τ_π; log μ and log π_old differ in a way no "
+                f"temperature explains (see the other checks){raw_note}"
+            )
+            evidence["fit_failed"] = True
+            evidence["examples"] = examples(inp.pairs.filter(_uncertain()), pl.col("d").abs())
+            return Finding("temperature", "warning", summary, evidence, "", strength=0.5)
         off = abs(r - 1.0)
         verdict = verdict_of(off, TEMPERATURE_WARNING, TEMPERATURE_PROBLEM)
         strength = off / TEMPERATURE_PROBLEM
@@ -151,12 +172,12 @@ def temperature_check(inp: Inputs) -> Finding:
         summary = f"μ and π_old share the temperature: {measured}"
         if says_raw:
             verdict = "warning"
-            summary += f"; run.json says raw log-probs at τ = {tau:g}, which the data contradict"
+            summary += f"{raw_note}, which the data contradict"
     else:
-        summary = f"μ is not at π_old's temperature: {measured}"
-        if says_raw:
-            summary += "; run.json says raw log-probs"
+        summary = f"μ is not at π_old's temperature: {measured}{raw_note}"
         evidence["examples"] = examples(inp.pairs.filter(_uncertain()), order)
+    if sampling.logprobs is not None and not says_raw:
+        summary += f" (run.json: {_KINDS[sampling.logprobs]})"
     return Finding(
         "temperature",
         verdict,
@@ -168,7 +189,8 @@ def temperature_check(inp: Inputs) -> Finding:
 
 
 _TEMPERATURE_FIX = (
-    "return processed log-probs (vLLM: logprobs_mode='processed_logprobs') or divide the trainer's logits by the same τ"
+    "take log μ after the temperature (vLLM: logprobs_mode='processed_logprobs'; SGLang: leave "
+    "SGLANG_RETURN_ORIGINAL_LOGPROB unset) or divide the trainer's logits by the same τ"
 )
 
 
@@ -194,8 +216,36 @@ def moved_mass(pairs: pl.LazyFrame) -> dict | None:
     return stats if stats["tokens"] >= MIN_TOKENS else None
 
 
+def support_bias(pairs: pl.LazyFrame) -> dict | None:
+    """The sampling-mask form of 1b over the uncertain tokens with pi_support_mass m (Σ π over
+    the engine's sampling support S, from its mask): {"tokens", "mean_d" (weighted mean of
+    d = log μ − log π_old), "mean_d_on_support" (of d + log m: μ against π_old renormalised
+    over S), "mean_log_mass" (of −log m, nats outside S)}; None without the column or below
+    MIN_TOKENS tokens. A μ renormalised over S against an unrenormalised π_old gives mean_d ≈
+    mean_log_mass and mean_d_on_support ≈ 0: the truncation's whole effect, exactly."""
+    if "pi_support_mass" not in pairs.collect_schema().names():
+        return None
+    m, w = pl.col("pi_support_mass").cast(pl.Float64), pl.col("w")
+    rows = pairs.filter(_uncertain() & m.is_not_null() & (m > 0))
+    stats = collect(
+        rows.select(
+            pl.len().alias("tokens"),
+            ((w * pl.col("d")).sum() / w.sum()).alias("mean_d"),
+            ((w * (pl.col("d") + m.log())).sum() / w.sum()).alias("mean_d_on_support"),
+            ((w * -m.log()).sum() / w.sum()).alias("mean_log_mass"),
+        )
+    ).row(0, named=True)
+    return stats if stats["tokens"] >= MIN_TOKENS else None
+
+
 def truncation_check(inp: Inputs) -> Finding:
     """1b. Truncated sampling support (top-p, top-k, min-p) with μ renormalised over it.
+
+    Sampling-mask form (the run has pi_support_mass, `support_bias`): e = mean d − |mean d once
+    π_old is renormalised over the support|, the bias the support explains; e ≥ 0.01 nats
+    warning, ≥ 0.02 problem. Run.json's kind of μ: raw or tempered log μ with a truncating
+    filter warns by itself (the tokens were drawn from the truncated distribution, so μ is not
+    their sampling probability).
 
     Top-K form (the run has mu_topk_mass and pi_topk_mass): m = the mean share of π's mass
     outside μ's top-K set S that μ puts on S, over the positions where π leaves ≥ 1% outside S
@@ -224,16 +274,34 @@ def truncation_check(inp: Inputs) -> Finding:
     evidence: dict = {"uncertain_tokens": n, "share_mu_above_old": stats["share"], "mean_d": stats["bias"]}
     evidence["sampling"] = {"top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p}
     by_topk = moved_mass(inp.pairs)
-    if by_topk is not None:
+    by_mask = support_bias(inp.pairs)
+    if by_mask is not None:
+        bias, rest = float(by_mask["mean_d"]), float(by_mask["mean_d_on_support"])
+        evidence |= {"form": "sampling mask", **by_mask}
+        evidence["thresholds"] = {"warning": TRUNCATION_BIAS_WARNING, "problem": TRUNCATION_BIAS_PROBLEM}
+        # the share of the bias the support explains decides: a μ renormalised over S leaves d + log m ≈ 0
+        explained = bias - abs(rest)
+        verdict = verdict_of(explained, TRUNCATION_BIAS_WARNING, TRUNCATION_BIAS_PROBLEM)
+        strength = explained / TRUNCATION_BIAS_PROBLEM
+        measured = (
+            f"mean log μ − log π_old {bias:+.4f} nats over {by_mask['tokens']} uncertain tokens, "
+            f"{rest:+.4f} once π_old is renormalised over the engine's sampling support (exact, from its masks; "
+            f"π leaves {by_mask['mean_log_mass']:.4f} nats outside it)"
+        )
+    elif by_topk is not None:
         moved = float(by_topk["moved"])
         evidence |= {"form": "top-K", **by_topk, "outside_at_least": OUTSIDE}
         evidence["thresholds"] = {"warning": MOVED_WARNING, "problem": MOVED_PROBLEM}
         verdict = verdict_of(moved, MOVED_WARNING, MOVED_PROBLEM)
         strength = moved / MOVED_PROBLEM
-        measured = (
-            f"μ puts {moved:.1%} of the mass π leaves outside μ's top-K on it ({by_topk['tokens']} positions; "
-            f"Σ_S μ ≥ 0.999 on {by_topk['share_mu_all_on_s']:.1%})"
-        )
+        where = f"{by_topk['tokens']} positions; Σ_S μ ≥ 0.999 on {by_topk['share_mu_all_on_s']:.1%}"
+        if moved >= 0:
+            measured = f"μ puts {moved:.1%} of the mass π leaves outside μ's top-K on it ({where})"
+        else:  # μ holds less on its own top-K than π: nothing moved onto it
+            measured = (
+                f"μ moves none of the mass π leaves outside μ's top-K onto it: it holds less there than π, by "
+                f"{-moved:.1%} of π's outside mass ({where})"
+            )
     else:
         evidence["form"] = "token-level"
         evidence["thresholds"] = {
@@ -265,31 +333,63 @@ def truncation_check(inp: Inputs) -> Finding:
             {"entropy": f"{ENTROPIES[h][0]:g}–{ENTROPIES[h][1]:g}", "tokens": t, "mean_d": m}
             for h, m, t in by_h.iter_rows()
         ]
-    claimed = sampling.truncated and sampling.logprobs != "raw"
-    if verdict == "ok":
+    evidence["logprobs"] = sampling.logprobs
+    claimed = sampling.truncated and sampling.logprobs in ("processed", None)
+    untruncated = sampling.truncated and sampling.logprobs in ("raw", "tempered")
+    fix = _TRUNCATION_FIX
+    if untruncated:  # the settings alone: μ is not the tokens' sampling probability
+        summary = (
+            f"run.json says {sampling.logprobs} log μ (before truncation) with {_filters(sampling)}: the tokens were "
+            "drawn from the truncated distribution, so μ is not their sampling probability and every ratio misses "
+            f"the factor 1 / (μ's mass on the support) ({measured})"
+        )
+        verdict = "warning" if verdict == "ok" else verdict
+        fix = _UNTRUNCATED_FIX
+    elif verdict == "ok":
         summary = f"no truncation bias: {measured}"
-        if claimed:
+        if claimed and sampling.logprobs == "processed":
             summary += "; run.json says a truncated support with processed log-probs, which the data contradict"
             verdict = "warning"
     else:
         summary = f"{measured}: μ looks renormalised over a truncated support"
         if claimed:
-            summary += " (run.json says so)"
+            summary += f" (run.json says {_filters(sampling)})"
+    if sampling.logprobs is not None and not untruncated:
+        summary += f" (run.json: {_KINDS[sampling.logprobs]})"
+    if verdict != "ok":
         evidence["examples"] = examples(rows, pl.col("d"))
     return Finding(
         "truncation",
         verdict,
         summary,
         evidence,
-        _TRUNCATION_FIX if verdict != "ok" else "",
+        fix if verdict != "ok" else "",
         strength=max(strength, 0.0),
     )
 
 
+# the kinds of log μ as the summaries name them
+_KINDS = {
+    "raw": "raw log μ, before the temperature",
+    "tempered": "tempered log μ, after the temperature and before truncation",
+    "processed": "processed log μ, of the distribution the tokens were drawn from",
+}
+
+
+def _filters(sampling: Sampling) -> str:
+    """The truncating filters of `sampling`, e.g. "top_p 0.9, top_k 50"."""
+    given = {"top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p}
+    return ", ".join(f"{k} {v:g}" for k, v in given.items() if v is not None) or "no filter"
+
+
 _TRUNCATION_FIX = (
-    "apply the same top-p/top-k/min-p mask to the trainer's logits (vLLM: return_sampling_mask) or take μ "
-    "before truncation"
+    "give π the support μ was drawn from: apply the engine's sampling mask to the trainer's logits (vLLM and "
+    "SGLang: return_sampling_mask) so both are renormalised over it"
+)
+_UNTRUNCATED_FIX = (
+    "record the processed μ (vLLM: logprobs_mode='processed_logprobs'; SGLang: return_sampling_mask and "
+    "from_sglang(processed=True)) and apply the same sampling mask to π"
 )
 
 
-__all__ = ["moved_mass", "raw_share", "temperature_check", "temperature_ratio", "truncation_check"]
+__all__ = ["moved_mass", "raw_share", "support_bias", "temperature_check", "temperature_ratio", "truncation_check"]
