@@ -44,10 +44,9 @@ def _check_threshold(rule: str, what: str, value: object, *, above: float = 0.0,
 class Rule:
     """One trust-region rule: its thresholds, its anchor, its level and the loss weight it trains with.
 
-    Validated when built: thresholds finite and ≥ 0 (a blocking rule needs both; ≤ 1 for a TV, and
-    `low` < 1 for a ratio, whose lower bound 1 − low must stay above 0), a known anchor, measure,
-    weight, statistic, sides and policy, a finite tis_cap > 0 for the "tis"/"seq_tis" weights, a
-    dual_clip > 1. Errors name the rule and the field.
+    Validated when built: thresholds finite and ≥ 0 (a blocking rule needs both; ≤ 1 for a TV), a
+    known anchor, measure, weight, statistic, sides and policy, a finite tis_cap > 0 for the
+    "tis"/"seq_tis" weights, a dual_clip > 1. Errors name the rule and the field.
     """
 
     name: str  # registry key; also the suffix of the `blocked_<name>` column of a recorded run
@@ -115,11 +114,6 @@ class Rule:
                     raise ValueError(
                         f"rule {self.name!r}: {side} must be ≤ 1 for the {self.measure} measure (a total "
                         f"variation is in [0, 1], a bound above 1 never blocks), got {value!r}"
-                    )
-                if self.measure == "ratio" and side == "low" and value >= 1:
-                    raise ValueError(
-                        f"rule {self.name!r}: low must be < 1 for the ratio measure (the lower bound is "
-                        f"1 − low, and a ratio is > 0), got {value!r}"
                     )
             elif self.measure is not None or (side == "high" and self.weight == "cispo"):
                 raise ValueError(f"rule {self.name!r}: {side} is required (the rule uses it), got None")
