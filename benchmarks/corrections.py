@@ -25,7 +25,7 @@ from pathlib import Path
 
 import polars as pl
 
-DEFAULT_RULES = ("dppo_binary_tv", "pg_is", "icepop", "gspo", "gmpo")
+DEFAULT_RULES = ("dppo_binary_tv", "pg_is", "icepop", "gspo")
 LEARNING_RULES = ("dppo_binary_tv", "icepop", "gspo")
 PRESETS = ("collapse", "default")
 
