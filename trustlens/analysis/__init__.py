@@ -15,6 +15,8 @@ Modules, each documenting its return columns:
     seeds      per-run outcomes and their mean ± standard error over seeds (trustlens compare)
     findings   the paper's findings located in a run (motivating examples, where blocked tokens sit)
     sweep      what each rule blocks with its thresholds scaled (threshold_sweep)
+    responses  decisions counted per response: a sequence rule blocks whole responses
+               (responses_blocked)
     summary    the per-step summary of a run (the dashboard's overview table); a sampled run's
                exact aggregates (exact_aggregates) for the `aggregates` argument
 
@@ -64,6 +66,7 @@ from trustlens.analysis.mismatch import (
     mismatch_unavailable,
 )
 from trustlens.analysis.onset import collapse_onset
+from trustlens.analysis.responses import responses_blocked
 from trustlens.analysis.seeds import run_outcomes, seed_table
 from trustlens.analysis.signals import step_signals
 from trustlens.analysis.summary import exact_aggregates, step_summary
@@ -93,6 +96,7 @@ __all__ = [
     "mismatch_unavailable",
     "motivating_examples",
     "over_updates_per_step",
+    "responses_blocked",
     "rule_boundaries",
     "rule_confusion",
     "run_outcomes",
