@@ -37,6 +37,18 @@ from trustlens.integrations._verl_rules import verl_active_rule
             {"rollout_correction": {"rollout_rs": "geometric", "rollout_rs_threshold": "0.999_1.001"}},
             ("rs_geo", None, None),
         ),
+        # verl 0.9: k1 options bound log(μ/π_old) to [log lower, log upper]; a rollout_is band is IcePop
+        (
+            {},
+            {"rollout_correction": {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_4.0"}},
+            ("rs_token", 0.75, 1.0),
+        ),
+        (
+            {},
+            {"rollout_correction": {"rollout_rs": "seq_sum_k1", "rollout_rs_threshold": "0.5_2.0"}},
+            ("rs_seq", 0.5, 1.0),
+        ),
+        ({}, {"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"}}, ("icepop", 0.5, 4.0)),
         ({"policy_loss": {"loss_mode": "gpg"}}, {}, (None, None, None)),
         ({}, {"rollout_correction": {"rollout_rs": "seq_max_k2"}}, (None, None, None)),
     ],

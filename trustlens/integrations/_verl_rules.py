@@ -39,6 +39,10 @@ def verl_active_rule(actor: Any, algorithm: Any = None) -> tuple[str | None, flo
     if rejection is not None:
         return rejection
     is_level = None if bypass else _get(correction, "rollout_is")
+    lower, upper = _band(_get(correction, "rollout_is_threshold", 2.0))
+    if is_level == "token" and lower is not None:  # verl ≥ 0.9: a "lower_upper" band is IcePop
+        note = f"verl rollout_is token with the band [{lower:g}, {upper:g}]: IcePop's mask on π_old/μ"
+        return "icepop", 1.0 - lower, upper - 1.0, note
     if mode == "vanilla":
         if bypass:  # old_log_prob is μ: verl's dual-clip PPO against μ is trustlens' dual_clip
             note = f"verl vanilla PPO in bypass mode: PPO clip and dual clip c = {dual} against μ"
@@ -67,8 +71,18 @@ def verl_active_rule(actor: Any, algorithm: Any = None) -> tuple[str | None, flo
     return None, None, None, f"verl loss_mode {mode!r} has no matching trustlens rule"
 
 
-# verl's rollout_rs levels and the trustlens rule of each
+# verl's rollout_rs levels and the trustlens rule of each: verl ≤ 0.8 bounds π_old/μ; verl 0.9's
+# k1 options bound k1 = log(μ/π_old), so that their band [lower, upper] keeps π_old/μ in [1/upper, 1/lower]
 _REJECTION_RULES = {"token": "rs_token", "sequence": "rs_seq", "geometric": "rs_geo"}
+_K1_RULES = {"token_k1": "rs_token", "seq_sum_k1": "rs_seq", "seq_mean_k1": "rs_geo"}
+
+
+def _band(spec: Any) -> tuple[float | None, float]:
+    """(lower or None, upper) of a verl threshold: a number (the upper bound) or "lower_upper"."""
+    if isinstance(spec, str) and "_" in spec:
+        lower, upper = spec.split("_", 1)
+        return float(lower), float(upper)
+    return None, float(spec)
 
 
 def _rejection_rule(correction: Any) -> tuple[str | None, float | None, float | None, str] | None:
@@ -77,16 +91,15 @@ def _rejection_rule(correction: Any) -> tuple[str | None, float | None, float | 
     level = _get(correction, "rollout_rs")
     if level is None:
         return None
-    if level not in _REJECTION_RULES:
+    if level not in _REJECTION_RULES and level not in _K1_RULES:
         return None, None, None, f"verl rollout_rs {level!r} has no matching trustlens rule"
-    upper = _get(correction, "rollout_rs_threshold", 2.0)
-    lower = _get(correction, "rollout_rs_threshold_lower")
-    if isinstance(upper, str):  # "lower_upper", as verl writes a band
-        lower, upper = (float(v) for v in upper.split("_"))
-    upper = float(upper)
+    lower, upper = _band(_get(correction, "rollout_rs_threshold", 2.0))
+    lower = _get(correction, "rollout_rs_threshold_lower", lower)
     lower = 1.0 / upper if lower is None else float(lower)
+    if level in _K1_RULES:  # k1 = log(μ/π_old) in [log lower, log upper]: π_old/μ in [1/upper, 1/lower]
+        lower, upper = 1.0 / upper, 1.0 / lower
     note = (
         f"verl rollout_rs {level!r}: reject what π_old/μ puts outside [{lower:g}, {upper:g}]; the policy loss's "
         "own clip is recorded as the counterfactual minirl"
     )
-    return _REJECTION_RULES[level], 1.0 - lower, upper - 1.0, note
+    return {**_REJECTION_RULES, **_K1_RULES}[level], 1.0 - lower, upper - 1.0, note
