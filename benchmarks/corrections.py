@@ -25,8 +25,8 @@ from pathlib import Path
 
 import polars as pl
 
-DEFAULT_RULES = ("dppo_binary_tv", "pg_is", "icepop", "gspo")
-LEARNING_RULES = ("dppo_binary_tv", "icepop", "gspo")
+DEFAULT_RULES = ("dppo_binary_tv", "pg_is", "icepop", "gspo", "gmpo")
+LEARNING_RULES = ("dppo_binary_tv", "gspo", "icepop")
 PRESETS = ("collapse", "default")
 
 
@@ -43,9 +43,11 @@ def train(
 
 
 def _runs(folder: Path) -> list:
+    """The finished runs under `folder` (a run still training is left out)."""
     import trustlens
 
-    return [trustlens.load_run(p) for p in sorted(folder.iterdir()) if (p / "run.json").exists()]
+    runs = [trustlens.load_run(p) for p in sorted(folder.iterdir()) if (p / "run.json").exists()]
+    return [run for run in runs if run.manifest.get("status") == "finished"]
 
 
 def outcome_table(folder: Path) -> pl.DataFrame:
@@ -65,8 +67,8 @@ def outcome_table(folder: Path) -> pl.DataFrame:
 
 
 def jaccard_table(folder: Path, reference: str = "dppo_binary_tv") -> pl.DataFrame:
-    """Per rule recorded in the `reference` runs of `folder`: blocked tokens, and the Jaccard
-    overlap of its blocked set with `reference`'s over the A ≠ 0 tokens of those runs."""
+    """Per rule recorded in the `reference` runs of `folder`: blocked tokens, their share of the
+    A ≠ 0 tokens of those runs, and the Jaccard overlap of its blocked set with `reference`'s."""
     from trustlens.run import blocked_column
 
     runs = [r for r in _runs(folder) if r.active_rule == reference]
@@ -77,7 +79,7 @@ def jaccard_table(folder: Path, reference: str = "dppo_binary_tv") -> pl.DataFra
     sums = []
     for run in runs:
         tokens = run.tokens.filter(pl.col("advantage") != 0)
-        aggs = []
+        aggs = [pl.len().alias("tokens")]
         for rule in rules:
             col = pl.col(blocked_column(rule)).fill_null(False)
             aggs += [
@@ -88,10 +90,11 @@ def jaccard_table(folder: Path, reference: str = "dppo_binary_tv") -> pl.DataFra
         sums.append(tokens.select(aggs).collect())
     total = pl.concat(sums).sum()
     rows = []
+    n = int(total["tokens"][0])
     for rule in rules:
         inter, union, blocked = (int(total[f"{k}_{rule}"][0]) for k in ("i", "u", "b"))
-        rows.append((rule, blocked, inter / union if union else None))
-    return pl.DataFrame(rows, schema=["rule", "blocked", "jaccard"], orient="row")
+        rows.append((rule, blocked, blocked / n if n else None, inter / union if union else None))
+    return pl.DataFrame(rows, schema=["rule", "blocked", "blocked_frac", "jaccard"], orient="row")
 
 
 def report(out: Path) -> None:
