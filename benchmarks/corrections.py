@@ -26,7 +26,7 @@ from pathlib import Path
 import polars as pl
 
 DEFAULT_RULES = ("dppo_binary_tv", "pg_is", "icepop", "gspo", "gmpo")
-LEARNING_RULES = ("dppo_binary_tv", "gspo", "icepop")
+LEARNING_RULES = ("dppo_binary_tv", "gspo", "icepop", "gmpo")
 PRESETS = ("collapse", "default")
 
 
