@@ -27,6 +27,7 @@ from trustlens.analysis import (
     mismatch_by_staleness,
     mismatch_per_step,
     mismatch_unavailable,
+    responses_blocked,
     rule_boundaries,
     rule_confusion,
     step_summary,
@@ -100,6 +101,7 @@ def ppo_vs_dppo(ctx: Context, rule_a: str, rule_b: str) -> dict[str, pl.DataFram
         "by_bucket": on_tokens(blocked_by_bucket, ctx, decided=decided, rules=pair),
         "matrix": on_tokens(confusion_matrix, ctx),
         "by_token": on_tokens(blocked_by_token, ctx, decided=decided, rules=pair, top=15),
+        "responses": on_tokens(responses_blocked, ctx, decided=decided, rules=pair),
     }
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import polars as pl
 import streamlit as st
+from rule_groups import by_level, level_label
 from run_cache import (
     Location,
     folder_exists,
@@ -153,8 +154,8 @@ def _filters(ctx: Context) -> tq.TokenQuery:
         steps = (lo, hi)
     rule = sb.selectbox(
         "Rule",
-        [None, *ctx.rules],
-        format_func=lambda r: "any" if r is None else r,
+        [None, *by_level(ctx.rules, ctx.run.rules)],
+        format_func=lambda r: "any" if r is None else level_label(r, ctx.run.rules),
         key="tl_rule",
         help="Keep tokens by this rule's decision",
     )

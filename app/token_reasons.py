@@ -5,6 +5,7 @@ hover)."""
 from __future__ import annotations
 
 import contextlib
+import math
 
 import polars as pl
 from safe_display import number
@@ -23,6 +24,7 @@ def block_reasons(tokens: pl.DataFrame, rule: str, spec: dict, *, mu_recorded: b
     with contextlib.suppress(ValueError):  # a custom rule recorded without its measure: the hover says more
         spec = Rule.from_manifest(rule, spec).manifest_entry()
     measure = spec.get("measure")
+    per_response = spec.get("statistic") is not None  # a sequence rule: `sequence_reasons` says why
     blocked = tokens.filter(pl.col(blocked_column(rule)))
     same_anchor = spec.get("anchor") != "old" or not mu_recorded
     column = measure if measure in blocked.columns and same_anchor else None
@@ -40,9 +42,50 @@ def block_reasons(tokens: pl.DataFrame, rule: str, spec: dict, *, mu_recorded: b
                 "pos": t["pos"],
                 "token": t["token"],
                 "advantage": "A > 0" if pos else "A < 0",
-                "why": f"{measure} = {number(value, 3)} {side} {number(limit, 3)}"
+                "why": "its whole response is blocked (the response's sequence ratio: see above)"
+                if per_response
+                else f"{measure} = {number(value, 3)} {side} {number(limit, 3)}"
                 if column and limit is not None
                 else f"{measure} (not recorded in the token rows: see the hover)",
             }
         )
     return pl.DataFrame(rows, schema={"pos": pl.Int32, "token": pl.String, "advantage": pl.String, "why": pl.String})
+
+
+def sequence_reasons(tokens: pl.DataFrame, specs: dict) -> pl.DataFrame:
+    """For each recorded sequence rule (`specs`: Run.rules) with a decision in `tokens` (the rows of
+    one response in one update): its statistic (trustlens.rules.sequence), the sequence ratio s
+    from the response's recorded sums, the band [1 − low, 1 + high] and whether the rule blocked
+    the whole response. Empty when the rows hold no per-response statistics."""
+    from trustlens.rules.sequence import sequence_log_ratio, statistic_columns
+
+    rows = []
+    for name, spec in specs.items():
+        with contextlib.suppress(ValueError, TypeError):
+            rule = Rule.from_manifest(name, spec)
+            column = blocked_column(name)
+            reads = statistic_columns(rule)
+            if rule.level != "sequence" or column not in tokens.columns or tokens.is_empty():
+                continue
+            if any(c not in tokens.columns or tokens[c][0] is None for c in reads):
+                continue
+            first = tokens.row(0, named=True)
+
+            def stat(c: str, first: dict = first, reads: tuple = reads) -> float | None:
+                return float(first[c]) if c in reads else None
+
+            log_s = sequence_log_ratio(rule, stat("seq_logratio_mu"), stat("seq_logratio_old"), stat("seq_tokens"))
+            what = "geometric mean" if rule.statistic == "mean" else "product"
+            ratio = "π_old/μ" if rule.policy == "old" else f"π/{'π_old' if rule.anchor == 'old' else 'μ'}"
+            assert rule.low is not None and rule.high is not None  # a sequence rule blocks
+            rows.append(
+                {
+                    "rule": name,
+                    "statistic": f"{what} of {ratio} over {int(first['seq_tokens'])} tokens",
+                    "s": number(math.exp(log_s) if log_s == log_s else None, 6),
+                    "band": f"[{number(1 - rule.low, 6)}, {number(1 + rule.high, 6)}]",
+                    "decision": "blocks the whole response" if first[column] else "passes",
+                }
+            )
+    schema = {"rule": pl.String, "statistic": pl.String, "s": pl.String, "band": pl.String, "decision": pl.String}
+    return pl.DataFrame(rows, schema=schema)

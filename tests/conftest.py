@@ -30,7 +30,8 @@ def gen() -> torch.Generator:
 @pytest.fixture
 def rule_inputs(gen):
     """Random inputs of every rule: `make(b, t, dtype)` → log μ, log π, log π_old (b, t), advantages
-    (b,) with A = 0 for sequence 0, and top-K TV/KL a little above the binary ones (b, t)."""
+    (b,) with A = 0 for sequence 0, top-K TV/KL a little above the binary ones (b, t), and a
+    response mask (b, t) of responses 2 to t tokens long."""
     from trustlens.divergence import binary_kl, binary_tv
 
     def make(b: int = 6, t: int = 9, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
@@ -39,6 +40,7 @@ def rule_inputs(gen):
         old = (mu + 0.3 * torch.randn(b, t, generator=gen, dtype=dtype)).clamp(max=-1e-3)
         adv = torch.randn(b, generator=gen, dtype=dtype)
         adv[0] = 0.0
+        lengths = torch.randint(2, t + 1, (b, 1), generator=gen)
         return dict(
             pi_logp=pi,
             mu_logp=mu,
@@ -46,6 +48,7 @@ def rule_inputs(gen):
             old_logp=old,
             topk_tv=binary_tv(pi, mu) + 0.05 * torch.rand(b, t, generator=gen, dtype=dtype),
             topk_kl=binary_kl(pi, mu) + 0.02 * torch.rand(b, t, generator=gen, dtype=dtype),
+            response_mask=torch.arange(t) < lengths,
         )
 
     return make

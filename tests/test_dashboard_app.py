@@ -438,7 +438,7 @@ def test_host_header_check(app_module, host, allowed):
 def test_ppo_vs_dppo_decides_unrecorded_and_custom_rules(monkeypatch, runs):
     at = _open(_pick_run(_app(monkeypatch, runs).run(), "e_custom"), "views/ppo_vs_dppo.py")
     options = at.selectbox(key="pv_b").options
-    assert "my_tv_rule" in options and any(o.startswith("dppo_binary_kl (decided") for o in options)
+    assert "token · my_tv_rule" in options and any(o.startswith("token · dppo_binary_kl (decided") for o in options)
     at.selectbox(key="pv_a").set_value("my_tv_rule").run()
     at.selectbox(key="pv_b").set_value("dppo_binary_tv").run()  # not recorded: decided on the columns
     assert not at.exception and not at.error, [e.value for e in at.error]
@@ -686,3 +686,35 @@ def test_block_reasons_name_the_quantity_and_the_threshold(app_module):
     # anchored on π_old in a run with μ: the rows' ratio is against μ, not what the rule compares
     old = {**ppo, "anchor": "old"}
     assert reasons(tokens, "ppo", old, mu_recorded=True)["why"][0].startswith("ratio (not recorded")
+
+
+def test_sequence_reasons_give_the_responses_ratio_and_band(app_module):
+    reasons = app_module("token_reasons")
+    tokens = pl.DataFrame(
+        {
+            "pos": [0, 1],
+            "token": ["a", "b"],
+            "advantage": [1.0, 1.0],
+            "ratio": [1.5, 0.9],
+            "seq_logratio_mu": [0.3, 0.3],
+            "seq_logratio_old": [0.002, 0.002],
+            "seq_tokens": [2, 2],
+            "blocked_gspo": [True, True],
+            "blocked_rs_seq": [False, False],
+            "blocked_ppo": [True, False],
+        }
+    )
+    from trustlens.rules import RULES
+
+    specs = {r: RULES[r].manifest_entry() for r in ("gspo", "rs_seq", "ppo")}
+    got = reasons.sequence_reasons(tokens, specs).rows()
+    assert got == [
+        ("gspo", "geometric mean of π/π_old over 2 tokens", "1.001", "[0.9997, 1.0004]", "blocks the whole response"),
+        ("rs_seq", "product of π_old/μ over 2 tokens", "1.34716", "[0.5, 2]", "passes"),
+    ]
+    assert reasons.block_reasons(tokens, "gspo", specs["gspo"], mu_recorded=True)["why"][0].startswith(
+        "its whole response is blocked"
+    )
+    groups = app_module("rule_groups")
+    assert groups.by_level(["gspo", "ppo", "rs_seq", "icepop"], specs) == ["ppo", "icepop", "gspo", "rs_seq"]
+    assert groups.level_label("gspo", {}) == "sequence · gspo" and groups.level_label("ppo", specs) == "token · ppo"

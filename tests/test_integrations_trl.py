@@ -454,3 +454,60 @@ _GRPO_KEYS = (
     "seed",
     "disable_tqdm",
 )
+
+
+def test_gspo_gradient_and_mask_equal_trls_sequence_level_loss(tmp_path, gen):
+    """TRL's own `_compute_loss` with importance_sampling_level="sequence" (GSPO), fed a log π we
+    control: its gradient equals `policy_loss("gspo", loss_agg_mode="seq-mean-token-mean")`'s, and
+    the tokens it gives no gradient are those `gspo` blocks; the hook records the run as gspo."""
+    from trustlens.integrations._trl_rules import active_rule_of
+    from trustlens.rules.loss import policy_loss
+
+    model, tok = tiny()
+    args = grpo_args(
+        tmp_path / "trl", importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-4, epsilon_high=4e-4
+    )
+    assert active_rule_of(args) == ("gspo", (3e-4, 4e-4))
+    trainer = GRPOTrainer(
+        model=model,
+        processing_class=tok,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+    )
+    b, t = 16, MAX_NEW
+    old = -torch.rand(b, t, generator=gen, dtype=torch.float64) * 3
+    step = torch.where(torch.arange(b)[:, None] % 2 == 0, 1e-4, 0.3)  # half the responses inside the band
+    pi = (old + step * torch.randn(b, t, generator=gen, dtype=torch.float64)).clamp(max=-1e-4)
+    mask = (torch.arange(t) < torch.randint(1, t + 1, (b, 1), generator=gen)).long()
+    adv = torch.randn(b, generator=gen, dtype=torch.float64)
+    leaf = pi.clone().requires_grad_()
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (leaf, torch.zeros_like(leaf), None)
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = {
+        "prompt_ids": torch.zeros(b, 2, dtype=torch.long),
+        "prompt_mask": torch.ones(b, 2, dtype=torch.long),
+        "completion_ids": torch.zeros(b, t, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+    }
+    trainer.model.train()
+    trainer._compute_loss(trainer.model, inputs).backward()
+    ours = pi.clone().requires_grad_()
+    out = policy_loss(
+        "gspo",
+        pi_logp=ours,
+        mu_logp=old,
+        old_logp=old,
+        advantages=adv,
+        response_mask=mask,
+        low=3e-4,
+        high=4e-4,
+        loss_agg_mode="seq-mean-token-mean",
+    )
+    out.loss.backward()
+    assert torch.allclose(ours.grad, leaf.grad, rtol=1e-12, atol=1e-15)
+    valid = mask.bool() & (adv != 0)[:, None]
+    assert torch.equal(out.blocked & valid, (leaf.grad == 0) & valid)
+    assert bool(out.blocked.any()) and bool((~out.blocked & valid).any())

@@ -5,6 +5,7 @@ from dataclasses import replace
 import page_data
 import streamlit as st
 from page_parts import chart, header, inspect_tokens, need_tokens
+from rule_groups import by_level, level_label, rule_level
 from run_queries import decidable_rules
 from safe_display import md
 from sidebar import context
@@ -14,15 +15,18 @@ from trustlens.analysis.agreement import default_rule_pair
 
 ctx = need_tokens(context())
 header("PPO vs DPPO", ctx)
-# the recorded rules, then registry rules decided on the run's columns (counterfactually)
-choices = ctx.rules + decidable_rules(ctx)
+# the recorded rules, then registry rules decided on the run's columns (counterfactually), grouped:
+# token rules, then the sequence rules that decide whole responses
+specs = ctx.run.rules
+choices = by_level(ctx.rules + decidable_rules(ctx), specs)
 if len(choices) < 2:
     st.info("This run holds fewer than two rules' decisions: there is nothing to compare.")
     st.stop()
 
 
 def rule_label(rule: str) -> str:
-    return rule if rule in ctx.rules else f"{rule} (decided on the recorded columns)"
+    label = level_label(rule, specs)
+    return label if rule in ctx.rules else f"{label} (decided on the recorded columns)"
 
 
 default_a, default_b = default_rule_pair(choices)
@@ -55,6 +59,14 @@ cols[1].metric("Blocked by both", f"{t['both']:,}")
 cols[2].metric(f"Only {md(rule_a)}", f"{t['only_a']:,}", help=f"{plots.percent(t['only_a_frac'])} of the A ≠ 0 tokens")
 cols[3].metric(f"Only {md(rule_b)}", f"{t['only_b']:,}", help=f"{plots.percent(t['only_b_frac'])} of the A ≠ 0 tokens")
 cols[4].metric("Agreement", plots.percent(t["agreement"]), help="share of the compared tokens both rules decide alike")
+# a sequence rule blocks whole responses: its decision counted once per response
+for row in data["responses"].iter_rows(named=True):
+    if rule_level(row["rule"], specs) == "sequence" and row["responses"]:
+        st.caption(
+            f"{md(row['rule'])} decides per response: it blocks {row['blocked_responses']:,} of the "
+            f"{row['responses']:,} responses with A ≠ 0 as a whole ({plots.percent(row['blocked_frac'])}), "
+            "every token of a blocked response included in the counts above."
+        )
 
 if rule_a in ctx.rules and rule_b in ctx.rules:
     b1, b2 = st.columns(2)

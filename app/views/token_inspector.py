@@ -7,7 +7,7 @@ from page_parts import INSPECT_KEY, header, need_tokens
 from run_cache import RUN_TTL, run_at
 from safe_display import dataframe, download_buttons, md, number
 from sidebar import context
-from token_reasons import block_reasons
+from token_reasons import block_reasons, sequence_reasons
 
 from trustlens.analysis import tokens as tq
 from trustlens.core.render import colored_tokens_html, legend_html
@@ -148,6 +148,10 @@ st.caption(
     "that many rules, named on hover); ␣ is a space; … marks positions with no recorded row (a sampled run "
     "keeps every token that matters and a share of the rest)."
 )
+responses = sequence_reasons(tokens, ctx.run.rules)  # the rows of one response in one update
+if not responses.is_empty():
+    st.markdown("**The response as a whole** · the sequence rules decide every token of it from one ratio s")
+    dataframe(responses, height=min(240, 38 + 35 * responses.height))
 if focus is not None and blocked_column(focus) in tokens.columns:
     spec = ctx.run.rules.get(focus) or {}
     why = block_reasons(tokens, focus, spec, mu_recorded=ctx.anchor == "mu_logp")

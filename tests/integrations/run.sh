@@ -34,7 +34,7 @@ echo "integration venvs ready in $((SECONDS - start)) s" >&2
 
 status=0
 for venv in verl09 verl07; do
-  "$venvs/$venv/bin/python" -m pytest -q -m slow "$here/test_verl.py" || status=1
+  "$venvs/$venv/bin/python" -m pytest -q -m slow "$here/test_verl.py" "$here/test_verl_corrections.py" || status=1
 done
 "$venvs/openrlhf/bin/python" -m pytest -q -m slow "$here/test_openrlhf.py" || status=1
 echo "integration tests done in $((SECONDS - start)) s" >&2

@@ -180,7 +180,10 @@ def test_dashboard_opens_the_main_ppo_run_on_every_page(main_ppo_run, monkeypatc
         ({"policy_loss": {"loss_mode": "dppo_kl"}}, {}, "dppo_binary_kl_recompute"),
         ({"policy_loss": {"loss_mode": "gpg"}}, {}, None),
         ({"policy_loss": {"loss_mode": "cispo"}}, {}, None),
-        ({"policy_loss": {"loss_mode": "gspo"}}, {}, None),
+        ({"policy_loss": {"loss_mode": "gspo"}}, {}, "gspo"),
+        ({"policy_loss": {"loss_mode": "geo_mean"}}, {}, "gmpo"),
+        ({}, {"rollout_correction": {"rollout_is": "sequence"}}, "grpo_seq_tis"),
+        ({}, {"rollout_correction": {"bypass_mode": True}}, "dual_clip"),
     ],
 )
 def test_verl_losses_map_to_the_rule_that_blocks_the_same_tokens(actor, algorithm, rule):

@@ -138,7 +138,7 @@ def test_blocked_equals_rules_evaluate_for_every_rule(tmp_path, gen):
     args = {k: batch[k] for k in ("pi_logp", "mu_logp", "old_logp", "advantages")}
     for rule in RULES:
         thresholds = {"low": 0.1, "high": 0.3} if rule == "ppo" else {}
-        expected = evaluate(rule, topk_tv=tv, topk_kl=kl, **args, **thresholds)[mask]
+        expected = evaluate(rule, topk_tv=tv, topk_kl=kl, response_mask=mask, **args, **thresholds)[mask]
         assert df[f"blocked_{rule}"].to_list() == expected.tolist(), rule
     assert any(df[f"blocked_{r}"].any() for r in RULES)  # the data exercises the rules
     assert manifest_of(tmp_path / "run")["missing"] == []
@@ -243,6 +243,13 @@ def test_default_rules_missing_inputs_are_null_and_listed(tmp_path, gen):
         "dppo_binary_tv_recompute",
         "dppo_binary_kl_recompute",
         "grpo_tis",
+        "icepop",
+        "gspo",
+        "gmpo",
+        "rs_token",
+        "rs_seq",
+        "rs_geo",
+        "grpo_seq_tis",
     }
     for rule in RULES:
         assert df[f"blocked_{rule}"].null_count() == (df.height if rule in undecided else 0), rule

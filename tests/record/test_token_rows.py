@@ -214,10 +214,11 @@ def test_rows_decide_every_rule_as_the_torch_rules(gen, dtype):
         sequence_advantages=adv,
     )
     batch = derive_rows(0, 0, rows, rules, rules, None, 0)
-    want = evaluate_all(rules, advantages=adv, **given)
+    want = evaluate_all(rules, advantages=adv, response_mask=mask, **given)
     for rule in rules:
         assert batch.blocked[rule.name].tolist() == want[rule.name][mask].tolist(), rule.name
-    assert all(v is None or v.dtype == np.float32 for v in batch.floats.values())
+    per_response = ("seq_logratio_mu", "seq_logratio_old", "seq_tokens")  # float64 sums, int32 counts
+    assert all(v is None or v.dtype == np.float32 for k, v in batch.floats.items() if k not in per_response)
     assert batch.sample.tolist() == torch.nonzero(mask)[:, 0].tolist()  # default ids: 0 + b
 
 

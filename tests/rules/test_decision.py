@@ -109,11 +109,56 @@ CASES = [
     ],
     ("cispo", 1.0, 1e-5, 1e-4, None, None, None, False),
     ("pg_is", -1.0, 0.99, 0.8, None, None, None, False),
+    # icepop: π_old/μ outside [0.5, 5] on either side, whatever π does; A = 0 never blocked
+    ("icepop", 1.0, 0.5, 0.9, 0.2, None, None, True),  # π_old/μ = 0.4, A > 0 (π/μ = 1.8 irrelevant)
+    ("icepop", -1.0, 0.5, 0.1, 0.2, None, None, True),  # 0.4, A < 0
+    ("icepop", 1.0, 0.1, 0.9, 0.6, None, None, True),  # 6 > 5
+    ("icepop", -1.0, 0.1, 0.05, 0.6, None, None, True),  # 6: both sides are rejected
+    ("icepop", 1.0, 0.5, 0.9, 0.3, None, None, False),  # 0.6: inside
+    ("icepop", 0.0, 0.5, 0.9, 0.2, None, None, False),  # A = 0
+    # dual_clip: ppo's clip, and A < 0 with π/μ > 3
+    ("dual_clip", -1.0, 0.1, 0.35, None, None, None, True),  # r = 3.5 > c: ppo's "back", blocked
+    ("dual_clip", -1.0, 0.1, 0.25, None, None, None, False),  # r = 2.5 < c: back
+    ("dual_clip", 1.0, 0.1, 0.35, None, None, None, True),  # r = 3.5 > 1.2, away
+    ("dual_clip", -1.0, 0.5, 0.35, None, None, None, True),  # r = 0.7, away
+    ("dual_clip", 1.0, 0.5, 0.55, None, None, None, False),  # in
+    ("dual_clip", 0.0, 0.1, 0.35, None, None, None, False),  # A = 0
+    # gspo on a one-token response: s = π/π_old, band [1 − 3e-4, 1 + 4e-4]
+    ("gspo", 1.0, 0.3, 0.5001, 0.5, None, None, False),  # s = 1.0002
+    ("gspo", 1.0, 0.3, 0.5003, 0.5, None, None, True),  # s = 1.0006
+    ("gspo", 1.0, 0.3, 0.4990, 0.5, None, None, False),  # back
+    ("gspo", -1.0, 0.3, 0.4999, 0.5, None, None, False),  # s = 0.9998
+    ("gspo", -1.0, 0.3, 0.4998, 0.5, None, None, True),  # s = 0.9996 < 0.9997
+    ("gspo", -1.0, 0.3, 0.5010, 0.5, None, None, False),  # back
+    ("gspo", 0.0, 0.3, 0.4, 0.5, None, None, False),  # A = 0
+    # gmpo: |log(π/π_old)| against 0.4
+    ("gmpo", 1.0, 0.3, 0.7, 0.4, None, None, True),  # log 1.75 = 0.56
+    ("gmpo", 1.0, 0.3, 0.55, 0.4, None, None, False),  # log 1.375 = 0.32
+    ("gmpo", -1.0, 0.3, 0.25, 0.4, None, None, True),  # log 0.625 = −0.47
+    ("gmpo", -1.0, 0.3, 0.3, 0.4, None, None, False),  # −0.29
+    ("gmpo", -1.0, 0.3, 0.7, 0.4, None, None, False),  # back
+    ("gmpo", 0.0, 0.3, 0.7, 0.4, None, None, False),  # A = 0
+    # verl's rejection masks on π_old/μ, [0.5, 2] (token, product), [0.999, 1.001] (geometric mean)
+    ("rs_token", 1.0, 0.2, 0.9, 0.5, None, None, True),  # 2.5
+    ("rs_token", -1.0, 0.2, 0.1, 0.5, None, None, True),  # 2.5, either side
+    ("rs_token", 1.0, 0.5, 0.9, 0.2, None, None, True),  # 0.4
+    ("rs_token", 1.0, 0.5, 0.9, 0.3, None, None, False),  # 0.6
+    ("rs_token", 0.0, 0.2, 0.9, 0.5, None, None, False),  # A = 0
+    ("rs_seq", -1.0, 0.2, 0.1, 0.5, None, None, True),  # one token: the product is 2.5
+    ("rs_seq", 1.0, 0.5, 0.9, 0.3, None, None, False),  # 0.6
+    ("rs_geo", 1.0, 0.5, 0.9, 0.5006, None, None, True),  # 1.0012
+    ("rs_geo", -1.0, 0.5, 0.1, 0.5004, None, None, False),  # 1.0008
+    ("rs_geo", -1.0, 0.5, 0.1, 0.4990, None, None, True),  # 0.998
+    # grpo_seq_tis blocks as PPO vs π_old
+    ("grpo_seq_tis", 1.0, 0.60, 0.65, 0.5, None, None, True),  # away: r_old = 1.3
+    ("grpo_seq_tis", 1.0, 0.20, 0.55, 0.5, None, None, False),  # in
+    ("grpo_seq_tis", -1.0, 0.40, 0.35, 0.5, None, None, True),  # away: r_old = 0.7
+    ("grpo_seq_tis", 0.0, 0.40, 0.35, 0.5, None, None, False),  # A = 0
 ]
 
 
 def _logp(p):
-    return None if p is None else torch.tensor([math.log(p)], dtype=torch.float64)
+    return None if p is None else torch.tensor([[math.log(p)]], dtype=torch.float64)
 
 
 def _case_id(case):
@@ -130,10 +175,11 @@ def test_rule_decisions_hand_checked(case):
         mu_logp=_logp(mu),
         advantages=torch.tensor([a]),
         old_logp=_logp(old),
-        topk_tv=None if tv is None else torch.tensor([tv]),
-        topk_kl=None if kl is None else torch.tensor([kl]),
+        topk_tv=None if tv is None else torch.tensor([[tv]]),
+        topk_kl=None if kl is None else torch.tensor([[kl]]),
+        response_mask=torch.ones(1, 1, dtype=torch.bool),  # a one-token response
     )
-    assert out.dtype == torch.bool and out.shape == (1,)
+    assert out.dtype == torch.bool and out.shape == (1, 1)
     assert bool(out) is expected
 
 
@@ -192,25 +238,41 @@ def test_registry_entries():
     assert (RULES["cispo"].low, RULES["cispo"].high, RULES["cispo"].blocks) == (None, 0.28, False)
     assert (RULES["pg_is"].low, RULES["pg_is"].high, RULES["pg_is"].blocks) == (None, None, False)
     assert RULES["grpo_tis"].tis_cap == 2.0
+    assert (RULES["icepop"].low, RULES["icepop"].high) == (0.5, 4.0)  # [α, β] = [0.5, 5]
+    assert (RULES["gspo"].low, RULES["gspo"].high, RULES["gspo"].level) == (3e-4, 4e-4, "sequence")
+    assert (RULES["rs_seq"].low, RULES["rs_seq"].high, RULES["rs_geo"].high) == (0.5, 1.0, 1e-3)
+    assert RULES["dual_clip"].dual_clip == 3.0 and RULES["gmpo"].measure == "log_ratio"
     needs = {name: rule.needs for name, rule in RULES.items() if rule.needs}
+    old, seq = ("old_logp",), ("old_logp", "response_mask")
     assert needs == {
-        "minirl": ("old_logp",),
-        "dppo_binary_tv_recompute": ("old_logp",),
-        "dppo_binary_kl_recompute": ("old_logp",),
-        "grpo_tis": ("old_logp",),
+        "minirl": old,
+        "dppo_binary_tv_recompute": old,
+        "dppo_binary_kl_recompute": old,
+        "grpo_tis": old,
         "dppo_topk_tv": ("topk_tv",),
         "dppo_topk_kl": ("topk_kl",),
+        "icepop": old,
+        "gspo": seq,
+        "gmpo": seq,
+        "rs_token": old,
+        "rs_seq": seq,
+        "rs_geo": seq,
+        "grpo_seq_tis": seq,
     }
     assert {n for n, r in RULES.items() if r.anchor == "old"} == {
         "minirl",
         "dppo_binary_tv_recompute",
         "dppo_binary_kl_recompute",
         "grpo_tis",
+        "gspo",
+        "gmpo",
+        "grpo_seq_tis",
     }
+    assert {n for n, r in RULES.items() if r.level == "sequence"} == {"gspo", "rs_seq", "rs_geo"}
 
 
 def test_evaluate_all_equals_evaluate(rule_inputs):
-    x = rule_inputs()
+    x = rule_inputs(b=24)  # responses enough that each sequence rule meets both of its decisions
     every = evaluate_all(list(RULES), **x)
     assert list(every) == list(RULES)
     for name, mask in every.items():
@@ -438,7 +500,7 @@ def test_infinite_divergences_are_beyond_every_threshold(rule, a, pi, mu, topk_k
         (dict(measure="l2"), r"rule 'mine': measure must be one of"),
         (dict(measure="topk_kl", anchor="old"), r"rule 'mine': the top-K measures are anchored on μ"),
         (dict(weight="tis"), r"rule 'mine': tis_cap must be a finite number > 0, got None"),
-        (dict(tis_cap=2.0), r"rule 'mine': tis_cap applies only to weight 'tis'"),
+        (dict(tis_cap=2.0), r"rule 'mine': tis_cap applies only to weight 'tis' or 'seq_tis'"),
         (dict(name=""), r"a rule's name must be a non-empty string"),
     ],
 )
@@ -459,8 +521,9 @@ def test_rules_import_no_torch():
         "import polars as pl\n"
         "from trustlens.rules.columns import evaluate_columns\n"
         "from trustlens.rules import RULES\n"
-        "f = pl.DataFrame({'pi_logp': [-0.1], 'mu_logp': [-1.0], 'old_logp': [-1.0], 'advantage': [1.0],"
-        " 'topk_tv': [0.5], 'topk_kl': [float('inf')]})\n"
+        "f = pl.DataFrame({'pi_logp': [-0.01], 'mu_logp': [-2.5], 'old_logp': [-0.5], 'advantage': [1.0],"
+        " 'topk_tv': [0.5], 'topk_kl': [float('inf')], 'seq_logratio_mu': [2.49], 'seq_logratio_old': [0.49],"
+        " 'seq_tokens': [1]})\n"
         "print(evaluate_columns(list(RULES), f).row(0))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -10,10 +10,21 @@ from trustlens.rules import RULES, Rule, evaluate_all, resolve_rules
 
 
 def _columns(x, dtype=np.float64):
+    """The token columns of `x` (every (b, t), padding included) and, broadcast to each row, its
+    response's sums over the response mask, as the recorder stores them."""
     n = x["pi_logp"].numel()
     adv = x["advantages"][:, None].expand_as(x["pi_logp"])
     cols = {k: x[k].reshape(-1).numpy().astype(dtype) for k in ("pi_logp", "mu_logp", "old_logp", "topk_tv", "topk_kl")}
-    return cols | {"advantage": adv.reshape(-1).numpy().astype(dtype)}, n
+    mask = x["response_mask"]
+    pi = torch.from_numpy(cols["pi_logp"].astype(np.float64)).reshape(mask.shape)
+
+    def total(name):
+        anchor = torch.from_numpy(cols[name].astype(np.float64)).reshape(mask.shape)
+        return torch.where(mask, pi - anchor, 0.0).sum(1, keepdim=True).expand_as(pi).reshape(-1).numpy()
+
+    sums = {"seq_logratio_mu": total("mu_logp"), "seq_logratio_old": total("old_logp")}
+    sums["seq_tokens"] = mask.sum(1, keepdim=True).expand_as(pi).reshape(-1).numpy().astype(np.int32)
+    return cols | sums | {"advantage": adv.reshape(-1).numpy().astype(dtype)}, n
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -25,9 +36,9 @@ def test_evaluate_columns_equals_evaluate_all(dtype, rule_inputs):
     frame = pl.DataFrame(cols)
     got = rc.evaluate_columns(list(RULES), frame)
     assert got.columns == list(RULES) and got.height == n
-    tensors = {k: torch.from_numpy(v).reshape(x["pi_logp"].shape) for k, v in cols.items()}
+    tensors = {k: torch.from_numpy(v).reshape(x["pi_logp"].shape) for k, v in cols.items() if "seq_" not in k}
     adv = tensors.pop("advantage")
-    want = evaluate_all(list(RULES), advantages=adv, **tensors)
+    want = evaluate_all(list(RULES), advantages=adv, response_mask=x["response_mask"], **tensors)
     for name in RULES:
         assert got[name].to_list() == want[name].reshape(-1).tolist(), name
 
@@ -73,9 +84,9 @@ def test_decide_columns_computes_each_distance_once_or_takes_it_given():
     distances: dict = {}
     tv = rc.decide_columns(RULES["dppo_binary_tv"], columns.__getitem__, "mu_logp", distances, eps)
     assert tv.tolist() == [True, True, False]  # |π − μ| = 0.2, 0.2, 0 against δ = 0.15
-    assert list(distances) == [("binary_tv", "mu_logp")]
+    assert list(distances) == [("binary_tv", "mu_logp", "pi")]
     # a distance handed in is used as it is (the recorder hands in the binary TV it stores)
-    given = {("binary_tv", "mu_logp"): np.array([0.0, 0.0, 1.0], np.float32)}
+    given = {("binary_tv", "mu_logp", "pi"): np.array([0.0, 0.0, 1.0], np.float32)}
     tv = rc.decide_columns(RULES["dppo_binary_tv"], columns.__getitem__, "mu_logp", given, eps)
     assert tv.tolist() == [False, False, False]  # the third: π = μ, no push away from μ
     never = rc.decide_columns(RULES["cispo"], columns.__getitem__, "mu_logp", {}, eps)

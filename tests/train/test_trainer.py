@@ -242,3 +242,23 @@ def test_active_block_rate_skips_updates_without_signed_tokens():
 
     assert mean_of_ratios([1, 2, 0, 0, 1, 4]) == 0.375  # updates: 1/2, no A ≠ 0 token, 1/4
     assert math.isnan(mean_of_ratios([0, 0]))
+
+
+def test_a_sequence_correction_trains_and_blocks_whole_responses(tmp_path):
+    cfg = config_from_preset("quick", rule="gspo", loss_agg_mode="seq-mean-token-mean", low=1e-3, high=1e-3)
+    train(cfg, tmp_path / "run", progress=False)
+    run = trustlens.load_run(tmp_path / "run")
+    assert run.manifest["active_rule"] == "gspo" and run.manifest["status"] == "finished"
+    tokens = run.tokens.collect()
+    keys = ["step", "update", "sample"]
+    per_response = tokens.group_by(keys).agg(
+        pl.col("blocked_gspo").n_unique().alias("decisions"),
+        (pl.col("pi_logp").cast(pl.Float64) - pl.col("old_logp").cast(pl.Float64)).sum().alias("sum_old"),
+        pl.col("seq_logratio_old").first(),
+        pl.len().alias("n"),
+        pl.col("seq_tokens").first(),
+    )
+    assert (per_response["decisions"] == 1).all()  # one decision per response
+    assert (per_response["n"] == per_response["seq_tokens"]).all()
+    assert (per_response["sum_old"] - per_response["seq_logratio_old"]).abs().max() < 1e-9
+    assert tokens.filter(pl.col("update") > 0)["blocked_gspo"].any()  # the band bites once π moves

@@ -16,6 +16,8 @@ Modules, each documenting its return columns:
     seed_text  the seed table as terminal text in blocks of ≤ 120 columns, with a legend
     findings   the paper's findings located in a run (motivating examples, where blocked tokens sit)
     sweep      what each rule blocks with its thresholds scaled (threshold_sweep)
+    responses  decisions counted per response: a sequence rule blocks whole responses
+               (responses_blocked)
     summary    the per-step summary of a run (the dashboard's overview table); a sampled run's
                exact aggregates (exact_aggregates) for the `aggregates` argument
 
@@ -66,6 +68,7 @@ from trustlens.analysis.mismatch import (
     mismatch_unavailable,
 )
 from trustlens.analysis.onset import collapse_onset
+from trustlens.analysis.responses import responses_blocked
 from trustlens.analysis.seeds import run_outcomes, seed_table
 from trustlens.analysis.signals import step_signals
 from trustlens.analysis.summary import exact_aggregates, step_summary
@@ -96,6 +99,7 @@ __all__ = [
     "mismatch_unavailable",
     "motivating_examples",
     "over_updates_per_step",
+    "responses_blocked",
     "rule_boundaries",
     "rule_confusion",
     "run_outcomes",

@@ -59,7 +59,7 @@ def with_rules(tokens: RunOrTokens, rules: Sequence[str], *, base: Mapping[str, 
     tokens = lazy_rows("with_rules", tokens)
     rules = check_names("rules", rules)
     from trustlens.rules import Rule, get_rule
-    from trustlens.rules.columns import evaluate_columns, rule_columns
+    from trustlens.rules.columns import check_rule_columns, evaluate_columns
 
     names = tokens.collect_schema().names()
     mu = anchor_column(tokens)
@@ -69,10 +69,7 @@ def with_rules(tokens: RunOrTokens, rules: Sequence[str], *, base: Mapping[str, 
             continue
         given = (base or {}).get(name)
         rule = Rule.from_manifest(name, given) if isinstance(given, Mapping) and given else get_rule(name)
-        cols = list(rule_columns(rule, mu=mu))
-        missing = [c for c in cols if c not in names]
-        if missing:
-            raise ValueError(f"rules: {name!r} needs the column(s) {missing}, which the token table lacks")
+        cols = list(check_rule_columns(rule, names, mu=mu))
 
         def decide(batch: pl.Series, rule: Rule = rule) -> pl.Series:
             return evaluate_columns([rule], batch.struct.unnest(), mu=mu)[rule.name]

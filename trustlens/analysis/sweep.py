@@ -33,7 +33,7 @@ from trustlens.analysis.buckets import (
 from trustlens.analysis.inputs import RunOrTokens, check_rule_entries, lazy_rows
 from trustlens.core.values import check_int, check_names, check_numbers
 from trustlens.rules import Rule, get_rule
-from trustlens.rules.columns import evaluate_columns, rule_columns
+from trustlens.rules.columns import check_rule_columns, evaluate_columns
 from trustlens.run.reader import Run
 
 # Default scales of every rule's thresholds: a quarter of the recorded thresholds up to four times.
@@ -125,11 +125,7 @@ def threshold_sweep(
         thresholds[name] = (rule.low, rule.high)
     scales = check_numbers("scales", scales, low=0.0, low_open=True)
     check_int("batch_rows", batch_rows, low=1)
-    needs = {r: rule_columns(rule, mu=anchor) for r, rule in resolved.items()}
-    for r, cols in needs.items():
-        missing = [c for c in cols if c not in names]
-        if missing:
-            raise ValueError(f"rules: {r!r} needs the column(s) {missing}, which the token table lacks")
+    needs = {r: check_rule_columns(rule, names, mu=anchor) for r, rule in resolved.items()}
     inputs = sorted({c for cols in needs.values() for c in cols})
     n_buckets = bucket_table(min_p, per_decade).height
     size = n_buckets * len(_SIDES)

@@ -41,6 +41,9 @@ SAMPLE_TOKEN_COLUMNS = (
     "topk_kl",
     "entropy",
     "advantage",
+    "seq_logratio_mu",  # the response's statistics, which the sequence rules decide from
+    "seq_logratio_old",
+    "seq_tokens",
 )
 
 

@@ -18,7 +18,7 @@ def default_rules(
 ) -> dict[str, Thresholds]:
     """{rule: (low, high)} for every rule TRL's tensors can decide — with topk=True (a top-K DPPO
     run) the top-K rules too — default thresholds except `thresholds` for `active_rule`."""
-    inputs = {"old_logp", "topk_tv", "topk_kl"} if topk else {"old_logp"}
+    inputs = {"old_logp", "response_mask", "topk_tv", "topk_kl"} if topk else {"old_logp", "response_mask"}
     rules: dict[str, Thresholds] = {name: (None, None) for name, rule in RULES.items() if set(rule.needs) <= inputs}
     if active_rule is not None and thresholds is not None:
         rules[active_rule] = thresholds
@@ -27,13 +27,17 @@ def default_rules(
 
 def active_rule_of(args: Any) -> tuple[str | None, Thresholds | None]:
     """The trustlens rule TRL trains with under GRPOConfig `args`, with its (low, high); (None,
-    None) for a loss no rule reproduces (sapo, vespo, sequence-level importance sampling)."""
+    None) for a loss no rule reproduces (sapo, vespo). `importance_sampling_level="sequence"`
+    (or "sequence_token") is GSPO: the clip of the geometric-mean ratio against π_old, `gspo`."""
     low = float(args.epsilon)
     high = float(args.epsilon_high if args.epsilon_high is not None else args.epsilon)
     divergence = getattr(args, "divergence_type", None)  # DPPOConfig: TRL's divergence mask vs μ
     if divergence is not None:
         return f"dppo_{divergence}", (low, high)
-    if getattr(args, "importance_sampling_level", "token") != "token":
+    level = getattr(args, "importance_sampling_level", "token")
+    if level in ("sequence", "sequence_token") and args.loss_type in _CLIPPED_LOSSES:
+        return "gspo", (low, high)
+    if level != "token":
         return None, None
     if args.loss_type in _CLIPPED_LOSSES:
         return "minirl", (low, high)

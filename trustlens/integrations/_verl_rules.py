@@ -24,21 +24,42 @@ def _get(config: Any, name: str, default: Any = None) -> Any:
 
 def verl_active_rule(actor: Any, algorithm: Any = None) -> tuple[str | None, float | None, float | None, str]:
     """(trustlens rule, low, high, note) for verl's policy loss of `actor` (the actor config)
-    and `algorithm` (for rollout correction). rule None: no trustlens rule blocks what verl does."""
+    and `algorithm` (for rollout correction). rule None: no trustlens rule blocks what verl does.
+
+    verl's losses compare π with its `old_log_prob`: π_old, or μ in rollout correction's bypass
+    mode. A rejection mask (`rollout_rs`) is the run's rule where it is set; its PPO clip is then
+    recorded as the counterfactual `minirl`."""
     mode = _get(_get(actor, "policy_loss"), "loss_mode", "vanilla")
     eps = _get(actor, "clip_ratio", 0.2)
     low, high = _get(actor, "clip_ratio_low", eps), _get(actor, "clip_ratio_high", eps)
     dual = _get(actor, "clip_ratio_c", 3.0)
     correction = _get(algorithm, "rollout_correction")
-    token_is = _get(correction, "rollout_is") == "token" and not _get(correction, "bypass_mode", False)
+    bypass = bool(_get(correction, "bypass_mode", False))
+    rejection = _rejection_rule(correction)
+    if rejection is not None:
+        return rejection
+    is_level = None if bypass else _get(correction, "rollout_is")
+    lower, upper = _band(_get(correction, "rollout_is_threshold", 2.0))
+    if is_level == "token" and lower is not None:  # verl ≥ 0.9: a "lower_upper" band is IcePop
+        note = f"verl rollout_is token with the band [{lower:g}, {upper:g}]: IcePop's mask on π_old/μ"
+        return "icepop", 1.0 - lower, upper - 1.0, note
     if mode == "vanilla":
+        if bypass:  # old_log_prob is μ: verl's dual-clip PPO against μ is trustlens' dual_clip
+            note = f"verl vanilla PPO in bypass mode: PPO clip and dual clip c = {dual} against μ"
+            return "dual_clip", low, high, note + ("" if dual == 3.0 else " (trustlens' dual_clip has c = 3)")
         note = (
             f"verl vanilla PPO clips π/π_old to [1 - {low}, 1 + {high}] (trustlens minirl) and, as dual clip, "
             f"also gives no gradient to A < 0 tokens with π/π_old > {dual}: no trustlens rule blocks those"
         )
-        if token_is:
+        if is_level == "token":
             return "grpo_tis", low, high, note + "; times verl's token-level rollout IS weight min(π_old/μ, C)"
+        if is_level == "sequence":
+            return "grpo_seq_tis", low, high, note + "; times verl's sequence-level IS weight min(Π π_old/μ, C)"
         return "minirl", low, high, note
+    if mode == "gspo":
+        return "gspo", low, high, "verl gspo: the geometric-mean ratio against old_log_prob clipped to its band"
+    if mode == "geo_mean":
+        return "gmpo", low, high, "verl geo_mean (GMPO): token log-ratios clipped to [−low, high]"
     if mode == "dppo_tv":
         return "dppo_binary_tv_recompute", low, high, "verl dppo_tv: binary TV mask against π_old"
     if mode == "dppo_kl":
@@ -48,3 +69,37 @@ def verl_active_rule(actor: Any, algorithm: Any = None) -> tuple[str | None, flo
     if mode == "cispo":
         return None, None, None, "verl cispo caps π/π_old (trustlens cispo caps π/μ): not the same rule"
     return None, None, None, f"verl loss_mode {mode!r} has no matching trustlens rule"
+
+
+# verl's rollout_rs levels and the trustlens rule of each: verl ≤ 0.8 bounds π_old/μ; verl 0.9's
+# k1 options bound k1 = log(μ/π_old), so that their band [lower, upper] keeps π_old/μ in [1/upper, 1/lower]
+_REJECTION_RULES = {"token": "rs_token", "sequence": "rs_seq", "geometric": "rs_geo"}
+_K1_RULES = {"token_k1": "rs_token", "seq_sum_k1": "rs_seq", "seq_mean_k1": "rs_geo"}
+
+
+def _band(spec: Any) -> tuple[float | None, float]:
+    """(lower or None, upper) of a verl threshold: a number (the upper bound) or "lower_upper"."""
+    if isinstance(spec, str) and "_" in spec:
+        lower, upper = spec.split("_", 1)
+        return float(lower), float(upper)
+    return None, float(spec)
+
+
+def _rejection_rule(correction: Any) -> tuple[str | None, float | None, float | None, str] | None:
+    """The rejection rule of `rollout_rs` with verl's bounds as (low, high) = (1 − lower, upper − 1),
+    (None, …) with a note for a level trustlens does not have, None when rejection is off."""
+    level = _get(correction, "rollout_rs")
+    if level is None:
+        return None
+    if level not in _REJECTION_RULES and level not in _K1_RULES:
+        return None, None, None, f"verl rollout_rs {level!r} has no matching trustlens rule"
+    lower, upper = _band(_get(correction, "rollout_rs_threshold", 2.0))
+    lower = _get(correction, "rollout_rs_threshold_lower", lower)
+    lower = 1.0 / upper if lower is None else float(lower)
+    if level in _K1_RULES:  # k1 = log(μ/π_old) in [log lower, log upper]: π_old/μ in [1/upper, 1/lower]
+        lower, upper = 1.0 / upper, 1.0 / lower
+    note = (
+        f"verl rollout_rs {level!r}: reject what π_old/μ puts outside [{lower:g}, {upper:g}]; the policy loss's "
+        "own clip is recorded as the counterfactual minirl"
+    )
+    return {**_REJECTION_RULES, **_K1_RULES}[level], 1.0 - lower, upper - 1.0, note

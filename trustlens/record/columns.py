@@ -60,7 +60,7 @@ class RecordedColumns:
         per (columns, decided)."""
         key = (columns, decided)
         if key not in self._evaluable:
-            present = {k: k in columns for k in ("old_logp", "topk_tv", "topk_kl")}
+            present = {k: k in columns for k in ("old_logp", "topk_tv", "topk_kl")} | {"response_mask": True}
             if self.given:  # the caller asked for these rules: each must be decidable
                 for rule in self.rules:
                     require_inputs(rule, present)

@@ -34,6 +34,7 @@ import torch
 
 from trustlens.core import logspace
 from trustlens.core.checks import LOGP_TOLERANCE, _first_index, check_logp, check_nonnegative, check_tensor, check_tv
+from trustlens.record.sequence_stats import sequence_statistics
 from trustlens.rules import Rule
 from trustlens.rules.columns import decide_columns
 from trustlens.run.aggregates import Keep, keep_rows
@@ -274,7 +275,8 @@ def finish_rows(
     evaluable rule the caller did not decide (`rule_columns.decide_columns`, in the inputs' dtype; a
     μ-anchored rule anchors on π_old when μ is not given), the ratio π/anchor and binary TV and
     KL derived from the float32 log-probs (`logspace.derived_columns`, as the reader derives
-    them for sampled runs), every float column float32; sampled under `keep` when given.
+    them for sampled runs), every float column float32, and each response's statistics
+    (`sequence_statistics`, which the sequence rules read); sampled under `keep` when given.
 
     numpy rather than torch: in the writer thread, numpy's work holds the GIL once per call
     where each of ~50 small torch ops would hand it over (and a Python-bound training loop would
@@ -289,13 +291,14 @@ def finish_rows(
     # the stored binary TV and KL are the distances of the rules anchored there (same function,
     # same float32 inputs); float64 inputs are decided in float64
     shared = pi.dtype == np.float32
-    distances = {(k, anchor): derived[k] for k in ("binary_tv", "binary_kl")} if shared else {}
+    distances = {(k, anchor, "pi"): derived[k] for k in ("binary_tv", "binary_kl")} if shared else {}
     eps = float(np.finfo(pi.dtype).eps)
     pending = [r for r in evaluable if batch.blocked.get(r.name) is None]
-    given = {k: v for k, v in f.items() if v is not None}  # the rules read only given columns
+    stats = sequence_statistics(batch.sample, pi, anchor_logp, f["old_logp"])  # float64 / int32, as stored
+    given = {k: v for k, v in {**f, **stats}.items() if v is not None}  # the rules read only given columns
     decided = {r.name: decide_columns(r, given.__getitem__, anchor, distances, eps) for r in pending}
     floats = {k: None if v is None else v.astype(np.float32, copy=False) for k, v in f.items()}
-    batch = replace(batch, floats={**floats, **derived}, blocked={**batch.blocked, **decided})
+    batch = replace(batch, floats={**floats, **derived, **stats}, blocked={**batch.blocked, **decided})
     return keep_rows(batch, keep, [r.name for r in rules], rank)
 
 

@@ -14,18 +14,47 @@ import numpy as np
 import polars as pl
 
 from trustlens.core.logspace import LOGP_TOLERANCE
-from trustlens.rules.decision import Rule, RuleSpec, _distance, _eps, decide, get_rule, resolve_rules
+from trustlens.rules.decision import (
+    Rule,
+    RuleSpec,
+    _distance,
+    _eps,
+    decide,
+    decide_sequence,
+    get_rule,
+    resolve_rules,
+)
+from trustlens.rules.sequence import SEQUENCE_COLUMNS, sequence_log_ratio, statistic_columns
 
-# The run's column each input of a rule is read from; the μ anchor's column is a parameter.
+# The run's column each input of a token rule is read from; the μ anchor's column is a parameter.
 _COLUMN_OF = {"old_logp": "old_logp", "topk_tv": "topk_tv", "topk_kl": "topk_kl"}
 _LOGP_COLUMNS = ("pi_logp", "mu_logp", "old_logp")
 
 
 def rule_columns(rule: str | Rule, *, mu: str = "mu_logp") -> tuple[str, ...]:
-    """The run columns `evaluate_columns` reads to decide `rule`, μ read from column `mu`."""
+    """The run columns `evaluate_columns` reads to decide `rule`, μ read from column `mu`: a
+    sequence rule reads its response's statistics (trustlens.rules.sequence) instead of π_old."""
     rule = get_rule(rule)
+    if rule.level == "sequence":
+        return ("pi_logp", "advantage", *statistic_columns(rule))
     anchor = [mu] if rule.anchor == "mu" else []
-    return ("pi_logp", *anchor, "advantage", *(_COLUMN_OF[n] for n in rule.needs))
+    return ("pi_logp", *anchor, "advantage", *(_COLUMN_OF[n] for n in rule.needs if n in _COLUMN_OF))
+
+
+def check_rule_columns(rule: Rule, names: list[str] | tuple[str, ...], *, mu: str = "mu_logp") -> tuple[str, ...]:
+    """`rule_columns(rule)`, or ValueError naming the rule and the columns `names` lacks; for a
+    sequence rule, what to record to have them."""
+    cols = rule_columns(rule, mu=mu)
+    missing = [c for c in cols if c not in names]
+    if not missing:
+        return cols
+    if any(c in SEQUENCE_COLUMNS for c in missing):
+        raise ValueError(
+            f"rules: {rule.name!r} decides per response and needs the per-response column(s) {missing} "
+            f"({'; '.join(f'{c}: {SEQUENCE_COLUMNS[c]}' for c in missing)}), which the token table lacks: "
+            "record the run with TokenRecorder, which writes them (with old_logp for seq_logratio_old)"
+        )
+    raise ValueError(f"rules: {rule.name!r} needs the column(s) {missing}, which the token table lacks")
 
 
 def evaluate_columns(
@@ -56,6 +85,8 @@ def evaluate_columns(
     def column(name: str, rule: Rule) -> tuple[np.ndarray, np.ndarray]:
         if name not in read:
             if name not in frame.columns:
+                if name in SEQUENCE_COLUMNS:
+                    check_rule_columns(rule, frame.columns, mu=mu)  # raises, saying what to record
                 raise ValueError(f"rule {rule.name!r} reads the column {name!r}, which columns lacks")
             series = frame[name]
             valid = series.is_not_null().to_numpy()
@@ -64,7 +95,7 @@ def evaluate_columns(
             read[name] = (values, valid)
         return read[name]
 
-    distances: dict[tuple[str, str], np.ndarray] = {}
+    distances: dict[tuple[str, str, str], np.ndarray] = {}
     eps = _eps(frame.schema.get("pi_logp") == pl.Float64)  # binary_kl's reading of log π = 0, as the recorder's
     out = {}
     for rule in resolved:
@@ -78,35 +109,51 @@ def decide_columns(
     rule: Rule,
     column: Callable[[str], np.ndarray],
     mu: str,
-    distances: dict[tuple[str, str], np.ndarray],
+    distances: dict[tuple[str, str, str], np.ndarray],
     eps: float,
 ) -> np.ndarray:
     """`decide` for `rule` on numpy columns: `column(name)` returns the run column `name`
-    (pi_logp, advantage, old_logp, topk_tv, topk_kl; μ from the column `mu`), all of one dtype.
-    Each computed distance is kept in `distances`, keyed (measure, anchor column), so that rules
+    (pi_logp, advantage, old_logp, topk_tv, topk_kl, the per-response statistics of a sequence
+    rule; μ from the column `mu`).
+    Each computed distance is kept in `distances`, keyed (measure, anchor column, policy), so that rules
     sharing it compute it once; the caller may hand some in already computed (the recorder hands
     in the binary TV and KL it stores). eps: as in `_logspace.binary_kl`."""
     pi = column("pi_logp")
     if not rule.blocks:
         return decide(rule, None, pi, None, None)
+    if rule.level == "sequence":
+        reads = statistic_columns(rule)
+
+        def stat(name: str) -> np.ndarray | None:
+            return column(name).astype(np.float64) if name in reads else None
+
+        with np.errstate(all="ignore"):  # inf − inf = NaN blocks nothing
+            log_s = sequence_log_ratio(rule, stat("seq_logratio_mu"), stat("seq_logratio_old"), stat("seq_tokens"))
+            return decide_sequence(rule, log_s, column("advantage"), np)
     anchor_name = mu if rule.anchor == "mu" else "old_logp"
     anchor = column(anchor_name)
+    num = pi if rule.policy == "pi" else column("old_logp")
     if rule.measure in ("topk_tv", "topk_kl"):
         d = column(str(rule.measure))
     else:
-        key = (str(rule.measure), anchor_name)
+        key = (str(rule.measure), anchor_name, rule.policy)
         if key not in distances:
             with np.errstate(all="ignore"):  # log(0) = −inf and inf − inf = NaN are handled in the math
-                distances[key] = _distance(key[0], pi, anchor, eps, np)
+                distances[key] = _distance(key[0], num, anchor, eps, np)
         d = distances[key]
-    return decide(rule, d, pi, anchor, column("advantage"))
+    with np.errstate(invalid="ignore"):
+        return decide(rule, d, num, anchor, column("advantage"))
 
 
 def _check_column(name: str, values: np.ndarray, valid: np.ndarray) -> None:
     """ValueError naming the column and the first offending row: NaN anywhere; for
     log-probabilities, +inf or values above LOGP_TOLERANCE; for divergences, −inf or values below
     −LOGP_TOLERANCE (+inf is a valid KL); for advantages, ±inf."""
-    if name in _LOGP_COLUMNS:
+    if name in ("seq_logratio_mu", "seq_logratio_old"):
+        return  # every sum is valid: ±inf where one policy gave a token probability 0, NaN where both did
+    if name == "seq_tokens":
+        bad, what = ~(values >= 1), "a token count < 1"
+    elif name in _LOGP_COLUMNS:
         bad, what = ~(values <= LOGP_TOLERANCE), "a value that is not a log-probability (NaN or > 0)"
     elif name == "advantage":
         bad, what = ~np.isfinite(values), "NaN or inf"
@@ -120,4 +167,4 @@ def _check_column(name: str, values: np.ndarray, valid: np.ndarray) -> None:
         raise ValueError(f"column {name!r} holds {what} at row {row}: {values[row]!r}")
 
 
-__all__ = ["decide_columns", "evaluate_columns", "rule_columns"]
+__all__ = ["check_rule_columns", "decide_columns", "evaluate_columns", "rule_columns"]

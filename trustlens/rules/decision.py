@@ -11,9 +11,15 @@ same shape, with a distance d(π, anchor) and two thresholds:
 so a token is only blocked when the update the advantage asks for (raise π(a_t) when A > 0,
 lower it when A < 0) would push π further out of the trust region; a token that has left the
 region on the other side is still updated, since the update brings it back. A token with A = 0
-carries no gradient and is never blocked. The distances (`Rule.measure`):
+carries no gradient and is never blocked. A rule with `sides="both"` (IcePop, verl's rejection
+masks) drops the advantage's direction: it blocks every A ≠ 0 token outside the region. A rule
+with `dual_clip=c` also blocks A < 0 tokens with π/anchor > c. A rule with `policy="old"`
+measures π_old instead of π against its anchor μ. A sequence rule (`statistic`) decides all the
+tokens of a response from its sequence ratio s (trustlens.rules.sequence) in place of π/anchor.
+The distances (`Rule.measure`):
 
     ratio       |π/anchor − 1|        (so PPO's "ratio > 1 + high" / "ratio < 1 − low")
+    log_ratio   |log(π/anchor)|       nats (GMPO's clip in log space)
     binary_tv   |π − anchor|          (so DPPO-TV's "π − μ > high" / "π − μ < −low")
     binary_kl   KL(anchor_bin ‖ π_bin) over the buckets {a_t, rest}, nats
     topk_tv     TV over μ's top-K ids plus the rest bucket (precomputed, anchor μ)
@@ -35,6 +41,7 @@ defined in trustlens.rules.registry, the decision and its evaluation on tensors 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +49,7 @@ import numpy as np
 
 from trustlens.core import logspace
 from trustlens.rules.registry import RULES, Anchor, Measure, Rule, RuleSpec, WeightKind, get_rule, resolve_rules
+from trustlens.rules.sequence import sequence_log_ratio
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +63,7 @@ __all__ = [
     "TokenInputs",
     "WeightKind",
     "decide",
+    "decide_sequence",
     "evaluate",
     "evaluate_all",
     "get_rule",
@@ -67,28 +76,45 @@ _INPUT_DOCS = {
     "old_logp": "log π_old(a_t), the trainer's recomputation before the update",
     "topk_tv": "the top-K TV per token, from trustlens.divergence.topk_divergence",
     "topk_kl": "the top-K KL per token, from trustlens.divergence.topk_divergence",
+    "response_mask": "(B, T) which positions are response tokens: a sequence rule sums over them",
 }
 
 
 def decide(rule: Rule, d: Any, pi_logp: Any, anchor_logp: Any, advantages: Any) -> Any:
     """The one definition of blocking (module docstring), on torch tensors or numpy arrays alike.
 
-    d: the rule's distance per token; pi_logp, anchor_logp: log π(a_t), log anchor(a_t);
+    d: the rule's distance per token; pi_logp, anchor_logp: log π(a_t) (log π_old(a_t) for a
+    rule of policy "old"; log s for a sequence rule), log anchor(a_t) (0 for a sequence rule);
     advantages: A per token. A NaN distance (π and anchor both 0) blocks nothing, +inf is beyond
     every threshold. Returns a bool array of their shape, True = blocked; all False for a rule
     that never blocks.
     """
     if not rule.blocks:
         return (pi_logp > 0) & (pi_logp < 0)  # all False, as a bool array of pi_logp's kind and device
-    push_up = (advantages > 0) & (pi_logp > anchor_logp) & (d > rule.high)
-    push_down = (advantages < 0) & (pi_logp < anchor_logp) & (d > rule.low)
-    return push_up | push_down
+    if rule.sides == "push":
+        up, down = advantages > 0, advantages < 0
+    else:
+        up = down = advantages != 0
+    blocked = (up & (pi_logp > anchor_logp) & (d > rule.high)) | (down & (pi_logp < anchor_logp) & (d > rule.low))
+    if rule.dual_clip is not None:
+        blocked = blocked | ((advantages < 0) & (pi_logp - anchor_logp > math.log(rule.dual_clip)))
+    return blocked
+
+
+def decide_sequence(rule: Rule, log_s: Any, advantages: Any, xp: Any) -> Any:
+    """`decide` for a sequence rule from log s per token (its response's; trustlens.rules.sequence):
+    d = |s − 1|, s against 1. A NaN log s (a response with a token both policies give probability
+    0) blocks nothing."""
+    zero = xp.zeros_like(log_s)
+    return decide(rule, logspace.ratio_distance(log_s, zero, xp), log_s, zero, advantages)
 
 
 def _distance(measure: str, pi_logp: Any, anchor_logp: Any, eps: float, xp: Any) -> Any:
     """d(π, anchor) of a computed measure (ratio, binary TV/KL) per token, in namespace xp."""
     if measure == "ratio":
         return logspace.ratio_distance(pi_logp, anchor_logp, xp)
+    if measure == "log_ratio":
+        return xp.abs(pi_logp - anchor_logp)
     if measure == "binary_tv":
         return logspace.abs_diff_exp(pi_logp, anchor_logp, xp)
     return logspace.binary_kl(pi_logp, anchor_logp, eps, xp)
@@ -108,6 +134,7 @@ class TokenInputs:
         old_logp: torch.Tensor | None = None,  # token shape: log π_old(a_t)
         topk_tv: torch.Tensor | None = None,  # token shape
         topk_kl: torch.Tensor | None = None,  # token shape; +inf allowed
+        response_mask: torch.Tensor | None = None,  # (B, T): the tokens of each response (sequence rules)
     ) -> None:
         import torch
 
@@ -140,43 +167,88 @@ class TokenInputs:
         }
         check_same_shape(pi_logp=self.pi_logp, mu_logp=self.mu_logp, **self.given)
         self.advantages = broadcast_advantages(advantages, self.pi_logp).detach()
-        self._cache: dict[tuple[str, str], torch.Tensor] = {}
+        self.response_mask = None
+        if response_mask is not None:
+            from trustlens.core.checks import check_mask
+
+            if self.pi_logp.dim() != 2:
+                raise ValueError(f"pi_logp must have shape (B, T) with response_mask, got {tuple(self.pi_logp.shape)}")
+            self.response_mask = check_mask("response_mask", response_mask, self.pi_logp)
+        self._cache: dict[tuple[str, str, str], torch.Tensor] = {}
+        self._sums: dict[str, torch.Tensor] = {}
 
     def require(self, rule: Rule) -> None:
         """ValueError naming the rule and the argument when an input `rule` needs is missing."""
-        require_inputs(rule, {k: v is not None for k, v in self.given.items()})
+        given = {k: v is not None for k, v in self.given.items()}
+        require_inputs(rule, given | {"response_mask": self.response_mask is not None})
 
     def anchor_logp(self, anchor: Anchor) -> torch.Tensor:
         out = self.mu_logp if anchor == "mu" else self.old_logp
         assert out is not None  # `require` checked it
         return out
 
+    def policy_logp(self, rule: Rule) -> torch.Tensor:
+        """The numerator of the rule's ratio per token: log π, or log π_old (policy "old")."""
+        return self.pi_logp if rule.policy == "pi" else self.anchor_logp("old")
+
     def distance(self, rule: Rule) -> torch.Tensor:
-        """d(π, anchor) of `rule` per token."""
+        """d(policy, anchor) of `rule` per token."""
         if rule.measure in ("topk_tv", "topk_kl"):
             given = self.given[rule.measure]
             assert given is not None  # `require` checked it
             return given
-        key = (str(rule.measure), rule.anchor)
+        key = (str(rule.measure), rule.anchor, rule.policy)
         if key not in self._cache:
             import torch
 
-            self._cache[key] = _distance(key[0], self.pi_logp, self.anchor_logp(rule.anchor), self.eps, torch)
+            num, anchor = self.policy_logp(rule), self.anchor_logp(rule.anchor)
+            self._cache[key] = _distance(key[0], num, anchor, self.eps, torch)
         return self._cache[key]
+
+    def sequence_sums(self) -> dict[str, torch.Tensor]:
+        """The per-response statistics of trustlens.rules.sequence as (B, 1) float64 tensors:
+        seq_logratio_mu, seq_logratio_old (when π_old is given), seq_tokens."""
+        if not self._sums:
+            import torch
+
+            mask = self.response_mask
+            assert mask is not None  # `require` checked it
+            pi = self.pi_logp.double()
+
+            def total(anchor: torch.Tensor) -> torch.Tensor:
+                diff = torch.where(mask, pi - anchor.double(), torch.zeros_like(pi))
+                return diff.sum(dim=1, keepdim=True)
+
+            self._sums["seq_logratio_mu"] = total(self.mu_logp)
+            if self.old_logp is not None:
+                self._sums["seq_logratio_old"] = total(self.old_logp)
+            self._sums["seq_tokens"] = mask.sum(dim=1, keepdim=True).double()
+        return self._sums
+
+    def sequence_log_ratio(self, rule: Rule) -> torch.Tensor:
+        """log s of `rule` (trustlens.rules.sequence), float64, broadcast to the token shape."""
+        sums = self.sequence_sums()
+        log_s = sequence_log_ratio(rule, sums["seq_logratio_mu"], sums.get("seq_logratio_old"), sums["seq_tokens"])
+        return log_s.expand_as(self.pi_logp)
 
     def blocked(self, rule: Rule) -> torch.Tensor:
         """The bool mask of tokens `rule` blocks (True = no gradient), token shape."""
         self.require(rule)
         if not rule.blocks:
             return decide(rule, None, self.pi_logp, None, None)
-        return decide(rule, self.distance(rule), self.pi_logp, self.anchor_logp(rule.anchor), self.advantages)
+        if rule.level == "sequence":
+            import torch
+
+            return decide_sequence(rule, self.sequence_log_ratio(rule), self.advantages, torch)
+        return decide(rule, self.distance(rule), self.policy_logp(rule), self.anchor_logp(rule.anchor), self.advantages)
 
 
 def require_inputs(rule: Rule, given: Mapping[str, bool]) -> None:
     """ValueError naming the rule and the argument when an input `rule` needs is not `given`
-    ({"old_logp" | "topk_tv" | "topk_kl": whether it is given})."""
+    ({"old_logp" | "topk_tv" | "topk_kl" | "response_mask": whether it is given; one left out
+    is not given})."""
     for arg in rule.needs:
-        if not given[arg]:
+        if not given.get(arg, False):
             raise ValueError(f"rule {rule.name!r} needs {arg} ({_INPUT_DOCS[arg]}), which was not given")
 
 
@@ -194,6 +266,7 @@ def evaluate(
     old_logp: torch.Tensor | None = None,
     topk_tv: torch.Tensor | None = None,
     topk_kl: torch.Tensor | None = None,
+    response_mask: torch.Tensor | None = None,
     low: float | None = None,
     high: float | None = None,
 ) -> torch.Tensor:
@@ -201,7 +274,8 @@ def evaluate(
 
     `rule` is a name from `RULES` or a `Rule`; `low` / `high` override its thresholds (None keeps
     the rule's default). `advantages` is per sequence (B,) or per token like pi_logp; tokens with
-    A = 0 are never blocked. Log-probabilities may be −inf and topk_kl +inf. Raises KeyError for
+    A = 0 are never blocked. `response_mask` (B, T) marks each response's tokens: a sequence rule
+    needs it, to sum over them. Log-probabilities may be −inf and topk_kl +inf. Raises KeyError for
     an unknown rule, ValueError for an input the rule needs that is missing, for mismatched
     shapes, NaN, positive log-probabilities or negative divergences.
     """
@@ -214,6 +288,7 @@ def evaluate(
         old_logp=old_logp,
         topk_tv=topk_tv,
         topk_kl=topk_kl,
+        response_mask=response_mask,
     )
     return blocked[rule.name]
 
@@ -227,6 +302,7 @@ def evaluate_all(
     old_logp: torch.Tensor | None = None,
     topk_tv: torch.Tensor | None = None,
     topk_kl: torch.Tensor | None = None,
+    response_mask: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """`evaluate` for many rules in one pass: {rule name: blocked mask}, in the order given.
 
@@ -243,6 +319,7 @@ def evaluate_all(
         old_logp=old_logp,
         topk_tv=topk_tv,
         topk_kl=topk_kl,
+        response_mask=response_mask,
     )
     for rule in resolved:
         inputs.require(rule)

@@ -6,11 +6,19 @@ Per valid token (b, t), with sg the stop-gradient and `blocked` from trustlens.r
 
 The weight w depends on the rule (C = clip_ratio_c, default 10):
 
-    default (ppo, ppo_clip_higher, minirl, dppo_*, pg_is)   w = min(π/μ, C)
+    default (ppo, ppo_clip_higher, minirl, dppo_*, pg_is,
+             icepop, dual_clip, rs_*)                        w = min(π/μ, C)
     cispo     (never blocks)                                 w = min(π/μ, 1 + high)
     grpo_tis  (blocked by the PPO clip against π_old)        w = min(π/π_old, C)·min(π_old/μ, C_tis)
+    grpo_seq_tis                                             w = min(π/π_old, C)·min(Π_y π_old/μ, C_tis)
+    gspo      (weight "seq_ratio")                           w = min(s, C), s = (Π_y π/π_old)^(1/|y|)
+    gmpo      (weight "geo_mean")                            w = min(exp((1/|y|) Σ_y clip_A(log π/π_old)), C)
 
-with C_tis = `Rule.tis_cap` (2 by default). Only pi_logp carries a gradient: ∂ℓ/∂log π(a_t) =
+with C_tis = `Rule.tis_cap` (2 by default), Π_y / Σ_y over the tokens of the token's response y,
+and clip_A GMPO's sign-dependent clip: min(·, high) for A > 0, max(·, −low) for A < 0 (a token
+whose log-ratio it clips is the one `gmpo` blocks). With `seq-mean-token-mean` aggregation the
+gradient of gspo is GSPO's (−A·s/|y| per token inside the band) and that of gmpo is GMPO's.
+Only pi_logp carries a gradient: ∂ℓ/∂log π(a_t) =
 −A·w·(1 − blocked). Since ∂(π/μ)/∂log π = π/μ, for `ppo` this is exactly the gradient of the
 textbook clipped surrogate −min(r·A, clip(r, 1 − low, 1 + high)·A), r = π/μ, at every token with
 r ≤ C. At r > C the two differ only for A < 0 (with A > 0 such a token is blocked, as C > 1 + high):
@@ -25,11 +33,11 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from trustlens.core.checks import check_mask, upcast
+from trustlens.core.checks import upcast
 from trustlens.core.torch_import import torch
 from trustlens.rules import Rule, TokenInputs, get_rule
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 
 
 @dataclass(frozen=True)
@@ -53,11 +61,33 @@ def _weight(rule: Rule, x: TokenInputs, clip_ratio_c: float) -> torch.Tensor:
         assert rule.high is not None  # Rule requires it for the cispo weight
         return _capped_exp(x.pi_logp - mu, math.log1p(rule.high))
     log_c = math.log(clip_ratio_c)
-    if rule.weight == "tis":
+    if rule.weight in ("tis", "seq_tis"):
         old = x.anchor_logp("old")
-        assert rule.tis_cap is not None  # Rule requires it for the tis weight
-        return _capped_exp(x.pi_logp - old, log_c) * _capped_exp(old - mu, math.log(rule.tis_cap))
+        assert rule.tis_cap is not None  # Rule requires it for the tis weights
+        if rule.weight == "tis":
+            log_is = old - mu
+        else:
+            sums = x.sequence_sums()  # Σ_y log(π_old/μ) = Σ log(π/μ) − Σ log(π/π_old), (B, 1)
+            log_is = (sums["seq_logratio_mu"] - sums["seq_logratio_old"]).to(old.dtype).expand_as(old)
+        return _capped_exp(x.pi_logp - old, log_c) * _capped_exp(log_is, math.log(rule.tis_cap))
+    if rule.weight == "seq_ratio":
+        return _capped_exp(x.sequence_log_ratio(rule).to(x.pi_logp.dtype), log_c)
+    if rule.weight == "geo_mean":
+        return _capped_exp(_geo_mean_log_ratio(rule, x), log_c)
     return _capped_exp(x.pi_logp - mu, log_c)
+
+
+def _geo_mean_log_ratio(rule: Rule, x: TokenInputs) -> torch.Tensor:
+    """GMPO's log weight per token: the mean over the token's response of the log-ratios
+    log(π/anchor) clipped by the sign of A (min(·, high) for A > 0, max(·, −low) for A < 0),
+    broadcast to (B, T)."""
+    assert rule.low is not None and rule.high is not None and x.response_mask is not None  # Rule requires them
+    log_r = x.pi_logp - x.anchor_logp(rule.anchor)  # (B, T)
+    a = x.advantages
+    clipped = torch.where(a > 0, log_r.clamp(max=rule.high), torch.where(a < 0, log_r.clamp(min=-rule.low), log_r))
+    mask = x.response_mask
+    total = torch.where(mask, clipped, torch.zeros_like(clipped)).sum(dim=1, keepdim=True)
+    return (total / mask.sum(dim=1, keepdim=True).clamp(min=1)).expand_as(log_r)
 
 
 def _capped_exp(log_ratio: torch.Tensor, log_cap: float) -> torch.Tensor:
@@ -92,6 +122,8 @@ def policy_loss(
                                  sequences of each one's token sum, divided by a constant — verl's
                                  (Dr. GRPO's) convention; pad responses to the generation budget
                                  so that T stays constant across steps.
+        seq-mean-token-mean      the mean over the responses with a valid token of each one's
+                                 token mean Σ_t m·ℓ / Σ_t m (GSPO's and GMPO's aggregation).
 
     `rule`, `low`, `high` and the inputs are as in `trustlens.rules.decision`; everything but
     pi_logp is detached. Raises KeyError for an unknown rule and ValueError for bad input.
@@ -110,15 +142,23 @@ def policy_loss(
         old_logp=old_logp,
         topk_tv=topk_tv,
         topk_kl=topk_kl,
+        response_mask=response_mask,
     )
     pi = upcast(pi_logp).clamp(max=0.0)  # the differentiable log π, its values checked above
-    mask = check_mask("response_mask", response_mask, pi)
+    mask = x.response_mask
+    assert mask is not None  # given above
     blocked = x.blocked(rule) & mask
     weight = _weight(rule, x, clip_ratio_c)
     coef = -(x.advantages * weight * (mask & ~blocked).to(pi.dtype))  # (B, T), detached
     # a token with coefficient 0 adds 0, also where log π = −inf (π gives it probability 0)
-    total = torch.where(coef != 0, coef * pi, torch.zeros_like(pi)).sum()
-    loss = total / mask.sum().clamp(min=1) if loss_agg_mode == "token-mean" else total / mask.numel()
+    per_token = torch.where(coef != 0, coef * pi, torch.zeros_like(pi))  # (B, T)
+    if loss_agg_mode == "token-mean":
+        loss = per_token.sum() / mask.sum().clamp(min=1)
+    elif loss_agg_mode == "seq-mean-token-sum-norm":
+        loss = per_token.sum() / mask.numel()
+    else:
+        lengths = mask.sum(dim=1)  # (B,)
+        loss = (per_token.sum(dim=1) / lengths.clamp(min=1)).sum() / (lengths > 0).sum().clamp(min=1)
     zero = mask & (x.advantages == 0)
     return PolicyLoss(
         loss=loss,

@@ -1,148 +1,20 @@
-"""The trust-region rules themselves, re-exported by trustlens.rules (whose docstring gives the
-math): `Rule`, one rule's thresholds, anchor, distance measure and loss weight, validated when
-built; the registry `RULES` of the rules of docs/rules.md with their default thresholds (ratios
-for the "ratio" measure, probabilities for binary/top-K TV, nats for the KLs); and the look-ups
-`get_rule` (a rule by name) and `resolve_rules` (the rules a caller names, with their thresholds).
-Imports no torch.
+"""The registry of trust-region rules, re-exported by trustlens.rules (whose docstring gives the
+math): the registry `RULES` of the rules of docs/rules.md with their default thresholds (ratios
+for the "ratio" measure, probabilities for binary/top-K TV, nats for the KLs), the token rules
+defined here and the corrections of trustlens.rules.corrections; and the look-ups `get_rule` (a
+rule by name) and `resolve_rules` (the rules a caller names, with their thresholds). `Rule`
+itself is defined in trustlens.rules.rule. Imports no torch.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any, Literal, get_args
+from dataclasses import replace
+from typing import Any
 
 from trustlens.core.values import closest
-
-Anchor = Literal["mu", "old"]
-Measure = Literal["ratio", "binary_tv", "binary_kl", "topk_tv", "topk_kl"]
-WeightKind = Literal["ratio", "cispo", "tis"]
-# The measures that are total variations, in [0, 1]: their thresholds are at most 1.
-TV_MEASURES = ("binary_tv", "topk_tv")
-
-
-def _check_threshold(rule: str, what: str, value: object, *, above: float = 0.0, strict: bool = False) -> float:
-    """`value` as a float, or ValueError naming the rule and the threshold: it must be a finite
-    real number ≥ `above` (> with strict=True)."""
-    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if not real or not math.isfinite(value) or value < above or (strict and value == above):  # type: ignore[operator, arg-type]
-        bound = f"{'>' if strict else '≥'} {above:g}"
-        raise ValueError(f"rule {rule!r}: {what} must be a finite number {bound}, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One trust-region rule: its thresholds, its anchor, and the loss weight it trains with.
-
-    Validated when built: thresholds finite and ≥ 0 (a blocking rule needs both), a known anchor,
-    measure and weight, a finite tis_cap > 0 for the "tis" weight. Errors name the rule.
-    """
-
-    name: str  # registry key; also the suffix of the `blocked_<name>` column of a recorded run
-    low: float | None  # threshold on the distance when A < 0; None: no such threshold
-    high: float | None  # threshold when A > 0; for cispo the IS-weight cap is 1 + high
-    anchor: Anchor  # centre of the trust region: "mu" (rollout policy) or "old" (π_old)
-    measure: Measure | None  # the distance compared with low/high; None: the rule never blocks
-    description: str  # one line, for docs, the dashboard and the CLI
-    weight: WeightKind = "ratio"  # the loss weight w, see trustlens.rules.loss.policy_loss
-    tis_cap: float | None = None  # grpo_tis only: C_tis, the truncation of the weight π_old/μ
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"a rule's name must be a non-empty string, got {self.name!r}")
-        if not isinstance(self.description, str):
-            raise TypeError(f"rule {self.name!r}: description must be a string, got {type(self.description).__name__}")
-        for field, value, allowed in (
-            ("anchor", self.anchor, get_args(Anchor)),
-            ("measure", self.measure, (*get_args(Measure), None)),
-            ("weight", self.weight, get_args(WeightKind)),
-        ):
-            if value not in allowed:
-                raise ValueError(f"rule {self.name!r}: {field} must be one of {allowed}, got {value!r}")
-        if self.measure in ("topk_tv", "topk_kl") and self.anchor != "mu":
-            raise ValueError(f"rule {self.name!r}: the top-K measures are anchored on μ, got anchor {self.anchor!r}")
-        for side in ("low", "high"):
-            value = getattr(self, side)
-            if value is not None:
-                object.__setattr__(self, side, _check_threshold(self.name, side, value))
-                if self.measure in TV_MEASURES and value > 1:  # a total variation is at most 1
-                    raise ValueError(
-                        f"rule {self.name!r}: {side} must be ≤ 1 for the {self.measure} measure (a total "
-                        f"variation is in [0, 1], a bound above 1 never blocks), got {value!r}"
-                    )
-            elif self.measure is not None or (side == "high" and self.weight == "cispo"):
-                raise ValueError(f"rule {self.name!r}: {side} is required (the rule uses it), got None")
-        if self.weight == "tis":
-            cap = _check_threshold(self.name, "tis_cap", self.tis_cap, strict=True)
-            object.__setattr__(self, "tis_cap", cap)
-        elif self.tis_cap is not None:
-            raise ValueError(f"rule {self.name!r}: tis_cap applies only to weight 'tis', got {self.tis_cap!r}")
-
-    @property
-    def blocks(self) -> bool:
-        """Whether the rule can block a token at all (cispo and pg_is never do)."""
-        return self.measure is not None
-
-    @property
-    def needs(self) -> tuple[str, ...]:
-        """The optional inputs of `evaluate` / `policy_loss` this rule requires."""
-        needs = ["old_logp"] if self.anchor == "old" or self.weight == "tis" else []
-        if self.measure in ("topk_tv", "topk_kl"):
-            needs.append(self.measure)
-        return tuple(needs)
-
-    def with_thresholds(self, low: float | None = None, high: float | None = None) -> Rule:
-        """This rule with `low` / `high` replaced where given (None keeps the default).
-
-        Raises ValueError for a threshold that is negative or not finite, or that the rule does
-        not have (e.g. `low` for cispo, either for pg_is).
-        """
-        for side, value in (("low", low), ("high", high)):
-            if value is not None and getattr(self, side) is None:
-                raise ValueError(f"rule {self.name!r} has no {side} threshold; got {side}={value!r}")
-        return replace(self, low=self.low if low is None else low, high=self.high if high is None else high)
-
-    def manifest_entry(self) -> dict[str, Any]:
-        """The rule as a run's manifest records it (JSON types); `Rule.from_manifest` reads it back."""
-        return {
-            "low": self.low,
-            "high": self.high,
-            "anchor": self.anchor,
-            "measure": self.measure,
-            "weight": self.weight,
-            "tis_cap": self.tis_cap,
-            "description": self.description,
-        }
-
-    @classmethod
-    def from_manifest(cls, name: str, entry: Mapping[str, Any]) -> Rule:
-        """The rule `name` as a manifest entry records it ({low, high, anchor, measure, ...}), so
-        that a custom rule a run evaluated can be evaluated again without its code. An entry
-        without "measure" (written before it was recorded) takes the registry rule of that name
-        with the entry's thresholds; ValueError when there is none."""
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"rules[{name!r}] must be a mapping like {{'low': …, 'high': …}}, got {entry!r}")
-        if "measure" not in entry:
-            if name not in RULES:
-                raise ValueError(
-                    f"rule {name!r} is not a built-in rule and its record names no measure; "
-                    "it cannot be evaluated again"
-                )
-            return RULES[name].with_thresholds(entry.get("low"), entry.get("high"))
-        base = RULES.get(name)
-        return cls(
-            name=name,
-            low=entry.get("low"),
-            high=entry.get("high"),
-            anchor=entry.get("anchor", "mu"),
-            measure=entry["measure"],
-            description=entry.get("description") or (base.description if base else ""),
-            weight=entry.get("weight") or "ratio",
-            tis_cap=entry.get("tis_cap"),
-        )
+from trustlens.rules.corrections import CORRECTIONS
+from trustlens.rules.rule import RULES, Anchor, Measure, Policy, Rule, Sides, Statistic, WeightKind
 
 
 def _ppo_like(name: str, anchor: Anchor, high: float, description: str, **kw) -> Rule:
@@ -202,7 +74,7 @@ _ALL = (
     ),
 )
 
-RULES: dict[str, Rule] = {rule.name: rule for rule in _ALL}
+RULES.update((rule.name, rule) for rule in (*_ALL, *CORRECTIONS))
 
 
 def get_rule(rule: str | Rule) -> Rule:
@@ -241,6 +113,8 @@ def resolve_rules(rules: RuleSpec) -> list[Rule]:
         ]
     else:
         resolved = [get_rule(rule) for rule in rules]
+    for rule in resolved:
+        check_not_builtin(rule)
     names = [rule.name for rule in resolved]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -248,7 +122,37 @@ def resolve_rules(rules: RuleSpec) -> list[Rule]:
     return resolved
 
 
+def check_not_builtin(rule: Rule) -> None:
+    """ValueError when `rule` takes a built-in rule's name but decides or weighs otherwise than
+    that rule (other thresholds and another description are allowed): its `blocked_<name>`
+    column would be read as the built-in rule's by every analysis."""
+    builtin = RULES.get(rule.name)
+    if builtin is None or rule is builtin:
+        return
+    if replace(rule, low=builtin.low, high=builtin.high, description=builtin.description) != builtin:
+        raise ValueError(
+            f"rule {rule.name!r} is the name of a built-in rule, but this rule is defined otherwise "
+            f"({rule.manifest_entry()}); give a custom rule a name of its own"
+        )
+
+
 def _pair(name: str, thresholds: object) -> tuple[float | None, float | None]:
     if not isinstance(thresholds, (tuple, list)) or len(thresholds) != 2:
         raise ValueError(f"rules[{name!r}] must be a (low, high) pair, got {thresholds!r}")
     return thresholds[0], thresholds[1]
+
+
+__all__ = [
+    "RULES",
+    "Anchor",
+    "Measure",
+    "Policy",
+    "Rule",
+    "RuleSpec",
+    "Sides",
+    "Statistic",
+    "WeightKind",
+    "check_not_builtin",
+    "get_rule",
+    "resolve_rules",
+]

@@ -86,6 +86,9 @@ TOKEN_COLUMNS: tuple[Column, ...] = (
     ),
     Column("advantage", _F, True, "advantage of the token (sequence advantages broadcast)"),
     Column("weight", _F, True, "sampling weight of a run recorded with Keep: 1/rate for the random share, else 1"),
+    Column("seq_logratio_mu", pa.float64(), True, "Σ log(π/μ) over the token's response, nats (π/π_old without μ)"),
+    Column("seq_logratio_old", pa.float64(), True, "Σ log(π/π_old) over the token's response, nats"),
+    Column("seq_tokens", pa.int32(), True, "token count of the token's response (in its record call)"),
 )
 
 SAMPLE_COLUMNS: tuple[Column, ...] = (

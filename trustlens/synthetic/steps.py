@@ -263,6 +263,7 @@ def _blocked(
         return None if x is None else torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64))
 
     given = {"old_logp": t(old_logp), "topk_tv": t(topk_tv), "topk_kl": t(topk_kl)}
-    able = [r for r in rules if all(given[arg] is not None for arg in get_rule(r).needs)]
+    # the per-response rules and weights are left out: a synthetic run has no response statistics
+    able = [r for r in rules if all(given.get(arg) is not None for arg in get_rule(r).needs)]
     out = evaluate_all(able, pi_logp=t(pi_logp), mu_logp=t(anchor), advantages=t(adv), **given) if able else {}
     return {r: out[r].numpy() if r in out else None for r in rules}

@@ -10,7 +10,8 @@ from dataclasses import dataclass, fields
 
 RANDOM_INIT = "random"  # `checkpoint` value that starts from a random model instead of a warm start
 TV_MEASURES = ("binary_tv", "topk_tv")  # the measures `tv_bound` sets the bound of
-LOSS_AGG_MODES_HELP = "token-mean or seq-mean-token-sum-norm"  # see trustlens.rules.loss.LOSS_AGG_MODES
+# see trustlens.rules.loss.LOSS_AGG_MODES
+LOSS_AGG_MODES_HELP = "token-mean, seq-mean-token-sum-norm or seq-mean-token-mean"
 
 
 @dataclass
@@ -28,7 +29,7 @@ class TrainConfig:
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm (L2), before the optimizer step
     clip_ratio_c: float = 10.0  # C: cap of the importance weight min(π/μ, C)
-    loss_agg_mode: str = "token-mean"  # "token-mean" or "seq-mean-token-sum-norm"
+    loss_agg_mode: str = "token-mean"  # "token-mean", "seq-mean-token-sum-norm" or "seq-mean-token-mean"
     scale_advantages: bool = True  # divide by the group std (GRPO); False = Dr. GRPO
     temperature: float = 0.5  # sampling temperature τ of the rollouts (μ and π both use logits / τ)
     max_new_tokens: int = 24  # response length cap, in tokens

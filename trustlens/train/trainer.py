@@ -332,7 +332,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
 
                     with torch.no_grad():
                         pi_logp = pi_logp.detach()
-                        blocked = evaluate_all(rules, pi_logp=pi_logp, **token_inputs)
+                        blocked = evaluate_all(rules, pi_logp=pi_logp, response_mask=mb.response_mask, **token_inputs)
                         counter.add(blocked, advantages[rows][:, None], mb.response_mask)
                         signed = mb.response_mask & (advantages[rows][:, None] != 0)
                         active_blocked += [float((out.blocked & signed).sum()), float(signed.sum())]

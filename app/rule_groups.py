@@ -1,0 +1,31 @@
+"""Rule pickers grouped by level: token rules first, then the sequence rules that decide a whole
+response (docs/rules.md), each labelled with its level."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+
+from trustlens.rules import RULES, Rule
+
+LEVELS = ("token", "sequence")
+
+
+def rule_level(rule: str, specs: Mapping[str, Mapping]) -> str:
+    """The rule's level, "token" or "sequence": as the run recorded it (`specs`, Run.rules), else
+    the registry's."""
+    spec = specs.get(rule)
+    with contextlib.suppress(ValueError, TypeError):
+        if spec:
+            return Rule.from_manifest(rule, spec).level
+    return RULES[rule].level if rule in RULES else "token"
+
+
+def by_level(rules: list[str], specs: Mapping[str, Mapping]) -> list[str]:
+    """`rules` grouped by level (token, then sequence), each group in the given order."""
+    return sorted(rules, key=lambda r: LEVELS.index(rule_level(r, specs)))
+
+
+def level_label(rule: str, specs: Mapping[str, Mapping]) -> str:
+    """The rule's name after its level, for a picker: "sequence · gspo"."""
+    return f"{rule_level(rule, specs)} · {rule}"

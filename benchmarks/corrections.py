@@ -1,0 +1,135 @@
+"""The corrections of issue 37 at toy scale: which keep a run from collapsing, how fast each learns,
+and how their blocked sets overlap DPPO binary TV's on the same tokens (docs/claims.md).
+
+    python benchmarks/corrections.py train OUT [--rules R,...] [--default-rules R,...] [--seeds 0,1,2]
+                                             [--collapse-steps N] [--default-steps N] [--eval-size N]
+                                             [--eval-every N]
+    python benchmarks/corrections.py report OUT
+
+`train` trains every rule (`--rules`) on every seed under the `collapse` preset (OUT/collapse) and
+the `--default-rules` under the `default` preset (OUT/default), one run at a time (`trustlens
+compare` with the overrides given: fewer steps and a smaller held-out set than the presets', so
+that the set fits a shared machine).
+`report` prints, per preset and rule, the final held-out accuracy (mean ± standard error over the
+seeds), the collapses out of the seeds (trustlens.analysis.seeds: accuracy below half its start,
+or the reward collapse) and the gain over the run (final − start); then, on the tokens of the
+collapse preset's dppo_binary_tv runs (every rule is decided on each of them), the Jaccard overlap
+|B_rule ∩ B_dppo| / |B_rule ∪ B_dppo| of each rule's blocked set with DPPO binary TV's, A ≠ 0
+tokens, pooled over the seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import polars as pl
+
+DEFAULT_RULES = ("dppo_binary_tv", "pg_is", "icepop", "gspo", "gmpo")
+LEARNING_RULES = ("dppo_binary_tv", "gspo", "icepop", "gmpo")
+PRESETS = ("collapse", "default")
+
+
+def train(
+    out: Path, rules: dict[str, list[str]], seeds: list[int], steps: dict[str, int], eval_size: int, eval_every: int
+) -> None:
+    """Each preset's rules × seeds, into OUT/<preset>/<rule>-seed<seed>; finished runs kept."""
+    from trustlens.train.config import config_from_preset
+    from trustlens.train.runsets import compare
+
+    for preset in PRESETS:
+        base = config_from_preset(preset, steps=steps[preset], eval_size=eval_size, eval_every=eval_every)
+        compare(rules[preset], seeds, out / preset, base, reuse=True, quiet=True)
+
+
+def _runs(folder: Path) -> list:
+    """The finished runs under `folder` (a run still training is left out)."""
+    import trustlens
+
+    runs = [trustlens.load_run(p) for p in sorted(folder.iterdir()) if (p / "run.json").exists()]
+    return [run for run in runs if run.manifest.get("status") == "finished"]
+
+
+def outcome_table(folder: Path) -> pl.DataFrame:
+    """Per rule: n, collapsed, acc_final mean ± SE, gain (acc_final − acc_start) mean ± SE."""
+    from trustlens.analysis.seeds import mean_se, run_outcomes
+
+    outcomes = run_outcomes(_runs(folder)).with_columns((pl.col("acc_final") - pl.col("acc_start")).alias("gain"))
+    rows = []
+    for rule in outcomes["rule"].unique(maintain_order=True).to_list():
+        part = outcomes.filter(pl.col("rule") == rule)
+        final, final_se, _ = mean_se(part["acc_final"].to_list())
+        gain, gain_se, _ = mean_se(part["gain"].to_list())
+        collapsed = int(part["collapse_step"].is_not_null().sum())
+        rows.append((rule, part.height, collapsed, final, final_se, gain, gain_se))
+    schema = ["rule", "n", "collapsed", "acc_final", "acc_final_se", "gain", "gain_se"]
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def jaccard_table(folder: Path, reference: str = "dppo_binary_tv") -> pl.DataFrame:
+    """Per rule recorded in the `reference` runs of `folder`: blocked tokens, their share of the
+    A ≠ 0 tokens of those runs, and the Jaccard overlap of its blocked set with `reference`'s."""
+    from trustlens.run import blocked_column
+
+    runs = [r for r in _runs(folder) if r.active_rule == reference]
+    if not runs:
+        raise ValueError(f"no {reference} run under {folder}")
+    rules = [r for r in runs[0].rules if blocked_column(r) in runs[0].tokens.collect_schema().names()]
+    ref = pl.col(blocked_column(reference)).fill_null(False)
+    sums = []
+    for run in runs:
+        tokens = run.tokens.filter(pl.col("advantage") != 0)
+        aggs = [pl.len().alias("tokens")]
+        for rule in rules:
+            col = pl.col(blocked_column(rule)).fill_null(False)
+            aggs += [
+                (col & ref).sum().alias(f"i_{rule}"),
+                (col | ref).sum().alias(f"u_{rule}"),
+                col.sum().alias(f"b_{rule}"),
+            ]
+        sums.append(tokens.select(aggs).collect())
+    total = pl.concat(sums).sum()
+    rows = []
+    n = int(total["tokens"][0])
+    for rule in rules:
+        inter, union, blocked = (int(total[f"{k}_{rule}"][0]) for k in ("i", "u", "b"))
+        rows.append((rule, blocked, blocked / n if n else None, inter / union if union else None))
+    return pl.DataFrame(rows, schema=["rule", "blocked", "blocked_frac", "jaccard"], orient="row")
+
+
+def report(out: Path) -> None:
+    with pl.Config(tbl_rows=50, float_precision=3, tbl_hide_dataframe_shape=True):
+        for preset in PRESETS:
+            if (out / preset).is_dir():
+                print(f"\n{preset} preset: final held-out accuracy, collapses, gain (mean ± SE over seeds)")
+                print(outcome_table(out / preset))
+        print("\nJaccard overlap with dppo_binary_tv's blocked set (collapse preset, dppo_binary_tv runs, A ≠ 0)")
+        print(jaccard_table(out / "collapse"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("out", type=Path)
+    t.add_argument("--rules", default=",".join(DEFAULT_RULES), help="the collapse preset's rules")
+    t.add_argument("--default-rules", default=",".join(LEARNING_RULES), help="the default preset's rules")
+    t.add_argument("--seeds", default="0,1,2")
+    t.add_argument("--collapse-steps", type=int, default=30)
+    t.add_argument("--default-steps", type=int, default=10)
+    t.add_argument("--eval-size", type=int, default=200)
+    t.add_argument("--eval-every", type=int, default=10)
+    r = sub.add_parser("report")
+    r.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        steps = {"collapse": args.collapse_steps, "default": args.default_steps}
+        seeds = [int(s) for s in args.seeds.split(",")]
+        rules = {"collapse": args.rules.split(","), "default": args.default_rules.split(",")}
+        train(args.out, rules, seeds, steps, args.eval_size, args.eval_every)
+    else:
+        report(args.out)
+
+
+if __name__ == "__main__":
+    main()
