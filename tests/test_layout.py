@@ -1,8 +1,10 @@
-"""The package's layout: no import cycle between trustlens' modules, and the root holds only entry points.
+"""The package's layout: no import cycle between trustlens' modules, no module over MAX_LINES lines,
+and the root holds only entry points.
 
 Every import statement counts, at module level, inside a function (a lazy import only hides a
 cycle) or under `if TYPE_CHECKING:` (a cycle of types is one of design). `from a.b import c` is an
-edge to `a.b.c` when that is a module, else to `a.b`.
+edge to `a.b.c` when that is a module, else to `a.b`. Every module of trustlens/ and app/ is at most
+MAX_LINES lines long.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "trustlens"
+MAX_LINES = 400  # the longest a module of trustlens/ or app/ may be, in lines
 ROOT_MODULES = {"__init__.py", "cli.py", "dashboard.py", "metrics.py", "notebook.py", "paths.py"}
 
 
@@ -127,6 +130,13 @@ def test_an_import_under_type_checking_is_an_edge(tmp_path):
     }
     assert graph == {"pkg.engine_defects": {"pkg.rollout"}, "pkg.rollout": {"pkg.engine_defects"}}
     assert cycles(graph) == [["pkg.engine_defects", "pkg.rollout"]]
+
+
+def test_every_module_is_at_most_max_lines():
+    paths = [*PACKAGE.rglob("*.py"), *(REPO / "app").rglob("*.py")]
+    lengths = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in paths}
+    assert len(lengths) > 100
+    assert {p: n for p, n in lengths.items() if n > MAX_LINES} == {}
 
 
 def test_the_root_holds_only_entry_points():
