@@ -13,7 +13,8 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from trustlens.core.extras import import_extra, missing_extra
+from trustlens.core.version import __version__
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -59,41 +60,6 @@ if TYPE_CHECKING:
     from trustlens.rules.loss import PolicyLoss, policy_loss
     from trustlens.run import NoRowsError, NotARunError, Run, load_run, load_runs
     from trustlens.run.aggregates import Keep
-
-
-# packages of the optional extras -> the extra that installs them
-_EXTRA_OF = {
-    "torch": "torch",
-    "transformers": "torch",
-    "tokenizers": "torch",
-    "safetensors": "torch",
-    "trl": "trl",
-    "verl": "verl",
-}
-
-
-def missing_extra(err: ImportError) -> str | None:
-    """For an ImportError of a package an extra provides, the message saying which to install."""
-    package = (getattr(err, "name", None) or "").partition(".")[0]
-    extra = _EXTRA_OF.get(package)
-    if extra is None:
-        return None
-    return (
-        f'this needs {package}, which is not installed; install the extra: pip install "trustlens[{extra}]" '
-        "(reading runs, the analyses and the dashboard need no torch)"
-    )
-
-
-def import_extra(package: str) -> ModuleType:
-    """`import package`, a package of an optional extra; when it is missing, an ImportError whose
-    message names the extra to install (`missing_extra`) instead of a bare ModuleNotFoundError."""
-    try:
-        return importlib.import_module(package)
-    except ImportError as err:
-        message = missing_extra(err)
-        if message is None:
-            raise
-        raise ImportError(message, name=err.name) from err
 
 
 def __getattr__(name: str):

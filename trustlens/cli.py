@@ -21,8 +21,9 @@ import os
 import sys
 from typing import Any
 
-from trustlens import __version__, missing_extra
+from trustlens.core.extras import missing_extra
 from trustlens.core.values import closest
+from trustlens.core.version import __version__
 
 # command -> (module that implements it, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {

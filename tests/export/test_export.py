@@ -223,7 +223,7 @@ TOPK_MISMATCH = ("topk_tv_mean", "topk_tv_max", "topk_kl_mean")
 def record_topk_steps(path: Path, keep: Keep | None, log: bool) -> tuple[dict, dict]:
     """3 steps of 2 updates with top-K divergences from logits, the same tokens on every call;
     `log`: log the top-K mismatch of μ vs π_old from π_old's logits, as the built-in trainer
-    does (trustlens.train.trainer.mismatch_metrics). Returns the logged values per step and the
+    does (trustlens.train.step_metrics.mismatch_metrics). Returns the logged values per step and the
     mean of the token column topk_tv (μ vs π, over the step's updates) per step."""
     gen = torch.Generator().manual_seed(0)
     vocab, k = 40, 5

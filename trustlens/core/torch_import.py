@@ -4,7 +4,7 @@ them fails with an error that names the extra to install."""
 try:
     import torch
 except ModuleNotFoundError as err:
-    from trustlens import missing_extra
+    from trustlens.core.extras import missing_extra
 
     raise ModuleNotFoundError(missing_extra(err) or str(err), name=err.name) from err
 

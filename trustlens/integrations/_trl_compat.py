@@ -12,7 +12,7 @@ import warnings
 
 from packaging.version import Version
 
-from trustlens import import_extra
+from trustlens.core.extras import import_extra
 
 # imported first of the integration's modules: a missing TRL names the extra that installs it
 trl = import_extra("trl")

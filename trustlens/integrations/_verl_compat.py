@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from trustlens import import_extra
+from trustlens.core.extras import import_extra
 from trustlens.integrations._external import warn_untested
 
 MIN_VERL = Version("0.7.0")

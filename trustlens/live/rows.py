@@ -15,7 +15,8 @@ from typing import Any, TypeAlias
 import polars as pl
 import pyarrow as pa
 
-from trustlens.run.reader import Run, with_derived
+from trustlens.run.reader import Run
+from trustlens.run.scan import with_derived
 from trustlens.run.schema import RANK, frame_schema
 
 # the tables a step's rows come in (the alerts table is what the monitor writes, not reads)

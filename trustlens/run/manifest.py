@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trustlens import __version__
+from trustlens.core.version import __version__
 from trustlens.run.errors import NotARunError
 from trustlens.run.schema import OLDEST_SCHEMA_VERSION, SCHEMA_VERSION
 from trustlens.run.storage import Remote, write_local_atomic

@@ -27,14 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trustlens.core import logspace
 from trustlens.core.values import check_bool, check_path
 from trustlens.run.errors import CorruptPartWarning, NoRowsError, NotARunError, RunWarning
 from trustlens.run.manifest import MANIFEST, NEEDED_FIELDS, read_manifest
 from trustlens.run.parts import Location, list_folder, source
+from trustlens.run.scan import column_key, conform, scan_files, warn, with_derived
 from trustlens.run.schema import (
     META_SCHEMA_VERSION,
     META_WORLD_SIZE,
@@ -72,7 +71,7 @@ class Part:
     rank: int  # from its rank=R folder
     rank_in_file: bool  # schema 1: the file holds a `rank` column too
     # (name, Arrow type) of the file's columns, from its footer: parts that differ from the run's
-    # schema are read apart and conformed to it (`_conform`)
+    # schema are read apart and conformed to it (`conform`)
     columns: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
     world_size: int | None = field(default=None, compare=False)  # its writer's (None: not stamped)
 
@@ -157,7 +156,7 @@ class Run:
             rules = list(self.rules) if table in ("tokens", "aggregates") else []
             return pl.from_arrow(frame_schema(table, rules).empty_table()).lazy()  # type: ignore[union-attr]
         rules = list(self.rules) if table in ("tokens", "aggregates") else []
-        expected = _column_key(table_schema(table, rules))
+        expected = column_key(table_schema(table, rules))
         # parts of one rank and one schema are scanned together; a schema other than the run's
         # (a column dropped, added, renamed or widened by hand, an older aggregates table, a rule
         # set changed on resume) is read apart and conformed to the run's columns
@@ -169,7 +168,7 @@ class Run:
         frames = []
         target: pl.Schema | None = None
         for (rank, in_file, columns), files in groups.items():
-            frame = _scan_files(files)
+            frame = scan_files(files)
             if not in_file:
                 names = [name for name, _ in columns] or frame.collect_schema().names()
                 anchor = "update" if table in UPDATE_TABLES else "step"
@@ -178,7 +177,7 @@ class Run:
             if columns and columns != expected:
                 if target is None:
                     target = pl.from_arrow(frame_schema(table, rules).empty_table()).schema  # type: ignore[union-attr]
-                conformed = _conform(frame, target, files, recorded)
+                conformed = conform(frame, target, files, recorded)
                 if conformed is None:
                     continue
                 frame = conformed
@@ -187,104 +186,6 @@ class Run:
             return pl.from_arrow(frame_schema(table, rules).empty_table()).lazy()  # type: ignore[union-attr]
         out = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
         return with_derived(out) if table == "tokens" and self.sampled else out
-
-
-# token columns a sampled run does not store: they follow from the log-probabilities
-DERIVED = ("ratio", "binary_tv", "binary_kl")
-
-
-def with_derived(tokens: pl.LazyFrame) -> pl.LazyFrame:
-    """`tokens` with ratio, binary_tv and binary_kl computed from pi_logp and the anchor (μ, else
-    π_old) as the recorder computes them (`trustlens.core.logspace.derived_columns`).
-    Declared elementwise, so that polars' streaming engine computes it batch by batch (otherwise
-    it gathers the whole column first: 16.6 GB for step_summary on a 197M-row run)."""
-
-    def derive(both: pl.Series) -> pl.Series:
-        values = logspace.derived_columns(both.struct.field("pi").to_numpy(), both.struct.field("anchor").to_numpy())
-        return pl.DataFrame(values).to_struct("derived")
-
-    kind = pl.Struct({name: pl.Float32 for name in DERIVED})
-    pair = pl.struct(pi=pl.col("pi_logp"), anchor=pl.coalesce("mu_logp", "old_logp"))
-    return (
-        tokens.with_columns(pair.map_batches(derive, return_dtype=kind, is_elementwise=True).alias("_derived"))
-        .with_columns(*(pl.col("_derived").struct.field(name).alias(name) for name in DERIVED))
-        .drop("_derived")
-    )
-
-
-def _column_key(schema: pa.Schema) -> tuple[tuple[str, str], ...]:
-    """(name, Arrow type) of each column of `schema`: parts with one key scan together."""
-    return tuple((f.name, str(f.type)) for f in schema)
-
-
-# columns without which a row cannot be placed: a part lacking one is skipped, not conformed
-KEY_COLUMNS = ("step", "update", "sample", "pos", "name")
-
-
-def _castable(have: pl.DataType, want: pl.DataType) -> bool:
-    """Whether a column read as `have` can stand for one of type `want`: the same type, numbers
-    as numbers (a widened or narrowed int or float), text as text (a plain or a dictionary
-    string)."""
-    text = (pl.String, pl.Categorical)
-    return (
-        have == want
-        or (have.is_numeric() and want.is_numeric())
-        or (isinstance(have, text) and isinstance(want, text))
-        or (have == pl.Null)
-    )
-
-
-def _conform(frame: pl.LazyFrame, target: pl.Schema, files: list[Location], recorded: set[str]) -> pl.LazyFrame | None:
-    """`frame` (parts whose columns differ from the run's) in the run's columns `target`: a
-    missing column null, an extra one dropped, another type of number or text cast (a value
-    the run's type cannot hold becomes null), with a RunWarning naming the files and those
-    columns; a column that no part of the run holds (`recorded`: one added by a later trustlens)
-    is null without one. Parts that lack a key column (step, update, sample, pos, name) or hold a
-    column of another kind (text for a number) are skipped with a RunWarning naming the files:
-    None."""
-    have = frame.collect_schema()
-    named = ", ".join(str(f) for f in files)
-    lacking = [c for c in KEY_COLUMNS if c in target and c not in have]
-    if lacking:
-        _warn(f"skipping part file(s) {named}: no column {', '.join(lacking)}")
-        return None
-    wrong = [f"{c} ({have[c]}, not {t})" for c, t in target.items() if c in have and not _castable(have[c], t)]
-    if wrong:
-        _warn(f"skipping part file(s) {named}: column {', '.join(wrong)}")
-        return None
-    text = (pl.String, pl.Categorical)
-    differ = {
-        "missing, read as null": [c for c in target if c not in have and c in recorded],
-        "not the run's, dropped": [c for c in have if c not in target],
-        "cast to the run's type": [
-            f"{c} ({have[c]} to {t})"
-            for c, t in target.items()
-            if c in have and have[c] not in (t, pl.Null) and not (isinstance(have[c], text) and isinstance(t, text))
-        ],
-    }
-    if any(differ.values()):
-        said = "; ".join(f"{what}: {', '.join(cols)}" for what, cols in differ.items() if cols)
-        _warn(f"part file(s) {named} differ from the run's columns ({said})")
-    return frame.select(
-        pl.col(c).cast(t, strict=False) if c in have else pl.lit(None, t).alias(c) for c, t in target.items()
-    )
-
-
-def _scan_files(files: list[Location]) -> pl.LazyFrame:
-    """A LazyFrame over part files: polars' own reader for local files (paths, not patterns);
-    a pyarrow dataset over the fsspec filesystem on an object store."""
-    if isinstance(files[0], Path):
-        return pl.scan_parquet([str(f) for f in files], glob=False, hive_partitioning=False)
-    import pyarrow.dataset as ds
-    from pyarrow.fs import FSSpecHandler, PyFileSystem
-
-    remote = [f for f in files if isinstance(f, Remote)]
-    filesystem = PyFileSystem(FSSpecHandler(remote[0].fs))
-    return pl.scan_pyarrow_dataset(ds.dataset([f.path for f in remote], filesystem=filesystem, format="parquet"))
-
-
-def _warn(message: str, category: type[Warning] = RunWarning) -> None:
-    warnings.warn(message, category, stacklevel=4)
 
 
 def _verify_pages(path: Location) -> None:
@@ -310,14 +211,14 @@ def _readable_parts(path: Location, table: str, verify: bool) -> tuple[Part, ...
             continue
         rank = rank_of_dir(name) if is_dir else None
         if rank is None:
-            _warn(f"skipping {folder / name}: not a rank=R folder of part files (a stray copy?)")
+            warn(f"skipping {folder / name}: not a rank=R folder of part files (a stray copy?)")
             continue
         for file, file_is_dir in list_folder(folder / name):
             index = part_index(file)
             if index is not None and not file_is_dir:
                 found.append((rank, index, folder / name / file))
             elif not file.startswith("."):  # hidden: a part file being written
-                _warn(f"skipping {folder / name / file}: not a part file (part-NNNNNN.parquet)")
+                warn(f"skipping {folder / name / file}: not a part file (part-NNNNNN.parquet)")
     readable = []
     for rank, _, f in sorted(found, key=lambda x: x[:2]):
         try:
@@ -326,7 +227,7 @@ def _readable_parts(path: Location, table: str, verify: bool) -> tuple[Part, ...
             if version <= SCHEMA_VERSION and verify:
                 _verify_pages(f)
         except (OSError, ValueError) as err:
-            _warn(f"skipping unreadable part file {f}: {err}", CorruptPartWarning)
+            warn(f"skipping unreadable part file {f}: {err}", CorruptPartWarning)
             continue
         if version > SCHEMA_VERSION:
             raise NotARunError(
@@ -335,7 +236,7 @@ def _readable_parts(path: Location, table: str, verify: bool) -> tuple[Part, ...
             )
         stamped = (meta.metadata or {}).get(META_WORLD_SIZE, b"")
         world_size = int(stamped) if stamped.isdigit() else None
-        columns = _column_key(meta.schema.to_arrow_schema())
+        columns = column_key(meta.schema.to_arrow_schema())
         readable.append(Part(f, rank, RANK in meta.schema.names, columns, world_size))
     return tuple(readable)
 
@@ -379,13 +280,13 @@ def load_run(path: str | os.PathLike | Remote, *, verify: bool = True) -> Run:
         runs = ", ".join(str(run) for run in inside[:_SUGGESTED])
         raise NotARunError(f"{err}; it is a folder of {len(inside)} runs: give those instead ({runs}{more})") from None
     except ValueError as err:
-        _warn(f"{err}; loading its part files without it")
+        warn(f"{err}; loading its part files without it")
         manifest = None
     parts = {table: _readable_parts(location, table, verify) for table in TABLES}
     lacking = [key for key in NEEDED_FIELDS if manifest is not None and key not in manifest]
     if manifest is not None and lacking:
         lost = "; ".join(f"{key}: {NEEDED_FIELDS[key]}" for key in lacking)
-        _warn(f"{location / MANIFEST} has no {', '.join(lacking)}; read without it ({lost})")
+        warn(f"{location / MANIFEST} has no {', '.join(lacking)}; read without it ({lost})")
         manifest = {**_stand_in_manifest(parts), **manifest}
     _check_world_sizes(location, manifest, parts)
     return Run(path=location, manifest=manifest or _stand_in_manifest(parts), parts=parts)

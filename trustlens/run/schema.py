@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from trustlens import __version__
+from trustlens.core.version import __version__
 
 SCHEMA_VERSION = 2
 # oldest schema version this trustlens still reads

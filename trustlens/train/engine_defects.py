@@ -30,14 +30,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from trustlens.divergence import topk_from_logits
-
-if TYPE_CHECKING:
-    from trustlens.train.rollout import Rollout
+from trustlens.train.rollout_batch import Rollout
 
 # name -> what the engine does wrong (the `--engine` choices; "clean" is the default)
 ENGINE_DEFECTS: dict[str, str] = {

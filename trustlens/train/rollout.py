@@ -43,6 +43,7 @@ import torch
 from transformers import DynamicCache
 
 from trustlens.train.engine_defects import check_defect, engine_token
+from trustlens.train.rollout_batch import Rollout
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.float32}  # name -> compute dtype
 FP8 = torch.float8_e4m3fn  # the 8-bit float format of the fp8 engine
@@ -73,40 +74,6 @@ class RolloutConfig:
         if self.lag < 0:
             raise ValueError(f"lag must be ≥ 0, got {self.lag}")
         check_defect(self.defect)
-
-
-@dataclass
-class Rollout:
-    """A batch of B sampled responses and what the engine believed about every token."""
-
-    input_ids: torch.Tensor  # (B, P + T) long: left-padded prompt, then right-padded response
-    attention_mask: torch.Tensor  # (B, P + T) long: 1 on real prompt and response tokens
-    prompt_len: int  # P
-    response_ids: torch.Tensor  # (B, T) long, pad_id after eos
-    response_mask: torch.Tensor  # (B, T) bool: True on generated tokens, eos included
-    mu_logp: torch.Tensor  # (B, T) float32: log μ(a_t), 0 on padding
-    mu_topk_ids: torch.Tensor  # (B, T, K) long: μ's top-K ids, the sampled id forced in
-    mu_topk_logp: torch.Tensor  # (B, T, K) float32: their log μ
-
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
-
-    def select(self, index: torch.Tensor | slice) -> Rollout:
-        """The sub-batch of rows `index` (a minibatch), same P and T."""
-        return Rollout(
-            input_ids=self.input_ids[index],
-            attention_mask=self.attention_mask[index],
-            prompt_len=self.prompt_len,
-            response_ids=self.response_ids[index],
-            response_mask=self.response_mask[index],
-            mu_logp=self.mu_logp[index],
-            mu_topk_ids=self.mu_topk_ids[index],
-            mu_topk_logp=self.mu_topk_logp[index],
-        )
-
-    def lengths(self) -> torch.Tensor:
-        """Response lengths in tokens, (B,) long."""
-        return self.response_mask.sum(-1)
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -151,7 +151,7 @@ def _train_runs(args: argparse.Namespace) -> dict[str, Path]:
 def compare_command(args: argparse.Namespace) -> int:
     runs = _train_runs(args)
     if is_main():
-        from trustlens import load_run
+        from trustlens.run import load_run
 
         compare_table([load_run(p) for p in runs.values()], args.out)
         print(f"runs in {args.out}/; open them with trustlens.load_runs or `trustlens dashboard {args.out}`")
@@ -163,7 +163,7 @@ CLAIM_RULES = ("ppo", "dppo_binary_tv", "dppo_topk_tv", "dppo_binary_tv_recomput
 
 
 def claims_command(args: argparse.Namespace) -> int:
-    from trustlens import load_run
+    from trustlens.run import load_run
 
     # --preset or a training flag given with --no-train chooses the set of runs to measure
     chosen = args.preset is not None or any(v is not None for v in given(args).values())
@@ -191,8 +191,8 @@ def runs_sharing_settings(folder: Path, want: TrainConfig | None = None) -> tupl
     (`check_distinct_seeds`, naming both folders)."""
     import json
 
-    from trustlens import load_run
     from trustlens.analysis.seeds import check_distinct_seeds, rule_and_seed, settings, settings_key
+    from trustlens.run import load_run
 
     groups: dict[str, list] = {}
     left_out = []

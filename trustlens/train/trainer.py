@@ -55,22 +55,20 @@ from trustlens.record import NullRecorder, TokenRecorder
 from trustlens.record.args import distributed_rank
 from trustlens.rules import evaluate_all
 from trustlens.rules.loss import policy_loss
-from trustlens.run.aggregates import LOG_RATIO_BOUND, Keep
+from trustlens.run.aggregates import Keep
 from trustlens.train.config import RANDOM_INIT, TrainConfig
 from trustlens.train.engine_defects import deliver
 from trustlens.train.evaluate import decode_responses, evaluate_accuracy
 from trustlens.train.pooled import (
     Pooled,
     log_reduced,
-    masked_max,
     masked_mean,
     mean_of_ratios,
-    pooled_chi2,
-    pooled_pearson,
     ratio,
     std,
 )
-from trustlens.train.rollout import Rollout, RolloutEngine, response_logits
+from trustlens.train.rollout import RolloutEngine, response_logits
+from trustlens.train.step_metrics import BlockedCounter, mismatch_metrics
 from trustlens.train.stopping import AlertStop, alert_postfix
 from trustlens.train.tasks import ArithmeticTask
 from trustlens.train.world import average_gradients, init_world
@@ -105,70 +103,6 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
 def token_logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[ids] without materialising the log-softmax: (B, T, V), (B, T) -> (B, T)."""
     return logits.gather(-1, ids[..., None]).squeeze(-1) - logits.logsumexp(-1)
-
-
-def mismatch_metrics(batch: Rollout, old_logits: torch.Tensor, old_logp: torch.Tensor) -> dict[str, float | Pooled]:
-    """How far the engine's μ is from the trainer's π_old on this batch's tokens (names and
-    definitions of `trustlens.metrics`, as trustlens.analysis.mismatch computes them from the
-    token rows); the means are `Pooled` over ranks, the maxima floats (a max over ranks).
-
-    mismatch_kl: mean of log μ − log π_old (a ~ μ: the K1 estimate of KL(μ‖π_old), nats);
-    k3_kl: mean of ρ − 1 − log ρ, ρ = π_old/μ (the K3 estimate, never negative);
-    chi2_token: mean of ρ² − 1 (log ρ clamped to ±LOG_RATIO_BOUND before exp);
-    prob_diff_mean / prob_diff_max / prob_pearson: |π_old − μ| per token, and the correlation of
-    μ and π_old over the tokens;
-    topk_kl_mean / topk_tv_mean / topk_tv_max: the top-K KL and TV (docs/rules.md) per token;
-    log_ppl_diff / log_ppl_abs_diff: mean over responses of log PPL(π_old) − log PPL(μ), the
-    per-token mean NLL gap, and of its absolute value; chi2_seq: mean over responses of
-    ρ_seq² − 1, log ρ_seq = Σ log ρ over the response (clamped likewise).
-    """
-    m = batch.response_mask
-    tv, kl = topk_divergence(old_logits, batch.mu_topk_ids, batch.mu_topk_logp)
-    lengths = m.sum(-1).clamp(min=1)
-    log_rho = (old_logp - batch.mu_logp).double()  # (B, T)
-    nll_gap = torch.where(m, -log_rho, 0.0).sum(-1) / lengths  # (B,) padding never enters
-    log_rho_seq = torch.where(m, log_rho, 0.0).sum(-1).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # (B,)
-    mu, old = batch.mu_logp.double().exp(), old_logp.double().exp()  # (B, T)
-    diff = (old - mu).abs()
-    return {
-        "mismatch_kl": masked_mean(-log_rho, m),
-        "k3_kl": masked_mean(log_rho.exp() - 1 - log_rho, m),
-        "chi2_token": pooled_chi2((2 * log_rho.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)).exp(), m),
-        "prob_diff_mean": masked_mean(diff, m),
-        "prob_diff_max": masked_max(diff, m),
-        "prob_pearson": pooled_pearson(mu, old, m),
-        "topk_kl_mean": masked_mean(kl, m),
-        "topk_tv_mean": masked_mean(tv, m),
-        "topk_tv_max": masked_max(tv, m),
-        "log_ppl_diff": ratio(float(nll_gap.sum()), len(nll_gap)),
-        "log_ppl_abs_diff": ratio(float(nll_gap.abs().sum()), len(nll_gap)),
-        "chi2_seq": ratio(float(((2 * log_rho_seq).exp() - 1).sum()), len(nll_gap)),
-    }
-
-
-class BlockedCounter:
-    """Per rule, how many valid tokens it blocked among those with A > 0 and with A < 0."""
-
-    def __init__(self, rules: list[str]) -> None:
-        self.rules = rules
-        self.counts = torch.zeros(len(rules), 2, dtype=torch.float64)  # blocked (pos, neg)
-        self.totals = torch.zeros(2, dtype=torch.float64)  # tokens (pos, neg)
-
-    def add(self, blocked: dict[str, torch.Tensor], advantages: torch.Tensor, mask: torch.Tensor) -> None:
-        pos, neg = mask & (advantages > 0), mask & (advantages < 0)
-        self.totals += torch.tensor([pos.sum(), neg.sum()], dtype=torch.float64)
-        for i, rule in enumerate(self.rules):
-            b = blocked[rule]
-            self.counts[i, 0] += (b & pos).sum()
-            self.counts[i, 1] += (b & neg).sum()
-
-    def metrics(self) -> dict[str, Pooled]:
-        """blocked/<rule>/<sign>: blocked tokens / tokens of that sign, pooled over ranks."""
-        return {
-            f"blocked/{rule}/{side}": ratio(float(self.counts[i, j]), float(self.totals[j]))
-            for i, rule in enumerate(self.rules)
-            for j, side in enumerate(("pos", "neg"))
-        }
 
 
 def load_policy(cfg: TrainConfig):
