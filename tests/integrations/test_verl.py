@@ -84,6 +84,7 @@ def test_rows_are_the_tensors_verl_trained_on(verl_run):
         "top_k": None,
         "min_p": None,
         "logprobs": "processed",
+        "processors": [],  # the rollout section names no penalty, bias or mask
     }
     assert sorted(tokens["rank"].unique().to_list()) == [1, 2]
     assert tokens.select("step", "update", "rank", "sample", "pos").is_duplicated().sum() == 0
