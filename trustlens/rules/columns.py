@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from trustlens.core.logspace import LOGP_TOLERANCE
+from trustlens.rules.batch import select
 from trustlens.rules.decision import (
     Rule,
     RuleSpec,
@@ -24,7 +25,6 @@ from trustlens.rules.decision import (
     get_rule,
     resolve_rules,
 )
-from trustlens.rules.batch import select
 from trustlens.rules.sequence import SEQUENCE_COLUMNS, sequence_log_ratio, statistic_columns
 
 # The run's column each input of a token rule is read from; the μ anchor's column is a parameter.

@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trustlens.core import logspace
-from trustlens.rules.registry import RULES, Anchor, Measure, Rule, RuleSpec, WeightKind, get_rule, resolve_rules
 from trustlens.rules.batch import batch_seed, select
+from trustlens.rules.registry import RULES, Anchor, Measure, Rule, RuleSpec, WeightKind, get_rule, resolve_rules
 from trustlens.rules.sequence import sequence_log_ratio
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ _INPUT_DOCS = {
     "old_logp": "log π_old(a_t), the trainer's recomputation before the update",
     "topk_tv": "the top-K TV per token, from trustlens.divergence.topk_divergence",
     "topk_kl": "the top-K KL per token, from trustlens.divergence.topk_divergence",
-    "response_mask": "(B, T) which positions are response tokens: a sequence rule sums over them, a batch rule centres over them",
+    "response_mask": "(B, T) the response tokens: a sequence rule sums over them, a batch rule centres over them",
 }
 
 
@@ -303,9 +303,10 @@ def evaluate(
     the rule's default). `advantages` is per sequence (B,) or per token like pi_logp; tokens with
     A = 0 are never blocked. `response_mask` (B, T) marks each response's tokens: a sequence rule
     needs it, to sum over them, and a batch rule, to centre over them; `seed`, the batch's (step,
-    update), seeds Clip-Cov's random draw (trustlens.rules.batch). Log-probabilities may be −inf and topk_kl +inf. Raises KeyError for
-    an unknown rule, ValueError for an input the rule needs that is missing, for mismatched
-    shapes, NaN, positive log-probabilities or negative divergences.
+    update), seeds Clip-Cov's random draw (trustlens.rules.batch). Log-probabilities may be −inf
+    and topk_kl +inf. Raises KeyError for an unknown rule, ValueError for an input the rule needs
+    that is missing, for mismatched shapes, NaN, positive log-probabilities or negative
+    divergences.
     """
     rule = get_rule(rule).with_thresholds(low, high)
     blocked = evaluate_all(

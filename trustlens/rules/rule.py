@@ -156,7 +156,8 @@ class Rule:
             object.__setattr__(self, field, float(value))
         if self.cov_low > self.cov_high:  # type: ignore[operator]
             raise ValueError(
-                f"rule {self.name!r}: cov_low must be ≤ cov_high, got cov_low={self.cov_low!r} > cov_high={self.cov_high!r}"
+                f"rule {self.name!r}: cov_low must be ≤ cov_high, "
+                f"got cov_low={self.cov_low!r} > cov_high={self.cov_high!r}"
             )
 
     def _check_thresholds(self) -> None:
