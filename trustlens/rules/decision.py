@@ -77,7 +77,7 @@ _INPUT_DOCS = {
     "old_logp": "log π_old(a_t), the trainer's recomputation before the update",
     "topk_tv": "the top-K TV per token, from trustlens.divergence.topk_divergence",
     "topk_kl": "the top-K KL per token, from trustlens.divergence.topk_divergence",
-    "response_mask": "(B, T) the response tokens: a sequence rule sums over them, a batch rule centres over them",
+    "response_mask": "(B, T) which positions are response tokens: sequence rules sum, batch rules centre over them",
 }
 
 
