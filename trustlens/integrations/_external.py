@@ -141,7 +141,7 @@ def sample_columns(
 
 
 def external_rules(
-    active: str | None, low: float | None, high: float | None, fields: Mapping[str, float] | None = None
+    active: str | None, low: float | None, high: float | None, fields: Mapping[str, Any] | None = None
 ) -> list[Rule]:
     """Every rule an external trainer can feed (all but the top-K ones), with the active rule's
     thresholds set to the trainer's own, and its other `fields` (a batch rule's cov_ratio, ...)."""
