@@ -15,7 +15,9 @@ carries no gradient and is never blocked. A rule with `sides="both"` (IcePop, ve
 masks) drops the advantage's direction: it blocks every A ≠ 0 token outside the region. A rule
 with `dual_clip=c` also blocks A < 0 tokens with π/anchor > c. A rule with `policy="old"`
 measures π_old instead of π against its anchor μ. A sequence rule (`statistic`) decides all the
-tokens of a response from its sequence ratio s (trustlens.rules.sequence) in place of π/anchor.
+tokens of a response from its sequence ratio s (trustlens.rules.sequence) in place of π/anchor. A
+batch rule (Clip-Cov, KL-Cov: trustlens.rules.batch) selects a share of a batch's response tokens
+by the covariance of log π and A.
 The distances (`Rule.measure`):
 
     ratio       |π/anchor − 1|        (so PPO's "ratio > 1 + high" / "ratio < 1 − low")

@@ -53,7 +53,8 @@ class Rule:
 
     Validated when built: thresholds finite and ≥ 0 (a blocking rule needs both; ≤ 1 for a TV), a
     known anchor, measure, weight, statistic, sides and policy, a finite tis_cap > 0 for the
-    "tis"/"seq_tis" weights, a dual_clip > 1. Errors name the rule and the field.
+    "tis"/"seq_tis" weights, a dual_clip > 1, and for a batch rule (`cov`) a cov_ratio in (0, 1],
+    cov_low ≤ cov_high (Clip-Cov) or a kl_coef ≥ 0 (KL-Cov). Errors name the rule and the field.
     """
 
     name: str  # registry key; also the suffix of the `blocked_<name>` column of a recorded run
