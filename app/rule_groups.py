@@ -1,5 +1,6 @@
 """Rule pickers grouped by level: token rules first, then the sequence rules that decide a whole
-response (docs/rules.md), each labelled with its level."""
+response, then the batch rules that select a share of a batch's tokens (docs/rules.md), each
+labelled with its level."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from collections.abc import Mapping
 
 from trustlens.rules import RULES, Rule
 
-LEVELS = ("token", "sequence")
+LEVELS = ("token", "sequence", "batch")
 
 
 def rule_level(rule: str, specs: Mapping[str, Mapping]) -> str:
-    """The rule's level, "token" or "sequence": as the run recorded it (`specs`, Run.rules), else
+    """The rule's level, "token", "sequence" or "batch": as the run recorded it (`specs`, Run.rules), else
     the registry's."""
     spec = specs.get(rule)
     with contextlib.suppress(ValueError, TypeError):
@@ -22,7 +23,7 @@ def rule_level(rule: str, specs: Mapping[str, Mapping]) -> str:
 
 
 def by_level(rules: list[str], specs: Mapping[str, Mapping]) -> list[str]:
-    """`rules` grouped by level (token, then sequence), each group in the given order."""
+    """`rules` grouped by level (token, sequence, batch), each group in the given order."""
     return sorted(rules, key=lambda r: LEVELS.index(rule_level(r, specs)))
 
 

@@ -68,7 +68,8 @@ def on_steps(fn, ctx: Context):
 
 def decidable_rules(ctx: Context) -> list[str]:
     """Blocking rules of the registry the run did not record but whose inputs it holds: they can
-    be decided on its columns (analysis.with_rules) and compared with the recorded ones."""
+    be decided on its columns (analysis.with_rules) and compared with the recorded ones. Batch
+    rules are decided only when recorded (trustlens.rules.columns.not_redecidable)."""
     from trustlens.rules import RULES
     from trustlens.rules.columns import rule_columns
 
@@ -76,7 +77,10 @@ def decidable_rules(ctx: Context) -> list[str]:
     return [
         name
         for name, rule in RULES.items()
-        if rule.blocks and name not in ctx.rules and set(rule_columns(rule, mu=ctx.anchor)) <= names
+        if rule.blocks
+        and rule.level != "batch"
+        and name not in ctx.rules
+        and set(rule_columns(rule, mu=ctx.anchor)) <= names
     ]
 
 

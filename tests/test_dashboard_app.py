@@ -717,4 +717,6 @@ def test_sequence_reasons_give_the_responses_ratio_and_band(app_module):
     )
     groups = app_module("rule_groups")
     assert groups.by_level(["gspo", "ppo", "rs_seq", "icepop"], specs) == ["ppo", "icepop", "gspo", "rs_seq"]
+    assert groups.by_level(["kl_cov", "gspo", "ppo"], specs) == ["ppo", "gspo", "kl_cov"]
+    assert groups.level_label("clip_cov", {}) == "batch · clip_cov"
     assert groups.level_label("gspo", {}) == "sequence · gspo" and groups.level_label("ppo", specs) == "token · ppo"

@@ -16,7 +16,7 @@ from trustlens.analysis.agreement import default_rule_pair
 ctx = need_tokens(context())
 header("PPO vs DPPO", ctx)
 # the recorded rules, then registry rules decided on the run's columns (counterfactually), grouped:
-# token rules, then the sequence rules that decide whole responses
+# token rules, then the sequence rules that decide whole responses, then the (recorded) batch rules
 specs = ctx.run.rules
 choices = by_level(ctx.rules + decidable_rules(ctx), specs)
 if len(choices) < 2:

@@ -155,3 +155,78 @@ def test_sequence_is_weight_equals_verls():
     torch.testing.assert_close(ours[mask], weights[mask], rtol=1e-12, atol=0)
     assert RULES["grpo_seq_tis"].tis_cap == 2.0
     assert bool((weights[mask] == 2.0).any()) and bool((weights[mask] < 2.0).any())
+
+
+def _cov_config(mode, **fields):
+    from omegaconf import OmegaConf
+
+    return _config(
+        clip_ratio=0.2,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.2,
+        policy_loss=OmegaConf.create({"loss_mode": mode, **fields}),
+    )
+
+
+def _cov_batch(seed):
+    """A batch whose cov(log π, A) reaches past 1: log π spread over nats, A of scale 2; π/π_old < C."""
+    pi, _, old, adv, mask = _batch(seed=seed, spread=0.1)
+    return pi, old, old, adv * 2, mask  # μ = π_old: trustlens' weight min(π/μ, C) is verl's ratio
+
+
+def test_kl_cov_equals_verls_kl_cov_loss():
+    from verl.trainer.ppo.core_algos import compute_policy_loss_kl_cov
+
+    pi, mu, old, adv, mask = _cov_batch(6)
+    rule = replace(RULES["kl_cov"], cov_ratio=0.05)
+    config = _cov_config("kl_cov", kl_cov_ratio=0.05, ppo_kl_coef=1.0)
+    theirs = _verl_grad(compute_policy_loss_kl_cov, old, pi, adv, mask, "token-mean", config)
+    out, ours = _our_grad(rule, pi, mu, old, adv, mask, "token-mean")
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-15)
+    # the penalised tokens: verl's gradient there is −A·r/N + sign(log r)/N
+    n = int(mask.sum())
+    plain = -adv[:, None] * torch.exp(pi - old) / n
+    penalised = mask & ((theirs - plain).abs() > 1e-9)
+    assert torch.equal(out.blocked, penalised) and int(penalised.sum()) == max(int(0.05 * n), 1)
+
+
+def test_clip_cov_candidates_and_count_equal_verls():
+    from verl.trainer.ppo.core_algos import compute_policy_loss_clip_cov
+
+    pi, mu, old, adv, mask = _cov_batch(7)
+    n = int(mask.sum())
+    # a wide band: more candidates than the share, so verl draws (torch's generator), trustlens too
+    rule = replace(RULES["clip_cov"], cov_ratio=0.05, cov_low=0.1, cov_high=5.0)
+    config = _cov_config("clip_cov", clip_cov_ratio=0.05, clip_cov_lb=0.1, clip_cov_ub=5.0)
+    torch.manual_seed(0)
+    theirs = _verl_grad(compute_policy_loss_clip_cov, old, pi, adv, mask, "token-mean", config)
+    out, ours = _our_grad(rule, pi, mu, old, adv, mask, "token-mean", seed=(0, 0))
+    clipped = evaluate("minirl", pi_logp=pi, mu_logp=mu, old_logp=old, advantages=adv) & mask
+    verl_drawn = mask & (theirs == 0) & ~clipped
+    ours_drawn = out.blocked & ~clipped
+    k = max(int(0.05 * n), 1)
+    assert int(verl_drawn.sum()) == int(ours_drawn.sum()) == k  # the same count
+    # the same candidates: the unclipped tokens with 0.1 < cov < 5, centred as verl centres
+    a = adv[:, None].expand_as(pi)
+    cov = (a - a[mask].mean()) * (pi - pi[mask].mean())
+    candidates = mask & ~clipped & (cov > 0.1) & (cov < 5.0)
+    assert bool((verl_drawn <= candidates).all()) and bool((ours_drawn <= candidates).all())
+    assert int(candidates.sum()) > k
+    # elsewhere the gradients agree: the undrawn tokens, PPO's clip on π/π_old
+    same = mask & ~verl_drawn & ~ours_drawn
+    torch.testing.assert_close(ours[same], theirs[same], rtol=1e-12, atol=1e-15)
+
+
+def test_clip_cov_equals_verls_loss_when_every_candidate_is_drawn():
+    from verl.trainer.ppo.core_algos import compute_policy_loss_clip_cov
+
+    pi, mu, old, adv, mask = _cov_batch(8)
+    # a share of half the tokens: at most k candidates, so both take them all and no draw decides
+    rule = replace(RULES["clip_cov"], cov_ratio=0.5)
+    config = _cov_config("clip_cov", clip_cov_ratio=0.5, clip_cov_lb=1.0, clip_cov_ub=5.0)
+    theirs = _verl_grad(compute_policy_loss_clip_cov, old, pi, adv, mask, "token-mean", config)
+    out, ours = _our_grad(rule, pi, mu, old, adv, mask, "token-mean")
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-15)
+    _same_blocked(out, theirs, adv, mask)
+    clipped = evaluate("minirl", pi_logp=pi, mu_logp=mu, old_logp=old, advantages=adv) & mask
+    assert 0 < int((out.blocked & ~clipped).sum()) < int(0.5 * int(mask.sum()))

@@ -49,6 +49,8 @@ from trustlens.integrations._verl_rules import verl_active_rule
             ("rs_seq", 0.5, 1.0),
         ),
         ({}, {"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"}}, ("icepop", 0.5, 4.0)),
+        ({"policy_loss": {"loss_mode": "clip_cov"}, "clip_ratio_high": 0.28}, {}, ("clip_cov", 0.2, 0.28)),
+        ({"policy_loss": {"loss_mode": "kl_cov"}}, {}, ("kl_cov", None, None)),
         ({"policy_loss": {"loss_mode": "gpg"}}, {}, (None, None, None)),
         ({}, {"rollout_correction": {"rollout_rs": "seq_max_k2"}}, (None, None, None)),
     ],
@@ -60,3 +62,16 @@ def test_verl_settings_map_to_the_rule_they_define(actor, algorithm, expected):
     else:
         assert (name, low, high) == expected
     assert note
+
+
+def test_verl_cov_settings_become_the_batch_rules_fields():
+    from trustlens.integrations._external import external_rules
+    from trustlens.integrations._verl_rules import verl_cov_fields
+
+    clip = {"policy_loss": {"loss_mode": "clip_cov", "clip_cov_ratio": 1e-3, "clip_cov_ub": 4.0}}
+    assert verl_cov_fields(clip) == {"cov_ratio": 1e-3, "cov_low": 1.0, "cov_high": 4.0}  # verl's lb default
+    kl = {"policy_loss": {"loss_mode": "kl_cov", "ppo_kl_coef": 0.5}}
+    assert verl_cov_fields(kl) == {"cov_ratio": 2e-4, "kl_coef": 0.5}
+    assert verl_cov_fields({"policy_loss": {"loss_mode": "gspo"}}) == {}
+    (rule,) = [r for r in external_rules("kl_cov", None, None, verl_cov_fields(kl)) if r.name == "kl_cov"]
+    assert (rule.cov_ratio, rule.kl_coef) == (2e-4, 0.5)

@@ -250,6 +250,8 @@ def test_default_rules_missing_inputs_are_null_and_listed(tmp_path, gen):
         "rs_seq",
         "rs_geo",
         "grpo_seq_tis",
+        "clip_cov",
+        "kl_cov",
     }
     for rule in RULES:
         assert df[f"blocked_{rule}"].null_count() == (df.height if rule in undecided else 0), rule

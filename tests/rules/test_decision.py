@@ -154,6 +154,14 @@ CASES = [
     ("grpo_seq_tis", 1.0, 0.20, 0.55, 0.5, None, None, False),  # in
     ("grpo_seq_tis", -1.0, 0.40, 0.35, 0.5, None, None, True),  # away: r_old = 0.7
     ("grpo_seq_tis", 0.0, 0.40, 0.35, 0.5, None, None, False),  # A = 0
+    # batch rules on a one-token batch: cov = 0 (centred), so Clip-Cov selects nothing beyond its
+    # PPO clip vs π_old, and KL-Cov's top share k = max(⌊2e-4·1⌋, 1) = 1 is the token itself
+    ("clip_cov", 1.0, 0.60, 0.65, 0.5, None, None, True),  # away: r_old = 1.3
+    ("clip_cov", 1.0, 0.20, 0.55, 0.5, None, None, False),  # in: cov = 0 is outside (1, 5)
+    ("clip_cov", 0.0, 0.40, 0.35, 0.5, None, None, False),  # A = 0
+    ("kl_cov", 1.0, 0.5, 0.55, 0.5, None, None, True),  # penalised: the top token by cov
+    ("kl_cov", -1.0, 0.5, 0.45, 0.5, None, None, True),
+    ("kl_cov", 0.0, 0.5, 0.55, 0.5, None, None, False),  # A = 0: never penalised
 ]
 
 
@@ -258,6 +266,8 @@ def test_registry_entries():
         "rs_seq": seq,
         "rs_geo": seq,
         "grpo_seq_tis": seq,
+        "clip_cov": seq,
+        "kl_cov": seq,
     }
     assert {n for n, r in RULES.items() if r.anchor == "old"} == {
         "minirl",
@@ -267,8 +277,13 @@ def test_registry_entries():
         "gspo",
         "gmpo",
         "grpo_seq_tis",
+        "clip_cov",
+        "kl_cov",
     }
     assert {n for n, r in RULES.items() if r.level == "sequence"} == {"gspo", "rs_seq", "rs_geo"}
+    assert {n for n, r in RULES.items() if r.level == "batch"} == {"clip_cov", "kl_cov"}
+    assert (RULES["clip_cov"].cov_ratio, RULES["clip_cov"].cov_low, RULES["clip_cov"].cov_high) == (2e-4, 1.0, 5.0)
+    assert (RULES["kl_cov"].cov_ratio, RULES["kl_cov"].kl_coef, RULES["kl_cov"].blocks) == (2e-4, 1.0, True)
 
 
 def test_evaluate_all_equals_evaluate(rule_inputs):
@@ -524,7 +539,7 @@ def test_rules_import_no_torch():
         "f = pl.DataFrame({'pi_logp': [-0.01], 'mu_logp': [-2.5], 'old_logp': [-0.5], 'advantage': [1.0],"
         " 'topk_tv': [0.5], 'topk_kl': [float('inf')], 'seq_logratio_mu': [2.49], 'seq_logratio_old': [0.49],"
         " 'seq_tokens': [1]})\n"
-        "print(evaluate_columns(list(RULES), f).row(0))\n"
+        "print(evaluate_columns([r for r in RULES if RULES[r].level != 'batch'], f).row(0))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == str(tuple(RULES[r].blocks for r in RULES))
+    assert out.strip() == str(tuple(rule.blocks for rule in RULES.values() if rule.level != "batch"))

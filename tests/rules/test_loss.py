@@ -188,7 +188,10 @@ def test_every_rule_blocks_as_evaluate_and_has_the_stated_gradient(gen, rule):
     mask = x["response_mask"]
     assert torch.equal(out.blocked, evaluate(rule, **x) & mask)
     a = x["advantages"][:, None]
-    expected = -a * out.weight * (~out.blocked) * mask / mask.sum()
+    kl_cov = RULES[rule].cov == "kl"  # its marked tokens keep their gradient and add the penalty
+    expected = -a * out.weight * (~out.blocked | kl_cov) * mask / mask.sum()
+    if kl_cov:
+        expected = expected + torch.sign(x["pi_logp"] - x["old_logp"]) * out.blocked / mask.sum()
     assert torch.allclose(grad, expected, rtol=1e-12, atol=1e-15)
 
 

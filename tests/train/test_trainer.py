@@ -262,3 +262,22 @@ def test_a_sequence_correction_trains_and_blocks_whole_responses(tmp_path):
     assert (per_response["n"] == per_response["seq_tokens"]).all()
     assert (per_response["sum_old"] - per_response["seq_logratio_old"]).abs().max() < 1e-9
     assert tokens.filter(pl.col("update") > 0)["blocked_gspo"].any()  # the band bites once π moves
+
+
+@pytest.mark.parametrize("rule", ["clip_cov", "kl_cov"])
+def test_a_batch_correction_trains_and_marks_its_share_of_each_update(tmp_path, rule):
+    cfg = config_from_preset("quick", rule=rule)
+    train(cfg, tmp_path / "run", progress=False)
+    run = trustlens.load_run(tmp_path / "run")
+    assert run.manifest["active_rule"] == rule and run.manifest["status"] == "finished"
+    tokens = run.tokens.collect()
+    # clip_cov blocks minirl's tokens (PPO's clip vs π_old) and its draw on top
+    per_update = tokens.group_by("step", "update").agg(
+        pl.len().alias("n"),
+        pl.col("blocked_kl_cov").sum().alias("penalised"),
+        (pl.col("blocked_clip_cov") & ~pl.col("blocked_minirl")).sum().alias("drawn"),
+    )
+    # k = max(⌊2e-4·N⌋, 1) of the N response tokens of each update (A = 0 ones left out)
+    k = (per_update["n"] * 2e-4).cast(pl.Int64).clip(lower_bound=1)
+    assert (per_update["penalised"] <= k).all() and per_update["penalised"].sum() > 0
+    assert (per_update["drawn"] <= k).all()

@@ -33,7 +33,7 @@ from trustlens.analysis.buckets import (
 from trustlens.analysis.inputs import RunOrTokens, check_rule_entries, lazy_rows
 from trustlens.core.values import check_int, check_names, check_numbers
 from trustlens.rules import Rule, get_rule
-from trustlens.rules.columns import check_rule_columns, evaluate_columns
+from trustlens.rules.columns import check_rule_columns, evaluate_columns, not_redecidable
 from trustlens.run.reader import Run
 
 # Default scales of every rule's thresholds: a quarter of the recorded thresholds up to four times.
@@ -115,11 +115,13 @@ def threshold_sweep(
     names = tokens.collect_schema().names()
     anchor = anchor_column(tokens)
     if rules is None:
-        rules = [r for r, rule in _resolve(rules_of(tokens), base, skip=True).items() if rule.blocks]
+        recorded = _resolve(rules_of(tokens), base, skip=True).items()
+        rules = [r for r, rule in recorded if rule.blocks and rule.level != "batch"]  # batch: not re-decided
     rules = [rules] if isinstance(rules, str) else check_names("rules", rules)
     resolved = _resolve(rules, base)
     thresholds: dict[str, tuple[float, float]] = {}
     for name, rule in resolved.items():
+        not_redecidable(rule)
         if not rule.blocks or rule.low is None or rule.high is None:
             raise ValueError(f"rules: {name!r} never blocks a token, so it has no threshold to sweep")
         thresholds[name] = (rule.low, rule.high)

@@ -33,6 +33,7 @@ import hashlib
 import os
 import warnings
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -139,13 +140,15 @@ def sample_columns(
     }
 
 
-def external_rules(active: str | None, low: float | None, high: float | None) -> list[Rule]:
+def external_rules(
+    active: str | None, low: float | None, high: float | None, fields: Mapping[str, Any] | None = None
+) -> list[Rule]:
     """Every rule an external trainer can feed (all but the top-K ones), with the active rule's
-    thresholds set to the trainer's own."""
+    thresholds set to the trainer's own, and its other `fields` (a batch rule's cov_ratio, ...)."""
     rules = [rule for name, rule in RULES.items() if name not in _NEEDS_TOPK]
     if active is None:
         return rules
-    return [r.with_thresholds(low=low, high=high) if r.name == active else r for r in rules]
+    return [replace(r.with_thresholds(low=low, high=high), **(fields or {})) if r.name == active else r for r in rules]
 
 
 class WorkerRecording:

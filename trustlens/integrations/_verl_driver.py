@@ -39,7 +39,7 @@ from trustlens.integrations._external import (
     stop_on_from_env,
 )
 from trustlens.integrations._verl_compat import _verl_version
-from trustlens.integrations._verl_rules import verl_active_rule
+from trustlens.integrations._verl_rules import verl_active_rule, verl_cov_fields
 from trustlens.integrations._verl_state import _state
 from trustlens.integrations.engines_sampling import verl_sampling
 from trustlens.record import TokenRecorder
@@ -57,7 +57,7 @@ def _driver(trainer: Any) -> TokenRecorder | None:
         rollout = config.actor_rollout_ref.get("rollout")  # how μ was made; None: not known
         _state["driver"] = TokenRecorder(
             run_dir,
-            rules=external_rules(rule, low, high),
+            rules=external_rules(rule, low, high, verl_cov_fields(config.actor_rollout_ref.actor)),
             active_rule=rule,
             tokenizer=trainer.tokenizer,
             config={"trainer": "verl", "loss": note, "verl_version": _verl_version(), "rank_0": "the verl driver"},

@@ -64,11 +64,40 @@ def verl_active_rule(actor: Any, algorithm: Any = None) -> tuple[str | None, flo
         return "dppo_binary_tv_recompute", low, high, "verl dppo_tv: binary TV mask against π_old"
     if mode == "dppo_kl":
         return "dppo_binary_kl_recompute", low, high, "verl dppo_kl: binary KL mask against π_old"
+    if mode in ("clip_cov", "kl_cov"):
+        note = (
+            "verl clip_cov: PPO's clip of π/π_old, and no gradient for a random share of each micro-batch's "
+            "tokens by cov(log π, A) (trustlens draws with a generator seeded by (step, update), verl with "
+            "torch's global one: the same candidates and count, another draw)"
+            if mode == "clip_cov"
+            else "verl kl_cov: the penalty ppo_kl_coef·|log π − log π_old| on the top share of each "
+            "micro-batch's tokens by cov(log π, A); no clip"
+        )
+        return mode, (low if mode == "clip_cov" else None), (high if mode == "clip_cov" else None), note
     if mode == "gpg":
         return None, None, None, "verl gpg: −A·log π with no trust region and no IS weight; no trustlens rule"
     if mode == "cispo":
         return None, None, None, "verl cispo caps π/π_old (trustlens cispo caps π/μ): not the same rule"
     return None, None, None, f"verl loss_mode {mode!r} has no matching trustlens rule"
+
+
+def verl_cov_fields(actor: Any) -> dict[str, float]:
+    """The batch-rule fields (trustlens.rules.batch) of verl's `clip_cov` / `kl_cov` policy loss,
+    verl's defaults where the config leaves them unset: {} for every other loss."""
+    config = _get(actor, "policy_loss")
+    mode = _get(config, "loss_mode", "vanilla")
+    if mode == "clip_cov":
+        return {
+            "cov_ratio": float(_get(config, "clip_cov_ratio", 2e-4)),
+            "cov_low": float(_get(config, "clip_cov_lb", 1.0)),
+            "cov_high": float(_get(config, "clip_cov_ub", 5.0)),
+        }
+    if mode == "kl_cov":
+        return {
+            "cov_ratio": float(_get(config, "kl_cov_ratio", 2e-4)),
+            "kl_coef": float(_get(config, "ppo_kl_coef", 1.0)),
+        }
+    return {}
 
 
 # verl's rollout_rs levels and the trustlens rule of each: verl ≤ 0.8 bounds π_old/μ; verl 0.9's

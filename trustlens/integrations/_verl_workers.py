@@ -25,7 +25,7 @@ from trustlens.integrations._external import (
     padded_sequences,
     run_dir_from_env,
 )
-from trustlens.integrations._verl_rules import verl_active_rule
+from trustlens.integrations._verl_rules import verl_active_rule, verl_cov_fields
 from trustlens.integrations._verl_state import _state
 
 
@@ -34,7 +34,9 @@ def _worker(actor_config: Any, dp_rank: int, dp_size: int, enabled: bool) -> Wor
     record (all but one rank of each tensor- or sequence-parallel group)."""
     if _state["worker"] is None:
         rule, low, high, _ = verl_active_rule(actor_config)
-        recording = WorkerRecording(dp_rank + 1, dp_size + 1, external_rules(rule, low, high), rule)
+        recording = WorkerRecording(
+            dp_rank + 1, dp_size + 1, external_rules(rule, low, high, verl_cov_fields(actor_config)), rule
+        )
         _state["worker"] = recording if enabled else False
     return _state["worker"] or None
 

@@ -296,7 +296,8 @@ def finish_rows(
     pending = [r for r in evaluable if batch.blocked.get(r.name) is None]
     stats = sequence_statistics(batch.sample, pi, anchor_logp, f["old_logp"])  # float64 / int32, as stored
     given = {k: v for k, v in {**f, **stats}.items() if v is not None}  # the rules read only given columns
-    decided = {r.name: decide_columns(r, given.__getitem__, anchor, distances, eps) for r in pending}
+    seed = (batch.step, batch.update)  # a batch rule decides over all the call's rows, before sampling
+    decided = {r.name: decide_columns(r, given.__getitem__, anchor, distances, eps, seed) for r in pending}
     floats = {k: None if v is None else v.astype(np.float32, copy=False) for k, v in f.items()}
     batch = replace(batch, floats={**floats, **derived, **stats}, blocked={**batch.blocked, **decided})
     return keep_rows(batch, keep, [r.name for r in rules], rank)

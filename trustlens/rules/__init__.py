@@ -3,6 +3,7 @@
 - `registry`: `Rule`, the built-in `RULES`, `get_rule`, `resolve_rules`.
 - `decision`: `decide`, the one decision of every rule, and `evaluate` / `evaluate_all` on tensors.
 - `columns`: the same decision on the numpy columns of a recorded run (no torch).
+- `batch`: the covariance selection of the batch rules Clip-Cov and KL-Cov.
 - `loss`: `policy_loss`, the clipped / masked / reweighted policy-gradient loss of each rule (torch).
 
 Importing this package imports no torch; `trustlens.rules.loss` does.

@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from trustlens.core.logspace import LOGP_TOLERANCE
+from trustlens.rules.batch import select
 from trustlens.rules.decision import (
     Rule,
     RuleSpec,
@@ -43,7 +44,9 @@ def rule_columns(rule: str | Rule, *, mu: str = "mu_logp") -> tuple[str, ...]:
 
 def check_rule_columns(rule: Rule, names: list[str] | tuple[str, ...], *, mu: str = "mu_logp") -> tuple[str, ...]:
     """`rule_columns(rule)`, or ValueError naming the rule and the columns `names` lacks; for a
-    sequence rule, what to record to have them."""
+    sequence rule, what to record to have them. A batch rule is never decided again from the
+    columns: ValueError (`not_redecidable`)."""
+    not_redecidable(rule)
     cols = rule_columns(rule, mu=mu)
     missing = [c for c in cols if c not in names]
     if not missing:
@@ -55,6 +58,18 @@ def check_rule_columns(rule: Rule, names: list[str] | tuple[str, ...], *, mu: st
             "record the run with TokenRecorder, which writes them (with old_logp for seq_logratio_old)"
         )
     raise ValueError(f"rules: {rule.name!r} needs the column(s) {missing}, which the token table lacks")
+
+
+def not_redecidable(rule: Rule) -> None:
+    """ValueError naming `rule` when it is a batch rule (trustlens.rules.batch): its selection is
+    a share of all the tokens of a `record` call, which the stored rows of a run need not all
+    hold (a run sampled with `Keep` dropped some), so it is decided only when recorded."""
+    if rule.level == "batch":
+        raise ValueError(
+            f"rules: {rule.name!r} selects a share of each record call's tokens by covariance (a batch rule), "
+            "so it cannot be decided again from recorded rows, with these or other thresholds; "
+            "pass it to TokenRecorder(rules=...) to record its decision"
+        )
 
 
 def evaluate_columns(
@@ -76,9 +91,11 @@ def evaluate_columns(
     decision is `decide`, the function the recorder uses, computed in float64 (binary_kl reads a
     log-prob of 0 with the epsilon of the column's own dtype, as the recorder did). ValueError for
     a missing column (naming it and the rule), NaN, positive log-probabilities or negative
-    divergences.
+    divergences, and for a batch rule (`not_redecidable`).
     """
     resolved = resolve_rules(rules)
+    for rule in resolved:
+        not_redecidable(rule)
     frame = columns if isinstance(columns, pl.DataFrame) else pl.DataFrame(dict(columns))
     read: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # column -> (float64 values, not null)
 
@@ -111,13 +128,16 @@ def decide_columns(
     mu: str,
     distances: dict[tuple[str, str, str], np.ndarray],
     eps: float,
+    seed: tuple[int, int] = (0, 0),
 ) -> np.ndarray:
     """`decide` for `rule` on numpy columns: `column(name)` returns the run column `name`
     (pi_logp, advantage, old_logp, topk_tv, topk_kl, the per-response statistics of a sequence
     rule; μ from the column `mu`).
     Each computed distance is kept in `distances`, keyed (measure, anchor column, policy), so that rules
     sharing it compute it once; the caller may hand some in already computed (the recorder hands
-    in the binary TV and KL it stores). eps: as in `_logspace.binary_kl`."""
+    in the binary TV and KL it stores). eps: as in `_logspace.binary_kl`. A batch rule
+    (trustlens.rules.batch) takes the rows as the whole batch, in row-major (b, t) order, and
+    `seed`, the batch's (step, update), seeds Clip-Cov's draw."""
     pi = column("pi_logp")
     if not rule.blocks:
         return decide(rule, None, pi, None, None)
@@ -130,6 +150,14 @@ def decide_columns(
         with np.errstate(all="ignore"):  # inf − inf = NaN blocks nothing
             log_s = sequence_log_ratio(rule, stat("seq_logratio_mu"), stat("seq_logratio_old"), stat("seq_tokens"))
             return decide_sequence(rule, log_s, column("advantage"), np)
+    if rule.level == "batch":
+        clipped = None
+        if rule.cov == "clip":
+            with np.errstate(all="ignore"):
+                d = _distance("ratio", pi, column("old_logp"), eps, np)
+                clipped = decide(rule, d, pi, column("old_logp"), column("advantage"))
+        pick = select(rule, pi.astype(np.float64), column("advantage").astype(np.float64), clipped, seed)
+        return pick if clipped is None else pick | clipped
     anchor_name = mu if rule.anchor == "mu" else "old_logp"
     anchor = column(anchor_name)
     num = pi if rule.policy == "pi" else column("old_logp")
@@ -167,4 +195,4 @@ def _check_column(name: str, values: np.ndarray, valid: np.ndarray) -> None:
         raise ValueError(f"column {name!r} holds {what} at row {row}: {values[row]!r}")
 
 
-__all__ = ["check_rule_columns", "decide_columns", "evaluate_columns", "rule_columns"]
+__all__ = ["check_rule_columns", "decide_columns", "evaluate_columns", "not_redecidable", "rule_columns"]

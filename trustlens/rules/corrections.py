@@ -11,6 +11,10 @@ gives each one's formula, default, source and verl/TRL name):
 - verl's rollout correction on π_old/μ: `rs_token`, `rs_seq` (the product over the response),
   `rs_geo` (the geometric mean) reject outside [1 − low, 1 + high]; `grpo_seq_tis` weights the
   PPO clip against π_old by the sequence-level truncated IS weight min(Π_t π_old/μ, 2).
+- batch rules (trustlens.rules.batch), by cov_t = (log π_t − mean log π)(A_t − mean A) over the
+  batch: `clip_cov` (Clip-Cov): PPO's clip against π_old, and no gradient for a seeded random
+  share 2e-4 of the tokens with 1 < cov < 5; `kl_cov` (KL-Cov): the penalty |log π − log π_old|
+  (coefficient 1) on the top share 2e-4 of the tokens by cov.
 
 Imports no torch.
 """
@@ -85,6 +89,31 @@ CORRECTIONS: tuple[Rule, ...] = (
         "GRPO ratio clip vs π_old, times the sequence-level truncated IS weight min(Π π_old/μ, C_tis)",
         weight="seq_tis",
         tis_cap=2.0,
+    ),
+    Rule(
+        "clip_cov",
+        0.2,
+        0.2,
+        "old",
+        "ratio",
+        "Clip-Cov: PPO's clip vs π_old, and no gradient for a random share cov_ratio of the batch's "
+        "tokens with cov(log π, A) in (cov_low, cov_high)",
+        cov="clip",
+        cov_ratio=2e-4,
+        cov_low=1.0,
+        cov_high=5.0,
+    ),
+    Rule(
+        "kl_cov",
+        None,
+        None,
+        "old",
+        None,
+        "KL-Cov: the penalty kl_coef·|log π − log π_old| on the top share cov_ratio of the batch's "
+        "tokens by cov(log π, A)",
+        cov="kl",
+        cov_ratio=2e-4,
+        kl_coef=1.0,
     ),
 )
 

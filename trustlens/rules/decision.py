@@ -15,7 +15,9 @@ carries no gradient and is never blocked. A rule with `sides="both"` (IcePop, ve
 masks) drops the advantage's direction: it blocks every A ≠ 0 token outside the region. A rule
 with `dual_clip=c` also blocks A < 0 tokens with π/anchor > c. A rule with `policy="old"`
 measures π_old instead of π against its anchor μ. A sequence rule (`statistic`) decides all the
-tokens of a response from its sequence ratio s (trustlens.rules.sequence) in place of π/anchor.
+tokens of a response from its sequence ratio s (trustlens.rules.sequence) in place of π/anchor. A
+batch rule (Clip-Cov, KL-Cov: trustlens.rules.batch) selects a share of a batch's response tokens
+by the covariance of log π and A.
 The distances (`Rule.measure`):
 
     ratio       |π/anchor − 1|        (so PPO's "ratio > 1 + high" / "ratio < 1 − low")
@@ -48,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trustlens.core import logspace
+from trustlens.rules.batch import batch_seed, select
 from trustlens.rules.registry import RULES, Anchor, Measure, Rule, RuleSpec, WeightKind, get_rule, resolve_rules
 from trustlens.rules.sequence import sequence_log_ratio
 
@@ -76,7 +79,7 @@ _INPUT_DOCS = {
     "old_logp": "log π_old(a_t), the trainer's recomputation before the update",
     "topk_tv": "the top-K TV per token, from trustlens.divergence.topk_divergence",
     "topk_kl": "the top-K KL per token, from trustlens.divergence.topk_divergence",
-    "response_mask": "(B, T) which positions are response tokens: a sequence rule sums over them",
+    "response_mask": "(B, T) which positions are response tokens: sequence rules sum, batch rules centre over them",
 }
 
 
@@ -135,6 +138,7 @@ class TokenInputs:
         topk_tv: torch.Tensor | None = None,  # token shape
         topk_kl: torch.Tensor | None = None,  # token shape; +inf allowed
         response_mask: torch.Tensor | None = None,  # (B, T): the tokens of each response (sequence rules)
+        seed: tuple[int, int] = (0, 0),  # the batch's (step, update): seeds Clip-Cov's draw
     ) -> None:
         import torch
 
@@ -174,6 +178,7 @@ class TokenInputs:
             if self.pi_logp.dim() != 2:
                 raise ValueError(f"pi_logp must have shape (B, T) with response_mask, got {tuple(self.pi_logp.shape)}")
             self.response_mask = check_mask("response_mask", response_mask, self.pi_logp)
+        self.seed = batch_seed(*seed)
         self._cache: dict[tuple[str, str, str], torch.Tensor] = {}
         self._sums: dict[str, torch.Tensor] = {}
 
@@ -240,7 +245,30 @@ class TokenInputs:
             import torch
 
             return decide_sequence(rule, self.sequence_log_ratio(rule), self.advantages, torch)
+        if rule.level == "batch":
+            return self.batch_selected(rule)
         return decide(rule, self.distance(rule), self.policy_logp(rule), self.anchor_logp(rule.anchor), self.advantages)
+
+    def batch_selected(self, rule: Rule) -> torch.Tensor:
+        """A batch rule's selection (trustlens.rules.batch) over the response tokens, token shape;
+        Clip-Cov's also holds the tokens its PPO clip blocks."""
+        mask = self.response_mask
+        assert mask is not None  # `require` checked it
+        clipped = None
+        if rule.cov == "clip":
+            clipped = decide(rule, self.distance(rule), self.pi_logp, self.anchor_logp("old"), self.advantages)
+        pick = select(
+            rule,
+            self.pi_logp[mask].double().cpu().numpy(),
+            self.advantages[mask].double().cpu().numpy(),
+            None if clipped is None else clipped[mask].cpu().numpy(),
+            self.seed,
+        )
+        import torch
+
+        out = torch.zeros_like(mask)
+        out[mask] = torch.from_numpy(pick).to(mask.device)
+        return out if clipped is None else out | (clipped & mask)
 
 
 def require_inputs(rule: Rule, given: Mapping[str, bool]) -> None:
@@ -269,15 +297,18 @@ def evaluate(
     response_mask: torch.Tensor | None = None,
     low: float | None = None,
     high: float | None = None,
+    seed: tuple[int, int] = (0, 0),
 ) -> torch.Tensor:
     """Which tokens `rule` blocks: a bool tensor of pi_logp's shape, True = blocked.
 
     `rule` is a name from `RULES` or a `Rule`; `low` / `high` override its thresholds (None keeps
     the rule's default). `advantages` is per sequence (B,) or per token like pi_logp; tokens with
     A = 0 are never blocked. `response_mask` (B, T) marks each response's tokens: a sequence rule
-    needs it, to sum over them. Log-probabilities may be −inf and topk_kl +inf. Raises KeyError for
-    an unknown rule, ValueError for an input the rule needs that is missing, for mismatched
-    shapes, NaN, positive log-probabilities or negative divergences.
+    needs it, to sum over them, and a batch rule, to centre over them; `seed`, the batch's (step,
+    update), seeds Clip-Cov's random draw (trustlens.rules.batch). Log-probabilities may be −inf
+    and topk_kl +inf. Raises KeyError for an unknown rule, ValueError for an input the rule needs
+    that is missing, for mismatched shapes, NaN, positive log-probabilities or negative
+    divergences.
     """
     rule = get_rule(rule).with_thresholds(low, high)
     blocked = evaluate_all(
@@ -289,6 +320,7 @@ def evaluate(
         topk_tv=topk_tv,
         topk_kl=topk_kl,
         response_mask=response_mask,
+        seed=seed,
     )
     return blocked[rule.name]
 
@@ -303,6 +335,7 @@ def evaluate_all(
     topk_tv: torch.Tensor | None = None,
     topk_kl: torch.Tensor | None = None,
     response_mask: torch.Tensor | None = None,
+    seed: tuple[int, int] = (0, 0),
 ) -> dict[str, torch.Tensor]:
     """`evaluate` for many rules in one pass: {rule name: blocked mask}, in the order given.
 
@@ -320,6 +353,7 @@ def evaluate_all(
         topk_tv=topk_tv,
         topk_kl=topk_kl,
         response_mask=response_mask,
+        seed=seed,
     )
     for rule in resolved:
         inputs.require(rule)

@@ -7,7 +7,7 @@ Per valid token (b, t), with sg the stop-gradient and `blocked` from trustlens.r
 The weight w depends on the rule (C = clip_ratio_c, default 10):
 
     default (ppo, ppo_clip_higher, minirl, dppo_*, pg_is,
-             icepop, dual_clip, rs_*)                        w = min(π/μ, C)
+             icepop, dual_clip, rs_*, clip_cov, kl_cov)      w = min(π/μ, C)
     cispo     (never blocks)                                 w = min(π/μ, 1 + high)
     grpo_tis  (blocked by the PPO clip against π_old)        w = min(π/π_old, C)·min(π_old/μ, C_tis)
     grpo_seq_tis                                             w = min(π/π_old, C)·min(Π_y π_old/μ, C_tis)
@@ -18,8 +18,14 @@ with C_tis = `Rule.tis_cap` (2 by default), Π_y / Σ_y over the tokens of the t
 and clip_A GMPO's sign-dependent clip: min(·, high) for A > 0, max(·, −low) for A < 0 (a token
 whose log-ratio it clips is the one `gmpo` blocks). With `seq-mean-token-mean` aggregation the
 gradient of gspo is GSPO's (−A·s/|y| per token inside the band) and that of gmpo is GMPO's.
+KL-Cov (`kl_cov`) blocks nothing: the tokens its `blocked` marks (trustlens.rules.batch) keep their
+gradient and add its penalty kl_coef·|log π − log π_old|, so there
+
+    ℓ_bt = (−A_bt · sg(w_bt) + kl_coef · sign(log π − log π_old)_bt) · log π(a_t)
+
+whose gradient is that of verl's −A·r + kl_coef·|log r| (r = π/π_old, w = r with μ = π_old).
 Only pi_logp carries a gradient: ∂ℓ/∂log π(a_t) =
-−A·w·(1 − blocked). Since ∂(π/μ)/∂log π = π/μ, for `ppo` this is exactly the gradient of the
+−A·w·(1 − blocked) for every other rule. Since ∂(π/μ)/∂log π = π/μ, for `ppo` this is exactly the gradient of the
 textbook clipped surrogate −min(r·A, clip(r, 1 − low, 1 + high)·A), r = π/μ, at every token with
 r ≤ C. At r > C the two differ only for A < 0 (with A > 0 such a token is blocked, as C > 1 + high):
 there this loss keeps the truncated gradient −A·C, where the textbook surrogate gives −A·r and
@@ -114,6 +120,7 @@ def policy_loss(
     high: float | None = None,
     clip_ratio_c: float = 10.0,
     loss_agg_mode: str = "token-mean",
+    seed: tuple[int, int] = (0, 0),  # the batch's (step, update): seeds Clip-Cov's draw
 ) -> PolicyLoss:
     """The loss of the module docstring under `rule`, aggregated over the valid tokens m_bt:
 
@@ -143,13 +150,18 @@ def policy_loss(
         topk_tv=topk_tv,
         topk_kl=topk_kl,
         response_mask=response_mask,
+        seed=seed,
     )
     pi = upcast(pi_logp).clamp(max=0.0)  # the differentiable log π, its values checked above
     mask = x.response_mask
     assert mask is not None  # given above
     blocked = x.blocked(rule) & mask
     weight = _weight(rule, x, clip_ratio_c)
-    coef = -(x.advantages * weight * (mask & ~blocked).to(pi.dtype))  # (B, T), detached
+    penalised = rule.cov == "kl"  # KL-Cov's marked tokens keep their gradient and add a penalty
+    coef = -(x.advantages * weight * (mask & ~(blocked & ~penalised)).to(pi.dtype))  # (B, T), detached
+    if penalised:
+        assert rule.kl_coef is not None  # Rule requires it for KL-Cov
+        coef = coef + rule.kl_coef * torch.sign(x.pi_logp - x.anchor_logp("old")).nan_to_num(0.0) * blocked
     # a token with coefficient 0 adds 0, also where log π = −inf (π gives it probability 0)
     per_token = torch.where(coef != 0, coef * pi, torch.zeros_like(pi))  # (B, T)
     if loss_agg_mode == "token-mean":

@@ -14,7 +14,7 @@ from typing import Any
 
 from trustlens.core.values import closest
 from trustlens.rules.corrections import CORRECTIONS
-from trustlens.rules.rule import RULES, Anchor, Measure, Policy, Rule, Sides, Statistic, WeightKind
+from trustlens.rules.rule import COV_FIELDS, RULES, Anchor, Measure, Policy, Rule, Sides, Statistic, WeightKind
 
 
 def _ppo_like(name: str, anchor: Anchor, high: float, description: str, **kw) -> Rule:
@@ -124,12 +124,16 @@ def resolve_rules(rules: RuleSpec) -> list[Rule]:
 
 def check_not_builtin(rule: Rule) -> None:
     """ValueError when `rule` takes a built-in rule's name but decides or weighs otherwise than
-    that rule (other thresholds and another description are allowed): its `blocked_<name>`
-    column would be read as the built-in rule's by every analysis."""
+    that rule (other thresholds, a batch rule's cov_ratio, cov_low, cov_high and kl_coef included,
+    and another description are allowed): its `blocked_<name>` column would be read as the
+    built-in rule's by every analysis."""
     builtin = RULES.get(rule.name)
     if builtin is None or rule is builtin:
         return
-    if replace(rule, low=builtin.low, high=builtin.high, description=builtin.description) != builtin:
+    same: dict[str, Any] = {"low": builtin.low, "high": builtin.high, "description": builtin.description}
+    if builtin.cov is not None and rule.cov == builtin.cov:
+        same |= {k: getattr(builtin, k) for k in COV_FIELDS}
+    if replace(rule, **same) != builtin:
         raise ValueError(
             f"rule {rule.name!r} is the name of a built-in rule, but this rule is defined otherwise "
             f"({rule.manifest_entry()}); give a custom rule a name of its own"

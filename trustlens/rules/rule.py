@@ -24,10 +24,17 @@ Sides = Literal["push", "both"]
 # The policy whose ratio to the anchor a rule measures: π (the policy being updated) or π_old
 # (verl's rollout correction and IcePop measure π_old/μ, fixed within a step).
 Policy = Literal["pi", "old"]
+# A batch rule's selection over the response tokens of one batch by the covariance
+# cov_t = (log π_t − mean log π)(A_t − mean A) (trustlens.rules.batch): "clip" (Clip-Cov: no
+# gradient for a seeded random share of the tokens with cov in (cov_low, cov_high)) or "kl"
+# (KL-Cov: a KL penalty on the top share of the tokens by cov).
+Covariance = Literal["clip", "kl"]
 # The measures that are total variations, in [0, 1]: their thresholds are at most 1.
 TV_MEASURES = ("binary_tv", "topk_tv")
 # The loss weights computed per response: they need the response mask (trustlens.rules.sequence).
 SEQUENCE_WEIGHTS = ("seq_ratio", "seq_tis", "geo_mean")
+# The fields of a batch rule, written to a manifest only where set.
+COV_FIELDS = ("cov", "cov_ratio", "cov_low", "cov_high", "kl_coef")
 
 
 def _check_threshold(rule: str, what: str, value: object, *, above: float = 0.0, strict: bool = False) -> float:
@@ -46,7 +53,8 @@ class Rule:
 
     Validated when built: thresholds finite and ≥ 0 (a blocking rule needs both; ≤ 1 for a TV), a
     known anchor, measure, weight, statistic, sides and policy, a finite tis_cap > 0 for the
-    "tis"/"seq_tis" weights, a dual_clip > 1. Errors name the rule and the field.
+    "tis"/"seq_tis" weights, a dual_clip > 1, and for a batch rule (`cov`) a cov_ratio in (0, 1],
+    cov_low ≤ cov_high (Clip-Cov) or a kl_coef ≥ 0 (KL-Cov). Errors name the rule and the field.
     """
 
     name: str  # registry key; also the suffix of the `blocked_<name>` column of a recorded run
@@ -61,6 +69,11 @@ class Rule:
     sides: Sides = "push"  # "push": the direction condition; "both": a rejection mask
     policy: Policy = "pi"  # the numerator of the measured ratio: π, or π_old (anchor μ only)
     dual_clip: float | None = None  # c > 1: also block A < 0 tokens with ratio > c (dual-clip PPO)
+    cov: Covariance | None = None  # batch rules: the covariance selection; None: token or sequence rule
+    cov_ratio: float | None = None  # batch rules: the share of the batch's response tokens selected, in (0, 1]
+    cov_low: float | None = None  # Clip-Cov: a selected token's cov is > cov_low (verl clip_cov_lb)
+    cov_high: float | None = None  # Clip-Cov: ... and < cov_high (verl clip_cov_ub), ≥ cov_low
+    kl_coef: float | None = None  # KL-Cov: the coefficient of the penalty |log π − log π_old|, ≥ 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -104,6 +117,49 @@ class Rule:
             if self.measure != "ratio" or self.statistic is not None:
                 raise ValueError(f"rule {self.name!r}: dual_clip applies to token rules with the 'ratio' measure")
             object.__setattr__(self, "dual_clip", c)
+        self._check_covariance()
+
+    def _check_covariance(self) -> None:
+        fields = {
+            "cov_ratio": self.cov_ratio,
+            "cov_low": self.cov_low,
+            "cov_high": self.cov_high,
+            "kl_coef": self.kl_coef,
+        }
+        if self.cov is None:
+            given = [k for k, v in fields.items() if v is not None]
+            if given:
+                raise ValueError(
+                    f"rule {self.name!r}: {', '.join(given)} apply only to a batch rule (cov 'clip' or 'kl')"
+                )
+            return
+        if self.cov not in get_args(Covariance):
+            raise ValueError(f"rule {self.name!r}: cov must be one of {get_args(Covariance)}, got {self.cov!r}")
+        if self.anchor != "old" or self.statistic is not None or self.policy != "pi":
+            raise ValueError(f"rule {self.name!r}: a batch rule measures π against π_old per token (anchor 'old')")
+        ratio = _check_threshold(self.name, "cov_ratio", self.cov_ratio, strict=True)
+        if ratio > 1:
+            raise ValueError(
+                f"rule {self.name!r}: cov_ratio is a share of the batch's tokens, in (0, 1], got {ratio!r}"
+            )
+        object.__setattr__(self, "cov_ratio", ratio)
+        own = ("cov_low", "cov_high") if self.cov == "clip" else ("kl_coef",)
+        for field in fields.keys() - {"cov_ratio", *own}:
+            if fields[field] is not None:
+                raise ValueError(f"rule {self.name!r}: {field} does not apply to cov {self.cov!r}")
+        if self.cov == "kl":
+            object.__setattr__(self, "kl_coef", _check_threshold(self.name, "kl_coef", self.kl_coef))
+            return
+        for field in own:
+            value = fields[field]
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"rule {self.name!r}: {field} must be a finite number, got {value!r}")
+            object.__setattr__(self, field, float(value))
+        if self.cov_low > self.cov_high:  # type: ignore[operator]
+            raise ValueError(
+                f"rule {self.name!r}: cov_low must be ≤ cov_high, "
+                f"got cov_low={self.cov_low!r} > cov_high={self.cov_high!r}"
+            )
 
     def _check_thresholds(self) -> None:
         for side in ("low", "high"):
@@ -121,11 +177,14 @@ class Rule:
     @property
     def blocks(self) -> bool:
         """Whether the rule can block a token at all (cispo and pg_is never do)."""
-        return self.measure is not None
+        return self.measure is not None or self.cov is not None
 
     @property
-    def level(self) -> Literal["token", "sequence"]:
-        """The rule's level: "sequence" when it decides per response from a statistic, else "token"."""
+    def level(self) -> Literal["token", "sequence", "batch"]:
+        """The rule's level: "batch" when it selects tokens by their covariance over the batch,
+        "sequence" when it decides per response from a statistic, else "token"."""
+        if self.cov is not None:
+            return "batch"
         return "token" if self.statistic is None else "sequence"
 
     @property
@@ -135,7 +194,7 @@ class Rule:
         needs = ["old_logp"] if reads_old else []
         if self.measure in ("topk_tv", "topk_kl"):
             needs.append(self.measure)
-        if self.level == "sequence" or self.weight in SEQUENCE_WEIGHTS:
+        if self.level in ("sequence", "batch") or self.weight in SEQUENCE_WEIGHTS:
             needs.append("response_mask")
         return tuple(needs)
 
@@ -162,7 +221,7 @@ class Rule:
             "tis_cap": self.tis_cap,
             "description": self.description,
         }
-        optional = {"statistic": None, "sides": "push", "policy": "pi", "dual_clip": None}
+        optional = {"statistic": None, "sides": "push", "policy": "pi", "dual_clip": None, **dict.fromkeys(COV_FIELDS)}
         return entry | {k: getattr(self, k) for k, default in optional.items() if getattr(self, k) != default}
 
     @classmethod
@@ -194,6 +253,7 @@ class Rule:
             sides=entry.get("sides") or "push",
             policy=entry.get("policy") or "pi",
             dual_clip=entry.get("dual_clip"),
+            **{k: entry.get(k) for k in COV_FIELDS},
         )
 
 

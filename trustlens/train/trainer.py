@@ -248,8 +248,10 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                             topk_tv=topk_tv,
                             topk_kl=topk_kl,
                         )
+                    seed = (step, epoch * cfg.minibatches + m)  # the batch rules' draw: the recorded update
                     out = policy_loss(
                         cfg.rule,
+                        seed=seed,
                         pi_logp=pi_logp,
                         response_mask=mb.response_mask,
                         low=low,
@@ -266,7 +268,9 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
 
                     with torch.no_grad():
                         pi_logp = pi_logp.detach()
-                        blocked = evaluate_all(rules, pi_logp=pi_logp, response_mask=mb.response_mask, **token_inputs)
+                        blocked = evaluate_all(
+                            rules, pi_logp=pi_logp, response_mask=mb.response_mask, seed=seed, **token_inputs
+                        )
                         counter.add(blocked, advantages[rows][:, None], mb.response_mask)
                         signed = mb.response_mask & (advantages[rows][:, None] != 0)
                         active_blocked += [float((out.blocked & signed).sum()), float(signed.sum())]
