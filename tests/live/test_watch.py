@@ -220,7 +220,10 @@ def test_a_non_run_or_a_finished_run_is_one_line(tmp_path, capsys, where, messag
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--fail-on", "critcal"], "argument --fail-on: must be one of warning, critical; got 'critcal' (did you mean 'critical'?)"),
+        (
+            ["--fail-on", "critcal"],
+            "argument --fail-on: must be one of warning, critical; got 'critcal' (did you mean 'critical'?)",
+        ),
         (["--every", "-1"], "argument --every: expected a number of seconds > 0, got '-1'"),
         (["--stale", "soon"], "argument --stale: expected a number of seconds > 0, got 'soon'"),
     ],
