@@ -41,6 +41,16 @@ RULE_COLOURS: dict[str, str] = {
     "cispo": "#D55E00",
     "pg_is": "#7F7F7F",
     "grpo_tis": "#000000",
+    "icepop": "#66A61E",
+    "dual_clip": "#FDB462",
+    "gspo": "#E7298A",
+    "gmpo": "#7570B3",
+    "rs_token": "#A6761D",
+    "rs_seq": "#1B9E77",
+    "rs_geo": "#B2DF8A",
+    "grpo_seq_tis": "#393B79",
+    "clip_cov": "#FB8072",
+    "kl_cov": "#80B1D3",
 }
 EXTRA_COLOURS = ("#F0E442", "#1F3A93", "#E377C2", "#2CA02C", "#A50026", "#FF7F0E", "#6A3D9A", "#B15928")
 # Colours of things compared that are not rules (runs), in the order given.
