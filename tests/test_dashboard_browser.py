@@ -215,9 +215,19 @@ def _no_error(page, where: str) -> None:
         assert found.count() == 0, f"{box} on {where}: {found.first.inner_text()[:2000]}"
 
 
+def _run_box(page):
+    """The sidebar's run picker: the select box labelled "Run" (found by its label, not by its place,
+    so a page still drawing its other select boxes does not answer for it)."""
+    box = page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(
+        has=page.locator("label", has_text="Run")
+    )
+    box.first.wait_for(timeout=30_000)
+    return box.first
+
+
 def _run_shown(page) -> str:
     """The run the sidebar's picker shows."""
-    return page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"] input').first.input_value()
+    return _run_box(page).locator("input").input_value()
 
 
 def _grid_rows(page, nth: int = 0) -> int:
@@ -236,7 +246,7 @@ def test_inspect_tokens_opens_the_selected_run(two_runs):
             _settle(page, "Collapse signals")
             assert "a_first" in _run_shown(page)
             # pick the second run in the sidebar, then follow an alert to its tokens
-            page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"] button').first.click()
+            _run_box(page).locator("button").first.click()
             page.get_by_role("option", name=SECOND).click()
             _settle(page, "Collapse signals")
             assert SECOND in _run_shown(page) and f"run={SECOND}" in page.url
