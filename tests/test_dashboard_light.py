@@ -46,10 +46,11 @@ for run in load_runs(root):
         if page == "views/ppo_vs_dppo.py":
             for option in at.selectbox(key="pv_b").options:
                 if "(decided" in option:
-                    at.selectbox(key="pv_b").set_value(option.split(" ")[0]).run()
+                    rule = option.split(" · ", 1)[1].split(" ")[0]  # "level · rule (decided ...)"
+                    at.selectbox(key="pv_b").set_value(rule).run()
                     problems = [e.message for e in at.exception] + [e.value for e in at.error]
                     assert not problems, (name, option, problems)
-                    decided_on.append([name, option.split(" ")[0]])
+                    decided_on.append([name, rule])
         opened.append([name, page])
 print(json.dumps({"opened": opened, "decided": decided_on, "torch": "torch" in sys.modules}))
 """
