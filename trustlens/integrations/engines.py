@@ -50,8 +50,8 @@ from trustlens.integrations.engine_fields import (
 )
 from trustlens.integrations.engine_tokens import EngineTokens, Response, log_prob, padded, token_id
 from trustlens.integrations.engines_sampling import (
-    VLLM_LOGITS_MODES,
     VLLM_LOGPROBS_MODES,
+    check_vllm_logprobs_mode,
     sglang_sampling,
     vllm_sampling,
 )
@@ -77,15 +77,7 @@ def from_vllm(
     the SamplingParams the outputs were made with (None: not known); logprobs_mode: the engine's
     (None: not known; a "…_logits" mode is refused)."""
     check_optional_int("topk", topk, low=1)
-    if logprobs_mode in VLLM_LOGITS_MODES:
-        raise ValueError(
-            f"logprobs_mode {logprobs_mode!r} returns logits, not log-probabilities: log μ needs the "
-            "normaliser over the whole vocabulary; serve vLLM with logprobs_mode='processed_logprobs'"
-        )
-    if logprobs_mode is not None and logprobs_mode not in VLLM_LOGPROBS_MODES:
-        raise ValueError(
-            f"logprobs_mode must be one of {', '.join(VLLM_LOGPROBS_MODES)} or None, got {logprobs_mode!r}"
-        )
+    check_vllm_logprobs_mode(logprobs_mode)
     if topk is not None and getattr(params, "logprob_token_ids", None):
         raise ValueError(
             "topk was asked of outputs made with SamplingParams(logprob_token_ids=…): their dicts hold the "

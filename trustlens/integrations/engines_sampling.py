@@ -80,19 +80,25 @@ def active_processors(get: Callable[[str], Any]) -> list[str]:
     return active
 
 
-def vllm_sampling(params: Any, logprobs_mode: str | None = None) -> dict[str, Any]:
-    """TokenRecorder's `sampling` from a vLLM SamplingParams (or anything with its temperature,
-    top_p, top_k, min_p and processor settings) and the engine's `logprobs_mode` (vLLM V1's
-    default "raw_logprobs"; None: not known). Greedy (temperature < 1e-5): τ 1, top_k 1."""
+def check_vllm_logprobs_mode(logprobs_mode: str | None) -> None:
+    """Refuse a vLLM `logprobs_mode` that is not one of VLLM_LOGPROBS_MODES or None: a "…_logits"
+    mode returns logits, which lack the normaliser over the vocabulary that log μ needs."""
     if logprobs_mode in VLLM_LOGITS_MODES:
         raise ValueError(
-            f"logprobs_mode {logprobs_mode!r} returns logits, not log-probabilities: serve vLLM with "
-            "logprobs_mode='processed_logprobs' (or 'raw_logprobs') to record μ"
+            f"logprobs_mode {logprobs_mode!r} returns logits, not log-probabilities (log μ needs the normaliser "
+            "over the whole vocabulary): serve vLLM with logprobs_mode='processed_logprobs' (or 'raw_logprobs')"
         )
     if logprobs_mode is not None and logprobs_mode not in VLLM_LOGPROBS_MODES:
         raise ValueError(
             f"logprobs_mode must be one of {', '.join(VLLM_LOGPROBS_MODES)} or None, got {logprobs_mode!r}"
         )
+
+
+def vllm_sampling(params: Any, logprobs_mode: str | None = None) -> dict[str, Any]:
+    """TokenRecorder's `sampling` from a vLLM SamplingParams (or anything with its temperature,
+    top_p, top_k, min_p and processor settings) and the engine's `logprobs_mode` (vLLM V1's
+    default "raw_logprobs"; None: not known). Greedy (temperature < 1e-5): τ 1, top_k 1."""
+    check_vllm_logprobs_mode(logprobs_mode)
     check_attributes("params", params, ("temperature", "top_p"), "a vLLM SamplingParams")
     sampling = {key: getattr(params, key, None) for key in _FILTERS}
     kind = None if logprobs_mode is None else VLLM_LOGPROBS_MODES[logprobs_mode]
