@@ -66,19 +66,7 @@ def replay_row(name: str, path: Path) -> dict:
         monitor.update(step, **frames)
         seconds[step] = time.perf_counter() - t
     monitor.finish()
-    online = sorted(
-        _key(
-            {
-                "kind": a.kind,
-                "signal": a.signal,
-                "step": a.step,
-                "severity": a.severity,
-                "critical_step": a.critical_step,
-            }
-        )
-        for a in monitor.alerts
-        if a.source == "collapse"
-    )
+    online = sorted(_key(vars(a)) for a in monitor.alerts if a.source == "collapse")
     first = _first_critical(online)
     return {
         "run": name,
@@ -131,18 +119,7 @@ def live_row(name: str, path: Path, latency: dict) -> dict:
 
     run = load_run(path)
     live = [a for a in live_alerts(run) if a.source == "collapse"]
-    online = sorted(
-        _key(
-            {
-                "kind": a.kind,
-                "signal": a.signal,
-                "step": a.step,
-                "severity": a.severity,
-                "critical_step": a.critical_step,
-            }
-        )
-        for a in live
-    )
+    online = sorted(_key(vars(a)) for a in live)
     first = _first_critical(online)
     first_alert = next((a for a in live if a.critical_step == first), None)
     lat = None if first_alert is None else latency.get((first_alert.kind, first_alert.step))
