@@ -307,11 +307,6 @@ def check_stop_on(name: str, value: object) -> str:
     return check_choice(name, value, STOP_ON)
 
 
-def stop_on_arg(text: str) -> str:
-    """argparse type of a --stop-on flag: one of STOP_ON."""
-    return _flag("--stop-on", check_stop_on, text)
-
-
 def choice_arg(options: Callable[[], Iterable[str]]) -> Callable[[str], str]:
     """argparse type of a flag whose value is one of `options()`: a typo is answered with the
     closest choice while the flags are parsed. `options` is called only when the flag is given, so

@@ -18,7 +18,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from trustlens.core.values import check_choice, choice_arg, mirror_arg, port_arg, stop_on_arg
+from trustlens.core.values import STOP_ON, check_choice, choice_arg, mirror_arg, port_arg
 from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, TrainConfig
 from trustlens.train.runner import config, finish, is_main, print_inspect, run_one
 from trustlens.train.runsets import CLAIM_RULES, claims_command, compare_command
@@ -97,7 +97,7 @@ _CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("mirror", mirror_arg, "stream each step's scalars live from rank 0: tensorboard:LOGDIR, wandb or wandb:PROJECT"),
     (
         "stop_on",
-        stop_on_arg,
+        choice_arg(lambda: STOP_ON),
         "stop after a live alert of this severity or above, keeping the last checkpoint from before it "
         "(RUN/checkpoints): critical, warning or never",
     ),
