@@ -64,33 +64,18 @@ class MemoryRun(Run):
     def of(cls, manifest: Mapping[str, Any], frames: Mapping[str, pl.DataFrame], name: str = "live") -> MemoryRun:
         return cls(path=Path(name), manifest=dict(manifest), parts={}, frames=dict(frames))
 
-    def _table(self, table: str) -> pl.LazyFrame:
+    def _scan(self, table: str) -> pl.LazyFrame:
+        """The table's frame (empty when not given), read as `Run._scan` reads a table's parts."""
         frame = self.frames.get(table)
         if frame is None:
             rules = list(self.rules) if table in ("tokens", "aggregates") else []
             frame = _empty(table, rules)
-        return frame.lazy()
+        return with_derived(frame.lazy()) if table == "tokens" and self.sampled else frame.lazy()
 
     @property
     def tokens(self) -> pl.LazyFrame:
-        tokens = self._table("tokens")
-        return with_derived(tokens) if self.sampled else tokens
-
-    @property
-    def samples(self) -> pl.LazyFrame:
-        return self._table("samples")
-
-    @property
-    def metrics(self) -> pl.LazyFrame:
-        return self._table("metrics")
-
-    @property
-    def aggregates(self) -> pl.LazyFrame:
-        return self._table("aggregates")
-
-    @property
-    def alerts(self) -> pl.LazyFrame:
-        return self._table("alerts")
+        """The token rows (no part files to ask whether any were written: empty when none)."""
+        return self._scan("tokens")
 
     @property
     def sampled(self) -> bool:
