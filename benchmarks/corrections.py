@@ -2,14 +2,14 @@
 and how their blocked sets overlap DPPO binary TV's on the same tokens (docs/claims.md).
 
     python benchmarks/corrections.py train OUT [--rules R,...] [--default-rules R,...] [--seeds 0,1,2]
-                                             [--collapse-steps N] [--default-steps N] [--eval-size N]
-                                             [--eval-every N]
+                                             [--collapse-steps 250] [--default-steps 20] [--eval-size 200]
+                                             [--eval-every 10] [--jobs 2]
     python benchmarks/corrections.py report OUT
 
-`train` trains every rule (`--rules`) on every seed under the `collapse` preset (OUT/collapse) and
-the `--default-rules` under the `default` preset (OUT/default), one run at a time (`trustlens
-compare` with the overrides given: fewer steps and a smaller held-out set than the presets', so
-that the set fits a shared machine).
+`train` trains the `--default-rules` on every seed under the `default` preset for
+`--default-steps` steps (OUT/default: how fast each learns), then every rule (`--rules`) under the
+`collapse` preset for its full 250 steps (OUT/collapse), `--jobs` runs at a time (`trustlens
+compare` with the overrides given; the held-out set is smaller than the presets' 500 problems).
 `report` prints, per preset and rule, the final held-out accuracy (mean ± standard error over the
 seeds), the collapses out of the seeds (trustlens.analysis.seeds: accuracy below half its start,
 or the reward collapse) and the gain over the run (final − start); then, on the tokens of the
@@ -25,21 +25,33 @@ from pathlib import Path
 
 import polars as pl
 
-DEFAULT_RULES = ("dppo_binary_tv", "pg_is", "icepop", "gspo", "gmpo")
-LEARNING_RULES = ("dppo_binary_tv", "gspo", "icepop", "gmpo")
-PRESETS = ("collapse", "default")
+from trustlens.rules.corrections import CORRECTIONS as CORRECTION_RULES
+
+# the corrections of docs/rules.md beyond PPO and DPPO, each against DPPO binary TV (and, on the
+# collapse preset, pg_is: the same IS-weighted loss with no trust region)
+CORRECTIONS = tuple(rule.name for rule in CORRECTION_RULES)
+DEFAULT_RULES = ("dppo_binary_tv", "pg_is", *CORRECTIONS)
+LEARNING_RULES = ("dppo_binary_tv", *CORRECTIONS)
+PRESETS = ("default", "collapse")  # the short default-preset runs first
 
 
 def train(
-    out: Path, rules: dict[str, list[str]], seeds: list[int], steps: dict[str, int], eval_size: int, eval_every: int
+    out: Path,
+    rules: dict[str, list[str]],
+    seeds: list[int],
+    steps: dict[str, int],
+    eval_size: int,
+    eval_every: int,
+    jobs: int,
 ) -> None:
-    """Each preset's rules × seeds, into OUT/<preset>/<rule>-seed<seed>; finished runs kept."""
+    """Each preset's rules × seeds, into OUT/<preset>/<rule>-seed<seed>, `jobs` runs at a time;
+    finished runs kept."""
     from trustlens.train.config import config_from_preset
     from trustlens.train.runsets import compare
 
     for preset in PRESETS:
         base = config_from_preset(preset, steps=steps[preset], eval_size=eval_size, eval_every=eval_every)
-        compare(rules[preset], seeds, out / preset, base, reuse=True, quiet=True)
+        compare(rules[preset], seeds, out / preset, base, reuse=True, quiet=True, jobs=jobs)
 
 
 def _runs(folder: Path) -> list:
@@ -115,10 +127,11 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--rules", default=",".join(DEFAULT_RULES), help="the collapse preset's rules")
     t.add_argument("--default-rules", default=",".join(LEARNING_RULES), help="the default preset's rules")
     t.add_argument("--seeds", default="0,1,2")
-    t.add_argument("--collapse-steps", type=int, default=30)
-    t.add_argument("--default-steps", type=int, default=10)
-    t.add_argument("--eval-size", type=int, default=200)
-    t.add_argument("--eval-every", type=int, default=10)
+    t.add_argument("--collapse-steps", type=int, default=250, help="the collapse preset's steps [250]")
+    t.add_argument("--default-steps", type=int, default=20, help="steps of the default-preset runs [20]")
+    t.add_argument("--eval-size", type=int, default=200, help="held-out problems per evaluation [200]")
+    t.add_argument("--eval-every", type=int, default=10, help="evaluate every this many steps [10]")
+    t.add_argument("--jobs", type=int, default=2, help="runs trained at a time [2]")
     r = sub.add_parser("report")
     r.add_argument("out", type=Path)
     args = parser.parse_args(argv)
@@ -126,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         steps = {"collapse": args.collapse_steps, "default": args.default_steps}
         seeds = [int(s) for s in args.seeds.split(",")]
         rules = {"collapse": args.rules.split(","), "default": args.default_rules.split(",")}
-        train(args.out, rules, seeds, steps, args.eval_size, args.eval_every)
+        train(args.out, rules, seeds, steps, args.eval_size, args.eval_every, args.jobs)
     else:
         report(args.out)
 

@@ -1,7 +1,7 @@
 """Live alerts (trustlens.live): online = offline, stopping on them, and their cost.
 
     python benchmarks/live.py --out DIR [--seeds 0,1,2] [--steps 250] [--dppo-steps 100]
-                              [--cost-steps 20] [--jobs 2] [--parts online,stop,cost]
+                              [--cost-steps 400] [--cost-block 5] [--jobs 2] [--parts online,stop,cost]
 
 online  Replays the shipped runs (data/sample_run) step by step through a LiveMonitor, and trains
         the collapse preset with pg_is and with dppo_binary_tv for each seed with live alerts on
@@ -16,8 +16,13 @@ stop    Trains the collapse preset with pg_is and `stop_on="critical"` per seed:
         checkpoint's step: a checkpoint holds the weights that evaluation measured, both taken
         before that step's update, every 10 steps), against the same seed's full run: its final
         and its best held-out accuracy.
-cost    The built-in step (the default preset, 1 thread) with alerts on against off, alternating
-        runs of `--cost-steps` steps, 3 pairs: mean seconds per step and the ratio (on / off).
+cost    The built-in step (the default preset, 1 thread) with alerts on against off, within one
+        run of `--cost-steps` steps, so that the machine's drift from run to run cancels: the
+        monitor judges the steps of every other block of `--cost-block` steps. A step's judging
+        runs on the writer thread while the next step trains, so a step counts as "on" when the
+        step before it was judged. Mean seconds per step on and off, the cost (on − off) / off
+        with its standard error, and the CPU time the live tap (gathering rows, the LiveMonitor)
+        took on the writer thread per judged step (polars' worker threads not counted).
 
 Prints Markdown tables. A run already in DIR with the same name is reused (delete it to train
 again).
@@ -155,18 +160,49 @@ def stop_row(seed: int, stopped: Path, full: Path) -> dict:
     }
 
 
-def cost_pair(out: Path, steps: int, i: int) -> tuple[float, float]:
+def cost_row(out: Path, steps: int, block: int) -> dict:
+    """One default-preset run of `steps` steps with live alerts on, whose monitor judges the steps
+    of every other block of `block` steps: a step's judging runs while the next step trains, so
+    each step from the second on counts as "on" when the monitor judged the step before it, else
+    "off". Mean seconds per step of each (± standard error), the cost (on − off) / off, and the
+    live tap's writer-thread CPU per judged step."""
+    import trustlens.train.trainer as trainer_module
+    from trustlens.analysis.seeds import mean_se
     from trustlens.train.config import config_from_preset
-    from trustlens.train.trainer import train
 
-    times = []
-    for alerts in (False, True) if i % 2 == 0 else (True, False):
-        cfg = config_from_preset("default", steps=steps, eval_size=0, alerts=alerts, seed=i)
-        result = train(cfg, out / f"cost-{i}-{'on' if alerts else 'off'}", progress=False)
-        times.append((alerts, statistics.mean(result.step_times)))
-    on = next(t for a, t in times if a)
-    off = next(t for a, t in times if not a)
-    return off, on
+    def judged(step: int) -> bool:
+        return (step // block) % 2 == 0
+
+    taps = []
+    make = trainer_module.make_recorder
+
+    def make_recorder(cfg, run_dir, tokenizer, rules):
+        rec = make(cfg, run_dir, tokenizer, rules)
+        tap = rec._live
+        judge = tap._step
+        tap._step = lambda step, tables, ended: judge(step, tables, ended) if judged(step) else None
+        taps.append(tap)
+        return rec
+
+    trainer_module.make_recorder = make_recorder
+    try:
+        cfg = config_from_preset("default", steps=steps, eval_size=0, alerts=True)
+        result = trainer_module.train(cfg, out / f"cost-{steps}-{block}", progress=False)
+    finally:
+        trainer_module.make_recorder = make
+    times = {True: [], False: []}
+    for step in range(1, len(result.step_times)):
+        times[judged(step - 1)].append(result.step_times[step])
+    (on, on_se, _), (off, off_se, _) = (mean_se(times[mode]) for mode in (True, False))
+    return {
+        "steps": steps,
+        "block": block,
+        "on_s": on,
+        "off_s": off,
+        "cost_pct": 100 * (on - off) / off,
+        "se_pct": 100 * (on_se**2 + off_se**2) ** 0.5 / off,
+        "tap_cpu_ms": 1e3 * taps[0].cpu_s / len(times[True]),
+    }
 
 
 def _fmt(v, digits=3) -> str:
@@ -191,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1,2", help="seeds of the collapse preset [0,1,2]")
     parser.add_argument("--steps", type=int, default=250, help="steps of the pg_is runs [250]")
     parser.add_argument("--dppo-steps", type=int, default=100, help="steps of the dppo_binary_tv runs [100]")
-    parser.add_argument("--cost-steps", type=int, default=20, help="steps of each cost run [20]")
+    parser.add_argument("--cost-steps", type=int, default=400, help="steps of the cost run [400]")
+    parser.add_argument("--cost-block", type=int, default=5, help="steps judged, then not, in turn [5]")
     parser.add_argument("--jobs", type=int, default=2, help="runs trained at a time [2]")
     parser.add_argument("--parts", default="online,stop,cost", help="what to measure [online,stop,cost]")
     args = parser.parse_args(argv)
@@ -238,13 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         ]
         print(table(rows, cols))
     if "cost" in parts:
-        pairs = [cost_pair(args.out, args.cost_steps, i) for i in range(3)]
-        off = statistics.mean(p[0] for p in pairs)
-        on = statistics.mean(p[1] for p in pairs)
-        print("\n### Cost (default preset, s/step)\n")
-        print(
-            table([{"alerts off": off, "alerts on": on, "on / off": on / off}], ["alerts off", "alerts on", "on / off"])
-        )
+        row = cost_row(args.out, args.cost_steps, args.cost_block)
+        print("\n### Cost (default preset, 1 thread: s/step with the monitor judging the step before or not)\n")
+        print(table([row], ["steps", "block", "on_s", "off_s", "cost_pct", "se_pct", "tap_cpu_ms"]))
     return 0
 
 

@@ -431,3 +431,16 @@ def test_the_checks_name_the_kind_of_mu(tmp_path):
         f = check(inp)
         assert f.verdict == "ok"
         assert f.summary.endswith("(run.json: processed log μ, of the distribution the tokens were drawn from)")
+
+
+def test_checks_runs_only_those_checks(tmp_path):
+    every = doctor(bench.write_planted(tmp_path / "shifted", "shifted", 1))
+    some = doctor(load_run(tmp_path / "shifted"), ["truncation", "level", "shift"])
+    assert sorted(f.check for f in some) == ["level", "shift", "truncation"]
+    # the same findings (polars' parallel sums may differ in the last bits from call to call)
+    said = [(f.check, f.verdict, f.summary) for f in every if f.check in ("truncation", "level", "shift")]
+    assert [(f.check, f.verdict, f.summary) for f in some] == said
+    alone = doctor(load_run(tmp_path / "shifted"), ["level"])  # no cause among them: nothing to follow from
+    assert alone[0].verdict == "problem" and "may_follow_from" not in alone[0].evidence
+    with pytest.raises(ValueError, match="checks"):
+        doctor(load_run(tmp_path / "shifted"), ["levle"])

@@ -1,6 +1,7 @@
 import pytest
 
 from trustlens.analysis import step_summary
+from trustlens.analysis.summary import SUMMARY_COLUMNS, step_summary_query
 
 
 def test_step_summary_by_hand(clip_run):
@@ -34,3 +35,14 @@ def test_step_summary_by_hand(clip_run):
 
 def test_empty(clip_run):
     assert step_summary(clip_run.tokens.head(0)).is_empty()
+
+
+def test_columns_computes_only_what_is_asked(clip_run):
+    full = step_summary(clip_run.tokens)
+    assert step_summary_query(clip_run.tokens).collect_schema().names() == full.columns
+    assert full.columns == ["step", *SUMMARY_COLUMNS, "blocked_ppo", "blocked_dppo_binary_tv"]
+    part = step_summary(clip_run.tokens, columns=("entropy", "blocked_dppo_binary_tv"))
+    assert part.columns == ["step", "entropy", "blocked_dppo_binary_tv"]
+    assert part.equals(full.select(part.columns))
+    only = step_summary_query(clip_run.tokens, rules=["dppo_binary_tv"]).collect_schema().names()
+    assert [c for c in only if c.startswith("blocked_")] == ["blocked_dppo_binary_tv"]

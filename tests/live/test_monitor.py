@@ -152,3 +152,13 @@ def test_a_clean_run_raises_no_finding(tmp_path):
     monitor = LiveMonitor.for_run(run, None)
     assert [a for _, new in replay(run, monitor) for a in new] == []
     assert math.isfinite(len(monitor.alerts)) and monitor.alerts == []
+
+
+def test_a_symptom_found_later_says_it_may_follow_from_an_early_cause(tmp_path):
+    run = load_run(bench.write_planted(tmp_path / "shifted", "shifted", 1))
+    monitor = LiveMonitor.for_run(run, None, doctor=DoctorConfig(early_steps=3, every=4))
+    found = {(a.kind, a.severity): step for step, new in replay(run, monitor) for a in new}
+    assert found[("shift", "problem")] == 0
+    level = next(a for a in monitor.alerts if a.kind == "level")
+    assert found[("level", "problem")] == 3  # the first accumulating step (the 4th)
+    assert "(may follow from shift)" in level.message  # shift was decided at the early steps

@@ -2,6 +2,7 @@
 off the training thread, and bad input or a failing callable or mirror never stops the recording."""
 
 import threading
+import time
 import warnings
 
 import pytest
@@ -85,6 +86,7 @@ def test_the_run_keeps_the_live_alerts_and_they_equal_the_offline_ones(tmp_path)
     ]
     assert sink.counts[-1] == {"critical": 2, "warning": 1}
     assert threads == {"trustlens-alerts"}
+    assert 0 < rec._live.cpu_s < time.process_time()  # the writer thread's CPU spent on the alerts
 
 
 def test_planned_steps_set_the_window(tmp_path):

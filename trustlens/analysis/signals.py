@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import polars as pl
 
 from trustlens.analysis.buckets import checked_rules, collect
@@ -34,22 +36,21 @@ def _metric_per_step(metrics: pl.LazyFrame, name: str) -> pl.LazyFrame:
     )
 
 
-def step_signals(run) -> pl.DataFrame:
+def step_signals(run, rules: str | Sequence[str] | None = None) -> pl.DataFrame:
     """One row per step (module docstring): step, entropy, k3_kl, prob_diff_mean, reward,
     accuracy, grad_norm, blocked_<rule>…; null where a run lacks the source. `run` has .tokens, .samples
     and .metrics LazyFrames (a `trustlens.run.Run`); a sampled run's block rates and mismatch
-    come from its exact aggregates."""
+    come from its exact aggregates. `rules`: the rules whose blocked_<rule> columns are computed
+    (None: every rule the run evaluated; the live alerts watch only the active rule's)."""
     run = require_run("step_signals", run)
     tokens = run.tokens
-    rules = checked_rules(tokens, None)
+    rules = checked_rules(tokens, rules)
     aggregates = exact_aggregates(run)
     per_step = step_summary(tokens, aggregates=aggregates, columns=("entropy", *(blocked_column(r) for r in rules)))
     mm = mismatch_per_step(tokens, aggregates=aggregates).select("step", "k3_kl", "prob_diff_mean")
-    reward = collect(run.samples.group_by("step").agg(pl.col("reward").mean().cast(pl.Float64)))
-    accuracy = collect(evaluations(run.metrics))
-    grad = collect(_metric_per_step(run.metrics, "grad_norm"))
-    out = per_step
-    for other in (mm, reward, accuracy, grad):
+    reward = run.samples.group_by("step").agg(pl.col("reward").mean().cast(pl.Float64))
+    out = per_step.lazy()  # one query for the joins: a step's few rows cost a collect's overhead, not its work
+    for other in (mm.lazy(), reward, evaluations(run.metrics), _metric_per_step(run.metrics, "grad_norm")):
         out = out.join(other.with_columns(pl.col("step").cast(pl.Int32)), on="step", how="full", coalesce=True)
     cols = [
         "entropy",
@@ -60,7 +61,7 @@ def step_signals(run) -> pl.DataFrame:
         "grad_norm",
         *(blocked_column(r) for r in rules),
     ]
-    return (
+    return collect(
         out.with_columns(pl.col("step").cast(pl.Int32))
         .select("step", *(pl.col(c).cast(pl.Float64) for c in cols))
         .sort("step")

@@ -24,6 +24,8 @@ so is entropy when the aggregates hold its sum (runs recorded since 2026-11-26).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import polars as pl
 
 from trustlens.analysis.buckets import (
@@ -37,7 +39,21 @@ from trustlens.analysis.buckets import (
 )
 from trustlens.analysis.inputs import RunOrTokens, require_run, token_rows
 from trustlens.core.values import check_names, check_step_range
+from trustlens.run import blocked_column
 from trustlens.run.aggregates import step_aggregates
+
+# step_summary's columns before the blocked_<rule> ones, in order
+SUMMARY_COLUMNS = (
+    "tokens",
+    "samples",
+    "mean_advantage",
+    "entropy",
+    "ratio_mean",
+    "ratio_max",
+    "binary_tv_mean",
+    "binary_tv_max",
+    "zero_adv_frac",
+)
 
 
 def exact_aggregates(run, steps: tuple[int, int] | None = None) -> pl.LazyFrame | None:
@@ -53,11 +69,14 @@ def exact_aggregates(run, steps: tuple[int, int] | None = None) -> pl.LazyFrame 
     return run.aggregates.filter(pl.col("step").is_between(*bounds))
 
 
-def step_summary_query(tokens: pl.LazyFrame, *, counts: bool = True) -> pl.LazyFrame:
+def step_summary_query(
+    tokens: pl.LazyFrame, *, counts: bool = True, rules: Sequence[str] | None = None
+) -> pl.LazyFrame:
     """The lazy query behind `step_summary` on the token rows alone (for composing with other
     queries). counts=False leaves out what exact aggregates give (tokens, zero_adv_frac,
-    blocked_<rule>), sparing a sampled run's scan those columns."""
-    rules = checked_rules(tokens, None)
+    blocked_<rule>), sparing a sampled run's scan those columns; `rules`: the rules whose
+    blocked_<rule> it computes (None: every rule the rows hold)."""
+    rules = checked_rules(tokens, rules)
     w = weighted(tokens)
     counted = [
         (weighted_count().round() if w else pl.len()).cast(pl.Int64).alias("tokens"),
@@ -91,17 +110,17 @@ def step_summary(
         its sum) entropy come from them.
     columns: only these columns besides step (the others are not computed)."""
     tokens, aggregates = token_rows("step_summary", tokens, aggregates)
-    full = step_summary_query(tokens)
-    order = full.collect_schema().names()
-    wanted = order[1:] if columns is None else [c for c in order if c in check_names("columns", columns, order[1:])]
+    every_rule = checked_rules(tokens, None)
+    order = [*SUMMARY_COLUMNS, *(blocked_column(r) for r in every_rule)]
+    wanted = order if columns is None else [c for c in order if c in check_names("columns", columns, order)]
     if aggregates is not None:
         wanted = [c for c in wanted if c != "samples"]
-    query = full if aggregates is None else step_summary_query(tokens, counts=False)
+    rules = [r for r in every_rule if blocked_column(r) in wanted]
+    query = step_summary_query(tokens, counts=aggregates is None, rules=rules)
     rows = [c for c in wanted if c in query.collect_schema().names()]
     summary = collect(query.select("step", *rows))
     if aggregates is None:
         return summary
-    rules = checked_rules(tokens, None)
     steps = step_aggregates(aggregates)
     entropy = []
     if "sum_entropy" in steps.columns and "entropy" in wanted:

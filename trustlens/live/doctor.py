@@ -2,11 +2,12 @@
 
 The checks that name a root cause (shift, token_ids, sentinel, temperature, truncation) decide
 from the first steps: they run at each of the first `early_steps` steps on the token rows of the
-steps so far. The checks that accumulate (engine_drift, where, level) run every `every` steps on
-the rows held: those of the first `early_steps` steps and of the last `recent_steps` steps (so
-engine_drift compares the run's start with its recent steps), a bounded set however long the
-run. Each finding is raised once, at the first step its verdict is warning or problem, and again
-only if it turns from warning to problem.
+steps so far, and not after. The checks that accumulate (engine_drift, where, level) run every
+`every` steps on the rows held: those of the first `early_steps` steps and of the last
+`recent_steps` steps (so engine_drift compares the run's start with its recent steps), a bounded
+set however long the run; a finding of theirs says it may follow from a cause the early steps
+found a problem (`note_consequences`). Each finding is raised once, at the first step its verdict
+is warning or problem, and again only if it turns from warning to problem.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import polars as pl
 
 from trustlens.analysis.diagnosis import doctor
-from trustlens.analysis.diagnosis.finding import CAUSES, VERDICTS, Finding
+from trustlens.analysis.diagnosis.finding import CAUSES, SYMPTOMS, VERDICTS, Finding, note_consequences, ordered
 from trustlens.core.values import check_int
 from trustlens.live.rows import MemoryRun
 
@@ -47,6 +48,7 @@ class LiveDoctor:
         self.recent: deque[pl.DataFrame] = deque(maxlen=config.recent_steps)
         self.steps = 0
         self.raised: dict[str, str] = {}  # check -> the verdict raised
+        self.causes: list[Finding] = []  # the root-cause checks' findings at the last early step
 
     def push(self, tokens: pl.DataFrame) -> list[Finding]:
         """Judge after a step whose token rows are `tokens`."""
@@ -63,9 +65,15 @@ class LiveDoctor:
             return []
         frames = [*self.early, *self.recent]
         run = MemoryRun.of(self.manifest, {"tokens": pl.concat(frames, how="diagonal_relaxed")}, name="live doctor")
+        checks = (CAUSES if early else ()) + (SYMPTOMS if accumulate else ())
+        found = doctor(run, checks)
+        if early:
+            self.causes = [f for f in found if f.check in CAUSES]
+        else:
+            found = note_consequences(ordered([*self.causes, *found]))
         new = []
-        for f in doctor(run):
-            if f.verdict == "ok" or (f.check in CAUSES and not early) or (f.check not in CAUSES and not accumulate):
+        for f in found:
+            if f.verdict == "ok" or f.check not in checks:
                 continue
             before = self.raised.get(f.check)
             if before is None or VERDICTS.index(f.verdict) > VERDICTS.index(before):

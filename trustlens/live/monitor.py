@@ -106,7 +106,8 @@ class LiveMonitor:
 
     def _collapse_step(self, step: int, run: MemoryRun, wall: float) -> list[LiveAlert]:
         assert self.collapse is not None
-        signals = step_signals(run)
+        watched = [self.rule] if self.rule is not None and self.rule in self.rules else None
+        signals = step_signals(run, watched)  # blocked_drift watches the active rule alone
         if signals.is_empty():
             return []
         if self._detectors is None:

@@ -7,6 +7,7 @@ so that a step is judged live exactly as it is in the finished run.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +25,10 @@ ROW_TABLES = ("tokens", "samples", "metrics", "aggregates")
 Rows: TypeAlias = pl.DataFrame | pl.LazyFrame | pa.Table | pa.RecordBatch
 
 
-def _empty(table: str, rules: list[str]) -> pl.DataFrame:
-    frame = pl.from_arrow(frame_schema(table, rules).empty_table())
+@functools.lru_cache(maxsize=64)
+def _empty(table: str, rules: tuple[str, ...]) -> pl.DataFrame:
+    """The empty frame of `table` (polars frames are immutable: one is shared by every step)."""
+    frame = pl.from_arrow(frame_schema(table, list(rules)).empty_table())
     assert isinstance(frame, pl.DataFrame)
     return frame
 
@@ -34,7 +37,7 @@ def as_frame(table: str, rows: Rows | Iterable[pa.RecordBatch] | None, rules: li
     """`rows` of `table` as a polars DataFrame shaped as `load_run` reads it: a `rank` column
     (`rank` where the rows lack one), the token text as plain strings."""
     if rows is None:
-        return _empty(table, rules)
+        return _empty(table, tuple(rules))
     if isinstance(rows, pl.LazyFrame):
         rows = rows.collect()
     elif isinstance(rows, pa.RecordBatch):
@@ -42,7 +45,7 @@ def as_frame(table: str, rows: Rows | Iterable[pa.RecordBatch] | None, rules: li
     elif not isinstance(rows, pl.DataFrame | pa.Table):
         batches = list(rows)
         if not batches:
-            return _empty(table, rules)
+            return _empty(table, tuple(rules))
         rows = pa.Table.from_batches(batches)
     if isinstance(rows, pa.Table):
         if "token" in rows.column_names and pa.types.is_dictionary(rows.schema.field("token").type):
@@ -68,8 +71,7 @@ class MemoryRun(Run):
         """The table's frame (empty when not given), read as `Run._scan` reads a table's parts."""
         frame = self.frames.get(table)
         if frame is None:
-            rules = list(self.rules) if table in ("tokens", "aggregates") else []
-            frame = _empty(table, rules)
+            frame = _empty(table, tuple(self.rules) if table in ("tokens", "aggregates") else ())
         return with_derived(frame.lazy()) if table == "tokens" and self.sampled else frame.lazy()
 
     @property

@@ -98,6 +98,7 @@ class LiveTap:
         self.write: Callable[[str, pa.RecordBatch], None] | None = None  # the writer's append (`bind`)
         self.raised: list[LiveAlert] = []  # every alert raised or changed, in order (appended on the writer thread)
         self.latency: list[float] = []  # seconds from a step's end (its last rows, or end_step) to its alerts
+        self.cpu_s = 0.0  # CPU seconds of the writer thread spent in this tap (gathering rows, judging steps)
         self._rows = StepRows(ROW_TABLES)
         self._sent: dict[tuple, int] = {}  # key -> the severity rank last sent to the mirror and on_alert
         self._ended: dict[int, float] = {}  # step -> monotonic time its last rows came
@@ -113,14 +114,18 @@ class LiveTap:
     def add(self, table: str, batch: pa.RecordBatch) -> None:
         if self._failed:
             return
+        started = time.thread_time()
         first = self._rows.add(table, batch)
         if first is not None:
             self._ended[int(batch.column("step")[-1].as_py())] = time.monotonic()
             self._judge(before=first)
+        self.cpu_s += time.thread_time() - started
 
     def end_step(self, step: int) -> None:
+        started = time.thread_time()
         self._ended[step] = time.monotonic()
         self._judge(before=step + 1)
+        self.cpu_s += time.thread_time() - started
 
     def close(self) -> None:
         self._judge(before=None)
