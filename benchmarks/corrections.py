@@ -63,19 +63,26 @@ def _runs(folder: Path) -> list:
 
 
 def outcome_table(folder: Path) -> pl.DataFrame:
-    """Per rule: n, collapsed, acc_final mean ± SE, gain (acc_final − acc_start) mean ± SE."""
+    """Per rule: n, collapsed (and the steps, with their cause), within_noise (runs whose
+    accuracy never fell below its start by more than an evaluation's noise), acc_final, acc_lowest
+    and gain (acc_final − acc_start), each mean ± SE over the seeds."""
     from trustlens.analysis.seeds import mean_se, run_outcomes
 
     outcomes = run_outcomes(_runs(folder)).with_columns((pl.col("acc_final") - pl.col("acc_start")).alias("gain"))
     rows = []
     for rule in outcomes["rule"].unique(maintain_order=True).to_list():
-        part = outcomes.filter(pl.col("rule") == rule)
-        final, final_se, _ = mean_se(part["acc_final"].to_list())
-        gain, gain_se, _ = mean_se(part["gain"].to_list())
-        collapsed = int(part["collapse_step"].is_not_null().sum())
-        rows.append((rule, part.height, collapsed, final, final_se, gain, gain_se))
-    schema = ["rule", "n", "collapsed", "acc_final", "acc_final_se", "gain", "gain_se"]
-    return pl.DataFrame(rows, schema=schema, orient="row")
+        part = outcomes.filter(pl.col("rule") == rule).sort("seed")
+        row: dict = {"rule": rule, "n": part.height, "collapsed": int(part["collapse_step"].is_not_null().sum())}
+        row["collapse_steps"] = ", ".join(
+            f"{step} ({cause})"
+            for step, cause in part.select("collapse_step", "collapse_cause").rows()
+            if step is not None
+        )
+        row["within_noise"] = int(part["within_noise"].sum())
+        for name in ("acc_final", "acc_lowest", "gain"):
+            row[name], row[f"{name}_se"], _ = mean_se(part[name].to_list())
+        rows.append(row)
+    return pl.DataFrame(rows)
 
 
 def jaccard_table(folder: Path, reference: str = "dppo_binary_tv") -> pl.DataFrame:
@@ -110,7 +117,14 @@ def jaccard_table(folder: Path, reference: str = "dppo_binary_tv") -> pl.DataFra
 
 
 def report(out: Path) -> None:
-    with pl.Config(tbl_rows=50, float_precision=3, tbl_hide_dataframe_shape=True):
+    with pl.Config(
+        tbl_rows=50,
+        tbl_cols=-1,
+        tbl_width_chars=300,
+        fmt_str_lengths=120,
+        float_precision=3,
+        tbl_hide_dataframe_shape=True,
+    ):
         for preset in PRESETS:
             if (out / preset).is_dir():
                 print(f"\n{preset} preset: final held-out accuracy, collapses, gain (mean ± SE over seeds)")
