@@ -1,5 +1,9 @@
 import os
 
+# Triton's kernels run under its interpreter, on CPU tensors, in every test: set before anything
+# imports Triton (a test module, or a library one imports at collection, such as TRL).
+os.environ["TRITON_INTERPRET"] = "1"
+
 import pytest
 import torch
 

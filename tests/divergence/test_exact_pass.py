@@ -3,9 +3,6 @@ Triton's interpreter and its torch reference, against float64 definitions of exa
 KL(μ ‖ π); bad rows; the dispatch of exact_divergence; the op inside a compiled graph."""
 
 import math
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: kernels run on CPU tensors
 
 import pytest
 import torch

@@ -3,9 +3,6 @@ Triton's interpreter and its torch reference, against float64 definitions; the d
 public functions and the recorder's quantities through the pass, against the CPU's chunked path."""
 
 import math
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: kernels run on CPU tensors
 
 import pytest
 import torch

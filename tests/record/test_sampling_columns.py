@@ -5,9 +5,6 @@ S, against hand-checked cases and float64 definitions, on the CPU's chunked path
 recorder into a run."""
 
 import math
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: kernels run on CPU tensors
 
 import numpy as np
 import pytest
