@@ -63,26 +63,28 @@ def _runs(folder: Path) -> list:
 
 
 def outcome_table(folder: Path) -> pl.DataFrame:
-    """Per rule: n, collapsed (and the steps, with their cause), within_noise (runs whose
-    accuracy never fell below its start by more than an evaluation's noise), acc_final, acc_lowest
-    and gain (acc_final − acc_start), each mean ± SE over the seeds."""
-    from trustlens.analysis.seeds import mean_se, run_outcomes
+    """Per rule, the seed table of `trustlens compare` (trustlens.analysis.seeds: n, collapsed,
+    within_noise, acc_final and acc_lowest mean ± SE over the seeds), with the collapses' steps
+    and causes by seed, and the gain acc_final − acc_start mean ± SE."""
+    from trustlens.analysis.seeds import mean_se, run_outcomes, seed_table
 
-    outcomes = run_outcomes(_runs(folder)).with_columns((pl.col("acc_final") - pl.col("acc_start")).alias("gain"))
+    outcomes = run_outcomes(_runs(folder))
+    table = seed_table(outcomes).select(
+        "rule", "n", "collapsed", "within_noise", "acc_final_mean", "acc_final_se", "acc_lowest_mean", "acc_lowest_se"
+    )
     rows = []
-    for rule in outcomes["rule"].unique(maintain_order=True).to_list():
+    for rule in table["rule"].to_list():
         part = outcomes.filter(pl.col("rule") == rule).sort("seed")
-        row: dict = {"rule": rule, "n": part.height, "collapsed": int(part["collapse_step"].is_not_null().sum())}
-        row["collapse_steps"] = ", ".join(
-            f"{step} ({cause})"
-            for step, cause in part.select("collapse_step", "collapse_cause").rows()
-            if step is not None
-        )
-        row["within_noise"] = int(part["within_noise"].sum())
-        for name in ("acc_final", "acc_lowest", "gain"):
-            row[name], row[f"{name}_se"], _ = mean_se(part[name].to_list())
-        rows.append(row)
-    return pl.DataFrame(rows)
+        steps = part.select("collapse_step", "collapse_cause").rows()
+        gain, gain_se, _ = mean_se((part["acc_final"] - part["acc_start"]).to_list())
+        collapses = ", ".join(f"{step} ({cause})" for step, cause in steps if step is not None)
+        rows.append((rule, collapses, gain, gain_se))
+    extra = pl.DataFrame(
+        rows,
+        schema={"rule": pl.String, "collapse_steps": pl.String, "gain": pl.Float64, "gain_se": pl.Float64},
+        orient="row",
+    )
+    return table.join(extra, on="rule", how="left", maintain_order="left")
 
 
 def jaccard_table(folder: Path, reference: str = "dppo_binary_tv") -> pl.DataFrame:
