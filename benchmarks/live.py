@@ -1,7 +1,8 @@
 """Live alerts (trustlens.live): online = offline, stopping on them, and their cost.
 
     python benchmarks/live.py --out DIR [--seeds 0,1,2] [--steps 250] [--dppo-steps 100]
-                              [--cost-steps 400] [--cost-block 5] [--jobs 2] [--parts online,stop,cost]
+                              [--cost-steps 1000] [--cost-block 1] [--cost-doses 1]
+                              [--jobs 2] [--parts online,stop,cost]
 
 online  Replays the shipped runs (data/sample_run) step by step through a LiveMonitor, and trains
         the collapse preset with pg_is and with dppo_binary_tv for each seed with live alerts on
@@ -22,7 +23,10 @@ cost    The built-in step (the default preset, 1 thread) with alerts on against 
         runs on the writer thread while the next step trains, so a step counts as "on" when the
         step before it was judged. Mean seconds per step on and off, the cost (on − off) / off
         with its standard error, and the CPU time the live tap (gathering rows, the LiveMonitor)
-        took on the writer thread per judged step (polars' worker threads not counted).
+        took on the writer thread per judged step (polars' worker threads not counted). With
+        `--cost-doses 1,10`, a second run judges each judged step with 10 monitors: ten times the
+        work, so a cost below what one run can resolve shows ten times larger; its cost and CPU
+        are given per judging.
 
 Prints Markdown tables. A run already in DIR with the same name is reused (delete it to train
 again).
@@ -160,14 +164,18 @@ def stop_row(seed: int, stopped: Path, full: Path) -> dict:
     }
 
 
-def cost_row(out: Path, steps: int, block: int) -> dict:
+def cost_row(out: Path, steps: int, block: int, dose: int) -> dict:
     """One default-preset run of `steps` steps with live alerts on, whose monitor judges the steps
     of every other block of `block` steps: a step's judging runs while the next step trains, so
     each step from the second on counts as "on" when the monitor judged the step before it, else
-    "off". Mean seconds per step of each (± standard error), the cost (on − off) / off, and the
-    live tap's writer-thread CPU per judged step."""
+    "off". With `dose` > 1, a judged step is judged by `dose` monitors (the run's and dose − 1
+    more, whose alerts go nowhere): `dose` times the work, so that a cost too small to resolve
+    once shows `dose` times larger, and the cost per judging is the slope. Mean seconds per step
+    on and off (± standard error), the cost per judging (on − off) / off / dose, and the live
+    tap's writer-thread CPU per judging."""
     import trustlens.train.trainer as trainer_module
     from trustlens.analysis.seeds import mean_se
+    from trustlens.live import LiveMonitor
     from trustlens.train.config import config_from_preset
 
     def judged(step: int) -> bool:
@@ -179,15 +187,26 @@ def cost_row(out: Path, steps: int, block: int) -> dict:
     def make_recorder(cfg, run_dir, tokenizer, rules):
         rec = make(cfg, run_dir, tokenizer, rules)
         tap = rec._live
-        judge = tap._step
-        tap._step = lambda step, tables, ended: judge(step, tables, ended) if judged(step) else None
+        judge, shadows = tap._step, []
+
+        def step_fn(step, tables, ended):
+            if not judged(step):
+                return None
+            if not shadows:
+                m = tap.monitor
+                shadows.extend(LiveMonitor(m.manifest, tap.collapse, rank=m.rank) for _ in range(dose - 1))
+            for shadow in shadows:
+                shadow.update(step, **{t: b for t, b in tables.items() if b})
+            return judge(step, tables, ended)
+
+        tap._step = step_fn
         taps.append(tap)
         return rec
 
     trainer_module.make_recorder = make_recorder
     try:
         cfg = config_from_preset("default", steps=steps, eval_size=0, alerts=True)
-        result = trainer_module.train(cfg, out / f"cost-{steps}-{block}", progress=False)
+        result = trainer_module.train(cfg, out / f"cost-{steps}-{block}-x{dose}", progress=False)
     finally:
         trainer_module.make_recorder = make
     times = {True: [], False: []}
@@ -197,11 +216,12 @@ def cost_row(out: Path, steps: int, block: int) -> dict:
     return {
         "steps": steps,
         "block": block,
+        "dose": dose,
         "on_s": on,
         "off_s": off,
-        "cost_pct": 100 * (on - off) / off,
-        "se_pct": 100 * (on_se**2 + off_se**2) ** 0.5 / off,
-        "tap_cpu_ms": 1e3 * taps[0].cpu_s / len(times[True]),
+        "cost_pct": 100 * (on - off) / off / dose,
+        "se_pct": 100 * (on_se**2 + off_se**2) ** 0.5 / off / dose,
+        "tap_cpu_ms": 1e3 * taps[0].cpu_s / len(times[True]) / dose,
     }
 
 
@@ -227,8 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1,2", help="seeds of the collapse preset [0,1,2]")
     parser.add_argument("--steps", type=int, default=250, help="steps of the pg_is runs [250]")
     parser.add_argument("--dppo-steps", type=int, default=100, help="steps of the dppo_binary_tv runs [100]")
-    parser.add_argument("--cost-steps", type=int, default=400, help="steps of the cost run [400]")
-    parser.add_argument("--cost-block", type=int, default=5, help="steps judged, then not, in turn [5]")
+    parser.add_argument("--cost-steps", type=int, default=1000, help="steps of the cost run [1000]")
+    parser.add_argument("--cost-block", type=int, default=1, help="steps judged, then not, in turn [1]")
+    parser.add_argument(
+        "--cost-doses", default="1", help="monitors judging each judged step, one cost run per value [1]"
+    )
     parser.add_argument("--jobs", type=int, default=2, help="runs trained at a time [2]")
     parser.add_argument("--parts", default="online,stop,cost", help="what to measure [online,stop,cost]")
     args = parser.parse_args(argv)
@@ -275,9 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         ]
         print(table(rows, cols))
     if "cost" in parts:
-        row = cost_row(args.out, args.cost_steps, args.cost_block)
+        rows = [cost_row(args.out, args.cost_steps, args.cost_block, int(d)) for d in args.cost_doses.split(",")]
         print("\n### Cost (default preset, 1 thread: s/step with the monitor judging the step before or not)\n")
-        print(table([row], ["steps", "block", "on_s", "off_s", "cost_pct", "se_pct", "tap_cpu_ms"]))
+        print(table(rows, ["steps", "block", "dose", "on_s", "off_s", "cost_pct", "se_pct", "tap_cpu_ms"]))
     return 0
 
 

@@ -14,7 +14,7 @@ from trustlens.analysis import (
     mismatch_per_step,
     mismatch_unavailable,
 )
-from trustlens.analysis.mismatch import SEQUENCE_LEVEL, logged_per_step, with_logged_sequence_level
+from trustlens.analysis.mismatch import SEQUENCE_LEVEL, logged_per_step, token_mismatch, with_logged_sequence_level
 from trustlens.export.scalars import step_scalars
 from trustlens.run import load_run
 from trustlens.run.tables import write_run
@@ -44,6 +44,33 @@ def test_per_step_by_hand(mismatch_run):
     assert s1["mismatch_kl"] == pytest.approx(L(0.4 / 0.5), rel=1e-6)
     assert s1["k3_kl"] == pytest.approx(1.25 - 1 - L(1.25), rel=1e-5)
     assert s1["prob_pearson"] is None  # one token: no correlation
+
+
+@pytest.mark.parametrize("weights", [False, True])
+def test_token_mismatch_aggregates_the_rows_as_mismatch_per_step_does(mismatch_run, weights):
+    tokens = mismatch_run.tokens.with_columns(pl.lit(None, pl.Float32).alias("weight"))  # weight 1 per row
+    one_pass = tokens.group_by("step").agg(token_mismatch(weights=weights)).sort("step").collect()
+    per_step = mismatch_per_step(mismatch_run.tokens)
+    assert one_pass["k3_kl"].to_list() == pytest.approx(per_step["k3_kl"].to_list(), rel=1e-12)
+    assert one_pass["prob_diff_mean"].to_list() == pytest.approx(per_step["prob_diff_mean"].to_list(), rel=1e-12)
+    # by hand (test_per_step_by_hand): step 1's only pair is the first-update row, π standing in for π_old
+    assert one_pass["k3_kl"][1] == pytest.approx(1.25 - 1 - L(1.25), rel=1e-6)
+
+
+def test_token_mismatch_weighs_sampled_rows():
+    # two pairs: ρ = 2 kept with weight 1, ρ = 1 (k3 = 0, |Δp| = 0) standing for 3 tokens
+    rows = pl.DataFrame(
+        {
+            "update": [0, 0],
+            "mu_logp": [L(0.25), L(0.5)],
+            "old_logp": [L(0.5), L(0.5)],
+            "pi_logp": [None, None],
+            "weight": [1.0, 3.0],
+        }
+    )
+    k3, dp = rows.select(token_mismatch(weights=True)).row(0)
+    assert k3 == pytest.approx((2 - 1 - L(2)) / 4, rel=1e-12)
+    assert dp == pytest.approx(0.25 / 4, rel=1e-12)
 
 
 def test_by_bucket_by_hand(mismatch_run):

@@ -162,3 +162,14 @@ def test_a_symptom_found_later_says_it_may_follow_from_an_early_cause(tmp_path):
     level = next(a for a in monitor.alerts if a.kind == "level")
     assert found[("level", "problem")] == 3  # the first accumulating step (the 4th)
     assert "(may follow from shift)" in level.message  # shift was decided at the early steps
+
+
+def test_a_run_shorter_than_the_accumulating_checks_cadence_is_judged_when_it_ends(tmp_path):
+    run = load_run(bench.write_planted(tmp_path / "shifted", "shifted", 1))
+    monitor = LiveMonitor.for_run(run, None, doctor=DoctorConfig(early_steps=3, every=10_000))
+    judged = list(replay(run, monitor))
+    last_step, at_finish = judged[-1]
+    assert not any(a.kind == "level" for _, new in judged[:-1] for a in new)  # never due while running
+    level = next(a for a in at_finish if a.kind == "level")
+    assert (level.severity, level.raised_at_step, level.step) == ("problem", last_step, last_step)
+    assert monitor.finish() == []  # nothing new when asked again

@@ -36,7 +36,9 @@ columns the aggregates do not hold (the sequence-level mismatch, entropy where n
 estimated from the kept rows, each counted with its sampling weight.
 
 Every query runs on polars' streaming engine and prunes by step where it filters on steps, so
-it works on runs of any size; none returns more rows than steps × rules or buckets × rules.
+it works on runs of any size (the live monitor, judging one step's rows in memory, runs the same
+queries on the in-memory engine: `trustlens.analysis.buckets.in_memory`); none returns more rows
+than steps × rules or buckets × rules.
 """
 
 from trustlens.analysis.agreement import confusion_matrix, rule_confusion

@@ -10,8 +10,11 @@ exactly (no underflow).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Literal
 
 import polars as pl
 
@@ -59,9 +62,34 @@ def bucket_expr(logp: str | pl.Expr, min_p: float = MIN_P, per_decade: int = PER
     return (k - k0).cast(pl.Int32)
 
 
+# The engine `collect` runs queries with: "streaming" (bounded memory on runs of any size), or
+# "in-memory" inside `in_memory()`, for queries on a few rows already in memory, where the
+# streaming engine's setup costs more than the work (the live monitor's one step).
+Engine = Literal["streaming", "in-memory"]
+_ENGINE: contextvars.ContextVar[Engine] = contextvars.ContextVar("trustlens_engine", default="streaming")
+
+
+@contextlib.contextmanager
+def in_memory() -> Iterator[None]:
+    """Within it, `collect` runs queries with polars' in-memory engine (module comment above)."""
+    token = _ENGINE.set("in-memory")
+    try:
+        yield
+    finally:
+        _ENGINE.reset(token)
+
+
+def reused(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """A query that several others read: computed once inside `in_memory()` (a few rows: its
+    result is small, and reading it again is cheaper than computing it again), else left lazy
+    (a whole run's rows, streamed by each reader)."""
+    return collect(lf).lazy() if _ENGINE.get() == "in-memory" else lf
+
+
 def collect(lf: pl.LazyFrame) -> pl.DataFrame:
-    """Run a query with polars' streaming engine (bounded memory on runs of any size)."""
-    return lf.collect(engine="streaming")
+    """Run a query with polars' streaming engine (bounded memory on runs of any size); the
+    in-memory one inside `in_memory()`."""
+    return lf.collect(engine=_ENGINE.get())
 
 
 def checked_rules(tokens: pl.LazyFrame, rules: str | Sequence[str] | None) -> list[str]:

@@ -46,7 +46,16 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from trustlens.analysis.buckets import MIN_P, PER_DECADE, bucket_expr, bucket_table, collect, row_weight, weighted
+from trustlens.analysis.buckets import (
+    MIN_P,
+    PER_DECADE,
+    bucket_expr,
+    bucket_table,
+    collect,
+    row_weight,
+    weighted,
+    weighted_mean,
+)
 from trustlens.analysis.inputs import RunOrTokens, lazy_rows, token_rows
 from trustlens.core.values import check_columns, check_int, check_names, check_type
 from trustlens.metrics import MISMATCH_METRICS, describe
@@ -71,6 +80,29 @@ def _trainer_logp() -> pl.Expr:
     return pl.coalesce(pl.col("old_logp"), pl.when(pl.col("update") == 0).then(pl.col("pi_logp")))
 
 
+def _k3(log_rho: pl.Expr) -> pl.Expr:
+    """The K3 term ρ − 1 − log ρ of a token, from log ρ = log π_old − log μ (nats)."""
+    return log_rho.exp() - 1 - log_rho
+
+
+def _prob_diff(old: pl.Expr, mu: pl.Expr) -> pl.Expr:
+    """|π_old(a_t) − μ(a_t)| of a token, from the probabilities (not their logs)."""
+    return (old - mu).abs()
+
+
+def token_mismatch(*, weights: bool) -> list[pl.Expr]:
+    """k3_kl and prob_diff_mean as aggregations of token rows (e.g. in a `group_by("step")`):
+    means over the rows with μ and π_old, each counting its sampling weight with `weights`. The
+    values `mismatch_per_step` gives from the rows (up to float64 rounding: the sums are taken in
+    another order), in one pass with other aggregations of the same rows (`step_signals`)."""
+    mu, old = pl.col("mu_logp").cast(pl.Float64), _trainer_logp().cast(pl.Float64)
+    pair = mu.is_not_null() & old.is_not_null()
+    return [
+        weighted_mean(_k3(old - mu), pair, weights=weights).alias("k3_kl"),
+        weighted_mean(_prob_diff(old.exp(), mu.exp()), pair, weights=weights).alias("prob_diff_mean"),
+    ]
+
+
 def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
     """Rows with both μ and π_old, with their sampling weight `w` (1 in a full run), whether the
     row is one of a sample (`kept`: it has a weight) and the per-token terms every statistic
@@ -93,7 +125,6 @@ def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
         .filter(pl.col("mu").is_not_null() & pl.col("old").is_not_null())
         .with_columns(
             log_rho.alias("log_rho"),
-            log_rho.exp().alias("rho"),
             lr.exp().alias("rho_safe"),
             pl.col("mu").exp().alias("x"),
             pl.col("old").exp().alias("y"),
@@ -108,9 +139,9 @@ _W = pl.col("w")
 _SUMS = {
     "n": _W.sum(),
     "s_k1": (-pl.col("log_rho") * _W).sum(),
-    "s_k3": ((pl.col("rho") - 1 - pl.col("log_rho")) * _W).sum(),
+    "s_k3": (_k3(pl.col("log_rho")) * _W).sum(),
     "s_rho2": (pl.col("rho_safe") * pl.col("rho_safe") * _W).sum(),
-    "s_dp": ((pl.col("y") - pl.col("x")).abs() * _W).sum(),
+    "s_dp": (_prob_diff(pl.col("y"), pl.col("x")) * _W).sum(),
     "m_dp": (pl.col("y") - pl.col("x")).abs().max(),
     "s_x": (pl.col("x") * _W).sum(),
     "s_y": (pl.col("y") * _W).sum(),
@@ -354,5 +385,6 @@ __all__ = [
     "mismatch_per_step",
     "mismatch_trend",
     "mismatch_unavailable",
+    "token_mismatch",
     "with_logged_sequence_level",
 ]

@@ -15,16 +15,19 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import polars as pl
 
-from trustlens.analysis.buckets import checked_rules, collect
+from trustlens.analysis.buckets import blocked_rate, checked_rules, collect, weighted_mean
 from trustlens.analysis.inputs import require_run
-from trustlens.analysis.mismatch import mismatch_per_step
+from trustlens.analysis.mismatch import mismatch_per_step, token_mismatch
 from trustlens.analysis.onset import evaluations
 from trustlens.analysis.summary import exact_aggregates, step_summary
 from trustlens.run import blocked_column
+
+_MISMATCH = ("k3_kl", "prob_diff_mean")  # the mismatch columns of the signals
 
 
 def _metric_per_step(metrics: pl.LazyFrame, name: str) -> pl.LazyFrame:
@@ -36,6 +39,31 @@ def _metric_per_step(metrics: pl.LazyFrame, name: str) -> pl.LazyFrame:
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _token_signals(rules: tuple[str, ...], weights: bool, mu: bool) -> tuple[pl.Expr, ...]:
+    """The aggregations of a step's token rows into its entropy, mismatch and block rates (the
+    definitions of step_summary and mismatch_per_step), built once per table shape: a live
+    monitor asks every step."""
+    mismatch = token_mismatch(weights=weights) if mu else [pl.lit(None, pl.Float64).alias(c) for c in _MISMATCH]
+    return (
+        weighted_mean(pl.col("entropy"), weights=weights).alias("entropy"),
+        *mismatch,
+        *(blocked_rate(r, weights=weights) for r in rules),
+    )
+
+
+def _token_per_step(run, tokens: pl.LazyFrame, rules: list[str]) -> pl.LazyFrame:
+    """step, entropy, k3_kl, prob_diff_mean, blocked_<rule>… per step: from the token rows in one
+    pass, or for a sampled run from its exact aggregates (step_summary, mismatch_per_step)."""
+    aggregates = exact_aggregates(run)
+    if aggregates is None:
+        mu = "mu_logp" in tokens.collect_schema().names()
+        return tokens.group_by("step").agg(*_token_signals(tuple(rules), False, mu))
+    summary = step_summary(tokens, aggregates=aggregates, columns=("entropy", *(blocked_column(r) for r in rules)))
+    mm = mismatch_per_step(tokens, aggregates=aggregates).select("step", *_MISMATCH)
+    return summary.lazy().join(mm.lazy(), on="step", how="full", coalesce=True)
+
+
 def step_signals(run, rules: str | Sequence[str] | None = None) -> pl.DataFrame:
     """One row per step (module docstring): step, entropy, k3_kl, prob_diff_mean, reward,
     accuracy, grad_norm, blocked_<rule>…; null where a run lacks the source. `run` has .tokens, .samples
@@ -45,27 +73,20 @@ def step_signals(run, rules: str | Sequence[str] | None = None) -> pl.DataFrame:
     run = require_run("step_signals", run)
     tokens = run.tokens
     rules = checked_rules(tokens, rules)
-    aggregates = exact_aggregates(run)
-    per_step = step_summary(tokens, aggregates=aggregates, columns=("entropy", *(blocked_column(r) for r in rules)))
-    mm = mismatch_per_step(tokens, aggregates=aggregates).select("step", "k3_kl", "prob_diff_mean")
+    out = _token_per_step(run, tokens, rules).with_columns(pl.col("step").cast(pl.Int32))
     reward = run.samples.group_by("step").agg(pl.col("reward").mean().cast(pl.Float64))
-    out = per_step.lazy()  # one query for the joins: a step's few rows cost a collect's overhead, not its work
-    for other in (mm.lazy(), reward, evaluations(run.metrics), _metric_per_step(run.metrics, "grad_norm")):
+    for other in (reward, evaluations(run.metrics), _metric_per_step(run.metrics, "grad_norm")):
         out = out.join(other.with_columns(pl.col("step").cast(pl.Int32)), on="step", how="full", coalesce=True)
     cols = [
         "entropy",
-        "k3_kl",
-        "prob_diff_mean",
+        *_MISMATCH,
         "reward",
         "accuracy",
         "grad_norm",
         *(blocked_column(r) for r in rules),
     ]
-    return collect(
-        out.with_columns(pl.col("step").cast(pl.Int32))
-        .select("step", *(pl.col(c).cast(pl.Float64) for c in cols))
-        .sort("step")
-    )
+    # one query for everything: a step's few rows (the live monitor) cost a collect's overhead, not its work
+    return collect(out.select("step", *(pl.col(c).cast(pl.Float64) for c in cols)).sort("step"))
 
 
 __all__ = ["step_signals"]

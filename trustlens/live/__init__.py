@@ -21,8 +21,9 @@ step, most extreme value and message are final then; until then they are the one
 
 Doctor findings (source "doctor"; trustlens.live.doctor): the root-cause checks (temperature,
 truncation, shift, sentinel, token_ids) decide from the first steps, the accumulating ones
-(level, engine_drift, where) run every few steps on a bounded set of steps; each finding is
-raised once, at the first step its verdict is warning or problem (again if it turns problem).
+(level, engine_drift, where) run every few steps on a bounded set of steps, and once more when
+the run ends; each finding is raised once, at the first step its verdict is warning or problem
+(again if it turns problem).
 
 Where they go. `TokenRecorder(..., alerts=True | CollapseConfig, on_alert=callable)` runs a
 monitor in its writer thread (off the training step's path, on host rows: no GPU sync), judges a

@@ -5,9 +5,10 @@ from the first steps: they run at each of the first `early_steps` steps on the t
 steps so far, and not after. The checks that accumulate (engine_drift, where, level) run every
 `every` steps on the rows held: those of the first `early_steps` steps and of the last
 `recent_steps` steps (so engine_drift compares the run's start with its recent steps), a bounded
-set however long the run; a finding of theirs says it may follow from a cause the early steps
-found a problem (`note_consequences`). Each finding is raised once, at the first step its verdict
-is warning or problem, and again only if it turns from warning to problem.
+set however long the run, and once more when the run ends; a finding of theirs says it may
+follow from a cause the early steps found a problem (`note_consequences`). Each finding is
+raised once, at the first step its verdict is warning or problem, and again only if it turns
+from warning to problem.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class DoctorConfig:
 
     early_steps: int = 5  # steps the root-cause checks decide from (and whose rows are kept)
     recent_steps: int = 10  # latest steps whose rows the accumulating checks also read
-    every: int = 10  # the accumulating checks run every this many steps
+    every: int = 25  # the accumulating checks run every this many steps
 
     def __post_init__(self) -> None:
         for name in ("early_steps", "recent_steps", "every"):
@@ -63,6 +64,16 @@ class LiveDoctor:
         accumulate = self.steps % self.config.every == 0
         if not early and not accumulate:
             return []
+        return self._judge(early=early, accumulate=accumulate)
+
+    def finish(self) -> list[Finding]:
+        """The run ended: the accumulating checks judge the rows held once more, when steps came
+        since they last ran (a run shorter than `every` steps, or its last steps)."""
+        if not self.early or self.steps % self.config.every == 0:
+            return []
+        return self._judge(early=False, accumulate=True)
+
+    def _judge(self, *, early: bool, accumulate: bool) -> list[Finding]:
         frames = [*self.early, *self.recent]
         run = MemoryRun.of(self.manifest, {"tokens": pl.concat(frames, how="diagonal_relaxed")}, name="live doctor")
         checks = (CAUSES if early else ()) + (SYMPTOMS if accumulate else ())

@@ -12,6 +12,7 @@ import polars as pl
 from trustlens.analysis.alert_config import CollapseConfig
 from trustlens.analysis.alert_levels import model_kind
 from trustlens.analysis.alert_steps import CollapseSteps, Episode, planned_window
+from trustlens.analysis.buckets import in_memory
 from trustlens.analysis.collapse import alert_message, alert_row, rollout_lag
 from trustlens.analysis.diagnosis.finding import CAUSES, Finding
 from trustlens.analysis.signals import step_signals
@@ -92,17 +93,21 @@ class LiveMonitor:
         given = {"tokens": tokens, "samples": samples, "metrics": metrics, "aggregates": aggregates}
         frames = {t: as_frame(t, given[t], self.rules, self.rank) for t in ROW_TABLES}
         run = MemoryRun.of(self.manifest, frames)
-        out = [] if self.collapse is None else self._collapse_step(step, run, wall)
-        if self._doctor is not None:
-            out += [self._finding(step, f, wall) for f in self._doctor.push(frames["tokens"])]
+        with in_memory():  # a step's rows: polars' streaming engine would cost more than the work
+            out = [] if self.collapse is None else self._collapse_step(step, run, wall)
+            if self._doctor is not None:
+                out += [self._finding(step, f, wall) for f in self._doctor.push(frames["tokens"])]
         return out
 
     def finish(self, wall_time: float | None = None) -> list[LiveAlert]:
-        """The run ended: every provisional collapse alert is final (the alerts changed)."""
-        if self._detectors is None:
-            return []
+        """The run ended: every provisional collapse alert is final, and the doctor's accumulating
+        checks judge the run's last steps (the alerts changed or new)."""
         wall = time.time() if wall_time is None else float(wall_time)
-        return [self._final(ep, wall) for ep in self._detectors.finish()]
+        out = [] if self._detectors is None else [self._final(ep, wall) for ep in self._detectors.finish()]
+        if self._doctor is not None and self.last_step is not None:
+            with in_memory():
+                out += [self._finding(self.last_step, f, wall) for f in self._doctor.finish()]
+        return out
 
     def _collapse_step(self, step: int, run: MemoryRun, wall: float) -> list[LiveAlert]:
         assert self.collapse is not None

@@ -5,7 +5,8 @@ A check works on `Inputs`: `pairs` is the run's token rows with both log μ and 
 log-probability (`ref`: log π_old, or log π at update 0 where π_old was not recorded, which is
 the same policy), `d` = log μ − ref in nats and `w` the row's sampling weight (1 in a run that
 recorded every token). Nothing is collected here: each check aggregates `pairs` with polars'
-streaming engine, so a check costs one or two scans of the columns it needs.
+streaming engine, so a check costs one or two scans of the columns it needs (inside
+`buckets.in_memory()`, the live doctor's few steps, `pairs` is computed once for every check).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import polars as pl
 
 from trustlens.analysis.alert_levels import model_kind
-from trustlens.analysis.buckets import collect, row_weight, weighted
+from trustlens.analysis.buckets import collect, reused, row_weight, weighted
 from trustlens.run.manifest import LOGPROBS_MODES, PROCESSORS
 
 # the shift check's join of neighbouring positions reads, on a run with more than MAX_ROWS μ–π_old
@@ -143,7 +144,7 @@ def inputs_of(run: Any) -> Inputs:
         name=name,
         manifest=manifest,
         tokens=tokens,
-        pairs=pairs,
+        pairs=reused(pairs),
         sampling=read_sampling(manifest),
         model_kind=kind if kind in MODEL_KINDS else "dense",
         weighted=is_weighted,
