@@ -75,9 +75,10 @@ _TOKEN_LEVEL = ("mismatch_kl", "k3_kl", "chi2_token", "prob_diff_mean", "prob_di
 SEQUENCE_LEVEL = ("log_ppl_diff", "log_ppl_abs_diff", "chi2_seq")
 
 
-def _trainer_logp() -> pl.Expr:
-    """π_old per row: old_logp, else pi_logp on rows of the step's first update."""
-    return pl.coalesce(pl.col("old_logp"), pl.when(pl.col("update") == 0).then(pl.col("pi_logp")))
+def trainer_logp() -> pl.Expr:
+    """log π_old(a_t) per row (Float64): old_logp, else pi_logp on rows of the step's first
+    update (the same policy: no optimizer step has run yet)."""
+    return pl.coalesce(pl.col("old_logp"), pl.when(pl.col("update") == 0).then(pl.col("pi_logp"))).cast(pl.Float64)
 
 
 def _k3(log_rho: pl.Expr) -> pl.Expr:
@@ -95,7 +96,7 @@ def token_mismatch(*, weights: bool) -> list[pl.Expr]:
     means over the rows with μ and π_old, each counting its sampling weight with `weights`. The
     values `mismatch_per_step` gives from the rows (up to float64 rounding: the sums are taken in
     another order), in one pass with other aggregations of the same rows (`step_signals`)."""
-    mu, old = pl.col("mu_logp").cast(pl.Float64), _trainer_logp().cast(pl.Float64)
+    mu, old = pl.col("mu_logp").cast(pl.Float64), trainer_logp()
     pair = mu.is_not_null() & old.is_not_null()
     return [
         weighted_mean(_k3(old - mu), pair, weights=weights).alias("k3_kl"),
@@ -118,7 +119,7 @@ def _pairs(tokens: pl.LazyFrame) -> pl.LazyFrame:
             "sample",
             *extra,
             pl.col("mu_logp").cast(pl.Float64).alias("mu"),
-            _trainer_logp().cast(pl.Float64).alias("old"),
+            trainer_logp().alias("old"),
             (row_weight() if has_weights else pl.lit(1.0, pl.Float64)).alias("w"),
             (pl.col("weight").is_not_null() if has_weights else pl.lit(False)).alias("kept"),
         )
@@ -142,7 +143,7 @@ _SUMS = {
     "s_k3": (_k3(pl.col("log_rho")) * _W).sum(),
     "s_rho2": (pl.col("rho_safe") * pl.col("rho_safe") * _W).sum(),
     "s_dp": (_prob_diff(pl.col("y"), pl.col("x")) * _W).sum(),
-    "m_dp": (pl.col("y") - pl.col("x")).abs().max(),
+    "m_dp": _prob_diff(pl.col("y"), pl.col("x")).max(),
     "s_x": (pl.col("x") * _W).sum(),
     "s_y": (pl.col("y") * _W).sum(),
     "s_xx": (pl.col("x") * pl.col("x") * _W).sum(),
@@ -193,7 +194,7 @@ def mismatch_unavailable(tokens: RunOrTokens) -> str | None:
         tokens.select(
             pl.len().alias("rows"),
             pl.col("mu_logp").is_not_null().sum().alias("mu"),
-            (pl.col("mu_logp").is_not_null() & _trainer_logp().is_not_null()).sum().alias("both"),
+            (pl.col("mu_logp").is_not_null() & trainer_logp().is_not_null()).sum().alias("both"),
         )
     ).row(0, named=True)
     if row["rows"] == 0:
@@ -386,5 +387,6 @@ __all__ = [
     "mismatch_trend",
     "mismatch_unavailable",
     "token_mismatch",
+    "trainer_logp",
     "with_logged_sequence_level",
 ]

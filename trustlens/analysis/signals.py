@@ -61,7 +61,8 @@ def _token_per_step(run, tokens: pl.LazyFrame, rules: list[str]) -> pl.LazyFrame
         return tokens.group_by("step").agg(*_token_signals(tuple(rules), False, mu))
     summary = step_summary(tokens, aggregates=aggregates, columns=("entropy", *(blocked_column(r) for r in rules)))
     mm = mismatch_per_step(tokens, aggregates=aggregates).select("step", *_MISMATCH)
-    return summary.lazy().join(mm.lazy(), on="step", how="full", coalesce=True)
+    steps = pl.col("step").cast(pl.Int32)
+    return summary.lazy().with_columns(steps).join(mm.lazy().with_columns(steps), on="step", how="full", coalesce=True)
 
 
 def step_signals(run, rules: str | Sequence[str] | None = None) -> pl.DataFrame:

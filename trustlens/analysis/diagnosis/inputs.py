@@ -19,6 +19,7 @@ import polars as pl
 
 from trustlens.analysis.alert_levels import model_kind
 from trustlens.analysis.buckets import collect, reused, row_weight, weighted
+from trustlens.analysis.mismatch import trainer_logp
 from trustlens.run.manifest import LOGPROBS_MODES, PROCESSORS
 
 # the shift check's join of neighbouring positions reads, on a run with more than MAX_ROWS μ–π_old
@@ -109,11 +110,6 @@ class Inputs:
         return frame.filter(pl.col("sample").hash(seed=0) % share == 0)
 
 
-def reference_logp() -> pl.Expr:
-    """log π_old(a_t), or log π(a_t) at update 0 (the same policy) where π_old is null."""
-    return pl.coalesce(pl.col("old_logp"), pl.when(pl.col("update") == 0).then(pl.col("pi_logp"))).cast(pl.Float64)
-
-
 def inputs_of(run: Any) -> Inputs:
     """The `Inputs` of a Run (or of a token LazyFrame, with an empty manifest)."""
     if isinstance(run, pl.LazyFrame):
@@ -126,7 +122,7 @@ def inputs_of(run: Any) -> Inputs:
     defaults = {"old_logp": pl.lit(None, pl.Float32), "rank": pl.lit(0, pl.Int16), "update": pl.lit(0, pl.Int16)}
     tokens = tokens.with_columns(value.alias(name) for name, value in defaults.items() if name not in names)
     w = row_weight() if is_weighted else pl.lit(1.0)
-    ref = reference_logp()
+    ref = trainer_logp()
     pairs = (
         tokens.filter(pl.col("mu_logp").is_not_null() & ref.is_not_null())
         .with_columns(ref.alias("ref"), pl.col("mu_logp").cast(pl.Float64).alias("mu"), w.alias("w"))
@@ -193,5 +189,4 @@ __all__ = [
     "examples",
     "inputs_of",
     "read_sampling",
-    "reference_logp",
 ]
