@@ -83,6 +83,39 @@ def test_demo_help_shows_the_seed_the_demo_uses(capsys):
     assert "minibatch order [0]" in " ".join(capsys.readouterr().out.split())
 
 
+def _rule_groups(help_text: str) -> dict[str, dict[str, str]]:
+    """{level: {rule: description}} of the --rule entry of a command's --help (its lines under
+    "<level> rules:", each "  name: description" with its wrapped continuation)."""
+    options = help_text[help_text.index("\n  --rule RULE") :]
+    lines = options[: options.index("\n  --out OUT")].splitlines()
+    groups: dict[str, dict[str, str]] = {}
+    rule = ""
+    for line in (line.strip() for line in lines[2:]):
+        if line.endswith(" rules:"):
+            level, groups[line.removesuffix(" rules:")] = line.removesuffix(" rules:"), {}
+        elif groups and ": " in line and line.split(": ", 1)[0].isidentifier():
+            rule, text = line.split(": ", 1)
+            groups[level][rule] = text
+        elif groups:
+            groups[level][rule] += " " + line
+    return groups
+
+
+@pytest.mark.parametrize("command", ["train", "demo"])
+def test_rule_help_lists_the_registry_by_level(capsys, command):
+    """--rule's help names every rule of the registry under its level, with its description."""
+    from trustlens.rules import RULES
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    groups = _rule_groups(capsys.readouterr().out)
+    assert list(groups) == ["token", "sequence", "batch"]
+    for level, rules in groups.items():
+        assert list(rules) == [name for name, rule in RULES.items() if rule.level == level]
+        for name, text in rules.items():
+            assert text == " ".join(RULES[name].description.split())
+
+
 @pytest.fixture
 def busy_port():
     """A port something listens on, on 127.0.0.1."""

@@ -15,6 +15,7 @@ rolls out its share of the prompts and records its own shard of the run.
 from __future__ import annotations
 
 import argparse
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,11 +25,33 @@ from trustlens.train.runner import config, finish, is_main, print_inspect, run_o
 from trustlens.train.runsets import CLAIM_RULES, claims_command, compare_command
 from trustlens.train.sample import DEMO_SEED, demo_command, make_sample_command
 
-RULE_HELP = (
-    "trust-region rule that gates the updates (docs/rules.md): ppo, ppo_clip_higher, minirl, dppo_binary_tv, "
-    "dppo_binary_kl, dppo_topk_tv, dppo_topk_kl, *_recompute, cispo, pg_is, grpo_tis; "
-    "the full list is trustlens.rules.RULES [dppo_binary_tv]"
-)
+
+def _rule_help() -> str:
+    """The help of --rule: the registry's rules grouped by level (token, sequence, batch), each
+    with its one-line `Rule.description`; one line each (`_LineHelpFormatter` keeps the breaks)."""
+    from trustlens.rules import RULES
+
+    lines = [
+        "trust-region rule that gates the updates; every other rule is evaluated too (docs/rules.md) [dppo_binary_tv]"
+    ]
+    for level in dict.fromkeys(rule.level for rule in RULES.values()):
+        lines.append(f"{level} rules:")
+        lines += [f"  {rule.name}: {rule.description}" for rule in RULES.values() if rule.level == level]
+    return "\n".join(lines).replace("%", "%%")  # argparse expands %(...)s in help
+
+
+class _LineHelpFormatter(argparse.HelpFormatter):
+    """argparse's help formatter, keeping the line breaks of a help text that has them (the --rule
+    list): each line is wrapped on its own, an indented line's continuation two spaces deeper."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        if "\n" not in text:
+            return super()._split_lines(text, width)
+        wrapped: list[str] = []
+        for line in text.splitlines():
+            indent = line[: len(line) - len(line.lstrip())]
+            wrapped += textwrap.wrap(line, width, subsequent_indent=indent + "  " if indent else "")
+        return wrapped
 
 
 def _rules() -> list[str]:
@@ -121,8 +144,9 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         f"{preset} = {', '.join(f'{k}={v}' for k, v in values.items()) or 'the defaults'}"
         for preset, values in PRESETS.items()
     )
+    parser.formatter_class = _LineHelpFormatter
     if name == "train":
-        parser.add_argument("--rule", type=choice_arg(_rules), default="dppo_binary_tv", help=RULE_HELP)
+        parser.add_argument("--rule", type=choice_arg(_rules), default="dppo_binary_tv", help=_rule_help())
         parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<rule>)")
         parser.set_defaults(func=_train)
     elif name == "compare":
@@ -167,7 +191,7 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         )
         parser.set_defaults(func=claims_command)
     elif name == "demo":
-        parser.add_argument("--rule", type=choice_arg(_rules), default="dppo_binary_tv", help=RULE_HELP)
+        parser.add_argument("--rule", type=choice_arg(_rules), default="dppo_binary_tv", help=_rule_help())
         parser.add_argument(
             "--out",
             type=Path,
