@@ -141,3 +141,44 @@ def test_verl_table_names_every_loss_mode_and_rejection_level_the_hook_maps():
     rejections = set(re.findall(r'"(\w+)": "(rs_\w+)"', source))
     assert len(rejections) == 6
     assert rejections <= {(c["rollout_rs"], rule) for _, c, rule in cases if "rollout_rs" in c}
+
+
+DOCS = sorted([ROOT / "README.md", *ROOT.glob("docs/*.md")])
+
+
+def _tables_with_lead(text: str) -> list[tuple[str, list[str]]]:
+    """(the text before it, its header) of every table of `text`: the lines since the last
+    heading or table."""
+    found, lead, previous = [], [], ""
+    for line in text.splitlines():
+        if line.startswith("|") and not previous.startswith("|"):
+            found.append((" ".join(" ".join(lead).split()), [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]))
+        if line.startswith(("#", "|")):
+            lead = []
+        else:
+            lead.append(line)
+        previous = line
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_a_measured_alert_or_stop_table_names_the_command_that_made_it(doc):
+    """A table of measured alerts or stops (a column of first critical alerts, alerted runs, or the
+    step a run stopped after) is led by the command that measures it; a stop table also says that
+    its steps vary across machines."""
+    for lead, header in _tables_with_lead(doc.read_text(encoding="utf-8")):
+        columns = " ".join(header).lower()
+        if not re.search(r"first critical|alerted|stopped after", columns):
+            continue
+        assert re.search(r"`(python benchmarks/\w+\.py|trustlens claims)\b", lead), header
+        if "stopped after" in columns:
+            assert "vary across machines" in lead, header
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_determinism_is_claimed_for_one_machine_only(doc):
+    """ "Deterministic for a seed" holds on one machine: each claim of it says so."""
+    text = " ".join(doc.read_text(encoding="utf-8").split())
+    for match in re.finditer(r"deterministic for", text, re.I):
+        sentence = text[text.rfind(". ", 0, match.start()) + 1 : text.find(". ", match.end())]
+        assert "machine" in sentence, sentence
