@@ -4,7 +4,7 @@
     python benchmarks/label_noise.py report FOLDER [--every 10]
 
 `train` trains one run of the `collapse` preset, as `trustlens claims` does (deterministic for a
-seed; the evaluation draws nothing from the training's generator, so its rewards equal those of
+seed on one machine; the evaluation draws nothing from the training's generator, so its rewards equal those of
 the claims run of the same rule and seed), but evaluates greedily every `--every` steps on the
 run's own 500 held-out problems (set A, logged as eval/accuracy as usual) and on `--sets` other
 disjoint sets of 500 (`eval_set(500 · sets, seed=1)` cut in pieces: B0, B1, ...), logged as

@@ -16,8 +16,9 @@ evaluates on. "Accuracy" is the mean task reward (1 for the right final answer).
 target, 45% greedy, leaves RL room to improve: sampled accuracy is lower and the wrong sums are
 near misses.
 
-Everything is deterministic for a seed on CPU: the model init, the problem draws, the eval draws
-and the sampled eval use their own seeded generators, and torch runs on a fixed thread count.
+Everything is deterministic for a seed on one CPU machine (another machine's floating point may
+differ): the model init, the problem draws, the eval draws and the sampled eval use their own
+seeded generators, and torch runs on a fixed thread count.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         "Build the warm-start checkpoint: train the tiny model on the arithmetic task's "
         "scratchpad targets until its greedy held-out accuracy first reaches --target-accuracy, "
         "then write model.safetensors, config.json, tokenizer.json and meta.json to --out. "
-        "Deterministic for a seed and --threads."
+        "Deterministic for a seed and --threads on one machine."
     )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: the shipped data/warmstart)")
     parser.add_argument(
