@@ -10,9 +10,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from trustlens.cli import main
 from trustlens.live.watch import DEFAULT_STALE
+from trustlens.record import TokenRecorder
 from trustlens.run import load_run, writer_died
 from trustlens.run.follow import STALE_SECONDS
 from trustlens.synthetic import write_synthetic_run
@@ -123,3 +125,22 @@ def test_doctor_says_nothing_more_of_a_finished_run_and_names_an_interrupted_one
 
 def test_watch_and_writer_died_share_the_stale_default():
     assert DEFAULT_STALE == STALE_SECONDS
+
+
+def test_doctor_names_a_run_still_being_written(tmp_path, capsys):
+    with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:  # open: its writer holds the lock
+        rec.record(
+            0,
+            token_ids=torch.zeros(2, 3, dtype=torch.long),
+            response_mask=torch.ones(2, 3),
+            pi_logp=torch.full((2, 3), -1.0),
+            mu_logp=torch.full((2, 3), -1.1),
+            advantages=torch.ones(2),
+        )
+        rec.flush()
+        assert main(["doctor", str(tmp_path / "run")]) == 0
+    first = _lines(capsys.readouterr().out)[0]
+    assert first == (
+        f"warning  run           run {str(tmp_path / 'run')!r} is still being written: these findings cover steps "
+        "up to 0 only; run the doctor again when it finishes"
+    )
