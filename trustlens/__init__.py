@@ -13,6 +13,7 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from trustlens.core import moved_names
 from trustlens.core.extras import import_extra, missing_extra
 from trustlens.core.version import __version__
 
@@ -84,6 +85,8 @@ MOVED_MODULES = {
     "trustlens.recorder": "trustlens.record",
     "trustlens.render": "trustlens.core.render",
     "trustlens.rule_columns": "trustlens.rules.columns",
+    "trustlens.runs": "trustlens.run",
+    "trustlens.schema": "trustlens.run.schema",
 }
 
 
@@ -106,3 +109,7 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if not any(isinstance(finder, _MovedModuleFinder) for finder in sys.meta_path):
     sys.meta_path.append(_MovedModuleFinder())
+
+# Names that moved out of a module that still exists (`from trustlens.analysis.seeds import
+# format_seed_table`): trustlens.core.moved_names.MOVED_NAMES, each given with a DeprecationWarning.
+moved_names.install()

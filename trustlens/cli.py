@@ -9,16 +9,19 @@ While the flags are parsed, a value outside a flag's choices is answered with th
 ("did you mean"), and a subcommand's unknown flag with that subcommand's usage.
 
 Errors a user can fix (bad arguments, missing or corrupt files) are printed as one line and exit
-with status 2; set TRUSTLENS_DEBUG=1 to see the traceback instead.
+with status 2; set TRUSTLENS_DEBUG=1 to see the traceback instead. Warnings are printed as one
+line each too ("trustlens COMMAND: warning: …"), without Python's source line.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import importlib
 import os
 import sys
+import warnings
 from typing import Any
 
 from trustlens.core.extras import missing_extra
@@ -93,6 +96,11 @@ def parse(parser: Parser, argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _show_warning(command: str, message: Warning | str, *_: Any, **__: Any) -> None:
+    """`warnings.showwarning` while a command runs: "trustlens COMMAND: warning: MESSAGE"."""
+    print(f"trustlens {command}: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The first word naming a command picks the one module to import: `trustlens --help` and
@@ -104,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():  # a warning is one line too, without a source line
+            warnings.showwarning = functools.partial(_show_warning, args.command)
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("trustlens: interrupted", file=sys.stderr)
         return 130

@@ -105,7 +105,8 @@ def start(
 ) -> subprocess.Popen:
     """Start the dashboard on `path` (a folder of runs or one run, local or an object-store URL;
     default the shipped sample run) in a background process and return it; `popen` goes to
-    subprocess.Popen (e.g. stdout). A port in use is an OSError naming a free one.
+    subprocess.Popen (e.g. stdout). A missing path is a FileNotFoundError, checked before the port;
+    a port in use is an OSError naming a free one.
 
     Bound to `host` (localhost by default: the dashboard shows model text and has no login).
     """
@@ -115,9 +116,10 @@ def start(
             raise FileNotFoundError(
                 f"the shipped sample run is missing ({path}); pass a RUNS_DIR, or record a run with `trustlens demo`"
             )
+    location = runs_location(path)  # checked in the order a user reads them: the path, then the port
     check_port("port", port)
     check_port_free(port, host)
-    env = dict(os.environ, **{RUNS_ENV: runs_location(path)})
+    env = dict(os.environ, **{RUNS_ENV: location})
     return subprocess.Popen(streamlit_command(port, host, open_browser), env=env, **popen)
 
 
@@ -158,7 +160,11 @@ def runs_location(path: str | Path) -> str:
         return path
     local = local_path(path)
     if not local.is_dir():
-        raise FileNotFoundError(f"runs folder {str(path)!r} does not exist or is not a folder")
+        what = "is a file, not a folder" if local.exists() else "does not exist"
+        raise FileNotFoundError(
+            f"runs folder {str(path)!r} {what}: give a folder of recorded runs or one run (e.g. runs/), "
+            "or no RUNS_DIR for the shipped sample run"
+        )
     return str(local.resolve())
 
 

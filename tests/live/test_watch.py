@@ -188,7 +188,7 @@ def test_a_run_on_an_object_store_that_stops_changing_is_stopped_after_stale_sec
     write_json_atomic(w.path / "run.json", w.manifest)
     out = io.StringIO()
     assert watch(url, stale=60, out=out, sleep=_Steps()) == EXIT_STOPPED
-    assert "stopped updating 12" in out.getvalue() and "--stale 60 s" in out.getvalue()
+    assert "stopped updating 12" in out.getvalue() and "nothing changed for over 60 s" in out.getvalue()
 
 
 def test_the_status_line_is_rewritten_in_place_on_a_terminal():
@@ -206,7 +206,7 @@ def test_the_status_line_is_rewritten_in_place_on_a_terminal():
     ("where", "message"),
     [
         ("", "is not a trustlens run: it has no run.json"),
-        ("nothing", "is not a trustlens run: no such directory"),
+        ("nothing", "is not a trustlens run: no such file or directory"),
         ("done", "is already finished (last written "),
     ],
 )

@@ -1,17 +1,19 @@
 """Bad inputs to TokenRecorder: its constructor, `record`, `log_samples` and `log_metrics`; a
 repeated (step, update, sample) key; a resumed run with another rule set (issue 32); a tokenizer
-that gives something other than one str per id, and text with lone surrogates (issue 39). Each
-case asserts the error type and that the message names the argument."""
+that gives something other than one str per id or never answers (issue 46), and text with lone
+surrogates (issue 39). Each case asserts the error type and that the message names the argument."""
 
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
 
 from trustlens.record import TokenRecorder
 from trustlens.run import load_run
+from trustlens.run.errors import WriterError
 
 NAN, INF = math.nan, math.inf
 B, T = 3, 2
@@ -239,6 +241,29 @@ def test_a_tokenizer_giving_other_than_one_str_per_id_fails_the_first_record(tmp
         rec.record(0, **_good())
     rec.close()  # the refused call queued nothing: the run closes cleanly
     assert load_run(tmp_path / "run").status == "finished"
+
+
+def test_a_tokenizer_that_never_answers_fails_the_first_record_within_writer_timeout(tmp_path):
+    """Issue 46: the first decode ran in the caller's thread, outside writer_timeout: a hung
+    tokenizer made `record` block forever. Now it raises WriterError and the run closes `failed`."""
+    release = threading.Event()  # set at the end, so that the stuck decode's thread ends too
+
+    class Stuck:
+        def decode(self, ids):
+            release.wait(60)  # bounded only so that the old code fails (DID NOT RAISE) rather than hangs
+            return "x"
+
+    try:
+        rec = TokenRecorder(tmp_path / "run", rules=["ppo"], tokenizer=Stuck(), writer_timeout=0.3)
+        with pytest.raises(WriterError, match=r"did not decode token id 0 within writer_timeout=0.3 s"):
+            rec.record(0, **_good())
+        rec.close()  # already closed by the failed call: returns at once
+        with pytest.raises(ValueError, match="is closed"):
+            rec.record(1, **_good())
+    finally:
+        release.set()
+    run = load_run(tmp_path / "run")
+    assert run.status == "failed" and "writer_timeout=0.3 s" in run.manifest["error"]
 
 
 def test_text_with_lone_surrogates_is_stored_with_replacement_characters(tmp_path):

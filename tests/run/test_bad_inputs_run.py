@@ -41,7 +41,7 @@ def test_load_runs_names_the_folder(folder, error):
 
 
 def test_a_missing_directory_is_not_a_run(tmp_path):
-    with pytest.raises(NotARunError, match="no such directory"):
+    with pytest.raises(NotARunError, match="no such file or directory"):
         load_run(tmp_path / "nope")
 
 

@@ -50,7 +50,7 @@ def test_load_run_exposes_tables_manifest_and_rules(tmp_path):
 
 
 def test_not_a_run(tmp_path):
-    with pytest.raises(NotARunError, match="no such directory"):
+    with pytest.raises(NotARunError, match="no such file or directory"):
         load_run(tmp_path / "missing")
     with pytest.raises(NotARunError, match=r"has no run\.json"):
         load_run(tmp_path)

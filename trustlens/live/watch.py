@@ -43,6 +43,7 @@ FAIL_ON = ("warning", "critical")
 # the exit codes (module docstring)
 EXIT_CLOSED, EXIT_FAIL_ON, EXIT_STOPPED = 0, 1, 3
 # seconds between polls, and of silence after which a run whose lock cannot be asked is stopped
+# (trustlens.run.follow.STALE_SECONDS, written out here: this module does not import polars)
 DEFAULT_EVERY, DEFAULT_STALE = 5.0, 900.0
 
 
@@ -180,7 +181,7 @@ def watch(
     NotARunError / ValueError (one line) for a path that holds no run or a run already closed."""
     from trustlens.live.doctor import DoctorConfig
     from trustlens.live.monitor import LiveMonitor
-    from trustlens.run.follow import RunFollower, updated_seconds_ago, writer_alive
+    from trustlens.run.follow import RunFollower, updated_seconds_ago, writer_died
 
     out = sys.stdout if out is None else out
     follower = RunFollower(path)
@@ -219,10 +220,9 @@ def watch(
                 exit=EXIT_STOPPED,
             )
             return EXIT_STOPPED
-        alive = writer_alive(follower.path)
-        if alive is False or (alive is None and ago is not None and ago > stale):
+        why = writer_died(follower.path, state.manifest, stale=stale)
+        if why is not None:
             if suspect:  # still so after one more poll: not a run that closed between the two looks
-                why = "no writer holds it" if alive is False else f"nothing changed for over --stale {stale:g} s"
                 printer.line(
                     f"run {name!r} stopped updating {_ago(ago)}: it still says running but {why} (its writer died?)",
                     status=state.status,

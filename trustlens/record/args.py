@@ -7,13 +7,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
 from trustlens.core.values import check_temperature
+from trustlens.run.background import BackgroundWriter
+from trustlens.run.errors import WriterError
 
 
 def distributed_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -146,3 +149,31 @@ def check_tokenizer(tokenizer: object) -> None:
         raise TypeError(
             f"tokenizer must have a decode(list[int]) -> str method, got {type(tokenizer).__name__} {tokenizer!r}{hint}"
         )
+
+
+def check_tokenizer_answer(writer: BackgroundWriter, token_id: int, close: Callable[[BaseException], None]) -> None:
+    """The first decode of a recorder's tokenizer (`RankWriter.check_tokenizer`), run on a daemon
+    thread and awaited at most `writer_timeout` seconds: its TypeError (a tokenizer that gives
+    anything but one str per id) is raised here; a tokenizer that does not answer in time ends the
+    run through `close(error)` (`failed`; nothing of the call is queued yet) and raises that
+    WriterError. The stuck thread is left to end with the process: it blocks no exit."""
+    raised: list[BaseException] = []
+
+    def run_check() -> None:
+        try:
+            writer.writer.check_tokenizer(token_id)
+        except BaseException as err:  # raised in the caller's thread below
+            raised.append(err)
+
+    thread = threading.Thread(target=run_check, name="trustlens-tokenizer-check", daemon=True)
+    thread.start()
+    thread.join(writer.writer_timeout)
+    if thread.is_alive():
+        err = WriterError(
+            f"the tokenizer of the trustlens run {str(writer.path)!r} did not decode token id {token_id} "
+            f"within writer_timeout={writer.writer_timeout:g} s: is tokenizer.decode hung? The run was closed as failed"
+        )
+        close(err)
+        raise err
+    if raised:
+        raise raised[0]

@@ -29,6 +29,7 @@ from trustlens.core.values import check_bool, check_path
 from trustlens.record.args import (
     check_arguments,
     check_tokenizer,
+    check_tokenizer_answer,
     checked_advantages,
     config_dict,
     distributed_rank,
@@ -66,7 +67,8 @@ class TokenRecorder(RecorderCalls):
     tokenizer: anything with `decode(list[int]) -> str` (and optionally `batch_decode`); token
         texts are then stored, decoded once per id (lone surrogates stored as U+FFFD). The first
         `record` call decodes its first token: a tokenizer that gives anything but one str per
-        id raises TypeError there. None leaves the `token` column null.
+        id raises TypeError there; one that does not answer within `writer_timeout` raises
+        WriterError there and the run is closed `failed`. None leaves the `token` column null.
     config: the training configuration (a dataclass or a mapping), stored in run.json.
     rows_per_file: token rows per part file (and the bound of the writer's buffer).
     flush_seconds: rows older than this are written even when a part file is not full: the most
@@ -78,8 +80,8 @@ class TokenRecorder(RecorderCalls):
     resume: reopen a run written before (same run_id); steps up to its last recorded step are
         refused. On a directory without a run, starts one.
     overwrite: replace this rank's rows (and, on rank 0, run.json) of a run written before.
-    writer_timeout: the most seconds a call waits on the writer (full queue, flush, close)
-        before raising WriterError.
+    writer_timeout: the most seconds a call waits on the writer (full queue, flush, close) or on
+        the tokenizer's first decode before raising WriterError.
     keep: a `Keep` (trustlens.run.aggregates): record every token that matters and a seeded
         random share of the rest, with sampling weights, plus the exact `aggregates` table of
         all tokens (docs/run-format.md). None (default): record every token.
@@ -320,7 +322,7 @@ class TokenRecorder(RecorderCalls):
         ids = snapshot_token_ids(token_ids, mask, self._buffers)
         if self._tokenizer_unchecked and bool(mask.any()):  # a bad tokenizer fails here, not in the writer
             self._tokenizer_unchecked = False
-            self._writer.writer.check_tokenizer(int(token_ids[mask][0]))
+            check_tokenizer_answer(self._writer, int(token_ids[mask][0]), self.close)
         columns = {k: v for k, v in per_token.items() if v is not None}
         # an accelerator's inputs are checked on the device and read back once (`stage_rows`):
         # flags (bool tensors, True: a check failed) and the checks that name the bad value

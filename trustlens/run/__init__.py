@@ -17,7 +17,7 @@ from trustlens.run.errors import (
     RunWarning,
     WriterError,
 )
-from trustlens.run.follow import CompletedStep, FollowState, FollowUpdate, RunFollower
+from trustlens.run.follow import CompletedStep, FollowState, FollowUpdate, RunFollower, writer_died
 from trustlens.run.manifest import MANIFEST, MANIFEST_FIELDS, STATUSES
 from trustlens.run.reader import Part, Run, load_run, load_runs
 from trustlens.run.schema import (
@@ -74,4 +74,5 @@ __all__ = [
     "rule_of_column",
     "table_schema",
     "token_columns",
+    "writer_died",
 ]

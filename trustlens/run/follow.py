@@ -39,14 +39,18 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from trustlens.core.values import check_bool, check_path
-from trustlens.run.errors import CorruptPartWarning
+from trustlens.run.errors import CorruptPartWarning, NotARunError
 from trustlens.run.manifest import MANIFEST, read_manifest
 from trustlens.run.parts import Location, list_folder, rank_folder, source
+from trustlens.run.reader import naming_runs_inside
 from trustlens.run.schema import RANK, TABLES, UPDATE_TABLES, part_index, part_name, rank_of_dir
 from trustlens.run.storage import Remote, is_url, local_path
 
 # tables whose rows are events, returned as read rather than per step
 EVENT_TABLES = ("alerts",)
+# seconds without a change after which a run on an object store (no writer lock to ask) that
+# still says `running` is taken as stopped (`writer_died`; `trustlens watch --stale`)
+STALE_SECONDS = 900.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,27 @@ def writer_alive(path: Location) -> bool | None:
     return False
 
 
+def writer_died(
+    path: Location, manifest: dict[str, Any], *, stale: float = STALE_SECONDS, now: float | None = None
+) -> str | None:
+    """Why the run at `path` is taken as stopped although its run.json (`manifest`) still says
+    `running` (a writer killed by SIGKILL, a crashed job, a lost machine): "no writer holds it"
+    when the rank-0 writer lock of a local run is free (`writer_alive`), or "nothing changed for
+    over S s" on an object store (no locks there) once run.json's `updated` is older than `stale`
+    seconds. None when run.json says another status (the run closed) or a writer may still be
+    writing. The one test of a dead writer: `trustlens watch` (which asks twice, a poll apart,
+    before it exits 3), `trustlens doctor` and the dashboard use it."""
+    if manifest.get("status") != "running":
+        return None
+    alive = writer_alive(path)
+    if alive is False:
+        return "no writer holds it"
+    ago = updated_seconds_ago(manifest, now)
+    if alive is None and ago is not None and ago > stale:
+        return f"nothing changed for over {stale:g} s"
+    return None
+
+
 def run_location(path: str | os.PathLike | Remote) -> Location:
     """The run directory `path` names: a local folder (a path or file:// URL) or an object-store
     location; a path to run.json names its folder."""
@@ -152,7 +177,10 @@ class RunFollower:
         check_bool("verify", verify)
         self.path = run_location(path)
         self.verify = verify
-        self.state = FollowState(manifest=read_manifest(self.path))
+        try:
+            self.state = FollowState(manifest=read_manifest(self.path))
+        except NotARunError as err:
+            raise naming_runs_inside(self.path, err) from None
         self._next: dict[tuple[str, int], int] = {}  # (table, rank) -> number of the next part
         self._watermark: dict[int, int] = {}  # rank -> largest step of its token rows read
         self._complete_before: int | None = None  # steps below it were complete at the last poll
@@ -270,6 +298,7 @@ def _exists(path: Location) -> bool:
 
 
 __all__ = [
+    "STALE_SECONDS",
     "CompletedStep",
     "FollowState",
     "FollowUpdate",
@@ -277,4 +306,5 @@ __all__ = [
     "run_location",
     "updated_seconds_ago",
     "writer_alive",
+    "writer_died",
 ]

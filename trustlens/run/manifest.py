@@ -202,7 +202,10 @@ def read_manifest(path: Path | Remote) -> dict[str, Any]:
         "written by trustlens.TokenRecorder)"
     )
     if isinstance(path, Path) and not path.is_dir():
-        raise NotARunError(f"{str(path)!r} is not a trustlens run: no such directory")
+        what = "it is a file, not a directory" if path.exists() else "no such file or directory"
+        raise NotARunError(
+            f"{str(path)!r} is not a trustlens run: {what}; give a run's folder (the directory holding {MANIFEST})"
+        )
     try:
         data = manifest_path.read_bytes()
     except FileNotFoundError:

@@ -49,7 +49,16 @@ from trustlens.run.schema import (
 )
 from trustlens.run.storage import Remote, is_url, local_path
 
-__all__ = ["CorruptPartWarning", "NoRowsError", "NotARunError", "Part", "Run", "load_run", "load_runs"]
+__all__ = [
+    "CorruptPartWarning",
+    "NoRowsError",
+    "NotARunError",
+    "Part",
+    "Run",
+    "load_run",
+    "load_runs",
+    "naming_runs_inside",
+]
 
 # part files whose pages passed the checksum check in this process: (path, size, mtime_ns)
 _verified: set[tuple[str, int, int]] = set()
@@ -83,6 +92,8 @@ class Run:
     path: Location  # the run directory (a trustlens.run.storage.Remote on an object store)
     manifest: dict[str, Any] = field(repr=False)  # run.json (trustlens.run.MANIFEST_FIELDS)
     parts: dict[str, tuple[Part, ...]] = field(repr=False)  # table -> readable part files
+    # table -> part files skipped as unreadable (truncated, corrupt: warned at load)
+    unreadable: dict[str, tuple[Location, ...]] = field(default_factory=dict, repr=False)
 
     @property
     def files(self) -> dict[str, tuple[Location, ...]]:
@@ -115,6 +126,13 @@ class Run:
     def tokens(self) -> pl.LazyFrame:
         """One row per (step, update, sample, position), all ranks; NoRowsError when empty."""
         if not self.parts["tokens"]:
+            skipped = self.unreadable.get("tokens", ())
+            if skipped:
+                raise NoRowsError(
+                    f"run {str(self.path)!r} has no readable token rows: its {len(skipped)} token part "
+                    f"file(s) could not be read (truncated or corrupt, e.g. {skipped[0]}); restore them from "
+                    "a copy or record the run again"
+                )
             state = "is still being written" if self.status == "running" else f"is {self.status}"
             raise NoRowsError(
                 f"run {str(self.path)!r} has no token rows yet (it {state}; the recorder writes a "
@@ -202,8 +220,9 @@ def _verify_pages(path: Location) -> None:
     _verified.add(key)
 
 
-def _readable_parts(path: Location, table: str, verify: bool) -> tuple[Part, ...]:
-    """The part files of `table` that read, in (rank, part) order; the rest warned about."""
+def _readable_parts(path: Location, table: str, verify: bool) -> tuple[tuple[Part, ...], tuple[Location, ...]]:
+    """The part files of `table` that read, in (rank, part) order, and those that did not (each
+    warned about)."""
     folder = path / table
     found: list[tuple[int, int, Location]] = []
     for name, is_dir in list_folder(folder):
@@ -219,7 +238,7 @@ def _readable_parts(path: Location, table: str, verify: bool) -> tuple[Part, ...
                 found.append((rank, index, folder / name / file))
             elif not file.startswith("."):  # hidden: a part file being written
                 warn(f"skipping {folder / name / file}: not a part file (part-NNNNNN.parquet)")
-    readable = []
+    readable, unreadable = [], []
     for rank, _, f in sorted(found, key=lambda x: x[:2]):
         try:
             meta = pq.read_metadata(source(f))
@@ -228,6 +247,7 @@ def _readable_parts(path: Location, table: str, verify: bool) -> tuple[Part, ...
                 _verify_pages(f)
         except (OSError, ValueError) as err:
             warn(f"skipping unreadable part file {f}: {err}", CorruptPartWarning)
+            unreadable.append(f)
             continue
         if version > SCHEMA_VERSION:
             raise NotARunError(
@@ -238,7 +258,7 @@ def _readable_parts(path: Location, table: str, verify: bool) -> tuple[Part, ...
         world_size = int(stamped) if stamped.isdigit() else None
         columns = column_key(meta.schema.to_arrow_schema())
         readable.append(Part(f, rank, RANK in meta.schema.names, columns, world_size))
-    return tuple(readable)
+    return tuple(readable), tuple(unreadable)
 
 
 def _stand_in_manifest(parts: dict[str, tuple[Part, ...]]) -> dict[str, Any]:
@@ -273,23 +293,32 @@ def load_run(path: str | os.PathLike | Remote, *, verify: bool = True) -> Run:
     try:
         manifest: dict[str, Any] | None = read_manifest(location)
     except NotARunError as err:
-        inside = _runs_inside(location)
-        if not inside:
-            raise
-        more = f", and {len(inside) - _SUGGESTED} more" if len(inside) > _SUGGESTED else ""
-        runs = ", ".join(str(run) for run in inside[:_SUGGESTED])
-        raise NotARunError(f"{err}; it is a folder of {len(inside)} runs: give those instead ({runs}{more})") from None
+        raise naming_runs_inside(location, err) from None
     except ValueError as err:
         warn(f"{err}; loading its part files without it")
         manifest = None
-    parts = {table: _readable_parts(location, table, verify) for table in TABLES}
+    parts: dict[str, tuple[Part, ...]] = {}
+    unreadable: dict[str, tuple[Location, ...]] = {}
+    for table in TABLES:
+        parts[table], unreadable[table] = _readable_parts(location, table, verify)
     lacking = [key for key in NEEDED_FIELDS if manifest is not None and key not in manifest]
     if manifest is not None and lacking:
         lost = "; ".join(f"{key}: {NEEDED_FIELDS[key]}" for key in lacking)
         warn(f"{location / MANIFEST} has no {', '.join(lacking)}; read without it ({lost})")
         manifest = {**_stand_in_manifest(parts), **manifest}
     _check_world_sizes(location, manifest, parts)
-    return Run(path=location, manifest=manifest or _stand_in_manifest(parts), parts=parts)
+    return Run(path=location, manifest=manifest or _stand_in_manifest(parts), parts=parts, unreadable=unreadable)
+
+
+def naming_runs_inside(folder: Location, err: NotARunError) -> NotARunError:
+    """`err` (`folder` holds no run) extended with the runs below `folder` (up to three folders
+    down), when it is a folder of runs: "give those instead (…)"; else `err` itself."""
+    inside = _runs_inside(folder)
+    if not inside:
+        return err
+    more = f", and {len(inside) - _SUGGESTED} more" if len(inside) > _SUGGESTED else ""
+    runs = ", ".join(str(run) for run in inside[:_SUGGESTED])
+    return NotARunError(f"{err}; it is a folder of {len(inside)} runs: give those instead ({runs}{more})")
 
 
 def _check_world_sizes(location: Location, manifest: dict[str, Any] | None, parts: dict[str, tuple[Part, ...]]) -> None:

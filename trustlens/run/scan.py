@@ -6,8 +6,10 @@ the token columns a sampled run derives rather than stores (`with_derived`). The
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
+from types import FrameType
 
 import polars as pl
 import pyarrow as pa
@@ -18,6 +20,8 @@ from trustlens.run.parts import Location
 from trustlens.run.storage import Remote
 
 # token columns a sampled run does not store: they follow from the log-probabilities
+# the trustlens package's folder: `warn` attributes a warning to the first caller outside it
+_PACKAGE = str(Path(__file__).resolve().parent.parent) + "/"
 DERIVED = ("ratio", "binary_tv", "binary_kl")
 
 
@@ -112,7 +116,13 @@ def scan_files(files: list[Location]) -> pl.LazyFrame:
 
 
 def warn(message: str, category: type[Warning] = RunWarning) -> None:
-    warnings.warn(message, category, stacklevel=4)
+    """Warn, attributed to the first caller outside the trustlens package (the user's line that
+    loaded the run), never to an internal source line."""
+    frame: FrameType | None = sys._getframe(1)
+    level = 2  # the stacklevel of `frame`, warn's caller
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 __all__ = ["DERIVED", "KEY_COLUMNS", "column_key", "conform", "scan_files", "warn", "with_derived"]

@@ -1,10 +1,13 @@
-"""`trustlens doctor RUN [--json]`: the doctor's findings on a recorded run, most severe first."""
+"""`trustlens doctor RUN [--json]`: the doctor's findings on a recorded run, most severe first,
+after a line naming a run that is incomplete (killed, interrupted, failed, still being written;
+on stderr with --json)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import sys
 from typing import Any
 
 from trustlens.analysis.diagnosis.finding import Finding
@@ -54,12 +57,20 @@ def as_text(findings: list[Finding]) -> str:
 
 def _doctor(args: argparse.Namespace) -> int:
     from trustlens.analysis.diagnosis import doctor
+    from trustlens.analysis.diagnosis.run_state import incomplete_note
+    from trustlens.core.render import visible_text
     from trustlens.run import load_run
 
-    findings = doctor(load_run(args.run))
+    run = load_run(args.run)
+    findings = doctor(run)
+    note = incomplete_note(run)
     if args.json:
+        if note is not None:  # stdout stays the JSON list of findings
+            print(f"trustlens doctor: warning: {visible_text(note)}", file=sys.stderr)
         print(json.dumps([_plain(f.to_json()) for f in findings], indent=1, allow_nan=False, ensure_ascii=False))
     else:
+        if note is not None:
+            print(visible_text(f"{MARKS['warning']:<8} {'run':<13} {note}"))
         print(as_text(findings))
     return 0
 
