@@ -14,6 +14,7 @@ pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
 from test_integrations_trl import PROMPTS, grpo_args, length_reward, tiny  # noqa: E402
+from trl import GRPOTrainer  # noqa: E402
 
 from trustlens import TokenRecorder, live_alerts, load_run  # noqa: E402
 from trustlens.integrations.trl import TrustLensCallback, TrustLensGRPOTrainer, engine_rollout  # noqa: E402
@@ -116,3 +117,15 @@ def test_bad_callbacks_are_refused(tmp_path):
             _trainer(tmp_path, recorder=recorder, stop_on="critical", callbacks=[TrustLensCallback(recorder)])
         with pytest.raises(ValueError, match="watches another recorder than the one this trainer records into"):
             _trainer(tmp_path, recorder=recorder, callbacks=[TrustLensCallback(other)])
+        model, tok = tiny()
+        plain = GRPOTrainer(  # nothing records into the recorder: refused before the first step
+            model=model,
+            processing_class=tok,
+            reward_funcs=length_reward,
+            args=grpo_args(tmp_path / "plain"),
+            train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+            callbacks=[TrustLensCallback(recorder)],
+        )
+        with pytest.raises(ValueError, match="TrustLensCallback stops a run that TrustLensGRPOTrainer"):
+            plain.train()
+        assert plain.state.global_step == 0
