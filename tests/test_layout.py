@@ -147,20 +147,18 @@ def test_the_root_holds_only_entry_points():
 
 
 def private_imports(name: str, path: Path, modules: set[str]) -> set[str]:
-    """What `name` imports under a private name from outside its own package: "module" for a
-    module with a `_part` in its dotted path, "module.name" for `from module import _name`. A
-    `_part` is private to the package that holds it (and that package's subpackages); a `_name`
-    to the package of the module that defines it."""
+    """What `name` imports from trustlens.integrations under a private name: "module" for a module
+    with a `_part` in its dotted path, imported from outside the package that holds that part (a
+    `_part` is private to its package and that package's subpackages); "module.name" for
+    `from module import _name` in any other module (a `_name` is private to its module)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-
-    def inside(owner: str) -> bool:
-        return package == owner or package.startswith(owner + ".")
 
     def check_module(target: str) -> None:
         parts = target.split(".")
         for i, part in enumerate(parts):
-            if part.startswith("_") and not part.startswith("__") and not inside(".".join(parts[:i])):
+            owner = ".".join(parts[:i])
+            if part.startswith("_") and not part.startswith("__") and not f"{package}.".startswith(f"{owner}."):
                 found.add(target)
 
     for node in ast.walk(ast.parse(path.read_text())):
@@ -169,19 +167,13 @@ def private_imports(name: str, path: Path, modules: set[str]) -> set[str]:
                 check_module(alias.name)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             check_module(node.module)
-            owner = node.module if node.module in modules and modules_are_packages(node.module, modules) else None
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
                 if sub in modules:
                     check_module(sub)
-                elif alias.name.startswith("_") and not inside(owner or node.module.rpartition(".")[0]):
+                elif alias.name.startswith("_") and node.module != name:
                     found.add(sub)
-    return {m for m in found if m.startswith("trustlens.integrations.") or m == "trustlens.integrations"}
-
-
-def modules_are_packages(module: str, modules: set[str]) -> bool:
-    """Whether `module` is a package: some other module's name starts with it."""
-    return any(m.startswith(module + ".") for m in modules)
+    return {m for m in found if m.startswith("trustlens.integrations.")}
 
 
 def test_private_imports_finds_planted_ones(tmp_path):
@@ -192,18 +184,24 @@ def test_private_imports_finds_planted_ones(tmp_path):
         "trustlens.integrations.verl.driver",
         "trustlens.integrations.openrlhf",
         "trustlens.integrations.openrlhf.driver",
+        "trustlens.integrations.openrlhf.state",
     }
     code = tmp_path / "driver.py"
     code.write_text(
         "from trustlens.integrations._ray_hooks import finish\n"  # the parent's own: allowed
         "from trustlens.integrations.verl._inner import x\n"  # verl's private module, from openrlhf
         "from trustlens.integrations.verl.driver import _log_samples\n"  # a private name, from openrlhf
-        "from trustlens.integrations.openrlhf.driver import _fit\n"  # its own package's: allowed
+        "from trustlens.integrations.openrlhf.state import _flag\n"  # another module's private name
     )
     got = private_imports("trustlens.integrations.openrlhf.driver", code, modules)
-    assert got == {"trustlens.integrations.verl._inner", "trustlens.integrations.verl.driver._log_samples"}
+    assert got == {
+        "trustlens.integrations.verl._inner",
+        "trustlens.integrations.verl.driver._log_samples",
+        "trustlens.integrations.openrlhf.state._flag",
+    }
+    # verl's own modules may import verl._inner, and the parent's _ray_hooks is every package's
     assert private_imports("trustlens.integrations.verl.driver", code, modules) == {
-        "trustlens.integrations.openrlhf.driver._fit"
+        "trustlens.integrations.openrlhf.state._flag"
     }
 
 
