@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trustlens.integrations._verl_rules import verl_active_rule  # verl.py imports verl
+from trustlens.integrations.verl.rules import verl_active_rule
 from trustlens.rules import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +128,7 @@ def test_verl_table_gives_the_rule_the_hook_records():
     for mode, correction, rule in cases:
         actor = {"policy_loss": {"loss_mode": mode}}
         got = verl_active_rule(actor, {"rollout_correction": correction} if correction else None)
-        assert got[0] == rule, (mode, correction, got)
+        assert got.name == rule, (mode, correction, got)
 
 
 def test_verl_table_names_every_loss_mode_and_rejection_level_the_hook_maps():

@@ -27,7 +27,6 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from trustlens import load_run  # noqa: E402
 from trustlens.integrations import trl as tl_trl  # noqa: E402
-from trustlens.integrations._trl_hook import _accepts_topk  # noqa: E402
 from trustlens.integrations.trl import (  # noqa: E402
     TrustLensGRPOTrainer,
     UnsupportedTRLVersion,
@@ -35,6 +34,7 @@ from trustlens.integrations.trl import (  # noqa: E402
     engine_rollout,
     with_trustlens,
 )
+from trustlens.integrations.trl.hook import _accepts_topk  # noqa: E402
 from trustlens.train.model import ModelConfig, build_model, build_tokenizer  # noqa: E402
 
 # four prompts of equal token length (no left padding: position ids agree between sampler and TRL)
@@ -460,14 +460,15 @@ def test_gspo_gradient_and_mask_equal_trls_sequence_level_loss(tmp_path, gen):
     """TRL's own `_compute_loss` with importance_sampling_level="sequence" (GSPO), fed a log π we
     control: its gradient equals `policy_loss("gspo", loss_agg_mode="seq-mean-token-mean")`'s, and
     the tokens it gives no gradient are those `gspo` blocks; the hook records the run as gspo."""
-    from trustlens.integrations._trl_rules import active_rule_of
+    from trustlens.integrations import ActiveRule
+    from trustlens.integrations.trl import active_rule_of
     from trustlens.rules.loss import policy_loss
 
     model, tok = tiny()
     args = grpo_args(
         tmp_path / "trl", importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-4, epsilon_high=4e-4
     )
-    assert active_rule_of(args) == ("gspo", (3e-4, 4e-4))
+    assert active_rule_of(args) == ActiveRule("gspo", 3e-4, 4e-4)
     trainer = GRPOTrainer(
         model=model,
         processing_class=tok,

@@ -1,5 +1,6 @@
 """The package's layout: no import cycle between trustlens' modules, no module over MAX_LINES lines,
-and the root holds only entry points.
+the root holds only entry points, and no module under integrations/ is imported from outside its
+package under a private name.
 
 Every import statement counts, at module level, inside a function (a lazy import only hides a
 cycle) or under `if TYPE_CHECKING:` (a cycle of types is one of design). `from a.b import c` is an
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,17 +146,111 @@ def test_the_root_holds_only_entry_points():
     assert root == ROOT_MODULES
 
 
-@pytest.mark.parametrize(
-    ("old", "new"),
-    [
-        ("trustlens.loss", "trustlens.rules.loss"),
-        ("trustlens.recorder", "trustlens.record"),
-        ("trustlens.render", "trustlens.core.render"),
-        ("trustlens.rule_columns", "trustlens.rules.columns"),
-    ],
-)
-def test_documented_old_paths_still_import(old, new):
-    assert importlib.import_module(old) is importlib.import_module(new)
+def private_imports(name: str, path: Path, modules: set[str]) -> set[str]:
+    """What `name` imports from trustlens.integrations under a private name: "module" for a module
+    with a `_part` in its dotted path, imported from outside the package that holds that part (a
+    `_part` is private to its package and that package's subpackages); "module.name" for
+    `from module import _name` in any other module (a `_name` is private to its module)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def check_module(target: str) -> None:
+        parts = target.split(".")
+        for i, part in enumerate(parts):
+            owner = ".".join(parts[:i])
+            if part.startswith("_") and not part.startswith("__") and not f"{package}.".startswith(f"{owner}."):
+                found.add(target)
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                check_module(alias.name)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            check_module(node.module)
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                if sub in modules:
+                    check_module(sub)
+                elif alias.name.startswith("_") and node.module != name:
+                    found.add(sub)
+    return {m for m in found if m.startswith("trustlens.integrations.")}
+
+
+def test_private_imports_finds_planted_ones(tmp_path):
+    modules = {
+        "trustlens.integrations._ray_hooks",
+        "trustlens.integrations.verl",
+        "trustlens.integrations.verl._inner",
+        "trustlens.integrations.verl.driver",
+        "trustlens.integrations.openrlhf",
+        "trustlens.integrations.openrlhf.driver",
+        "trustlens.integrations.openrlhf.state",
+    }
+    code = tmp_path / "driver.py"
+    code.write_text(
+        "from trustlens.integrations._ray_hooks import finish\n"  # the parent's own: allowed
+        "from trustlens.integrations.verl._inner import x\n"  # verl's private module, from openrlhf
+        "from trustlens.integrations.verl.driver import _log_samples\n"  # a private name, from openrlhf
+        "from trustlens.integrations.openrlhf.state import _flag\n"  # another module's private name
+    )
+    got = private_imports("trustlens.integrations.openrlhf.driver", code, modules)
+    assert got == {
+        "trustlens.integrations.verl._inner",
+        "trustlens.integrations.verl.driver._log_samples",
+        "trustlens.integrations.openrlhf.state._flag",
+    }
+    # verl's own modules may import verl._inner, and the parent's _ray_hooks is every package's
+    assert private_imports("trustlens.integrations.verl.driver", code, modules) == {
+        "trustlens.integrations.openrlhf.state._flag"
+    }
+
+
+def test_no_integration_module_is_imported_across_packages_under_a_private_name():
+    names = module_names()
+    sources = {**names, **{f"app.{p.stem}": p for p in (REPO / "app").rglob("*.py")}}
+    found = {name: private_imports(name, path, set(names)) for name, path in sources.items()}
+    assert {name: sorted(bad) for name, bad in found.items() if bad} == {}
+
+
+# old path -> the module it moved to (trustlens.MOVED_MODULES)
+OLD_PATHS = [
+    ("trustlens.loss", "trustlens.rules.loss"),
+    ("trustlens.recorder", "trustlens.record"),
+    ("trustlens.render", "trustlens.core.render"),
+    ("trustlens.rule_columns", "trustlens.rules.columns"),
+    ("trustlens.runs", "trustlens.run"),
+    ("trustlens.schema", "trustlens.run.schema"),
+    ("trustlens.integrations._external", "trustlens.integrations._ray_hooks"),
+    ("trustlens.integrations._trl_compat", "trustlens.integrations.trl.compat"),
+    ("trustlens.integrations._trl_hook", "trustlens.integrations.trl.hook"),
+    ("trustlens.integrations._trl_rollout", "trustlens.integrations.trl.rollout"),
+    ("trustlens.integrations._trl_rules", "trustlens.integrations.trl.rules"),
+    ("trustlens.integrations._trl_stop", "trustlens.integrations.trl.stop"),
+    ("trustlens.integrations._verl_compat", "trustlens.integrations.verl.compat"),
+    ("trustlens.integrations._verl_driver", "trustlens.integrations.verl.driver"),
+    ("trustlens.integrations._verl_rules", "trustlens.integrations.verl.rules"),
+    ("trustlens.integrations._verl_state", "trustlens.integrations.verl.state"),
+    ("trustlens.integrations._verl_workers", "trustlens.integrations.verl.workers"),
+    ("trustlens.integrations.engine_fields", "trustlens.integrations.engines.fields"),
+    ("trustlens.integrations.engine_tokens", "trustlens.integrations.engines.tokens"),
+    ("trustlens.integrations.engines_sampling", "trustlens.integrations.engines.sampling"),
+]
+
+
+def test_every_moved_module_has_its_old_path_tested():
+    import trustlens
+
+    assert dict(OLD_PATHS) == trustlens.MOVED_MODULES
+
+
+@pytest.mark.parametrize(("old", "new"), OLD_PATHS)
+def test_documented_old_paths_still_import(monkeypatch, old, new):
+    if old.startswith("trustlens.integrations._trl"):
+        pytest.importorskip("trl")
+    monkeypatch.delitem(sys.modules, old, raising=False)  # imported before: import it anew
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}: import it from there"):
+        moved = importlib.import_module(old)
+    assert moved is importlib.import_module(new)
 
 
 def test_every_public_name_resolves():

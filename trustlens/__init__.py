@@ -10,6 +10,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
+import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -79,7 +80,8 @@ def __getattr__(name: str):
 
 
 # Module paths that earlier releases documented -> where the module lives now. `import trustlens.loss`
-# (or `from trustlens.recorder import TokenRecorder`) still works and gives the module itself.
+# (or `from trustlens.recorder import TokenRecorder`) still works, with a DeprecationWarning, and
+# gives the module itself.
 MOVED_MODULES = {
     "trustlens.loss": "trustlens.rules.loss",
     "trustlens.recorder": "trustlens.record",
@@ -87,6 +89,22 @@ MOVED_MODULES = {
     "trustlens.rule_columns": "trustlens.rules.columns",
     "trustlens.runs": "trustlens.run",
     "trustlens.schema": "trustlens.run.schema",
+    # integrations/: one package per framework
+    "trustlens.integrations._external": "trustlens.integrations._ray_hooks",
+    "trustlens.integrations._trl_compat": "trustlens.integrations.trl.compat",
+    "trustlens.integrations._trl_hook": "trustlens.integrations.trl.hook",
+    "trustlens.integrations._trl_rollout": "trustlens.integrations.trl.rollout",
+    "trustlens.integrations._trl_rules": "trustlens.integrations.trl.rules",
+    "trustlens.integrations._trl_stop": "trustlens.integrations.trl.stop",
+    "trustlens.integrations._verl_compat": "trustlens.integrations.verl.compat",
+    "trustlens.integrations._verl_driver": "trustlens.integrations.verl.driver",
+    "trustlens.integrations._verl_rules": "trustlens.integrations.verl.rules",
+    "trustlens.integrations._verl_state": "trustlens.integrations.verl.state",
+    "trustlens.integrations._verl_workers": "trustlens.integrations.verl.workers",
+    "trustlens.integrations.engine_fields": "trustlens.integrations.engines.fields",
+    "trustlens.integrations.engine_tokens": "trustlens.integrations.engines.tokens",
+    # its trl_sampling, verl_sampling and openrlhf_sampling: each trainer's package's `sampling`
+    "trustlens.integrations.engines_sampling": "trustlens.integrations.engines.sampling",
 }
 
 
@@ -101,7 +119,9 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.machinery.ModuleSpec(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        return importlib.import_module(MOVED_MODULES[spec.name])
+        new = MOVED_MODULES[spec.name]
+        warnings.warn(f"{spec.name} moved to {new}: import it from there", DeprecationWarning, stacklevel=2)
+        return importlib.import_module(new)
 
     def exec_module(self, module: ModuleType) -> None:
         pass

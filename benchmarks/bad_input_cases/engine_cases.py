@@ -1,4 +1,4 @@
-"""The engine adapters (trustlens.integrations.engines / engines_sampling): the run.json
+"""The engine adapters (trustlens.integrations.engines, the trainers' `sampling` modules): the run.json
 `sampling` read from vLLM, SGLang, TRL, verl and OpenRLHF settings, and the EngineTokens of
 vLLM / SGLang outputs; TokenRecorder's `sampling=` and `model_kind=`; `trustlens train
 --engine` and `trustlens doctor` given what a careless user types."""
@@ -10,7 +10,10 @@ from types import SimpleNamespace
 from bad_input_cases import NAN, Case, Fixtures, bad, ok
 from bad_input_cases.cli_cases import run_cli
 from trustlens import TokenRecorder
-from trustlens.integrations import engines, engines_sampling
+from trustlens.integrations import engines
+from trustlens.integrations.openrlhf.sampling import openrlhf_sampling
+from trustlens.integrations.trl.sampling import trl_sampling
+from trustlens.integrations.verl.sampling import verl_sampling
 
 A = "engines"
 PARAMS = SimpleNamespace(temperature=0.7, top_p=0.9, top_k=-1, min_p=0.0)  # a vLLM SamplingParams
@@ -36,17 +39,17 @@ def cases(fx: Fixtures) -> list[Case]:
         "sglang_sampling logprobs typo": (lambda: engines.sglang_sampling({}, "rawx"), ("logprobs", "rawx")),
         "sglang_sampling temperature text": (lambda: engines.sglang_sampling({"temperature": "hot"}), ("temperature",)),
         "sglang_sampling top_p 2": (lambda: engines.sglang_sampling({"top_p": 2.0}), ("top_p",)),
-        "trl_sampling None": (lambda: engines_sampling.trl_sampling(None), ("args",)),
+        "trl_sampling None": (lambda: trl_sampling(None), ("args",)),
         "trl_sampling temperature NaN": (
-            lambda: engines_sampling.trl_sampling(SimpleNamespace(temperature=NAN)),
+            lambda: trl_sampling(SimpleNamespace(temperature=NAN)),
             ("temperature",),
         ),
-        "verl_sampling None": (lambda: engines_sampling.verl_sampling(None), ("rollout",)),
-        "verl_sampling a list": (lambda: engines_sampling.verl_sampling([1]), ("rollout",)),
-        "verl_sampling top_k -5": (lambda: engines_sampling.verl_sampling({"top_k": -5}), ("top_k",)),
-        "openrlhf_sampling None": (lambda: engines_sampling.openrlhf_sampling(None), ("generate_kwargs",)),
+        "verl_sampling None": (lambda: verl_sampling(None), ("rollout",)),
+        "verl_sampling a list": (lambda: verl_sampling([1]), ("rollout",)),
+        "verl_sampling top_k -5": (lambda: verl_sampling({"top_k": -5}), ("top_k",)),
+        "openrlhf_sampling None": (lambda: openrlhf_sampling(None), ("generate_kwargs",)),
         "openrlhf_sampling temperature -1": (
-            lambda: engines_sampling.openrlhf_sampling({"temperature": -1}),
+            lambda: openrlhf_sampling({"temperature": -1}),
             ("temperature",),
         ),
         "from_vllm None": (lambda: engines.from_vllm(None), ("outputs",)),
@@ -99,7 +102,7 @@ def cases(fx: Fixtures) -> list[Case]:
         ok(
             A,
             "verl_sampling sglang engine",
-            lambda: engines_sampling.verl_sampling({"name": "sglang", "temperature": 1.0}),
+            lambda: verl_sampling({"name": "sglang", "temperature": 1.0}),
             lambda r: r["logprobs"] is None,
         ),
         ok(

@@ -9,7 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from trustlens.integrations import engines, engines_sampling
+from trustlens.integrations import engines
+from trustlens.integrations.openrlhf.sampling import openrlhf_sampling
+from trustlens.integrations.trl.sampling import trl_sampling
+from trustlens.integrations.verl.sampling import verl_sampling
 
 SGLANG = {"meta_info": {"output_token_logprobs": [[-0.5, 3, None], [-1.0, 5, None]]}}
 
@@ -21,13 +24,13 @@ CASES = [
     (lambda: engines.sglang_sampling({}, "rawx"), ValueError, "logprobs.*'rawx'"),
     (lambda: engines.sglang_sampling({"temperature": "hot"}), ValueError, "temperature"),
     (lambda: engines.sglang_sampling({"top_p": 2.0}), ValueError, "top_p"),
-    (lambda: engines_sampling.trl_sampling(None), TypeError, "^args must be a TRL GRPOConfig"),
-    (lambda: engines_sampling.trl_sampling(SimpleNamespace(temperature=math.nan)), ValueError, "temperature"),
-    (lambda: engines_sampling.verl_sampling(None), TypeError, "^rollout must be"),
-    (lambda: engines_sampling.verl_sampling([1]), TypeError, "^rollout must be"),
-    (lambda: engines_sampling.verl_sampling({"top_k": -5}), ValueError, "top_k"),
-    (lambda: engines_sampling.openrlhf_sampling(None), TypeError, "^generate_kwargs must be"),
-    (lambda: engines_sampling.openrlhf_sampling({"temperature": -1}), ValueError, "temperature"),
+    (lambda: trl_sampling(None), TypeError, "^args must be a TRL GRPOConfig"),
+    (lambda: trl_sampling(SimpleNamespace(temperature=math.nan)), ValueError, "temperature"),
+    (lambda: verl_sampling(None), TypeError, "^rollout must be"),
+    (lambda: verl_sampling([1]), TypeError, "^rollout must be"),
+    (lambda: verl_sampling({"top_k": -5}), ValueError, "top_k"),
+    (lambda: openrlhf_sampling(None), TypeError, "^generate_kwargs must be"),
+    (lambda: openrlhf_sampling({"temperature": -1}), ValueError, "temperature"),
     (lambda: engines.from_sglang(None), TypeError, "^responses must be"),
     (lambda: engines.from_sglang(3), TypeError, "^responses must be"),
     (lambda: engines.from_sglang(SGLANG, topk=0), ValueError, "^topk must be an integer ≥ 1"),
@@ -54,5 +57,5 @@ def test_valid_engine_settings_are_returned_as_given():
         "logprobs": "tempered",  # SGLang's log softmax(logits / τ)
         "processors": [],
     }
-    assert engines_sampling.verl_sampling({"name": "sglang", "temperature": 1.0})["logprobs"] == "tempered"
+    assert verl_sampling({"name": "sglang", "temperature": 1.0})["logprobs"] == "tempered"
     assert engines.from_sglang(SGLANG).record_args()["mu_logp"].tolist() == [[-0.5, -1.0]]

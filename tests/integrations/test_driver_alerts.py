@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from trustlens import TokenRecorder, load_run
-from trustlens.integrations import _verl_driver
-from trustlens.integrations._external import driver_alerts, stop_on_from_env
+from trustlens.integrations._ray_hooks import driver_alerts
+from trustlens.integrations.verl.state import STATE
+from trustlens.integrations.verl.stop import stop_if_due, stop_on_from_env
 from trustlens.live import LiveAlert, alert_metrics
 
 
@@ -39,7 +40,7 @@ def test_a_verl_driver_logs_the_alerts_and_stops_on_them(tmp_path, monkeypatch):
     """The driver (rank 0: samples and logged numbers, as verl's) of a run whose reward falls
     from about 1 to 0.3 at step 20."""
     monkeypatch.setenv("TRUSTLENS_STOP_ON", "critical")
-    monkeypatch.setitem(_verl_driver._state, "stopping", False)
+    monkeypatch.setitem(STATE, "stopping", False)
     trainer = SimpleNamespace(total_training_steps=40, global_steps=0)
     rec = TokenRecorder(tmp_path / "run", rules=["ppo"], alerts=True, planned_steps=40)  # samples and metrics only
     logged = []
@@ -49,7 +50,7 @@ def test_a_verl_driver_logs_the_alerts_and_stops_on_them(tmp_path, monkeypatch):
         data = driver_alerts(rec, step, {"actor/grad_norm": 1.0})
         rec.flush()  # in a real run the writer judges while verl works; here: wait for it
         logged.append(data)
-        _verl_driver._stop_if_due(trainer, rec, step)
+        stop_if_due(trainer, rec, step)
         if trainer.total_training_steps <= step:
             break
     rec.close()

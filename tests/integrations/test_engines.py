@@ -257,7 +257,9 @@ def test_engine_outputs_become_a_recorded_run(tmp_path, engine):
 def test_trainer_settings_map_to_sampling():
     from types import SimpleNamespace
 
-    from trustlens.integrations.engines_sampling import openrlhf_sampling, trl_sampling, verl_sampling
+    from trustlens.integrations.openrlhf.sampling import openrlhf_sampling
+    from trustlens.integrations.trl.sampling import trl_sampling
+    from trustlens.integrations.verl.sampling import verl_sampling
     from trustlens.run.manifest import normalise_sampling
 
     grpo = dict(temperature=0.6, top_p=1.0, top_k=0, min_p=None, generation_kwargs=None)

@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from trustlens.integrations.engines import from_sglang, from_vllm, sglang_sampling, vllm_sampling
-from trustlens.integrations.engines_sampling import _PROCESSOR_KEYS, trl_sampling, verl_sampling
+from trustlens.integrations.engines.sampling import _PROCESSOR_KEYS
+from trustlens.integrations.trl.sampling import trl_sampling
+from trustlens.integrations.verl.sampling import verl_sampling
 from trustlens.run.manifest import PROCESSORS, normalise_sampling
 
 V = 10

@@ -1,4 +1,4 @@
-"""trustlens.integrations._external: content sample ids, the rule set an external trainer feeds,
+"""trustlens.integrations._ray_hooks: content sample ids, the rule set an external trainer feeds,
 and a worker's step / update / dedup bookkeeping (no verl or OpenRLHF needed)."""
 
 import math
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from trustlens import TokenRecorder, load_run
-from trustlens.integrations._external import (
+from trustlens.integrations import ActiveRule
+from trustlens.integrations._ray_hooks import (
     WorkerRecording,
     content_id,
     external_rules,
@@ -38,11 +39,11 @@ def test_padded_sequences_drop_padding_on_both_sides():
 
 
 def test_external_rules_leave_out_top_k_and_take_the_trainer_thresholds():
-    rules = {r.name: r for r in external_rules("minirl", 0.1, 0.3)}
+    rules = {r.name: r for r in external_rules(ActiveRule("minirl", 0.1, 0.3))}
     assert "dppo_topk_tv" not in rules and "dppo_topk_kl" not in rules
     assert (rules["minirl"].low, rules["minirl"].high) == (0.1, 0.3)
     assert rules["ppo"].high == 0.2
-    assert len(external_rules(None, None, None)) == len(rules)
+    assert len(external_rules(ActiveRule(None))) == len(rules)
 
 
 def test_numeric_metrics_keep_finite_numbers_only():
@@ -53,7 +54,7 @@ def test_numeric_metrics_keep_finite_numbers_only():
 
 
 def test_worker_records_each_sample_once_per_update(tmp_path):
-    worker = WorkerRecording(1, 2, external_rules("minirl", 0.2, 0.2), "minirl")
+    worker = WorkerRecording(1, 2, external_rules(ActiveRule("minirl", 0.2, 0.2)), "minirl")
     seqs = [torch.tensor([1, 2, 3, 4]), torch.tensor([1, 5, 6])]
     tensors = dict(
         token_ids=torch.tensor([[3, 4], [5, 6]]),
@@ -80,7 +81,7 @@ def _two_copies_on_two_workers(run_dir, send_ids: bool) -> pl.DataFrame:
     driver's samples."""
     prompt, response = torch.tensor([5, 6, 7]), torch.tensor([9, 9, 2])
     seq = torch.cat([prompt, response])
-    rules = external_rules("minirl", None, None)
+    rules = external_rules(ActiveRule("minirl"))
     driver = TokenRecorder(run_dir, rank=0, world_size=3, rules=rules, active_rule="minirl")
     ids, groups = sample_ids([seq, seq], [3, 3])
     driver.log_samples(
@@ -129,7 +130,7 @@ def test_identical_samples_on_two_workers_keep_the_driver_s_ids(tmp_path):
 
 
 def test_worker_records_rows_under_the_ids_they_came_with(tmp_path):
-    worker = WorkerRecording(1, 2, external_rules("minirl", 0.2, 0.2), "minirl")
+    worker = WorkerRecording(1, 2, external_rules(ActiveRule("minirl", 0.2, 0.2)), "minirl")
     seqs = [torch.tensor([1, 2, 3, 4]), torch.tensor([1, 2, 3, 4])]  # identical rows, distinct ids
     tensors = dict(
         token_ids=torch.tensor([[3, 4], [3, 4]]),
@@ -156,7 +157,7 @@ def test_id_list_reads_ids_as_trainers_carry_them():
 
 
 def test_closing_run_marks_the_run_finished_or_failed(tmp_path):
-    from trustlens.integrations._external import closing_run
+    from trustlens.integrations._ray_hooks import closing_run
 
     class Trainer:
         def fit(self, fail):

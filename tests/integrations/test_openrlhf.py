@@ -48,7 +48,8 @@ from verl_actor import V, tiny_qwen2  # noqa: E402  (the same tiny Qwen2; no ver
 
 from trustlens import load_run  # noqa: E402
 from trustlens.integrations import openrlhf as hook  # noqa: E402
-from trustlens.integrations._external import WorkerRecording, external_rules  # noqa: E402
+from trustlens.integrations._ray_hooks import WorkerRecording, external_rules  # noqa: E402
+from trustlens.integrations.openrlhf.state import STATE  # noqa: E402
 
 B, P, A = 8, 5, 6  # samples per experience (one experience per actor), prompt and action widths
 STEPS, GAS, ACTORS = 2, 2, 2  # training steps, micro-batches per optimizer step, data-parallel actors
@@ -177,9 +178,9 @@ class ActorGroup:
 
     def __init__(self, trainers: list, checkpoint_states: dict | None):
         self.trainers, self.checkpoint_states = trainers, checkpoint_states
-        rule, low, high, _ = hook.openrlhf_active_rule(trainers[0].actor_loss_fn)
-        rules = external_rules(rule, low, high)
-        self.recordings = [WorkerRecording(r + 1, len(trainers) + 1, rules, rule) for r in range(len(trainers))]
+        rule = hook.openrlhf_active_rule(trainers[0].actor_loss_fn)
+        rules = external_rules(rule)
+        self.recordings = [WorkerRecording(r + 1, len(trainers) + 1, rules, rule.name) for r in range(len(trainers))]
         self.rank: int | None = None  # the actor running now (its data-parallel rank)
 
     def async_run_method_batch(self, method_name, experience):
@@ -199,13 +200,13 @@ class ActorGroup:
 
     def _fit(self, rank: int, kl_ctl: float) -> dict:
         """PolicyModelActor.fit on actor `rank`, in its hook state."""
-        self.rank, hook._state["worker"] = rank, self.recordings[rank]
+        self.rank, STATE["worker"] = rank, self.recordings[rank]
         try:
             status = self.trainers[rank].ppo_train(kl_ctl)
             self.trainers[rank].replay_buffer.clear()
             return status
         finally:
-            self.rank, hook._state["worker"] = None, None
+            self.rank, STATE["worker"] = None, None
 
     def close(self) -> None:
         for recording in self.recordings:
@@ -392,9 +393,9 @@ def test_a_resumed_run_goes_on_at_the_checkpoint_s_step(resumed_run):
     [({}, "minirl"), ({"dual_clip": 3.0}, "minirl"), ({"policy_loss_type": "gspo"}, None)],
 )
 def test_openrlhf_losses_map_to_rules(kwargs, rule):
-    name, *_, note = hook.openrlhf_active_rule(PolicyLoss(**kwargs))
-    assert name == rule and note
-    assert ("dual clip" in note) == ("dual_clip" in kwargs)
+    active = hook.openrlhf_active_rule(PolicyLoss(**kwargs))
+    assert active.name == rule and active.note
+    assert ("dual clip" in active.note) == ("dual_clip" in kwargs)
 
 
 def test_ray_setup_hook_patches_openrlhf_in_every_ray_process(tmp_path):
@@ -431,7 +432,7 @@ def test_ray_setup_hook_patches_openrlhf_in_every_ray_process(tmp_path):
             from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
             from ray import cloudpickle
 
-            from trustlens.integrations import openrlhf as here
+            from trustlens.integrations.openrlhf import driver as here
 
             trainer = cloudpickle.loads(blob)  # behind Ray's tracing wrappers, once Ray loaded it
             hooks = {"train_step": here._train_step, "save_logs_and_checkpoints": here._save_logs, "fit": here._fit}

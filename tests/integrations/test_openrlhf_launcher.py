@@ -9,6 +9,7 @@ import types
 import pytest
 
 from trustlens.integrations import openrlhf as hook
+from trustlens.integrations.openrlhf import launch
 
 
 def _launch(monkeypatch, run_dir: str) -> tuple[dict, list]:
@@ -16,8 +17,8 @@ def _launch(monkeypatch, run_dir: str) -> tuple[dict, list]:
     inits: list[dict] = []
     argvs: list[list[str]] = []
     monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(init=lambda **kw: inits.append(kw)))
-    monkeypatch.setattr(hook, "setup", lambda: None)
-    monkeypatch.setattr(hook.runpy, "run_module", lambda name, run_name: argvs.append(list(sys.argv)))
+    monkeypatch.setattr(launch, "setup", lambda: None)
+    monkeypatch.setattr(launch.runpy, "run_module", lambda name, run_name: argvs.append(list(sys.argv)))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setenv("TRUSTLENS_DIR", run_dir)
     hook.main(["--actor.model_name_or_path", "m"])

@@ -1,6 +1,6 @@
 """A real TRL GRPO run whose rollout engine writes log μ = 0 (a sentinel: a doctor problem from
-its first generation) stops on `stop_on="critical"`: the callback saves and stops training, and
-run.json says why."""
+its first generation) stops on `stop_on="critical"`, or on a `TrustLensCallback` attached with
+`callbacks=[…]`: the callback saves and stops training, and run.json says why."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
 from test_integrations_trl import PROMPTS, grpo_args, length_reward, tiny  # noqa: E402
+from trl import GRPOTrainer  # noqa: E402
 
-from trustlens import live_alerts, load_run  # noqa: E402
-from trustlens.integrations.trl import TrustLensGRPOTrainer, engine_rollout  # noqa: E402
+from trustlens import TokenRecorder, live_alerts, load_run  # noqa: E402
+from trustlens.integrations.trl import TrustLensCallback, TrustLensGRPOTrainer, engine_rollout  # noqa: E402
 
 
 def sentinel_rollout():
@@ -78,3 +79,53 @@ def test_bad_stop_settings_are_refused_before_training(tmp_path, kwargs, error, 
             **kwargs,
         )
     assert not (tmp_path / "run").exists()
+
+
+def _trainer(tmp_path, **kwargs):
+    model, tok = tiny()
+    return TrustLensGRPOTrainer(
+        model=model,
+        processing_class=tok,
+        reward_funcs=length_reward,
+        args=grpo_args(tmp_path / "trl", max_steps=12),
+        train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+        rollout_func=sentinel_rollout(),
+        **kwargs,
+    )
+
+
+def test_a_callback_attached_with_callbacks_stops_a_run_on_its_own_recorder(tmp_path):
+    """`callbacks=[TrustLensCallback(recorder)]` with `recorder=` stops as `stop_on=` does."""
+    with TokenRecorder(tmp_path / "run", alerts=True, planned_steps=6) as recorder:
+        trainer = _trainer(tmp_path, recorder=recorder, callbacks=[TrustLensCallback(recorder, stop_on="critical")])
+        trainer.train()
+    why = load_run(tmp_path / "run").manifest["stopped"]
+    assert (why["on"], why["alert"]["kind"], why["alert"]["severity"]) == ("critical", "sentinel", "problem")
+    assert trainer.state.global_step < 12
+    assert why["checkpoint"] == os.path.join(str(tmp_path / "trl"), f"checkpoint-{trainer.state.global_step}")
+    # the generation it stopped at, as stop_on= records it: 2 optimizer steps per generation
+    assert why["step"] == (trainer.state.global_step - 1) // 2
+
+
+def test_bad_callbacks_are_refused(tmp_path):
+    with pytest.raises(TypeError, match="recorder must be a TokenRecorder"):
+        TrustLensCallback({"live_alerts": []})
+    with TokenRecorder(tmp_path / "run", alerts=True) as recorder, TokenRecorder(tmp_path / "other") as other:
+        with pytest.raises(ValueError, match="stop_on must be one of critical, warning, never; got 'critcal'"):
+            TrustLensCallback(recorder, stop_on="critcal")
+        with pytest.raises(ValueError, match="pass stop_on= or a TrustLensCallback in callbacks=, not both"):
+            _trainer(tmp_path, recorder=recorder, stop_on="critical", callbacks=[TrustLensCallback(recorder)])
+        with pytest.raises(ValueError, match="watches another recorder than the one this trainer records into"):
+            _trainer(tmp_path, recorder=recorder, callbacks=[TrustLensCallback(other)])
+        model, tok = tiny()
+        plain = GRPOTrainer(  # nothing records into the recorder: refused before the first step
+            model=model,
+            processing_class=tok,
+            reward_funcs=length_reward,
+            args=grpo_args(tmp_path / "plain"),
+            train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+            callbacks=[TrustLensCallback(recorder)],
+        )
+        with pytest.raises(ValueError, match="TrustLensCallback stops a run that TrustLensGRPOTrainer"):
+            plain.train()
+        assert plain.state.global_step == 0

@@ -27,7 +27,8 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from trustlens import load_run  # noqa: E402
 from trustlens.integrations import verl as hook  # noqa: E402
-from trustlens.integrations._external import finish  # noqa: E402
+from trustlens.integrations._ray_hooks import finish  # noqa: E402
+from trustlens.integrations.verl.state import STATE  # noqa: E402
 
 RANK_SCRIPT = Path(__file__).with_name("verl_rank.py")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -66,7 +67,7 @@ def verl_run(request, tmp_path_factory):
         mp.setenv("TRUSTLENS_DIR", str(run_dir))  # drive() sets it for this process
         verl_actor.drive(str(run_dir), WORLD, str(tmp / "batches"))
         calls = _train(run_dir, request.param, tmp, tmp / "batches")
-        finish(hook._state, None)  # fit returns: the run is finished
+        finish(STATE, None)  # fit returns: the run is finished
     return run_dir, calls
 
 
@@ -188,10 +189,10 @@ def test_dashboard_opens_the_main_ppo_run_on_every_page(main_ppo_run, monkeypatc
     ],
 )
 def test_verl_losses_map_to_the_rule_that_blocks_the_same_tokens(actor, algorithm, rule):
-    name, low, high, note = hook.verl_active_rule(OmegaConf.create(actor), OmegaConf.create(algorithm))
-    assert name == rule
-    assert (low, high) == ((0.2, 0.2) if rule else (None, None))
-    assert note
+    active = hook.verl_active_rule(OmegaConf.create(actor), OmegaConf.create(algorithm))
+    assert active.name == rule
+    assert (active.low, active.high) == ((0.2, 0.2) if rule else (None, None))
+    assert active.note
 
 
 def test_ray_setup_hook_patches_verl_in_every_ray_process(tmp_path):

@@ -3,7 +3,7 @@ algorithm configs as mappings: no verl needed."""
 
 import pytest
 
-from trustlens.integrations._verl_rules import verl_active_rule
+from trustlens.integrations.verl.rules import verl_active_rule
 
 
 @pytest.mark.parametrize(
@@ -56,22 +56,23 @@ from trustlens.integrations._verl_rules import verl_active_rule
     ],
 )
 def test_verl_settings_map_to_the_rule_they_define(actor, algorithm, expected):
-    name, low, high, note = verl_active_rule(actor, algorithm)
+    rule = verl_active_rule(actor, algorithm)
     if expected[0] == "rs_geo":
-        assert name == "rs_geo" and low == pytest.approx(1e-3) and high == pytest.approx(1e-3)
+        assert rule.name == "rs_geo" and rule.low == pytest.approx(1e-3) and rule.high == pytest.approx(1e-3)
     else:
-        assert (name, low, high) == expected
-    assert note
+        assert (rule.name, rule.low, rule.high) == expected
+    assert rule.note
 
 
 def test_verl_cov_settings_become_the_batch_rules_fields():
-    from trustlens.integrations._external import external_rules
-    from trustlens.integrations._verl_rules import verl_cov_fields
+    from trustlens.integrations import ActiveRule
+    from trustlens.integrations._ray_hooks import external_rules
+    from trustlens.integrations.verl.rules import verl_cov_fields
 
     clip = {"policy_loss": {"loss_mode": "clip_cov", "clip_cov_ratio": 1e-3, "clip_cov_ub": 4.0}}
     assert verl_cov_fields(clip) == {"cov_ratio": 1e-3, "cov_low": 1.0, "cov_high": 4.0}  # verl's lb default
     kl = {"policy_loss": {"loss_mode": "kl_cov", "ppo_kl_coef": 0.5}}
     assert verl_cov_fields(kl) == {"cov_ratio": 2e-4, "kl_coef": 0.5}
     assert verl_cov_fields({"policy_loss": {"loss_mode": "gspo"}}) == {}
-    (rule,) = [r for r in external_rules("kl_cov", None, None, verl_cov_fields(kl)) if r.name == "kl_cov"]
+    (rule,) = [r for r in external_rules(ActiveRule("kl_cov"), verl_cov_fields(kl)) if r.name == "kl_cov"]
     assert (rule.cov_ratio, rule.kl_coef) == (2e-4, 0.5)

@@ -225,9 +225,9 @@ def run_rank(rank: int, world: int, port: str, run_dir: str, path: str, batches:
     import_external_libs("trustlens.integrations.verl")  # what verl does with model.external_lib
     model = tiny_qwen2()
     {"engine": run_engine, "dp_actor": run_dp_actor}[path](model, rank, world, batches)
-    from trustlens.integrations import verl as hook
+    from trustlens.integrations.verl.state import STATE
 
-    hook._state["worker"].close()
+    STATE["worker"].close()
     dist.destroy_process_group()
 
 
@@ -251,11 +251,11 @@ def drive(run_dir: str, world: int, batches: str) -> None:
     the hook of `_update_actor` (its samples recorded, the step and each row's sample id put in
     the batch), is split over the `world` ranks as verl's dispatch splits it (`DataProto.chunk`)
     and saved for them (`batch_path`); a metric per step. The run's final status is the caller's
-    (`_external.finish`), once the ranks have trained."""
+    (`_ray_hooks.finish`), once the ranks have trained."""
     from omegaconf import OmegaConf
     from verl.utils.tracking import Tracking
 
-    from trustlens.integrations._verl_driver import _log_samples
+    from trustlens.integrations.verl.driver import _log_samples
 
     os.environ["TRUSTLENS_DIR"] = run_dir
     actor = {"clip_ratio": 0.2, "clip_ratio_high": 0.28, "policy_loss": {}}

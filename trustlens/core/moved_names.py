@@ -24,6 +24,13 @@ from typing import Any
 MOVED_NAMES: dict[str, dict[str, str]] = {
     "trustlens.analysis.seeds": {"format_seed_table": "trustlens.analysis.seed_text"},
     "trustlens.rules": {"evaluate_columns": "trustlens.rules.columns", "rule_columns": "trustlens.rules.columns"},
+    # the old trustlens.integrations.engines_sampling is engines.sampling; its trainers' readers
+    # went to each trainer's package
+    "trustlens.integrations.engines.sampling": {
+        "trl_sampling": "trustlens.integrations.trl.sampling",
+        "verl_sampling": "trustlens.integrations.verl.sampling",
+        "openrlhf_sampling": "trustlens.integrations.openrlhf.sampling",
+    },
 }
 
 

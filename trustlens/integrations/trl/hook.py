@@ -1,12 +1,12 @@
 """The recording hook of trustlens.integrations.trl: `TrustLensGRPOMixin`, combined with a TRL
 trainer class by `with_trustlens`. What it records, and how TRL's generations and micro-batches
-map to trustlens steps and updates, is in trustlens.integrations.trl's docstring.
+map to trustlens steps and updates, is in trustlens.integrations.trl's docstring; its live-alert
+stop is a `TrustLensCallback` (trustlens.integrations.trl.stop).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -16,10 +16,12 @@ import torch
 import trl
 from transformers import TrainerCallback
 
-from trustlens.integrations._trl_compat import BATCH_KEYS, unsupported
-from trustlens.integrations._trl_rules import active_rule_of, default_rules
-from trustlens.integrations._trl_stop import AlertStopper, planned_generations
-from trustlens.integrations.engines_sampling import trl_sampling
+from trustlens.integrations.trl.compat import BATCH_KEYS, unsupported
+from trustlens.integrations.trl.rules import active_rule_of, default_rules
+from trustlens.integrations.trl.sampling import trl_sampling
+from trustlens.integrations.trl.stop import TrustLensCallback, planned_generations
+from trustlens.live.stop import stop_level
+from trustlens.live.tap import check_on_alert
 from trustlens.rules import resolve_rules
 
 # keys the hook adds to TRL's batch dict: they are shuffled and split with the batch
@@ -51,7 +53,9 @@ class TrustLensGRPOMixin(_MixinBase):
                 f"{type(self).__name__}: pass exactly one of trustlens_dir= (a new run directory) "
                 "or recorder= (an open TokenRecorder)"
             )
-        self._tl_stop = AlertStopper(stop_on, on_alert)  # bad stop_on / on_alert: refused before TRL sets up
+        stop_level(stop_on)  # a bad stop_on / on_alert is refused before TRL sets up
+        self._tl_on_alert = check_on_alert(on_alert)
+        self._tl_alerts = stop_on != "never" or on_alert is not None  # the recorder it opens raises live alerts
         super().__init__(*args, **kwargs)
         if getattr(self.args, "use_liger_loss", False) or (
             getattr(self, "use_liger_kernel", False) and hasattr(self, "compute_liger_loss")
@@ -69,8 +73,26 @@ class TrustLensGRPOMixin(_MixinBase):
         self._tl_rewards: torch.Tensor | None = None  # (N_all_ranks, n_funcs) of the last scoring
         self._tl_pending: dict[str, list[float]] = defaultdict(list)  # TRL logs of the current step
         self.add_callback(_LogCallback(self))
+        self._tl_bind_stops(stop_on)
 
     # ---- setup ----
+
+    def _tl_bind_stops(self, stop_on: str) -> None:
+        """Attach a TrustLensCallback for `stop_on` (unless "never") and give every TrustLensCallback
+        the run's trustlens step; one given another recorder than the trainer's is refused."""
+        stops = [c for c in self.callback_handler.callbacks if isinstance(c, TrustLensCallback)]
+        if stop_on != "never":
+            if stops:
+                raise ValueError(f"{type(self).__name__}: pass stop_on= or a TrustLensCallback in callbacks=, not both")
+            stops = [TrustLensCallback(self.trustlens_recorder, stop_on)]
+            self.add_callback(stops[0])
+        for stop in stops:
+            if stop.recorder is not self.trustlens_recorder:
+                raise ValueError(
+                    f"{type(self).__name__}: a TrustLensCallback watches another recorder than the one this "
+                    "trainer records into: give it the trainer's recorder="
+                )
+            stop.bind(lambda: self._tl_step)
 
     def _tl_tokenizer(self) -> Any:
         return getattr(self.processing_class, "tokenizer", self.processing_class)
@@ -78,9 +100,10 @@ class TrustLensGRPOMixin(_MixinBase):
     def _tl_open_recorder(self, run_dir: str | Path, rules: Any) -> Any:
         from trustlens.record import TokenRecorder
 
-        active, thresholds = active_rule_of(self.args)
+        trl_rule = active_rule_of(self.args)
+        active = trl_rule.name
         if rules is None:
-            rules = default_rules(active, thresholds, topk=self._tl_topk_recordable())
+            rules = default_rules(active, trl_rule.thresholds, topk=self._tl_topk_recordable())
         if active not in [rule.name for rule in resolve_rules(rules)]:
             active = None  # the caller's rule set leaves TRL's rule out
         return TokenRecorder(
@@ -90,8 +113,8 @@ class TrustLensGRPOMixin(_MixinBase):
             tokenizer=self._tl_tokenizer(),
             config=self._tl_config(),
             sampling=trl_sampling(self.args),
-            alerts=self._tl_stop.alerts,
-            on_alert=self._tl_stop.on_alert,
+            alerts=self._tl_alerts,
+            on_alert=self._tl_on_alert,
             planned_steps=planned_generations(self.args),
         )
 
@@ -315,16 +338,6 @@ class _LogCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if logs:
             self.trainer._tl_on_log(logs)
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """With `stop_on`: save and stop after an optimizer step once a live alert of that
-        severity was raised (trustlens.integrations._trl_stop)."""
-        trainer = self.trainer
-        if trainer._tl_stop.due(trainer.trustlens_recorder):
-            checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            trainer._tl_stop.stop(trainer.trustlens_recorder, trainer._tl_step, checkpoint)
-            control.should_save = True
-            control.should_training_stop = True
 
 
 def _accepts_topk(record: Callable) -> bool:

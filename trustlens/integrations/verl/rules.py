@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trustlens.integrations.active_rule import ActiveRule
+
 
 def _get(config: Any, name: str, default: Any = None) -> Any:
     """A field of a verl config (dataclass or OmegaConf), or `default`."""
@@ -22,9 +24,9 @@ def _get(config: Any, name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def verl_active_rule(actor: Any, algorithm: Any = None) -> tuple[str | None, float | None, float | None, str]:
-    """(trustlens rule, low, high, note) for verl's policy loss of `actor` (the actor config)
-    and `algorithm` (for rollout correction). rule None: no trustlens rule blocks what verl does.
+def verl_active_rule(actor: Any, algorithm: Any = None) -> ActiveRule:
+    """The trustlens rule (with low, high and a note) for verl's policy loss of `actor` (the actor config)
+    and `algorithm` (for rollout correction). name None: no trustlens rule blocks what verl does.
 
     verl's losses compare π with its `old_log_prob`: π_old, or μ in rollout correction's bypass
     mode. A rejection mask (`rollout_rs`) is the run's rule where it is set; its PPO clip is then
@@ -42,28 +44,36 @@ def verl_active_rule(actor: Any, algorithm: Any = None) -> tuple[str | None, flo
     lower, upper = _band(_get(correction, "rollout_is_threshold", 2.0))
     if is_level == "token" and lower is not None:  # verl ≥ 0.9: a "lower_upper" band is IcePop
         note = f"verl rollout_is token with the band [{lower:g}, {upper:g}]: IcePop's mask on π_old/μ"
-        return "icepop", 1.0 - lower, upper - 1.0, note
+        return ActiveRule("icepop", 1.0 - lower, upper - 1.0, note)
     if mode == "vanilla":
         if bypass:  # old_log_prob is μ: verl's dual-clip PPO against μ is trustlens' dual_clip
             note = f"verl vanilla PPO in bypass mode: PPO clip and dual clip c = {dual} against μ"
-            return "dual_clip", low, high, note + ("" if dual == 3.0 else " (trustlens' dual_clip has c = 3)")
+            return ActiveRule(
+                "dual_clip", low, high, note + ("" if dual == 3.0 else " (trustlens' dual_clip has c = 3)")
+            )
         note = (
             f"verl vanilla PPO clips π/π_old to [1 - {low}, 1 + {high}] (trustlens minirl) and, as dual clip, "
             f"also gives no gradient to A < 0 tokens with π/π_old > {dual}: no trustlens rule blocks those"
         )
         if is_level == "token":
-            return "grpo_tis", low, high, note + "; times verl's token-level rollout IS weight min(π_old/μ, C)"
+            return ActiveRule(
+                "grpo_tis", low, high, note + "; times verl's token-level rollout IS weight min(π_old/μ, C)"
+            )
         if is_level == "sequence":
-            return "grpo_seq_tis", low, high, note + "; times verl's sequence-level IS weight min(Π π_old/μ, C)"
-        return "minirl", low, high, note
+            return ActiveRule(
+                "grpo_seq_tis", low, high, note + "; times verl's sequence-level IS weight min(Π π_old/μ, C)"
+            )
+        return ActiveRule("minirl", low, high, note)
     if mode == "gspo":
-        return "gspo", low, high, "verl gspo: the geometric-mean ratio against old_log_prob clipped to its band"
+        return ActiveRule(
+            "gspo", low, high, "verl gspo: the geometric-mean ratio against old_log_prob clipped to its band"
+        )
     if mode == "geo_mean":
-        return "gmpo", low, high, "verl geo_mean (GMPO): token log-ratios clipped to [−low, high]"
+        return ActiveRule("gmpo", low, high, "verl geo_mean (GMPO): token log-ratios clipped to [−low, high]")
     if mode == "dppo_tv":
-        return "dppo_binary_tv_recompute", low, high, "verl dppo_tv: binary TV mask against π_old"
+        return ActiveRule("dppo_binary_tv_recompute", low, high, "verl dppo_tv: binary TV mask against π_old")
     if mode == "dppo_kl":
-        return "dppo_binary_kl_recompute", low, high, "verl dppo_kl: binary KL mask against π_old"
+        return ActiveRule("dppo_binary_kl_recompute", low, high, "verl dppo_kl: binary KL mask against π_old")
     if mode in ("clip_cov", "kl_cov"):
         note = (
             "verl clip_cov: PPO's clip of π/π_old, and no gradient for a random share of each micro-batch's "
@@ -73,12 +83,13 @@ def verl_active_rule(actor: Any, algorithm: Any = None) -> tuple[str | None, flo
             else "verl kl_cov: the penalty ppo_kl_coef·|log π − log π_old| on the top share of each "
             "micro-batch's tokens by cov(log π, A); no clip"
         )
-        return mode, (low if mode == "clip_cov" else None), (high if mode == "clip_cov" else None), note
+        clipped = mode == "clip_cov"
+        return ActiveRule(mode, low if clipped else None, high if clipped else None, note)
     if mode == "gpg":
-        return None, None, None, "verl gpg: −A·log π with no trust region and no IS weight; no trustlens rule"
+        return ActiveRule(None, note="verl gpg: −A·log π with no trust region and no IS weight; no trustlens rule")
     if mode == "cispo":
-        return None, None, None, "verl cispo caps π/π_old (trustlens cispo caps π/μ): not the same rule"
-    return None, None, None, f"verl loss_mode {mode!r} has no matching trustlens rule"
+        return ActiveRule(None, note="verl cispo caps π/π_old (trustlens cispo caps π/μ): not the same rule")
+    return ActiveRule(None, note=f"verl loss_mode {mode!r} has no matching trustlens rule")
 
 
 def verl_cov_fields(actor: Any) -> dict[str, float]:
@@ -114,14 +125,14 @@ def _band(spec: Any) -> tuple[float | None, float]:
     return None, float(spec)
 
 
-def _rejection_rule(correction: Any) -> tuple[str | None, float | None, float | None, str] | None:
+def _rejection_rule(correction: Any) -> ActiveRule | None:
     """The rejection rule of `rollout_rs` with verl's bounds as (low, high) = (1 − lower, upper − 1),
     (None, …) with a note for a level trustlens does not have, None when rejection is off."""
     level = _get(correction, "rollout_rs")
     if level is None:
         return None
     if level not in _REJECTION_RULES and level not in _K1_RULES:
-        return None, None, None, f"verl rollout_rs {level!r} has no matching trustlens rule"
+        return ActiveRule(None, note=f"verl rollout_rs {level!r} has no matching trustlens rule")
     lower, upper = _band(_get(correction, "rollout_rs_threshold", 2.0))
     lower = _get(correction, "rollout_rs_threshold_lower", lower)
     lower = 1.0 / upper if lower is None else float(lower)
@@ -131,4 +142,4 @@ def _rejection_rule(correction: Any) -> tuple[str | None, float | None, float | 
         f"verl rollout_rs {level!r}: reject what π_old/μ puts outside [{lower:g}, {upper:g}]; the policy loss's "
         "own clip is recorded as the counterfactual minirl"
     )
-    return {**_REJECTION_RULES, **_K1_RULES}[level], 1.0 - lower, upper - 1.0, note
+    return ActiveRule({**_REJECTION_RULES, **_K1_RULES}[level], 1.0 - lower, upper - 1.0, note)

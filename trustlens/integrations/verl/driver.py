@@ -7,12 +7,9 @@ Live alerts (trustlens.live): the driver's recorder raises them from what it hol
 samples and verl's logged numbers: reward_drop and grad_norm_spike; the token signals are in the
 workers' rows, which `detect_collapse` reads on the run), judges a step when verl logs it, and
 adds the alerts so far to verl's own logged metrics as `trustlens/alert/...` (every tracker verl
-logs to gets them). With TRUSTLENS_STOP_ON=critical (or warning) in the driver's environment, the
-first alert at that severity lowers the trainer's `total_training_steps` to the current step:
-verl's own loop then runs its last step (saving a checkpoint when `trainer.save_freq` > 0,
-validating) and returns, and run.json's `stopped` says why.
+logs to gets them); TRUSTLENS_STOP_ON stops the run on them (this package's `stop`).
 
-At `_update_actor` the driver numbers the step's samples (`_external.sample_ids`) and sends the
+At `_update_actor` the driver numbers the step's samples (`_ray_hooks.sample_ids`) and sends the
 workers, with the batch, its global step (`STEP_KEY`: batch-level) and each row's sample id
 (`SAMPLE_KEY`: a per-row int64 field, which verl's dispatch splits with the rows).
 """
@@ -25,7 +22,7 @@ from typing import Any
 
 import torch
 
-from trustlens.integrations._external import (
+from trustlens.integrations._ray_hooks import (
     SAMPLE_KEY,
     STEP_KEY,
     closing_run,
@@ -36,12 +33,11 @@ from trustlens.integrations._external import (
     run_dir_from_env,
     sample_columns,
     sample_ids,
-    stop_on_from_env,
 )
-from trustlens.integrations._verl_compat import _verl_version
-from trustlens.integrations._verl_rules import verl_active_rule, verl_cov_fields
-from trustlens.integrations._verl_state import _state
-from trustlens.integrations.engines_sampling import verl_sampling
+from trustlens.integrations.verl.rules import verl_active_rule, verl_cov_fields
+from trustlens.integrations.verl.sampling import verl_sampling
+from trustlens.integrations.verl.state import STATE
+from trustlens.integrations.verl.stop import stop_if_due
 from trustlens.record import TokenRecorder
 
 
@@ -50,36 +46,28 @@ def _driver(trainer: Any) -> TokenRecorder | None:
     run_dir = run_dir_from_env()
     if run_dir is None:
         return None
-    if _state["driver"] is None:
+    if STATE["driver"] is None:
         config = trainer.config
-        rule, low, high, note = verl_active_rule(config.actor_rollout_ref.actor, config.get("algorithm"))
+        rule = verl_active_rule(config.actor_rollout_ref.actor, config.get("algorithm"))
         workers = trainer.actor_rollout_wg.world_size
         rollout = config.actor_rollout_ref.get("rollout")  # how μ was made; None: not known
-        _state["driver"] = TokenRecorder(
+        STATE["driver"] = TokenRecorder(
             run_dir,
-            rules=external_rules(rule, low, high, verl_cov_fields(config.actor_rollout_ref.actor)),
-            active_rule=rule,
+            rules=external_rules(rule, verl_cov_fields(config.actor_rollout_ref.actor)),
+            active_rule=rule.name,
             tokenizer=trainer.tokenizer,
-            config={"trainer": "verl", "loss": note, "verl_version": _verl_version(), "rank_0": "the verl driver"},
+            config={
+                "trainer": "verl",
+                "loss": rule.note,
+                "verl_version": STATE["version"],
+                "rank_0": "the verl driver",
+            },
             sampling=None if rollout is None else verl_sampling(rollout),
             rank=0,
             world_size=workers + 1,
             alerts=True,
         )
-    return _state["driver"]
-
-
-def _stop_if_due(trainer: Any, recorder: TokenRecorder, step: int) -> None:
-    """TRUSTLENS_STOP_ON: on the first alert at that severity, make verl's next step its last."""
-    from trustlens.live.stop import first_at, stop_level, stopped_entry
-
-    stop_on = stop_on_from_env()
-    alert = first_at(recorder.live_alerts, stop_level(stop_on))
-    if alert is None or trainer is None or _state.get("stopping"):
-        return
-    _state["stopping"] = True
-    trainer.total_training_steps = min(int(trainer.total_training_steps), int(trainer.global_steps))
-    recorder.annotate({"stopped": stopped_entry(stop_on, alert, step, None)})  # verl saves its last step itself
+    return STATE["driver"]
 
 
 def _log_samples(trainer: Any, batch: Any) -> None:
@@ -146,7 +134,8 @@ def _log_samples_v1(trainer: Any, batch: Any) -> None:
     )
 
 
-def _patch_driver() -> None:
+def patch_driver() -> None:
+    """Hook verl's trainers (`RayPPOTrainer`, verl ≥ 0.9's v1 `PPOTrainer`) and its `Tracking.log`."""
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.utils.tracking import Tracking
 
@@ -157,20 +146,20 @@ def _patch_driver() -> None:
 
         @functools.wraps(update_actor)
         def hooked_update(self, batch, *args, **kwargs):
-            _state["trainer"] = self  # the trainer whose loop a stop ends
+            STATE["trainer"] = self  # the trainer whose loop a stop ends
             log_samples(self, batch)
             return update_actor(self, batch, *args, **kwargs)
 
         trainer_cls._update_actor = hooked_update
-        trainer_cls.fit = closing_run(trainer_cls.fit, _state)
+        trainer_cls.fit = closing_run(trainer_cls.fit, STATE)
 
     @functools.wraps(log)
     def hooked_log(self, data, step, *args, **kwargs):
-        recorder = _state["driver"]
+        recorder = STATE["driver"]
         if recorder is not None:
             recorder.log_metrics(int(step), numeric_metrics(data, "verl/"))
             data = driver_alerts(recorder, int(step), data)
-            _stop_if_due(_state.get("trainer"), recorder, int(step))
+            stop_if_due(STATE.get("trainer"), recorder, int(step))
         return log(self, data, step, *args, **kwargs)
 
     hook_trainer(RayPPOTrainer, _log_samples)

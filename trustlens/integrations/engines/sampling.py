@@ -1,7 +1,8 @@
-"""run.json `sampling` (TokenRecorder's `sampling=`) from the rollout engines' settings and from
-the trainers that the hooks attach to: what temperature, filters and logit processors the engine
-samples with, and which of the three kinds of log μ it returns. No engine or trainer is
-imported: each function reads attributes or keys of the object it is given.
+"""run.json `sampling` (TokenRecorder's `sampling=`) from the rollout engines' settings: what
+temperature, filters and logit processors the engine samples with, and which of the three kinds
+of log μ it returns. No engine is imported: each function reads attributes or keys of the object
+it is given. The trainers' own (`trl_sampling`, `verl_sampling`, `openrlhf_sampling`: the
+`sampling` module of each trainer's package) read their configs with the helpers here.
 
 The three kinds of log μ (run.json sampling["logprobs"]; z: the logits, after the processors
 the kind names, τ: the temperature):
@@ -20,17 +21,6 @@ the kind names, τ: the temperature):
   grammar mask: tempered; raw with `SGLANG_RETURN_ORIGINAL_LOGPROB=1`; processed where μ is
   read from `output_token_sampling_logprobs` (`return_sampling_mask`, `from_sglang(processed=True)`).
   A JSON null takes SGLang's default; temperature 0 is greedy (SGLang: τ 1, top_k 1).
-- TRL (`trl_sampling`): GRPOConfig's temperature, top_p, top_k, min_p, repetition_penalty (a
-  `generation_kwargs` entry overrides them, as in TRL). With vLLM in colocate mode TRL builds the
-  engine with `logprobs_mode="processed_logprobs"`: processed; in server mode the server's
-  `--logprobs-mode` decides, which the trainer does not know: None. Without vLLM: processed
-  (TRL's own generation; it returns no μ, so the run's mu_logp is null anyway).
-- verl (`verl_sampling`): `actor_rollout_ref.rollout`'s temperature, top_p, top_k (−1: off) and
-  `logprobs_mode` (verl 0.7–0.9: "processed_logprobs" by default, handed to vLLM); a config
-  without that key (older verl) is taken as vLLM V1's default, raw. With SGLang as the rollout
-  engine: tempered (raw when this process sees `SGLANG_RETURN_ORIGINAL_LOGPROB` set).
-- OpenRLHF (`openrlhf_sampling`): the trainer's `generate_kwargs` (temperature, top_p; 0.11 sets
-  no top_k or min_p) and no `logprobs_mode` given to vLLM, so vLLM V1's default: raw.
 
 `processors` lists the active logit processors that change μ besides the temperature and the
 filters (PROCESSORS); [] when none is set.
@@ -38,7 +28,6 @@ filters (PROCESSORS); [] when none is set.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -49,7 +38,7 @@ from trustlens.run.manifest import normalise_sampling
 VLLM_LOGPROBS_MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
 VLLM_LOGITS_MODES = ("raw_logits", "processed_logits")  # return logits: refused
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
-_FILTERS = ("temperature", "top_p", "top_k", "min_p")
+FILTERS = ("temperature", "top_p", "top_k", "min_p")  # the sampling filters, as run.json names them
 # processor -> (the settings' keys that turn it on, the value that leaves it off)
 _PROCESSOR_KEYS: dict[str, tuple[tuple[str, ...], Any]] = {
     "repetition_penalty": (("repetition_penalty",), 1.0),
@@ -100,7 +89,7 @@ def vllm_sampling(params: Any, logprobs_mode: str | None = None) -> dict[str, An
     default "raw_logprobs"; None: not known). Greedy (temperature < 1e-5): τ 1, top_k 1."""
     check_vllm_logprobs_mode(logprobs_mode)
     check_attributes("params", params, ("temperature", "top_p"), "a vLLM SamplingParams")
-    sampling = {key: getattr(params, key, None) for key in _FILTERS}
+    sampling = {key: getattr(params, key, None) for key in FILTERS}
     kind = None if logprobs_mode is None else VLLM_LOGPROBS_MODES[logprobs_mode]
     tau = sampling["temperature"]
     if isinstance(tau, (int, float)) and not isinstance(tau, bool) and 0 <= tau < GREEDY_BELOW:
@@ -145,52 +134,15 @@ def checked_sampling(sampling: dict[str, Any]) -> dict[str, Any]:
     return sampling
 
 
-def trl_sampling(args: Any) -> dict[str, Any]:
-    """`sampling` of a TRL GRPOConfig (module docstring)."""
-    check_attributes("args", args, ("temperature",), "a TRL GRPOConfig")
-    overrides = getattr(args, "generation_kwargs", None) or {}
-
-    def get(key: str) -> Any:
-        return overrides.get(key, getattr(args, key, None))
-
-    sampling = {key: get(key) for key in _FILTERS}
-    if not getattr(args, "use_vllm", False):
-        logprobs: str | None = "processed"
-    else:
-        logprobs = "processed" if getattr(args, "vllm_mode", "server") == "colocate" else None
-    return checked_sampling({**sampling, "logprobs": logprobs, "processors": active_processors(get)})
-
-
-def verl_sampling(rollout: Mapping[str, Any]) -> dict[str, Any]:
-    """`sampling` of verl's `actor_rollout_ref.rollout` config (a DictConfig or a mapping)."""
-    if not callable(getattr(rollout, "get", None)):
-        check_type("rollout", rollout, Mapping, "verl's actor_rollout_ref.rollout config (a DictConfig or a mapping)")
-    sampling = {key: rollout.get(key) for key in ("temperature", "top_p", "top_k")}
-    processors = active_processors(rollout.get)
-    if rollout.get("name") == "sglang":
-        original = os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true")
-        return checked_sampling({**sampling, "logprobs": "raw" if original else "tempered", "processors": processors})
-    mode = rollout.get("logprobs_mode", "raw_logprobs")
-    return checked_sampling({**sampling, "logprobs": VLLM_LOGPROBS_MODES.get(mode), "processors": processors})
-
-
-def openrlhf_sampling(generate_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """`sampling` of an OpenRLHF trainer's `generate_kwargs` (module docstring)."""
-    check_type("generate_kwargs", generate_kwargs, Mapping, "the trainer's generate_kwargs mapping")
-    sampling = {key: generate_kwargs.get(key) for key in _FILTERS}
-    return checked_sampling({**sampling, "logprobs": "raw", "processors": active_processors(generate_kwargs.get)})
-
-
 __all__ = [
+    "FILTERS",
     "GREEDY_BELOW",
     "SGLANG_DEFAULTS",
     "VLLM_LOGITS_MODES",
     "VLLM_LOGPROBS_MODES",
     "active_processors",
+    "check_vllm_logprobs_mode",
     "checked_sampling",
-    "openrlhf_sampling",
     "sglang_sampling",
-    "trl_sampling",
-    "verl_sampling",
     "vllm_sampling",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trustlens.integrations.active_rule import ActiveRule
 from trustlens.rules import RULES
 
 # TRL loss types whose clipped surrogate blocks exactly the tokens `minirl` blocks
@@ -25,22 +26,23 @@ def default_rules(
     return rules
 
 
-def active_rule_of(args: Any) -> tuple[str | None, Thresholds | None]:
-    """The trustlens rule TRL trains with under GRPOConfig `args`, with its (low, high); (None,
-    None) for a loss no rule reproduces (sapo, vespo). `importance_sampling_level="sequence"`
-    (or "sequence_token") is GSPO: the clip of the geometric-mean ratio against π_old, `gspo`."""
+def active_rule_of(args: Any) -> ActiveRule:
+    """The trustlens rule TRL trains with under GRPOConfig `args`, with its (low, high); name None
+    for a loss no rule reproduces (sapo, vespo). `importance_sampling_level="sequence"` (or
+    "sequence_token") is GSPO: the clip of the geometric-mean ratio against π_old, `gspo`."""
     low = float(args.epsilon)
     high = float(args.epsilon_high if args.epsilon_high is not None else args.epsilon)
     divergence = getattr(args, "divergence_type", None)  # DPPOConfig: TRL's divergence mask vs μ
     if divergence is not None:
-        return f"dppo_{divergence}", (low, high)
+        return ActiveRule(f"dppo_{divergence}", low, high)
     level = getattr(args, "importance_sampling_level", "token")
-    if level in ("sequence", "sequence_token") and args.loss_type in _CLIPPED_LOSSES:
-        return "gspo", (low, high)
+    clipped = args.loss_type in _CLIPPED_LOSSES
+    if level in ("sequence", "sequence_token") and clipped:
+        return ActiveRule("gspo", low, high)
     if level != "token":
-        return None, None
-    if args.loss_type in _CLIPPED_LOSSES:
-        return "minirl", (low, high)
+        return ActiveRule(None)
+    if clipped:
+        return ActiveRule("minirl", low, high)
     if args.loss_type == "cispo":  # TRL caps π/π_old at ε_high; trustlens' cispo never blocks
-        return "cispo", (None, max(high - 1.0, 0.0))
-    return None, None
+        return ActiveRule("cispo", None, max(high - 1.0, 0.0))
+    return ActiveRule(None)

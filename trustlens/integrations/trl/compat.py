@@ -8,11 +8,10 @@ ones the hook wraps exist (the hook takes extra arguments through), and the hook
 
 from __future__ import annotations
 
-import warnings
-
 from packaging.version import Version
 
 from trustlens.core.extras import import_extra
+from trustlens.integrations.versions import check_version
 
 # imported first of the integration's modules: a missing TRL names the extra that installs it
 trl = import_extra("trl")
@@ -51,14 +50,7 @@ def check_trl(trainer_cls: type) -> None:
     """Raise UnsupportedTRLVersion when `trainer_cls` or the installed TRL cannot be hooked."""
     if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, GRPOTrainer)):
         raise TypeError(f"with_trustlens expects GRPOTrainer or a subclass of it, got {trainer_cls!r}")
-    if Version(trl.__version__) < MIN_TRL:
-        raise unsupported(f"trl {trl.__version__} is older than the oldest supported release")
+    check_version("trl", MIN_TRL, MAX_TESTED_TRL, UnsupportedTRLVersion)
     missing = [name for name in _WRAPPED if not callable(getattr(trainer_cls, name, None))]
     if missing:
         raise unsupported(f"{trainer_cls.__name__} has no method {', '.join(missing)}")
-    if Version(trl.__version__) > MAX_TESTED_TRL:
-        warnings.warn(
-            f"trustlens: trl {trl.__version__} is newer than the newest tested release "
-            f"({MAX_TESTED_TRL}); recording may fail with an UnsupportedTRLVersion error",
-            stacklevel=3,
-        )

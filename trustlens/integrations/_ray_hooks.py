@@ -1,6 +1,7 @@
-"""What the verl and OpenRLHF hooks share: the run directory from the environment, the sample ids
-the driver gives each row of a step and sends to the workers, the rule set an external trainer
-can feed, and one worker's recorder with its step / update bookkeeping.
+"""What the hooks of the Ray trainers (trustlens.integrations.verl and .openrlhf) share: the run
+directory from the environment, the sample ids the driver gives each row of a step and sends to
+the workers, the rule set an external trainer can feed, one worker's recorder with its step /
+update bookkeeping, and the driver's end of the run.
 
 Ranks of a run recorded from a Ray trainer: rank 0 is the driver (samples, metrics, run.json and
 its final status); the training worker of data-parallel rank r writes its tokens as rank r + 1.
@@ -31,13 +32,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 import torch
 
+from trustlens.integrations.active_rule import ActiveRule
 from trustlens.record import TokenRecorder
 from trustlens.rules import RULES, Rule
 
@@ -48,18 +49,6 @@ STEP_KEY, SAMPLE_KEY = "trustlens_step", "trustlens_sample"
 # rules an external trainer cannot feed: it keeps no top-K of μ
 _NEEDS_TOPK = ("dppo_topk_tv", "dppo_topk_kl")
 _HASH_BITS = (1 << 62) - 1
-
-
-# the severity the driver stops a verl run on (trustlens.live.stop; docs/attach.md)
-ENV_STOP_ON = "TRUSTLENS_STOP_ON"
-
-
-def stop_on_from_env() -> str:
-    """TRUSTLENS_STOP_ON: critical, warning or never (default); a ValueError naming the variable
-    for anything else."""
-    from trustlens.core.values import check_stop_on
-
-    return check_stop_on(ENV_STOP_ON, os.environ.get(ENV_STOP_ON) or "never")
 
 
 def driver_alerts(recorder: Any, step: int, metrics: dict) -> dict:
@@ -140,15 +129,16 @@ def sample_columns(
     }
 
 
-def external_rules(
-    active: str | None, low: float | None, high: float | None, fields: Mapping[str, Any] | None = None
-) -> list[Rule]:
+def external_rules(active: ActiveRule, fields: Mapping[str, Any] | None = None) -> list[Rule]:
     """Every rule an external trainer can feed (all but the top-K ones), with the active rule's
     thresholds set to the trainer's own, and its other `fields` (a batch rule's cov_ratio, ...)."""
     rules = [rule for name, rule in RULES.items() if name not in _NEEDS_TOPK]
-    if active is None:
+    if active.name is None:
         return rules
-    return [replace(r.with_thresholds(low=low, high=high), **(fields or {})) if r.name == active else r for r in rules]
+    return [
+        replace(r.with_thresholds(low=active.low, high=active.high), **(fields or {})) if r.name == active.name else r
+        for r in rules
+    ]
 
 
 class WorkerRecording:
@@ -259,10 +249,3 @@ def numeric_metrics(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]
         if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(float(value)) < float("inf"):
             out[prefix + str(name)] = float(value)
     return out
-
-
-def warn_untested(name: str, version: str, tested: str) -> None:
-    warnings.warn(
-        f"trustlens: {name} {version} is newer than the releases this hook is tested on ({tested}); trying it",
-        stacklevel=3,
-    )

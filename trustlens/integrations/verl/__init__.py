@@ -41,52 +41,59 @@ Steps: verl's global step (sent by the driver with the batch), else the count of
 update calls. `update`: the mini-batch update within the step. Sample ids: the driver numbers the
 step's samples and sends each row's id with the batch (a per-row field, `trustlens_sample`); a
 worker records a row under the id it came with, else under its content id
-(`trustlens.integrations._external` says where that fallback falls short).
+(`trustlens.integrations._ray_hooks` says where that fallback falls short).
 
-Every name is importable from here; the code is in trustlens.integrations' `_verl_compat` (the
-verl releases supported, `UnsupportedVerlVersion`), `_verl_rules` (`verl_active_rule`),
-`_verl_state` (what the hooks of one process share), `_verl_workers` (the training workers'
-hooks) and `_verl_driver` (the driver's hooks).
+Every name is importable from here; the code is in this package's `compat` (the verl releases
+supported, `UnsupportedVerlVersion`), `rules` (`verl_active_rule`), `sampling` (run.json's
+`sampling`), `state` (what the hooks of one process share), `workers` (the training workers'
+hooks), `driver` (the driver's hooks) and `stop` (TRUSTLENS_STOP_ON). This package and
+the modules that read verl's configs (`rules`, `sampling`, `stop`) import without verl installed;
+importing the package patches verl where it is installed, and `setup` names the extra to install
+where it is not.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import warnings
 
-from trustlens.integrations._verl_compat import (
-    MAX_TESTED_VERL,
-    MIN_VERL,
-    UnsupportedVerlVersion,
-    _check_version,
-    _verl_version,
-)
-from trustlens.integrations._verl_driver import _patch_driver
-from trustlens.integrations._verl_rules import verl_active_rule
-from trustlens.integrations._verl_state import _state
-from trustlens.integrations._verl_workers import _patch_dp_actor, _patch_engine_workers
+from trustlens.integrations.verl.compat import MAX_TESTED_VERL, MIN_VERL, UnsupportedVerlVersion, check_verl
+from trustlens.integrations.verl.driver import patch_driver
+from trustlens.integrations.verl.rules import verl_active_rule
+from trustlens.integrations.verl.sampling import verl_sampling
+from trustlens.integrations.verl.state import STATE
+from trustlens.integrations.verl.workers import patch_dp_actor, patch_engine_workers
 
-__all__ = ["MAX_TESTED_VERL", "MIN_VERL", "UnsupportedVerlVersion", "setup", "verl_active_rule"]
+__all__ = [
+    "MAX_TESTED_VERL",
+    "MIN_VERL",
+    "UnsupportedVerlVersion",
+    "setup",
+    "verl_active_rule",
+    "verl_sampling",
+]
 
 
 def setup() -> None:
     """Patch verl in this process (idempotent): the training workers' loss and the driver's
     trainer. Called on import; also usable as Ray's `worker_process_setup_hook`."""
-    if _state["patched"]:
+    if STATE["patched"]:
         return
-    _check_version()
-    _state["patched"] = True
+    version = check_verl()
+    STATE["patched"], STATE["version"] = True, str(version)
     try:
         with contextlib.suppress(ImportError):  # a verl without engine workers
-            _patch_engine_workers()
+            patch_engine_workers()
         with contextlib.suppress(ImportError):  # verl 0.9 has no legacy dp_actor
-            _patch_dp_actor()
+            patch_dp_actor()
     except AttributeError as err:  # a function the hook wraps is gone
-        raise UnsupportedVerlVersion(f"verl {_verl_version()} lacks what trustlens hooks: {err}") from err
+        raise UnsupportedVerlVersion(f"verl {version} lacks what trustlens hooks: {err}") from err
     try:
-        _patch_driver()
+        patch_driver()
     except ImportError as err:
         warnings.warn(f"trustlens: verl's trainer could not be hooked ({err}); samples are not recorded", stacklevel=2)
 
 
-setup()
+if importlib.util.find_spec("verl") is not None:  # without verl, `setup` names the extra to install
+    setup()

@@ -1,10 +1,10 @@
 """The hooks of verl's training workers: a record per micro-batch of the policy loss, training
-passes only, at `losses.ppo_loss` on verl 0.8–0.9's engine workers (`_patch_engine_workers`) and
+passes only, at `losses.ppo_loss` on verl 0.8–0.9's engine workers (`patch_engine_workers`) and
 at `DataParallelPPOActor._forward_micro_batch` inside `update_policy` on verl 0.7's legacy FSDP
-workers (`_patch_dp_actor`). The worker of data-parallel rank r records as rank r + 1, one rank
+workers (`patch_dp_actor`). The worker of data-parallel rank r records as rank r + 1, one rank
 per tensor- or sequence-parallel group; what it records is in trustlens.integrations.verl's
 docstring. Each row is recorded under the sample id the driver sent with it (`SAMPLE_KEY`), else
-its content id (`trustlens.integrations._external`).
+its content id (`trustlens.integrations._ray_hooks`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from trustlens.integrations._external import (
+from trustlens.integrations._ray_hooks import (
     SAMPLE_KEY,
     STEP_KEY,
     WorkerRecording,
@@ -25,24 +25,24 @@ from trustlens.integrations._external import (
     padded_sequences,
     run_dir_from_env,
 )
-from trustlens.integrations._verl_rules import verl_active_rule, verl_cov_fields
-from trustlens.integrations._verl_state import _state
+from trustlens.integrations.verl.rules import verl_active_rule, verl_cov_fields
+from trustlens.integrations.verl.state import STATE
 
 
 def _worker(actor_config: Any, dp_rank: int, dp_size: int, enabled: bool) -> WorkerRecording | None:
     """This process's WorkerRecording, opened at its first update; None on ranks that do not
     record (all but one rank of each tensor- or sequence-parallel group)."""
-    if _state["worker"] is None:
-        rule, low, high, _ = verl_active_rule(actor_config)
+    if STATE["worker"] is None:
+        rule = verl_active_rule(actor_config)
         recording = WorkerRecording(
-            dp_rank + 1, dp_size + 1, external_rules(rule, low, high, verl_cov_fields(actor_config)), rule
+            dp_rank + 1, dp_size + 1, external_rules(rule, verl_cov_fields(actor_config)), rule.name
         )
-        _state["worker"] = recording if enabled else False
-    return _state["worker"] or None
+        STATE["worker"] = recording if enabled else False
+    return STATE["worker"] or None
 
 
 def _record_micro_batch(sequences, prompt_lengths, ids, **tensors: Any) -> None:
-    run_dir, worker = run_dir_from_env(), _state["worker"]
+    run_dir, worker = run_dir_from_env(), STATE["worker"]
     if worker and run_dir:
         tensors = {k: v for k, v in tensors.items() if v is not None}
         worker.record(run_dir, sequences, prompt_lengths, ids=id_list(ids), **tensors)
@@ -99,7 +99,8 @@ def _engine_sequences(data: Any, shape: tuple[int, ...]) -> tuple[list[torch.Ten
     return seqs, prompt_lengths, responses
 
 
-def _patch_engine_workers() -> None:
+def patch_engine_workers() -> None:
+    """verl 0.8–0.9: hook `losses.ppo_loss` and the engine `TrainingWorker`'s mini-batch / batch calls."""
     from verl.workers import engine_workers
     from verl.workers.utils import losses
 
@@ -133,7 +134,7 @@ def _patch_engine_workers() -> None:
     @functools.wraps(train_batch)
     def train_batch_hooked(self, data):
         out = train_batch(self, data)
-        worker = _state["worker"]
+        worker = STATE["worker"]
         if worker:
             worker.next_update()
         return out
@@ -157,7 +158,8 @@ def _keep_sample_ids(data: Any) -> None:
     data.select = select_with_ids
 
 
-def _patch_dp_actor() -> None:
+def patch_dp_actor() -> None:
+    """verl 0.7: hook the legacy `DataParallelPPOActor`'s `update_policy` and `_forward_micro_batch`."""
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
     update_policy, forward = DataParallelPPOActor.update_policy, DataParallelPPOActor._forward_micro_batch
@@ -188,7 +190,7 @@ def _patch_dp_actor() -> None:
         ctx = getattr(self, "_trustlens", None)
         if ctx is None or not torch.is_grad_enabled():
             return outputs
-        worker = _state["worker"]
+        worker = STATE["worker"]
         update = ctx["rows"] // ctx["mini"]
         while worker.update < update:
             worker.next_update()

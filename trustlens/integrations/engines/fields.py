@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from trustlens.integrations.engine_tokens import log_prob, token_id
+from trustlens.integrations.engines.tokens import log_prob, token_id
 
 _FLAT = "output_top_logprobs"
 

@@ -41,10 +41,12 @@ captures them and records `topk_tv` / `topk_kl` from them (`topk_divergence_from
 top-K rules are evaluated too, when the recorder accepts precomputed top-K divergences.
 
 Live alerts (trustlens.live): `stop_on="critical"` (or "warning") makes the recorder the hook
-opens raise the collapse alerts and doctor findings live, and the hook's callback stops training
-on the first at that severity: it sets `control.should_save` (OUTPUT_DIR/checkpoint-<step>) and
-`control.should_training_stop`, and run.json's `stopped` says why. `on_alert=callable` gets each
-alert of warning or above on a trustlens thread (`_trl_stop`).
+opens raise the collapse alerts and doctor findings live, and attaches a `TrustLensCallback`
+that stops training on the first at that severity: it sets `control.should_save`
+(OUTPUT_DIR/checkpoint-<step>) and `control.should_training_stop`, and run.json's `stopped` says
+why. With a recorder of your own (`recorder=`, opened with `alerts=`), attach the callback
+yourself: `callbacks=[TrustLensCallback(recorder, stop_on="critical")]`. `on_alert=callable` gets
+each alert of warning or above on a trustlens thread.
 
 Steps: trustlens `step` = one TRL generation (a rollout batch, reused for
 `steps_per_generation × num_iterations` micro-batches); `update` = optimizer steps taken since
@@ -56,17 +58,20 @@ TRL's private methods change between releases: `with_trustlens` checks at class 
 the ones the hook wraps exist, the hook takes extra arguments through, and it raises
 `UnsupportedTRLVersion`, naming the installed version, when something it relies on is missing.
 
-Every name is importable from here; the code is in trustlens.integrations' `_trl_hook` (the hook,
-`TrustLensGRPOMixin`), `_trl_compat` (the checks of the installed TRL), `_trl_rules` (the rules a
-TRL loss maps to), `_trl_rollout` (`engine_rollout`) and `_trl_stop` (`stop_on`).
+Every name is importable from here; the code is in this package's `hook` (the hook,
+`TrustLensGRPOMixin`), `compat` (the checks of the installed TRL), `rules` (the rules a TRL loss
+maps to), `sampling` (run.json's `sampling`), `rollout` (`engine_rollout`) and `stop`
+(`TrustLensCallback`).
 """
 
 from __future__ import annotations
 
-from trustlens.integrations._trl_compat import MAX_TESTED_TRL, MIN_TRL, UnsupportedTRLVersion, check_trl, trl
-from trustlens.integrations._trl_hook import GROUP_KEY, SAMPLE_KEY, TrustLensGRPOMixin
-from trustlens.integrations._trl_rollout import engine_rollout
-from trustlens.integrations._trl_rules import Thresholds, active_rule_of, default_rules
+from trustlens.integrations.trl.compat import MAX_TESTED_TRL, MIN_TRL, UnsupportedTRLVersion, check_trl, trl
+from trustlens.integrations.trl.hook import GROUP_KEY, SAMPLE_KEY, TrustLensGRPOMixin
+from trustlens.integrations.trl.rollout import engine_rollout
+from trustlens.integrations.trl.rules import Thresholds, active_rule_of, default_rules
+from trustlens.integrations.trl.sampling import trl_sampling
+from trustlens.integrations.trl.stop import TrustLensCallback
 
 __all__ = [
     "GROUP_KEY",
@@ -74,6 +79,7 @@ __all__ = [
     "MIN_TRL",
     "SAMPLE_KEY",
     "Thresholds",
+    "TrustLensCallback",
     "TrustLensGRPOMixin",
     "TrustLensGRPOTrainer",
     "UnsupportedTRLVersion",
@@ -81,6 +87,7 @@ __all__ = [
     "check_trl",
     "default_rules",
     "engine_rollout",
+    "trl_sampling",
     "with_trustlens",
 ]
 

@@ -1,0 +1,5 @@
+"""`python -m trustlens.integrations.openrlhf ARGS` (trustlens.integrations.openrlhf.launch)."""
+
+from trustlens.integrations.openrlhf.launch import main
+
+main()
