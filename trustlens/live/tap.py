@@ -98,6 +98,8 @@ class LiveTap:
         self.write: Callable[[str, pa.RecordBatch], None] | None = None  # the writer's append (`bind`)
         self.raised: list[LiveAlert] = []  # every alert raised or changed, in order (appended on the writer thread)
         self.latency: list[float] = []  # seconds from a step's end (its last rows, or end_step) to its alerts
+        # the last step judged, set once its alerts are in `raised` (read it before `raised`)
+        self.judged_step: int | None = None
         self.cpu_s = 0.0  # CPU seconds of the writer thread spent in this tap (gathering rows, judging steps)
         self._rows = StepRows(ROW_TABLES)
         self._sent: dict[tuple, int] = {}  # key -> the severity rank last sent to the mirror and on_alert
@@ -147,6 +149,7 @@ class LiveTap:
         if monitor is None or (monitor.last_step is not None and step <= monitor.last_step):
             return  # rows of a step judged already (logged late): the alerts keep the step as judged
         self._emit(monitor.update(step, **{t: b for t, b in tables.items() if b}), ended)  # type: ignore[arg-type]
+        self.judged_step = step
 
     def _emit(self, alerts: list[LiveAlert], ended: float) -> None:
         if not alerts:

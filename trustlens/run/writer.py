@@ -182,7 +182,7 @@ class RankWriter:
                 "with the same number of ranks, or record a new run"
             )
         if old is not None and manifest is not None:
-            old.update(status="running", error=None, signal=None)
+            old.update(status="running", error=None, signal=None, stopped=None)
             old["resumed"] = [*old.get("resumed", []), utc_now()]
             for key in ("rules", "active_rule", "world_size", "flush"):
                 old[key] = manifest[key]
@@ -271,9 +271,12 @@ class RankWriter:
 
     def end(self, status: str, error: str | None = None, signal: str | None = None) -> None:
         """Set run.json's final status (rank 0) and release the lock; buffered rows are not
-        written (call `write_all` first)."""
+        written (call `write_all` first). A run that ends `finished` after its trainer stopped it
+        on a live alert (run.json `stopped` set, trustlens.live.stop) ends `stopped`."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+        if status == "finished" and self.manifest is not None and self.manifest.get("stopped"):
+            status = "stopped"
         try:
             self.update_manifest({"status": status, "error": error, "signal": signal})
         finally:
