@@ -46,7 +46,7 @@ FAIL_ON = ("warning", "critical")
 # the exit codes (module docstring)
 EXIT_CLOSED, EXIT_FAIL_ON, EXIT_STOPPED = 0, 1, 3
 # seconds between polls, and of silence after which a run whose lock cannot be asked is stopped
-DEFAULT_EVERY, DEFAULT_STALE = 5.0, 900.0
+DEFAULT_EVERY, DEFAULT_STALE = 1.0, 900.0
 
 
 def _seconds(text: str) -> float:

@@ -71,6 +71,9 @@ class TokenRecorder(RecorderCalls):
     rows_per_file: token rows per part file (and the bound of the writer's buffer).
     flush_seconds: rows older than this are written even when a part file is not full: the most
         a killed (SIGKILL) run loses. SIGTERM and SIGINT lose nothing.
+    flush_steps: write every row given so far at each `end_step`, so that `trustlens watch` and
+        the dashboard see a step within seconds of its end (one part file per table and step).
+        None (default): True when `alerts` are on (a raised alert is always written at once).
     queue_size: batches the writer may hold before `record` waits for it.
     rank, world_size: this process's shard of the run. Default: torch.distributed when it is
         initialised, else the RANK / WORLD_SIZE environment, else 0 and 1.
@@ -123,6 +126,7 @@ class TokenRecorder(RecorderCalls):
         config: Any | None = None,
         rows_per_file: int = 262_144,
         flush_seconds: float = 30.0,
+        flush_steps: bool | None = None,
         queue_size: int = 8,
         rank: int | None = None,
         world_size: int | None = None,
@@ -141,6 +145,9 @@ class TokenRecorder(RecorderCalls):
         check_path("run_dir", run_dir)
         for name, flag in (("enabled", enabled), ("resume", resume), ("overwrite", overwrite)):
             check_bool(name, flag)
+        if flush_steps is None:
+            flush_steps = alerts is not False or on_alert is not None  # the live alerts are on
+        check_bool("flush_steps", flush_steps)
         check_tokenizer(tokenizer)
         if keep is not None and not isinstance(keep, Keep):
             raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
@@ -164,7 +171,7 @@ class TokenRecorder(RecorderCalls):
             active_rule=active_rule,
             config=config_dict(config),
             world_size=self.world_size,
-            flush={"rows_per_file": rows_per_file, "flush_seconds": flush_seconds},
+            flush={"rows_per_file": rows_per_file, "flush_seconds": flush_seconds, "flush_steps": flush_steps},
             sampling=sampling,
             model_kind=model_kind,
             planned_steps=None if planned_steps is None else int_arg("planned_steps", planned_steps, 1, 2**31),
@@ -199,7 +206,12 @@ class TokenRecorder(RecorderCalls):
             self._live.start(rank_writer, manifest, self.rank)
         taps = [t for t in (tap, self._live) if t is not None]
         self._writer = BackgroundWriter(
-            rank_writer, flush_seconds=flush_seconds, queue_size=queue_size, writer_timeout=writer_timeout, taps=taps
+            rank_writer,
+            flush_seconds=flush_seconds,
+            queue_size=queue_size,
+            writer_timeout=writer_timeout,
+            taps=taps,
+            flush_steps=flush_steps,
         )
         kept = rank_writer.manifest or {}  # a resumed run keeps how μ was made; an older run gains it
         gained = {key: manifest[key] for key in ("sampling", "model_kind") if key not in kept}

@@ -49,7 +49,8 @@ MANIFEST_FIELDS: dict[str, str] = {
     "anchor": "what ratio and divergences compare π with: mu (the rollout policy), old (π_old, "
     "when μ was not recorded) or mixed; null before the first record",
     "missing": "token quantities never recorded so far (their columns are null)",
-    "flush": "writer settings: rows_per_file and flush_seconds (the most a killed run loses)",
+    "flush": "writer settings: rows_per_file, flush_seconds (the most a killed run loses) and flush_steps "
+    "(each step written at its end)",
     "sampling": "how the rollout engine sampled and what log μ it reported: {temperature, top_p, top_k, "
     "min_p, logprobs (raw | tempered | processed), processors (the active logit processors)}, null for a "
     "filter that is off or a value not known; null when not given",

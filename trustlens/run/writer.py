@@ -227,6 +227,15 @@ class RankWriter:
             self._write(parts)
             self.write_manifest()
 
+    def append_now(self, table: str, batch: pa.RecordBatch | pa.Table) -> None:
+        """Buffer rows of `table` and write the table's buffered rows as a part file at once, with
+        run.json (an alert: rare, and read by `trustlens watch` and the dashboard within seconds)."""
+        self.append(table, batch)
+        parts = self._parts[table]
+        if parts.rows:
+            self._write(parts)
+            self.write_manifest()
+
     def token_batches(self, batch: TokenBatch) -> list[tuple[str, pa.RecordBatch]]:
         """The (table, rows) a `record` call's TokenBatch becomes: its token rows and, for a
         sampled recording, its row of the aggregates table. Append each with `append`."""
