@@ -449,7 +449,7 @@ def test_a_stale_mu_is_not_blamed_on_the_temperature(tmp_path):
     lagged = temperature_check(_lagged_run(tmp_path / "lag", config={"rollout_lag": 16, "temperature": 0.5}))
     assert lagged.verdict == "ok" and lagged.fix == ""
     assert lagged.evidence["tokens"] == 60 and lagged.evidence["share_nearer_raw"] == 0.0
-    assert "on the tokens sampled with π_old's weights (rollout_lag 16: μ is up to 16 steps stale" in lagged.summary
+    assert "on the tokens sampled with π_old's weights (rollout_lag 16: μ is up to 16 steps stale)" in lagged.summary
     # the per-token staleness column says the same
     column = temperature_check(_lagged_run(tmp_path / "col", staleness=[0.0] * 60 + [4.0] * 120))
     assert column.verdict == "ok" and column.evidence["stale"] == "the per-token staleness column"

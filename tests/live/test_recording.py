@@ -120,14 +120,14 @@ def test_with_alerts_each_step_is_written_at_its_end_and_an_alert_at_once(tmp_pa
             assert alerts.select("kind", "step", "severity").row(0) == ("entropy_collapse", 26, "critical")
 
     with TokenRecorder(run, rules=["ppo"], alerts=True, flush_seconds=3600, on_alert=seen.append) as rec:
-        assert rec._writer.flush_steps
+        assert rec._writer.writer.flush_steps
         _record(rec, steps=27, after=written)
     assert load_run(run).manifest["flush"] == {"rows_per_file": 262_144, "flush_seconds": 3600.0, "flush_steps": True}
 
 
 def test_without_alerts_rows_wait_for_flush_seconds_unless_flush_steps(tmp_path):
     with TokenRecorder(tmp_path / "default", rules=["ppo"]) as rec:
-        assert not rec._writer.flush_steps
+        assert not rec._writer.writer.flush_steps
     run = tmp_path / "run"
     with TokenRecorder(run, rules=["ppo"], flush_seconds=3600, flush_steps=True) as rec:
         _record(rec, steps=1)

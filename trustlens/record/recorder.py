@@ -71,9 +71,8 @@ class TokenRecorder(RecorderCalls):
     rows_per_file: token rows per part file (and the bound of the writer's buffer).
     flush_seconds: rows older than this are written even when a part file is not full: the most
         a killed (SIGKILL) run loses. SIGTERM and SIGINT lose nothing.
-    flush_steps: write every row given so far at each `end_step`, so that `trustlens watch` and
-        the dashboard see a step within seconds of its end (one part file per table and step).
-        None (default): True when `alerts` are on (a raised alert is always written at once).
+    flush_steps: write each step's rows at its `end_step` (watch and the dashboard see it within
+        seconds; one part file per table and step). None: True with `alerts` (and an alert at once).
     queue_size: batches the writer may hold before `record` waits for it.
     rank, world_size: this process's shard of the run. Default: torch.distributed when it is
         initialised, else the RANK / WORLD_SIZE environment, else 0 and 1.
@@ -145,9 +144,8 @@ class TokenRecorder(RecorderCalls):
         check_path("run_dir", run_dir)
         for name, flag in (("enabled", enabled), ("resume", resume), ("overwrite", overwrite)):
             check_bool(name, flag)
-        if flush_steps is None:
-            flush_steps = alerts is not False or on_alert is not None  # the live alerts are on
-        check_bool("flush_steps", flush_steps)
+        live = alerts is not False or on_alert is not None  # the live alerts are on
+        flush_steps = live if flush_steps is None else check_bool("flush_steps", flush_steps)
         check_tokenizer(tokenizer)
         if keep is not None and not isinstance(keep, Keep):
             raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
@@ -182,7 +180,7 @@ class TokenRecorder(RecorderCalls):
 
             tap = make_mirror(mirror)
         self._live = None
-        if alerts is not False or on_alert is not None:
+        if live:
             from trustlens.live.tap import live_tap
 
             self._live = live_tap(alerts, on_alert, mirror=tap)
@@ -198,6 +196,7 @@ class TokenRecorder(RecorderCalls):
             tokenizer=tokenizer,
             resume=resume,
             overwrite=overwrite,
+            flush_steps=flush_steps,
         )
         self.path: Path | Remote = rank_writer.path  # a local Path, or an object-store location
         # steps a resumed run may still record: after its last recorded one
@@ -206,12 +205,7 @@ class TokenRecorder(RecorderCalls):
             self._live.start(rank_writer, manifest, self.rank)
         taps = [t for t in (tap, self._live) if t is not None]
         self._writer = BackgroundWriter(
-            rank_writer,
-            flush_seconds=flush_seconds,
-            queue_size=queue_size,
-            writer_timeout=writer_timeout,
-            taps=taps,
-            flush_steps=flush_steps,
+            rank_writer, flush_seconds=flush_seconds, queue_size=queue_size, writer_timeout=writer_timeout, taps=taps
         )
         kept = rank_writer.manifest or {}  # a resumed run keeps how μ was made; an older run gains it
         gained = {key: manifest[key] for key in ("sampling", "model_kind") if key not in kept}

@@ -39,18 +39,17 @@ class BackgroundWriter:
         queue_size: int,
         writer_timeout: float,
         taps: Sequence[Any] = (),
-        flush_steps: bool = False,
     ) -> None:
-        """`flush_steps`: write every buffered row at each `end_step`, after the taps judged the
-        step (so that a follower, `trustlens watch` or the dashboard, sees a step within seconds
-        of its end, not `flush_seconds` later). `taps`: objects with `add(table, batch)`,
-        `end_step(step)` and `close()` that see every batch of rows this thread writes, on this
-        thread, are told when the recorder ends a step, and are closed before the last rows are
-        written, so that rows they append go in (the live mirror of trustlens.export, the live
-        alerts of trustlens.live)."""
+        """`taps`: objects with `add(table, batch)`, `end_step(step)` and `close()` that see every
+        batch of rows this thread writes, on this thread, are told when the recorder ends a step,
+        and are closed before the last rows are written, so that rows they append go in (the live
+        mirror of trustlens.export, the live alerts of trustlens.live). With the writer's
+        `flush_steps`, every buffered row is written at each `end_step`, after the taps judged the
+        step (a follower, `trustlens watch` or the dashboard, sees a step within seconds of its
+        end, not `flush_seconds` later)."""
         self.writer, self.path = writer, writer.path
         self.taps = tuple(taps)
-        self.flush_seconds, self.writer_timeout, self.flush_steps = flush_seconds, writer_timeout, flush_steps
+        self.flush_seconds, self.writer_timeout = flush_seconds, writer_timeout
         self.error: BaseException | None = None
         self.rejected: list[RejectedInputError] = []  # bad inputs found, not yet raised
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -77,7 +76,7 @@ class BackgroundWriter:
     def end_step(self, step: int) -> None:
         """Tell the taps, in order with the rows, that every row of `step` was given (and, with
         `flush_steps`, write the rows)."""
-        if self.taps or self.flush_steps:
+        if self.taps or self.writer.flush_steps:
             self._put(("end_step", step))
 
     def put_manifest(self, fields: dict[str, Any]) -> None:
@@ -224,7 +223,7 @@ class BackgroundWriter:
         elif kind == "end_step":
             for tap in self.taps:
                 tap.end_step(payload)
-            if self.flush_steps:
+            if self.writer.flush_steps:
                 self._write_all()
         else:
             self._buffer(kind, payload)

@@ -101,6 +101,7 @@ class RankWriter:
     rows_per_file: rows of one table per part file (the bound of the buffer, with PART_BYTES).
     tokenizer: decodes `token_id` to the `token` column when rows come without it.
     resume / overwrite: how to open a run that already holds rows of this rank.
+    flush_steps: the buffered rows are written at each step's end (`BackgroundWriter.end_step`).
     """
 
     def __init__(
@@ -115,6 +116,7 @@ class RankWriter:
         tokenizer: Any | None = None,
         resume: bool = False,
         overwrite: bool = False,
+        flush_steps: bool = False,
     ) -> None:
         if resume and overwrite:
             raise ValueError("resume and overwrite are exclusive: continue the run or replace it")
@@ -126,6 +128,7 @@ class RankWriter:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock = RankLock(self.path, rank)
         self.rank, self.world_size, self.rows_per_file = rank, world_size, rows_per_file
+        self.flush_steps = flush_steps
         self.stats = WriterStats()
         self._decoder = TokenDecoder(tokenizer)
         try:

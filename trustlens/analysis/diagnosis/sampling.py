@@ -118,24 +118,14 @@ def temperature_check(inp: Inputs) -> Finding:
     ≥ 0.3 problem (raw log-probs at τ = 0.5 give r ≈ 2, at τ = 0.7 r ≈ 1.4). run.json's
     "sampling" (logprobs "raw" at τ ≠ 1) raises a warning by itself, and the summary says when
     the data contradict it. A fit that gives r ≤ 0 (no temperature does) fails: a warning that
-    says so.
-
-    A stale μ (`Inputs.stale`: the per-token staleness column, or config rollout_lag) is an older
-    policy: its log μ moves away from log π_old by the staleness, not by the temperature, and is
-    nearer either candidate by chance. Both forms then read only the fresh tokens, those sampled
-    with π_old's weights (a built-in run with rollout_lag: step 0); too few of them and the check
-    cannot tell ("ok", unless run.json says raw log μ). The live doctor decides from the first
-    steps, which hold step 0: both judge the same tokens."""
+    says so. A stale μ (`Inputs.fresh`) is an older policy, nearer either candidate by chance:
+    both forms then read only the tokens sampled with π_old's weights (too few: it cannot tell)."""
     sampling = inp.sampling
     tau = sampling.temperature
     says_raw = sampling.logprobs == "raw" and tau is not None and tau != 1.0
     evidence: dict = {"temperature": tau, "logprobs": sampling.logprobs, "processors": list(sampling.processors)}
-    pairs, fresh_note = inp.pairs, ""
-    stale = inp.stale()
-    if stale is not None:
-        pairs = inp.pairs.filter(stale[0])
-        evidence["stale"] = stale[1]
-        fresh_note = f" on the tokens sampled with π_old's weights ({stale[1]}; the others differ by the staleness)"
+    pairs, evidence["stale"] = inp.fresh()
+    fresh_note = f" on the tokens sampled with π_old's weights ({evidence['stale']})" if evidence["stale"] else ""
     by_logits = raw_share(pairs)
     raw_note = (
         f"; run.json says raw log μ (before the temperature τ = {tau:g}): the ratio compares π at τ with μ at "
