@@ -138,7 +138,7 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
     )
     if name == "train":
         parser.epilog += (
-            f"; exit codes: 0 the run finished, 2 bad input, {EXIT_ALERT_STOP} --stop-on stopped it (run.json "
+            f". Exit codes: 0 the run finished, 2 bad input, {EXIT_ALERT_STOP} --stop-on stopped it (run.json "
             "status stopped: `stopped` names the alert and the checkpoint kept)"
         )
         parser.add_argument("--rule", type=choice_arg(_rules), default="dppo_binary_tv", help=RULE_HELP)
