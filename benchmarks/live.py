@@ -149,11 +149,11 @@ def stop_row(seed: int, stopped: Path, full: Path) -> dict:
 
     why = load_run(stopped).manifest["stopped"]
     acc, full_acc = accuracy(stopped), accuracy(full)
-    kept = None if not why or not why["checkpoint"] else int(why["checkpoint"].rsplit("-", 1)[1])
+    kept = None if not why else why["checkpoint_step"]
     last = max(full_acc)
     return {
         "seed": seed,
-        "alert": None if not why else f"{why['alert']['kind']} from step {why['alert']['step']}",
+        "alert": None if not why else f"{why['alert']['kind']}, evidence from step {why['evidence_start_step']}",
         "stopped_at": None if not why else why["step"],
         "kept_step": kept,
         "kept_acc": None if kept is None else acc.get(kept),

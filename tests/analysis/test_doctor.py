@@ -422,6 +422,42 @@ def test_raw_share_of_a_mu_far_from_both_candidates_is_not_a_finding(tmp_path):
     assert f.verdict == "ok" and "nearer after it on average" in f.summary
 
 
+def _lagged_run(path, config=None, staleness=None):
+    """Step 0: log μ = log π (processed), the engine fresh; steps 1–2: log μ an older policy's that
+    happens to sit at log π_raw on 150 uncertain tokens (log π = −1, log π_raw = −0.5)."""
+    n = 60
+    mu = [-1.0 + 0.02 * (i % 3 - 1) for i in range(n)] + [-0.5 + 0.02 * (i % 3 - 1) for i in range(2 * n)]
+    tokens = {
+        "step": [0] * n + [1] * n + [2] * n,
+        "sample": list(range(3 * n)),
+        "pos": [0] * (3 * n),
+        "mu_logp": mu,
+        "old_logp": [-1.0] * (3 * n),
+        "pi_logp": [-1.0] * (3 * n),
+        "pi_logp_raw": [-0.5] * (3 * n),
+    }
+    if staleness is not None:
+        tokens["staleness"] = staleness
+    return inputs_of(load_run(write_run(path, tokens=tokens, rules=[], config=config)))
+
+
+def test_a_stale_mu_is_not_blamed_on_the_temperature(tmp_path):
+    # without word of staleness, μ nearer log π_raw on 2/3 of the tokens reads as raw log-probs
+    bare = temperature_check(_lagged_run(tmp_path / "bare"))
+    assert bare.verdict == "problem" and bare.fix.startswith("take log μ after the temperature")
+    # run.json says rollout_lag 16: the temperature is judged on step 0, where μ is π_old's weights'
+    lagged = temperature_check(_lagged_run(tmp_path / "lag", config={"rollout_lag": 16, "temperature": 0.5}))
+    assert lagged.verdict == "ok" and lagged.fix == ""
+    assert lagged.evidence["tokens"] == 60 and lagged.evidence["share_nearer_raw"] == 0.0
+    assert "on the tokens sampled with π_old's weights (rollout_lag 16: μ is up to 16 steps stale)" in lagged.summary
+    # the per-token staleness column says the same
+    column = temperature_check(_lagged_run(tmp_path / "col", staleness=[0.0] * 60 + [4.0] * 120))
+    assert column.verdict == "ok" and column.evidence["stale"] == "the per-token staleness column"
+    # too few fresh tokens: the check cannot tell, and does not blame the temperature
+    few = temperature_check(_lagged_run(tmp_path / "few", staleness=[0.0] * 10 + [4.0] * 170))
+    assert few.verdict == "ok" and few.summary.startswith("too few uncertain tokens (10)")
+
+
 def test_the_checks_name_the_kind_of_mu(tmp_path):
     rng = np.random.default_rng(7)
     mu = -rng.uniform(0.05, 4.0, 200)

@@ -56,7 +56,7 @@ def test_a_critical_alert_saves_and_stops_trl(tmp_path):
     assert run.manifest["planned_steps"] == 6  # 12 optimizer steps, 2 per generation
     assert any(a.kind == "sentinel" for a in live_alerts(run))
     assert [a.kind for a in seen if a.kind == "sentinel"]  # on_alert heard it too
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "finished"
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "stopped"
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ import threading
 import time
 import warnings
 
+import polars as pl
 import pytest
 import torch
 
@@ -15,8 +16,9 @@ from trustlens.export.sinks import WandbSink
 B, T, STEPS = 8, 6, 40
 
 
-def _record(rec, steps: int = STEPS) -> None:
-    """Entropy 1 → 0.2 at step 25 and reward 1 → 0 at step 30: two critical alerts."""
+def _record(rec, steps: int = STEPS, after=None) -> None:
+    """Entropy 1 → 0.2 at step 25 and reward 1 → 0 at step 30: two critical alerts. `after(step)`
+    runs after each step's end_step."""
     g = torch.Generator().manual_seed(0)
     for step in range(steps):
         mu = -torch.rand(B, T, generator=g) - 0.1
@@ -31,6 +33,8 @@ def _record(rec, steps: int = STEPS) -> None:
         )
         rec.log_samples(step, rewards=[1.0 if step < 30 else 0.0] * B)
         rec.end_step(step)
+        if after is not None:
+            after(step)
 
 
 class AlertSink:
@@ -87,6 +91,49 @@ def test_the_run_keeps_the_live_alerts_and_they_equal_the_offline_ones(tmp_path)
     assert sink.counts[-1] == {"critical": 2, "warning": 1}
     assert threads == {"trustlens-alerts"}
     assert 0 < rec._live.cpu_s < time.process_time()  # the writer thread's CPU spent on the alerts
+
+
+def _parts(run, table):
+    folder = run / table / "rank=0"
+    return sorted(p.name for p in folder.glob("part-*.parquet")) if folder.is_dir() else []
+
+
+def _until(condition, what):
+    """Wait (at most 60 s) for `condition()`, which only the writer thread can make true."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_with_alerts_each_step_is_written_at_its_end_and_an_alert_at_once(tmp_path):
+    run = tmp_path / "run"
+    seen = []
+    # flush_seconds an hour: only the step's end and the alert make the writer write
+
+    def written(step):
+        n = [step + 1] * 2
+        _until(lambda: [len(_parts(run, t)) for t in ("tokens", "samples")] == n, f"step {step} written")
+        if step == 26:  # entropy's median of 3 is low from step 26: the alert is in its part file
+            _until(lambda: seen, "the alert raised")
+            alerts = pl.read_parquet(run / "alerts" / "rank=0" / _parts(run, "alerts")[0])
+            assert alerts.select("kind", "step", "severity").row(0) == ("entropy_collapse", 26, "critical")
+
+    with TokenRecorder(run, rules=["ppo"], alerts=True, flush_seconds=3600, on_alert=seen.append) as rec:
+        assert rec._writer.writer.flush_steps
+        _record(rec, steps=27, after=written)
+    assert load_run(run).manifest["flush"] == {"rows_per_file": 262_144, "flush_seconds": 3600.0, "flush_steps": True}
+
+
+def test_without_alerts_rows_wait_for_flush_seconds_unless_flush_steps(tmp_path):
+    with TokenRecorder(tmp_path / "default", rules=["ppo"]) as rec:
+        assert not rec._writer.writer.flush_steps
+    run = tmp_path / "run"
+    with TokenRecorder(run, rules=["ppo"], flush_seconds=3600, flush_steps=True) as rec:
+        _record(rec, steps=1)
+        _until(lambda: _parts(run, "tokens") == ["part-000000.parquet"], "the step's rows written at its end")
+    with pytest.raises(TypeError, match="flush_steps must be True or False"):
+        TokenRecorder(tmp_path / "bad", flush_steps="yes")
 
 
 def test_planned_steps_set_the_window(tmp_path):

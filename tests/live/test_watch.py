@@ -16,7 +16,9 @@ from s3_server import BUCKET
 
 from trustlens import Keep, cli, load_run
 from trustlens.analysis.collapse import detect_collapse
+from trustlens.core.values import EXIT_ALERT_STOP
 from trustlens.live import LiveAlert, alerts_batch
+from trustlens.live.stop import stopped_entry
 from trustlens.live.watch import EXIT_CLOSED, EXIT_FAIL_ON, EXIT_STOPPED, Printer, watch
 from trustlens.run import MANIFEST
 from trustlens.run.manifest import new_manifest
@@ -164,6 +166,25 @@ def test_fail_on_exits_1_at_the_first_alert_that_reaches_it(tmp_path):
     assert out.getvalue().splitlines()[-1] == f"run {str(tmp_path / 'run')!r}: an alert reached --fail-on critical"
     assert actions.actions == [w.close]  # it stopped at the critical alert, before the run closed
     w.close()
+
+
+def test_a_run_its_trainer_stopped_on_an_alert_reads_as_stopped_not_finished_nor_killed(tmp_path):
+    w = _writer(tmp_path / "run")
+    out = io.StringIO()
+    alert = _alert(2, "critical", 3)
+    why = stopped_entry("critical", alert, 3, "checkpoints/step-000001", checkpoint_step=1, checkpoint_accuracy=0.5)
+
+    def stop():
+        w.update_manifest({"stopped": why})
+        w.close()
+
+    actions = _Steps(lambda: (w.append("tokens", _tokens(0)), w.write_all()), stop)
+    assert watch(tmp_path / "run", every=0.01, out=out, sleep=actions) == EXIT_ALERT_STOP == 4
+    assert load_run(tmp_path / "run").status == "stopped"
+    assert out.getvalue().splitlines()[-1] == (
+        f"run {str(tmp_path / 'run')!r} stopped after step 3 (--stop-on critical) on a critical entropy_collapse "
+        "(evidence from step 2); kept checkpoints/step-000001 (held-out accuracy 0.500): 0 alerts (0 critical)"
+    )
 
 
 def test_a_writer_that_died_is_said_once_with_how_long_ago(tmp_path):

@@ -300,6 +300,9 @@ def _flag(flag: str, check: Callable[[str, object], Any], text: str) -> Any:
 
 # the severities a run can stop on (`trustlens train --stop-on`, the TRL hook's stop_on)
 STOP_ON = ("critical", "warning", "never")
+# the exit code of `trustlens train` that --stop-on stopped (run.json status `stopped`), and of
+# `trustlens watch` on such a run
+EXIT_ALERT_STOP = 4
 
 
 def check_stop_on(name: str, value: object) -> str:

@@ -1,18 +1,27 @@
-"""Stopping a training run on a live alert: the first alert at the chosen severity, and what
-run.json's `stopped` says about it. The built-in trainer (trustlens.train.stopping) and the TRL
-hook (trustlens.integrations.trl) stop through here; verl and OpenRLHF through their own
-mechanisms (docs/attach.md).
+"""Stopping a training run on a live alert: the first alert at the chosen severity, the weights a
+stop keeps, and what run.json's `stopped` says about it. The built-in trainer
+(trustlens.train.stopping) and the TRL hook (trustlens.integrations.trl) stop through here; verl
+and OpenRLHF through their own mechanisms (docs/attach.md).
 
 `stop_on` is "critical" (a critical collapse alert or a doctor problem), "warning" (either, or
 any warning) or "never".
+
+The weights kept: an alert's evidence begins at its first flagged step or evaluation
+(`evidence_start`). The checkpoint kept is the last one taken before that step whose held-out
+evaluation came before it too (a checkpoint at step s holds the weights before step s's update,
+the weights the evaluation at step s measures), so that the weights whose evaluation raised the
+alert are never the ones kept; without an evaluated one (a run without evaluations), the last
+checkpoint before the evidence; None when there is none (the run's warm start is then the last
+weights from before it). A run that closes after such a stop ends with status `stopped`
+(trustlens.run.writer), and `trustlens train` exits with EXIT_ALERT_STOP.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
-from trustlens.core.values import check_stop_on
+from trustlens.core.values import EXIT_ALERT_STOP, check_stop_on
 from trustlens.live.alert import LiveAlert, severity_rank
 
 
@@ -29,9 +38,32 @@ def first_at(alerts: Iterable[LiveAlert], level: int | None) -> LiveAlert | None
     return next((a for a in alerts if a.level >= level), None)
 
 
-def stopped_entry(stop_on: str, alert: LiveAlert, step: int, checkpoint: str | None) -> dict[str, Any]:
+def evidence_start(alert: LiveAlert) -> int:
+    """The step the alert's evidence begins at: its first flagged step or evaluation."""
+    return alert.step
+
+
+def kept_checkpoint(taken: Iterable[int], evaluated: Collection[int], start: int) -> int | None:
+    """The step of the checkpoint a stop keeps for evidence beginning at step `start` (module
+    docstring): the last of `taken` (checkpoint steps) before `start` that is in `evaluated`
+    (steps with a held-out evaluation), else the last of `taken` before `start`, else None."""
+    before = sorted(s for s in taken if s < start)
+    judged = [s for s in before if s in evaluated]
+    return judged[-1] if judged else before[-1] if before else None
+
+
+def stopped_entry(
+    stop_on: str,
+    alert: LiveAlert,
+    step: int,
+    checkpoint: str | None,
+    *,
+    checkpoint_step: int | None = None,
+    checkpoint_accuracy: float | None = None,
+) -> dict[str, Any]:
     """run.json's `stopped`: {on, alert: {kind, step, severity, raised_at_step, message}, step (the
-    last step trained), checkpoint (the weights kept, or None)}."""
+    last step trained), evidence_start_step, checkpoint (the weights kept, or None), checkpoint_step
+    and checkpoint_accuracy (its held-out accuracy; None when not evaluated or not known)}."""
     return {
         "on": stop_on,
         "alert": {
@@ -42,8 +74,11 @@ def stopped_entry(stop_on: str, alert: LiveAlert, step: int, checkpoint: str | N
             "message": alert.message,
         },
         "step": step,
+        "evidence_start_step": evidence_start(alert),
         "checkpoint": checkpoint,
+        "checkpoint_step": checkpoint_step,
+        "checkpoint_accuracy": checkpoint_accuracy,
     }
 
 
-__all__ = ["first_at", "stop_level", "stopped_entry"]
+__all__ = ["EXIT_ALERT_STOP", "evidence_start", "first_at", "kept_checkpoint", "stop_level", "stopped_entry"]

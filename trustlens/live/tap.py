@@ -5,7 +5,9 @@ step (trustlens.run.step_rows) and, once a step is complete (rows of a later ste
 recorder's `end_step`, or the run closes), runs the `LiveMonitor` on that step's rows, on the
 writer thread: off the training step's path, on rows already copied to the host. What it raises
 or changes goes, in order:
-- to the run's `alerts` table (the same writer, so the same part files, local or object store);
+- to the run's `alerts` table (the same writer, so the same part files, local or object store),
+  written and flushed at once (`RankWriter.append_now`): `trustlens watch` and the dashboard see
+  it at their next poll, whatever the writer's `flush_seconds`;
 - to `raised` (read by the trainer, e.g. `--stop-on`);
 - at severity warning or above, when new or more severe than before: to the mirror (TensorBoard,
   W&B) and to `on_alert`, which runs on a thread of its own (`AlertCalls`), so that a slow
@@ -95,9 +97,11 @@ class LiveTap:
         self.collapse, self.mirror, self.timeout = collapse, mirror, timeout
         self.monitor: LiveMonitor | None = None  # made by `start`, once the run's manifest is known
         self.calls = None if on_alert is None else AlertCalls(check_on_alert(on_alert))  # type: ignore[arg-type]
-        self.write: Callable[[str, pa.RecordBatch], None] | None = None  # the writer's append (`bind`)
+        self.write: Callable[[str, pa.RecordBatch], None] | None = None  # the writer's append_now (`start`)
         self.raised: list[LiveAlert] = []  # every alert raised or changed, in order (appended on the writer thread)
         self.latency: list[float] = []  # seconds from a step's end (its last rows, or end_step) to its alerts
+        # the last step judged, set once its alerts are in `raised` (read it before `raised`)
+        self.judged_step: int | None = None
         self.cpu_s = 0.0  # CPU seconds of the writer thread spent in this tap (gathering rows, judging steps)
         self._rows = StepRows(ROW_TABLES)
         self._sent: dict[tuple, int] = {}  # key -> the severity rank last sent to the mirror and on_alert
@@ -109,7 +113,7 @@ class LiveTap:
         its run.json (rank 0; a resumed run's) or `manifest` (other ranks) says the rules, the
         planned steps and how μ was made."""
         self.monitor = LiveMonitor(writer.manifest or manifest, self.collapse, rank=rank)
-        self.write = writer.append
+        self.write = writer.append_now
 
     def add(self, table: str, batch: pa.RecordBatch) -> None:
         if self._failed:
@@ -147,6 +151,7 @@ class LiveTap:
         if monitor is None or (monitor.last_step is not None and step <= monitor.last_step):
             return  # rows of a step judged already (logged late): the alerts keep the step as judged
         self._emit(monitor.update(step, **{t: b for t, b in tables.items() if b}), ended)  # type: ignore[arg-type]
+        self.judged_step = step
 
     def _emit(self, alerts: list[LiveAlert], ended: float) -> None:
         if not alerts:

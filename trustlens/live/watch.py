@@ -15,6 +15,8 @@ Exit codes:
     3  the run stopped: it closed interrupted or failed, or its writer died (the run says
        `running` but nothing holds it: a released writer lock on a local run, or no change for
        `--stale` seconds on an object store)
+    4  its trainer stopped it on a live alert (status stopped, `trustlens train --stop-on`): the
+       line names the alert and the checkpoint kept
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TextIO
 
 from trustlens.core.render import visible_text
+from trustlens.core.values import EXIT_ALERT_STOP
 from trustlens.live.alert import LiveAlert, from_rows, severity_rank
 
 if TYPE_CHECKING:
@@ -44,7 +47,7 @@ FAIL_ON = ("warning", "critical")
 EXIT_CLOSED, EXIT_FAIL_ON, EXIT_STOPPED = 0, 1, 3
 # seconds between polls, and of silence after which a run whose lock cannot be asked is stopped
 # (trustlens.run.follow.STALE_SECONDS, written out here: this module does not import polars)
-DEFAULT_EVERY, DEFAULT_STALE = 5.0, 900.0
+DEFAULT_EVERY, DEFAULT_STALE = 1.0, 900.0
 
 
 def _seconds(text: str) -> float:
@@ -81,7 +84,10 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         help="a run on an object store (no writer lock to ask) that has not changed for S seconds is "
         f"taken as stopped [{DEFAULT_STALE:g}]",
     )
-    parser.epilog = "Exit codes: 0 the run finished, 1 --fail-on reached, 2 bad input, 3 the run stopped or failed."
+    parser.epilog = (
+        "Exit codes: 0 the run finished, 1 --fail-on reached, 2 bad input, 3 the run was interrupted, failed or "
+        f"its writer died, {EXIT_ALERT_STOP} its trainer stopped it on a live alert (--stop-on)."
+    )
     parser.set_defaults(func=_watch)
 
 
@@ -213,6 +219,13 @@ def watch(
             if state.status == "finished":
                 printer.line(f"run {name!r} finished: {printer.counts}", status=state.status, exit=EXIT_CLOSED)
                 return EXIT_CLOSED
+            if state.status == "stopped":
+                printer.line(
+                    f"run {name!r} {stopped_text(state.manifest.get('stopped') or {})}: {printer.counts}",
+                    status=state.status,
+                    exit=EXIT_ALERT_STOP,
+                )
+                return EXIT_ALERT_STOP
             error = state.manifest.get("error") or state.manifest.get("signal") or ""
             printer.line(
                 f"run {name!r} ended {state.status}{f' ({error})' if error else ''}: {printer.counts}",
@@ -235,6 +248,24 @@ def watch(
         step = "no steps yet" if state.last_step is None else f"step {state.last_step}"
         printer.show_status(f"{step} · {state.tokens:,} tokens · updated {_ago(ago)} · {printer.counts}")
         sleep(every)
+
+
+def stopped_text(why: dict[str, Any], run: str | None = None) -> str:
+    """What run.json's `stopped` says, in words: 'stopped after step S on a critical KIND (evidence
+    from step E); kept checkpoints/step-… (held-out accuracy A)', the folder under `run` if given."""
+    alert = why.get("alert") or {}
+    kept = why.get("checkpoint")
+    if kept and run is not None:
+        kept = f"{run.rstrip('/')}/{kept}"
+    accuracy = why.get("checkpoint_accuracy")
+    weights = f"kept {kept}" if kept else "no checkpoint from before it was kept"
+    if kept and accuracy is not None:
+        weights += f" (held-out accuracy {accuracy:.3f})"
+    start = why.get("evidence_start_step", alert.get("step"))
+    return (
+        f"stopped after step {why.get('step')} (--stop-on {why.get('on')}) on a {alert.get('severity')} "
+        f"{alert.get('kind')} (evidence from step {start}); {weights}"
+    )
 
 
 def judge(monitor: LiveMonitor, step: CompletedStep) -> list[LiveAlert]:
@@ -264,4 +295,4 @@ def _watch(args: argparse.Namespace) -> int:
     )
 
 
-__all__ = ["Printer", "alert_json", "alert_line", "configure", "judge", "watch"]
+__all__ = ["Printer", "alert_json", "alert_line", "configure", "judge", "stopped_text", "watch"]

@@ -94,6 +94,13 @@ class RecorderCalls:
         `alerts`. Written by the writer thread: a copy, read at any time."""
         return [] if self._live is None else list(self._live.raised)
 
+    @property
+    def live_judged_step(self) -> int | None:
+        """The last step the live alerts judged so far (None before the first, or without
+        `alerts`); its alerts are in `live_alerts` read after it. Alerts raised later start after
+        it, or are among `live_alerts` still provisional."""
+        return None if self._live is None else self._live.judged_step
+
     def flush(self) -> None:
         """Block until every row recorded so far is in complete part files. Raises the
         RejectedInputError of a call whose input the writer thread found bad (trustlens.record)."""

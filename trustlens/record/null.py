@@ -43,6 +43,10 @@ class NullRecorder(TokenRecorder):
     def live_alerts(self) -> list:
         return []
 
+    @property
+    def live_judged_step(self) -> int | None:
+        return None
+
     def flush(self) -> None:
         pass
 

@@ -73,6 +73,8 @@ class TokenRecorder(RecorderCalls):
     rows_per_file: token rows per part file (and the bound of the writer's buffer).
     flush_seconds: rows older than this are written even when a part file is not full: the most
         a killed (SIGKILL) run loses. SIGTERM and SIGINT lose nothing.
+    flush_steps: write each step's rows at its `end_step` (watch and the dashboard see it within
+        seconds; one part file per table and step). None: True with `alerts` (and an alert at once).
     queue_size: batches the writer may hold before `record` waits for it.
     rank, world_size: this process's shard of the run. Default: torch.distributed when it is
         initialised, else the RANK / WORLD_SIZE environment, else 0 and 1.
@@ -125,6 +127,7 @@ class TokenRecorder(RecorderCalls):
         config: Any | None = None,
         rows_per_file: int = 262_144,
         flush_seconds: float = 30.0,
+        flush_steps: bool | None = None,
         queue_size: int = 8,
         rank: int | None = None,
         world_size: int | None = None,
@@ -143,6 +146,8 @@ class TokenRecorder(RecorderCalls):
         check_path("run_dir", run_dir)
         for name, flag in (("enabled", enabled), ("resume", resume), ("overwrite", overwrite)):
             check_bool(name, flag)
+        live = alerts is not False or on_alert is not None  # the live alerts are on
+        flush_steps = live if flush_steps is None else check_bool("flush_steps", flush_steps)
         check_tokenizer(tokenizer)
         if keep is not None and not isinstance(keep, Keep):
             raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
@@ -166,7 +171,7 @@ class TokenRecorder(RecorderCalls):
             active_rule=active_rule,
             config=config_dict(config),
             world_size=self.world_size,
-            flush={"rows_per_file": rows_per_file, "flush_seconds": flush_seconds},
+            flush={"rows_per_file": rows_per_file, "flush_seconds": flush_seconds, "flush_steps": flush_steps},
             sampling=sampling,
             model_kind=model_kind,
             planned_steps=None if planned_steps is None else int_arg("planned_steps", planned_steps, 1, 2**31),
@@ -177,7 +182,7 @@ class TokenRecorder(RecorderCalls):
 
             tap = make_mirror(mirror)
         self._live = None
-        if alerts is not False or on_alert is not None:
+        if live:
             from trustlens.live.tap import live_tap
 
             self._live = live_tap(alerts, on_alert, mirror=tap)
@@ -193,6 +198,7 @@ class TokenRecorder(RecorderCalls):
             tokenizer=tokenizer,
             resume=resume,
             overwrite=overwrite,
+            flush_steps=flush_steps,
         )
         self.path: Path | Remote = rank_writer.path  # a local Path, or an object-store location
         # steps a resumed run may still record: after its last recorded one

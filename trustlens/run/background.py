@@ -43,7 +43,10 @@ class BackgroundWriter:
         """`taps`: objects with `add(table, batch)`, `end_step(step)` and `close()` that see every
         batch of rows this thread writes, on this thread, are told when the recorder ends a step,
         and are closed before the last rows are written, so that rows they append go in (the live
-        mirror of trustlens.export, the live alerts of trustlens.live)."""
+        mirror of trustlens.export, the live alerts of trustlens.live). With the writer's
+        `flush_steps`, every buffered row is written at each `end_step`, after the taps judged the
+        step (a follower, `trustlens watch` or the dashboard, sees a step within seconds of its
+        end, not `flush_seconds` later)."""
         self.writer, self.path = writer, writer.path
         self.taps = tuple(taps)
         self.flush_seconds, self.writer_timeout = flush_seconds, writer_timeout
@@ -71,8 +74,9 @@ class BackgroundWriter:
         self._put((table, batch))
 
     def end_step(self, step: int) -> None:
-        """Tell the taps, in order with the rows, that every row of `step` was given."""
-        if self.taps:
+        """Tell the taps, in order with the rows, that every row of `step` was given (and, with
+        `flush_steps`, write the rows)."""
+        if self.taps or self.writer.flush_steps:
             self._put(("end_step", step))
 
     def put_manifest(self, fields: dict[str, Any]) -> None:
@@ -219,6 +223,8 @@ class BackgroundWriter:
         elif kind == "end_step":
             for tap in self.taps:
                 tap.end_step(payload)
+            if self.writer.flush_steps:
+                self._write_all()
         else:
             self._buffer(kind, payload)
 

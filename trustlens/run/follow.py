@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from trustlens.core.values import check_bool, check_path
 from trustlens.run.errors import CorruptPartWarning, NotARunError
-from trustlens.run.manifest import MANIFEST, read_manifest
+from trustlens.run.manifest import CLOSED, MANIFEST, read_manifest
 from trustlens.run.parts import Location, list_folder, rank_folder, source
 from trustlens.run.reader import naming_runs_inside
 from trustlens.run.schema import RANK, TABLES, UPDATE_TABLES, part_index, part_name, rank_of_dir
@@ -88,13 +88,13 @@ class FollowState:
 
     @property
     def status(self) -> str:
-        """run.json's status: running, finished, interrupted, failed (unknown when unreadable)."""
+        """run.json's status: running, finished, stopped, interrupted, failed (unknown when unreadable)."""
         return str(self.manifest.get("status", "unknown"))
 
     @property
     def closed(self) -> bool:
-        """Whether the run is closed (status finished, interrupted or failed)."""
-        return self.status in ("finished", "interrupted", "failed")
+        """Whether the run is closed (status finished, stopped, interrupted or failed)."""
+        return self.status in CLOSED
 
 
 def updated_seconds_ago(manifest: dict[str, Any], now: float | None = None) -> float | None:

@@ -26,14 +26,17 @@ from trustlens.run.schema import OLDEST_SCHEMA_VERSION, SCHEMA_VERSION
 from trustlens.run.storage import Remote, write_local_atomic
 
 MANIFEST = "run.json"
-STATUSES = ("running", "finished", "interrupted", "failed")
+STATUSES = ("running", "finished", "stopped", "interrupted", "failed")
+# the statuses of a closed run: no writer will add rows (`stopped`: closed early on a live alert,
+# run.json `stopped` says why)
+CLOSED = STATUSES[1:]
 
 # the keys of run.json and their meaning
 MANIFEST_FIELDS: dict[str, str] = {
     "schema_version": "version of the run format (trustlens.run.SCHEMA_VERSION) the run was written with",
     "trustlens_version": "trustlens version that wrote the run",
     "run_id": "random id of the run, kept when it is resumed (resume=True) and new when overwritten",
-    "status": "running | finished | interrupted | failed",
+    "status": "running | finished | stopped | interrupted | failed",
     "error": "what ended a failed or interrupted run (type: message), else null",
     "signal": "the signal that interrupted the run (SIGTERM, SIGINT), else null",
     "created": "UTC time the run was first opened, ISO 8601",
@@ -46,15 +49,17 @@ MANIFEST_FIELDS: dict[str, str] = {
     "anchor": "what ratio and divergences compare π with: mu (the rollout policy), old (π_old, "
     "when μ was not recorded) or mixed; null before the first record",
     "missing": "token quantities never recorded so far (their columns are null)",
-    "flush": "writer settings: rows_per_file and flush_seconds (the most a killed run loses)",
+    "flush": "writer settings: rows_per_file, flush_seconds (the most a killed run loses) and flush_steps "
+    "(each step written at its end)",
     "sampling": "how the rollout engine sampled and what log μ it reported: {temperature, top_p, top_k, "
     "min_p, logprobs (raw | tempered | processed), processors (the active logit processors)}, null for a "
     "filter that is off or a value not known; null when not given",
     "model_kind": "dense or moe: the kind of model trained (the published mismatch ranges differ)",
     "planned_steps": "training steps the run plans (sets the live alerts' baseline window, trustlens.live); "
     "null when not given (the built-in trainer's config.steps stands in)",
-    "stopped": "why the run stopped on a live alert: {on, alert: {kind, step, severity, raised_at_step, message}, "
-    "step, checkpoint}; null when it did not",
+    "stopped": "why the run stopped on a live alert (status stopped): {on, alert: {kind, step, severity, "
+    "raised_at_step, message}, step, evidence_start_step, checkpoint, checkpoint_step, checkpoint_accuracy}; "
+    "null when it did not",
 }
 # the keys of run.json the analyses read, and what a run.json without one loses (an older or a
 # hand-written one; `load_run` warns and reads the run with what it has)

@@ -107,7 +107,7 @@ class Run:
 
     @property
     def status(self) -> str:
-        """running | finished | interrupted | failed, or unknown when run.json is unreadable
+        """running | finished | stopped | interrupted | failed, or unknown when run.json is unreadable
         (a run killed by SIGKILL stays `running`: see manifest["updated"])."""
         return str(self.manifest.get("status"))
 

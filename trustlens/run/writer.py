@@ -101,6 +101,7 @@ class RankWriter:
     rows_per_file: rows of one table per part file (the bound of the buffer, with PART_BYTES).
     tokenizer: decodes `token_id` to the `token` column when rows come without it.
     resume / overwrite: how to open a run that already holds rows of this rank.
+    flush_steps: the buffered rows are written at each step's end (`BackgroundWriter.end_step`).
     """
 
     def __init__(
@@ -115,6 +116,7 @@ class RankWriter:
         tokenizer: Any | None = None,
         resume: bool = False,
         overwrite: bool = False,
+        flush_steps: bool = False,
     ) -> None:
         if resume and overwrite:
             raise ValueError("resume and overwrite are exclusive: continue the run or replace it")
@@ -126,6 +128,7 @@ class RankWriter:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock = RankLock(self.path, rank)
         self.rank, self.world_size, self.rows_per_file = rank, world_size, rows_per_file
+        self.flush_steps = flush_steps
         self.stats = WriterStats()
         self._decoder = TokenDecoder(tokenizer)
         try:
@@ -182,7 +185,7 @@ class RankWriter:
                 "with the same number of ranks, or record a new run"
             )
         if old is not None and manifest is not None:
-            old.update(status="running", error=None, signal=None)
+            old.update(status="running", error=None, signal=None, stopped=None)
             old["resumed"] = [*old.get("resumed", []), utc_now()]
             for key in ("rules", "active_rule", "world_size", "flush"):
                 old[key] = manifest[key]
@@ -224,6 +227,15 @@ class RankWriter:
         if table == "tokens":
             self.stats.peak_buffered_rows = max(self.stats.peak_buffered_rows, parts.rows)
         if parts.rows >= self.rows_per_file or parts.nbytes >= PART_BYTES:
+            self._write(parts)
+            self.write_manifest()
+
+    def append_now(self, table: str, batch: pa.RecordBatch | pa.Table) -> None:
+        """Buffer rows of `table` and write the table's buffered rows as a part file at once, with
+        run.json (an alert: rare, and read by `trustlens watch` and the dashboard within seconds)."""
+        self.append(table, batch)
+        parts = self._parts[table]
+        if parts.rows:
             self._write(parts)
             self.write_manifest()
 
@@ -271,9 +283,12 @@ class RankWriter:
 
     def end(self, status: str, error: str | None = None, signal: str | None = None) -> None:
         """Set run.json's final status (rank 0) and release the lock; buffered rows are not
-        written (call `write_all` first)."""
+        written (call `write_all` first). A run that ends `finished` after its trainer stopped it
+        on a live alert (run.json `stopped` set, trustlens.live.stop) ends `stopped`."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+        if status == "finished" and self.manifest is not None and self.manifest.get("stopped"):
+            status = "stopped"
         try:
             self.update_manifest({"status": status, "error": error, "signal": signal})
         finally:

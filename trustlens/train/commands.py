@@ -19,7 +19,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from trustlens.core.values import STOP_ON, check_choice, choice_arg, mirror_arg, port_arg
+from trustlens.core.values import EXIT_ALERT_STOP, STOP_ON, check_choice, choice_arg, mirror_arg, port_arg
 from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, TrainConfig
 from trustlens.train.runner import config, finish, is_main, print_inspect, run_one
 from trustlens.train.runsets import CLAIM_RULES, claims_command, compare_command
@@ -124,7 +124,22 @@ _CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
         "stop after a live alert of this severity or above, keeping the last checkpoint from before it "
         "(RUN/checkpoints): critical, warning or never",
     ),
-    ("checkpoint_every", int, "with --stop-on: a rolling checkpoint every this many steps"),
+    (
+        "checkpoint_every",
+        int,
+        "with --stop-on: a rolling checkpoint every this many steps (and one at each evaluation)",
+    ),
+    (
+        "keep_checkpoints",
+        int,
+        "with --stop-on: rolling checkpoints kept, besides the one a stop would keep (at most this + 1 on disk)",
+    ),
+    (
+        "flush_seconds",
+        float,
+        "the recorder writes rows older than this many seconds (the most a killed run loses); with --alerts or "
+        "--stop-on each step's rows are also written at its end, and an alert at once",
+    ),
 )
 
 # how --help shows the defaults that are not a value of their own
@@ -146,6 +161,10 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.formatter_class = _LineHelpFormatter
     if name == "train":
+        parser.epilog += (
+            f". Exit codes: 0 the run finished, 2 bad input, {EXIT_ALERT_STOP} --stop-on stopped it (run.json "
+            "status stopped: `stopped` names the alert and the checkpoint kept)"
+        )
         parser.add_argument("--rule", type=choice_arg(_rules), default="dppo_binary_tv", help=_rule_help())
         parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<rule>)")
         parser.set_defaults(func=_train)
@@ -306,12 +325,13 @@ def _add_run_set_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    """Train one run; exit code 0, or EXIT_ALERT_STOP when --stop-on stopped it (status `stopped`)."""
     cfg = config(args, rule=args.rule)
     out = args.out or Path("runs") / args.rule
     try:
-        run_one(cfg, out, overwrite=args.overwrite, quiet=args.quiet)
+        result = run_one(cfg, out, overwrite=args.overwrite, quiet=args.quiet)
     finally:
         finish()
     if is_main():
         print_inspect(out)
-    return 0
+    return 0 if result.stopped_step is None else EXIT_ALERT_STOP

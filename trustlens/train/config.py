@@ -51,6 +51,8 @@ class TrainConfig:
     alerts: bool = False  # raise the collapse alerts and doctor findings live on rank 0 (trustlens.live)
     stop_on: str = "never"  # stop on a live alert of this severity or above: critical, warning or never
     checkpoint_every: int = 10  # with stop_on: a rolling checkpoint every this many steps (trustlens.train.stopping)
+    keep_checkpoints: int = 3  # with stop_on: rolling checkpoints kept, besides the one a stop would keep
+    flush_seconds: float = 30.0  # the recorder writes rows older than this (with alerts: each step at its end)
 
     def __post_init__(self) -> None:
         from trustlens.core.values import (
@@ -68,7 +70,7 @@ class TrainConfig:
 
         for name in _INTS:  # a float (even 2.0) is refused, not truncated
             check_int(name, getattr(self, name))
-        for name in ("temperature", "lr", "grad_clip", "clip_ratio_c"):  # finite and > 0
+        for name in ("temperature", "lr", "grad_clip", "clip_ratio_c", "flush_seconds"):  # finite and > 0
             check_positive(name, getattr(self, name))
         for name in ("weight_decay", "logit_noise"):  # finite and ≥ 0: NaN is not "no noise"
             check_nonnegative_number(name, getattr(self, name))
@@ -103,8 +105,9 @@ class TrainConfig:
         for name in ("scale_advantages", "record", "alerts"):
             check_bool(name, getattr(self, name))
         check_stop_on("stop_on", self.stop_on)
-        if self.checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be ≥ 1, got {self.checkpoint_every}")
+        for name in ("checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         if self.checkpoint is not None and self.checkpoint != RANDOM_INIT:
             check_existing_dir("checkpoint", self.checkpoint)  # a missing one fails here, not after the setup
         if self.mirror is not None:
@@ -176,6 +179,7 @@ _INTS = (
     "threads",
     "sample_every",
     "checkpoint_every",
+    "keep_checkpoints",
 )
 
 _COLLAPSE = dict(rollout_precision="fp8", rollout_lag=16, lr=6e-5, steps=250, eval_every=10, tv_bound=0.1)

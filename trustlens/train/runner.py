@@ -59,13 +59,9 @@ def run_one(cfg, out: Path, *, overwrite: bool, quiet: bool):
         per_step = sum(result.step_times) / max(len(result.step_times), 1)
         print(f"{cfg.rule}: {done}, {per_step:.2f} s/step (training; setup and evaluations excluded)")
     if world.main and result.stopped:
-        why = result.stopped
-        alert = why["alert"]
-        kept = f"kept {out / why['checkpoint']}" if why["checkpoint"] else "no checkpoint from before it"
-        print(
-            f"stopped after step {why['step']} (--stop-on {why['on']}): {alert['severity']} {alert['kind']} "
-            f"from step {alert['step']}; {kept}"
-        )
+        from trustlens.live.watch import stopped_text
+
+        print(stopped_text(result.stopped, str(out)))
     return result
 
 

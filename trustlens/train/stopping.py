@@ -1,23 +1,27 @@
-"""`trustlens train --stop-on {critical,warning,never}`: stop on a live alert, keeping the weights
-from before it.
+"""`trustlens train --stop-on {critical,warning,never}`: stop on a live alert, keeping the last
+weights from before the alert's evidence began.
 
 With `stop_on` other than "never" the run's recorder raises live alerts (trustlens.live) and the
-trainer keeps a rolling checkpoint: every `checkpoint_every` steps, before that step's update, the
-weights as they are then, in RUN/checkpoints/step-NNNNNN/ (safetensors weights, config,
-tokenizer, meta: the folder format of `trustlens.train.model.save_checkpoint`, usable as a warm
-start with `--checkpoint`). Kept: the last KEPT checkpoints, and for each alert of warning or
-above raised so far the last checkpoint from before its first step (an alert can turn critical
-long after it was first raised); the others are deleted.
+trainer keeps rolling checkpoints: every `checkpoint_every` steps and at every held-out
+evaluation, before that step's update, the weights as they are then (the weights the step's
+evaluation measures), in RUN/checkpoints/step-NNNNNN/ (safetensors weights, config, tokenizer,
+meta: the folder format of `trustlens.train.model.save_checkpoint`, usable as a warm start with
+`--checkpoint`). Kept: the last `keep_checkpoints`, plus the one a stop would keep now
+(`trustlens.live.stop.kept_checkpoint` for the earliest evidence start among the alerts that may
+still reach `stop_on` — those still provisional — and the steps not yet judged); the others are
+deleted, so that at most `keep_checkpoints` + 1 are on disk.
 
 After each step the trainer asks for the alerts the writer thread raised so far. On the first of
 severity `stop_on` or above (critical and doctor problems rank alike; `warning` stops on either),
-the run stops after that step: every checkpoint taken after the alert's first step is deleted, so
-the last one kept holds the weights from before the alert's first step, and run.json's `stopped`
-says why: {on, alert: {kind, step, severity, raised_at_step, message}, step (the last step
-trained), checkpoint (the kept folder, relative to the run, or null when none was taken before
-the alert)}. The alerts are judged on the writer thread, so the trainer sees an alert after the
-step that raised it, or a step or two later when the writer is behind; `step` says which.
-Under torchrun rank 0 judges and decides, and every rank stops at the same step.
+the run stops after that step: the checkpoint kept is the last one whose held-out evaluation came
+before the alert's evidence began (`trustlens.live.stop`), every other one is deleted, and
+run.json's `stopped` says why (`stopped_entry`): the alert, the last step trained, the evidence's
+first step, the kept folder (relative to the run, or null when none was taken before the
+evidence), its step and held-out accuracy. The run then ends with status `stopped` and `trustlens
+train` exits with EXIT_ALERT_STOP (4). The alerts are judged on the writer thread, so the trainer
+sees an alert after the step that raised it, or a step or two later when the writer is behind;
+`step` says which. Under torchrun rank 0 judges and decides, and every rank stops at the same
+step.
 """
 
 from __future__ import annotations
@@ -29,10 +33,9 @@ from typing import Any
 import torch
 
 from trustlens.live.alert import LiveAlert
-from trustlens.live.stop import first_at, stop_level, stopped_entry
+from trustlens.live.stop import evidence_start, first_at, kept_checkpoint, stop_level, stopped_entry
 from trustlens.train.world import World, all_reduce_
 
-KEPT = 3  # rolling checkpoints kept (an alert reaches the trainer within a step or two of its first step)
 FOLDER = "checkpoints"  # inside the run directory
 
 
@@ -41,37 +44,56 @@ def checkpoint_name(step: int) -> str:
 
 
 class AlertStop:
-    """The rolling checkpoints and the stop decision of one run (module docstring)."""
+    """The rolling checkpoints and the stop decision of one run (module docstring). `every`:
+    steps between rolling checkpoints; `keep`: rolling checkpoints kept besides the one a stop
+    would keep."""
 
-    def __init__(self, stop_on: str, every: int, run_dir: Path | None, world: World) -> None:
+    def __init__(self, stop_on: str, every: int, keep: int, run_dir: Path | None, world: World) -> None:
         self.level = stop_level(stop_on)
-        self.stop_on, self.every, self.world = stop_on, every, world
+        self.stop_on, self.every, self.keep, self.world = stop_on, every, keep, world
         self.folder = None if run_dir is None else run_dir / FOLDER
-        self.taken: list[int] = []  # steps of the checkpoints kept, oldest first
+        self.taken: list[int] = []  # steps of the checkpoints on disk, oldest first
+        self.evaluated: dict[int, float] = {}  # checkpoint step -> held-out accuracy of its weights
         self.found: LiveAlert | None = None  # the alert the run stops on (rank 0)
 
     @property
     def active(self) -> bool:
         return self.level is not None and self.folder is not None
 
-    def checkpoint(self, step: int, model: Any, tokenizer: Any, recorder: Any) -> None:
-        """Before step `step`'s update: save the weights every `every` steps (rank 0), and delete
-        the checkpoints no longer needed (module docstring)."""
-        if not self.active or step % self.every or not self.world.main:
+    def checkpoint(self, step: int, model: Any, tokenizer: Any, recorder: Any, accuracy: float | None) -> None:
+        """Before step `step`'s update: save the weights every `every` steps and at an
+        evaluation (`accuracy`: its held-out accuracy, None when the step was not evaluated;
+        rank 0), and delete the checkpoints no longer needed (module docstring)."""
+        if not self.active or not self.world.main or (step % self.every and accuracy is None):
             return
         from trustlens.train.model import save_checkpoint
 
         assert self.folder is not None
-        save_checkpoint(model, tokenizer, self.folder / checkpoint_name(step), {"step": step, "before_update": True})
+        meta = {"step": step, "before_update": True, "eval_accuracy": accuracy}
+        save_checkpoint(model, tokenizer, self.folder / checkpoint_name(step), meta)
         self.taken.append(step)
-        needed = set(self.taken[-KEPT:])
+        if accuracy is not None:
+            self.evaluated[step] = accuracy
+        self._keep_only({*self.taken[-self.keep :], *self._pending(recorder)})
+
+    def _pending(self, recorder: Any) -> set[int]:
+        """The checkpoint a stop would keep for the alerts that may still stop the run: those
+        still provisional or at `stop_on` and those of the steps not judged yet."""
+        judged = recorder.live_judged_step  # first: the alerts read after it hold its step's
+        latest: dict[tuple, LiveAlert] = {}
         for alert in recorder.live_alerts:
-            before = [s for s in self.taken if s <= alert.step]
-            if alert.level >= 1 and before:
-                needed.add(before[-1])
+            latest[alert.key] = alert
+        assert self.level is not None
+        starts = [evidence_start(a) for a in latest.values() if a.provisional or a.level >= self.level]
+        starts.append(0 if judged is None else judged + 1)
+        kept = kept_checkpoint(self.taken, self.evaluated, min(starts))
+        return set() if kept is None else {kept}
+
+    def _keep_only(self, needed: set[int]) -> None:
+        assert self.folder is not None
         for taken in [s for s in self.taken if s not in needed]:
             shutil.rmtree(self.folder / checkpoint_name(taken), ignore_errors=True)
-        self.taken = sorted(needed)
+        self.taken = sorted(needed & set(self.taken))
 
     def due(self, recorder: Any) -> bool:
         """Whether a live alert at `stop_on` or above was raised so far (rank 0 judges; every rank
@@ -84,16 +106,21 @@ class AlertStop:
         return bool(all_reduce_(flag, "max").item())
 
     def stop(self, step: int, recorder: Any) -> dict | None:
-        """Keep the last checkpoint from before the alert's first step and say why in run.json
-        (rank 0; None on the other ranks)."""
+        """Keep the last checkpoint whose evaluation came before the alert's evidence, delete the
+        others and say why in run.json (rank 0; None on the other ranks)."""
         alert = self.found
         if alert is None or self.folder is None:
             return None
-        for taken in [s for s in self.taken if s > alert.step]:
-            shutil.rmtree(self.folder / checkpoint_name(taken), ignore_errors=True)
-        self.taken = [s for s in self.taken if s <= alert.step]
-        kept = f"{FOLDER}/{checkpoint_name(self.taken[-1])}" if self.taken else None
-        why = stopped_entry(self.stop_on, alert, step, kept)
+        kept = kept_checkpoint(self.taken, self.evaluated, evidence_start(alert))
+        self._keep_only(set() if kept is None else {kept})
+        why = stopped_entry(
+            self.stop_on,
+            alert,
+            step,
+            None if kept is None else f"{FOLDER}/{checkpoint_name(kept)}",
+            checkpoint_step=kept,
+            checkpoint_accuracy=None if kept is None else self.evaluated.get(kept),
+        )
         recorder.annotate({"stopped": why})
         return why
 
@@ -108,4 +135,4 @@ def alert_postfix(alerts: list) -> dict[str, str]:
     return {"alerts": f"{len({a.key for a in shown})} ({worst.severity} {worst.kind} @{worst.step})"}
 
 
-__all__ = ["FOLDER", "KEPT", "AlertStop", "alert_postfix", "checkpoint_name"]
+__all__ = ["FOLDER", "AlertStop", "alert_postfix", "checkpoint_name"]

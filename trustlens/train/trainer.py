@@ -81,7 +81,8 @@ class TrainResult:
     eval_accuracy_sampled: dict[int, float] = field(default_factory=dict)  # step -> sampled at τ
     rewards: list[float] = field(default_factory=list)  # mean training reward per step
     step_times: list[float] = field(default_factory=list)  # seconds per training step
-    stopped: dict | None = None  # why the run stopped on a live alert (run.json `stopped`), else None
+    stopped: dict | None = None  # why the run stopped on a live alert (run.json `stopped`; rank 0), else None
+    stopped_step: int | None = None  # the last step trained when it stopped on a live alert (every rank), else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,6 +145,7 @@ def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict
         keep=keep,
         sampling=cfg.sampling(),
         alerts=live,
+        flush_seconds=cfg.flush_seconds,
     )
 
 
@@ -186,7 +188,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
     n_rows = n_prompts * cfg.group_size  # responses per rank per step
     result = TrainResult(run_dir)
     bar = _progress_bar(cfg.steps, progress and world.main)
-    stopper = AlertStop(cfg.stop_on, cfg.checkpoint_every, run_dir, world)
+    stopper = AlertStop(cfg.stop_on, cfg.checkpoint_every, cfg.keep_checkpoints, run_dir, world)
     with make_recorder(cfg, run_dir, tokenizer, rules) as recorder:
         recording = not isinstance(recorder, NullRecorder)  # the entropy below is for the record only
         for step in range(cfg.steps + 1):
@@ -200,7 +202,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
             if step == cfg.steps:  # the last pass only evaluates the final weights
                 log_reduced(recorder, world, step, metrics)
                 break
-            stopper.checkpoint(step, model, tokenizer, recorder)
+            stopper.checkpoint(step, model, tokenizer, recorder, result.eval_accuracy.get(step))
             t_step = time.perf_counter()
 
             # 1. rollouts: G responses per problem from the engine
@@ -341,7 +343,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                     **alert_postfix(recorder.live_alerts),
                 )
             if stopper.due(recorder):
-                result.stopped = stopper.stop(step, recorder)
+                result.stopped, result.stopped_step = stopper.stop(step, recorder), step
                 break
     if bar is not None:
         bar.close()

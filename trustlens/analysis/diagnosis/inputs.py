@@ -100,6 +100,22 @@ class Inputs:
         config = self.manifest.get("config")
         return config if isinstance(config, dict) else {}
 
+    def fresh(self) -> tuple[pl.LazyFrame, str | None]:
+        """(the pairs sampled with π_old's weights, why μ is stale in words) when the run says μ
+        may be an older policy than π_old (whose mismatch is then the staleness, not the
+        engine's); (every pair, None) when nothing says so. Where the pairs hold the per-token
+        `staleness` column (weight updates between the engine's weights and π_old's), the tokens
+        at 0. Else, with config `rollout_lag` k > 0 (the built-in trainer, whose engine serves the
+        starting weights until k syncs have happened: step t's rollouts are min(t, k) steps
+        stale), the tokens of step 0."""
+        names = self.pairs.collect_schema().names()
+        if "staleness" in names and collect(self.pairs.select(pl.col("staleness").is_not_null().any())).item():
+            return self.pairs.filter(pl.col("staleness") == 0), "the per-token staleness column"
+        lag = self.config.get("rollout_lag")
+        if isinstance(lag, int) and not isinstance(lag, bool) and lag > 0:
+            return self.pairs.filter(pl.col("step") == 0), f"rollout_lag {lag}: μ is up to {lag} steps stale"
+        return self.pairs, None
+
     def subsample(self, frame: pl.LazyFrame) -> pl.LazyFrame:
         """`frame` limited to about MAX_ROWS rows of whole samples (all of them in a smaller
         run): the samples whose id hash falls in the first of ⌈rows / MAX_ROWS⌉ buckets."""

@@ -118,12 +118,15 @@ def temperature_check(inp: Inputs) -> Finding:
     ≥ 0.3 problem (raw log-probs at τ = 0.5 give r ≈ 2, at τ = 0.7 r ≈ 1.4). run.json's
     "sampling" (logprobs "raw" at τ ≠ 1) raises a warning by itself, and the summary says when
     the data contradict it. A fit that gives r ≤ 0 (no temperature does) fails: a warning that
-    says so."""
+    says so. A stale μ (`Inputs.fresh`) is an older policy, nearer either candidate by chance:
+    both forms then read only the tokens sampled with π_old's weights (too few: it cannot tell)."""
     sampling = inp.sampling
     tau = sampling.temperature
     says_raw = sampling.logprobs == "raw" and tau is not None and tau != 1.0
-    by_logits = raw_share(inp.pairs)
     evidence: dict = {"temperature": tau, "logprobs": sampling.logprobs, "processors": list(sampling.processors)}
+    pairs, evidence["stale"] = inp.fresh()
+    fresh_note = f" on the tokens sampled with π_old's weights ({evidence['stale']})" if evidence["stale"] else ""
+    by_logits = raw_share(pairs)
     raw_note = (
         f"; run.json says raw log μ (before the temperature τ = {tau:g}): the ratio compares π at τ with μ at "
         "τ = 1, off on every uncertain token"
@@ -143,15 +146,16 @@ def temperature_check(inp: Inputs) -> Finding:
             f"log μ is nearer log π before the temperature than after it on {q:.1%} of "
             f"{by_logits['tokens']} tokens (mean |Δ| {by_logits['mean_abs_to_raw']:.3f} against "
             f"{by_logits['mean_abs_to_pi']:.3f} nats{'' if nearer_raw else ': nearer after it on average'})"
+            f"{fresh_note}"
         )
         order = (pl.col("mu") - pl.col("pi_logp").cast(pl.Float64)).abs()
     else:
-        r, n = temperature_ratio(inp.pairs)
+        r, n = temperature_ratio(pairs)
         evidence |= {"form": "token-level", "ratio_tau_mu_over_tau_pi": r, "uncertain_tokens": n}
         evidence |= {"warning_at": TEMPERATURE_WARNING, "problem_at": TEMPERATURE_PROBLEM}
         if r is None:
             verdict = "warning" if says_raw else "ok"
-            summary = f"too few uncertain tokens ({n}) to measure μ's temperature{raw_note}"
+            summary = f"too few uncertain tokens ({n}) to measure μ's temperature{fresh_note}{raw_note}"
             return Finding("temperature", verdict, summary, evidence, _TEMPERATURE_FIX if says_raw else "")
         if r <= 0:
             summary = (
@@ -160,13 +164,13 @@ def temperature_check(inp: Inputs) -> Finding:
                 f"temperature explains (see the other checks){raw_note}"
             )
             evidence["fit_failed"] = True
-            evidence["examples"] = examples(inp.pairs.filter(_uncertain()), pl.col("d").abs())
+            evidence["examples"] = examples(pairs.filter(_uncertain()), pl.col("d").abs())
             return Finding("temperature", "warning", summary, evidence, "", strength=0.5)
         off = abs(r - 1.0)
         verdict = verdict_of(off, TEMPERATURE_WARNING, TEMPERATURE_PROBLEM)
         strength = off / TEMPERATURE_PROBLEM
         at = f" (μ looks sampled at τ = {r * tau:.2g}, π_old at {tau:g})" if tau and r > 0 else ""
-        measured = f"τ_μ/τ_π = {r:.3f}{at}"
+        measured = f"τ_μ/τ_π = {r:.3f}{at}{fresh_note}"
         order = pl.col("d").abs()
     if verdict == "ok":
         summary = f"μ and π_old share the temperature: {measured}"
@@ -175,7 +179,7 @@ def temperature_check(inp: Inputs) -> Finding:
             summary += f"{raw_note}, which the data contradict"
     else:
         summary = f"μ is not at π_old's temperature: {measured}{raw_note}"
-        evidence["examples"] = examples(inp.pairs.filter(_uncertain()), order)
+        evidence["examples"] = examples(pairs.filter(_uncertain()), order)
     if sampling.logprobs is not None and not says_raw:
         summary += f" (run.json: {_KINDS[sampling.logprobs]})"
     return Finding(
