@@ -84,6 +84,7 @@ MOVED_MODULES = {
     "trustlens.recorder": "trustlens.record",
     "trustlens.render": "trustlens.core.render",
     "trustlens.rule_columns": "trustlens.rules.columns",
+    "trustlens.rules.corrections": "trustlens.rules.registry",
 }
 
 
