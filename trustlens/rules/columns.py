@@ -136,13 +136,9 @@ class ColumnInputs(RuleInputs):
         self.xp, self.column, self.mu, self.eps, self.seed = np, column, mu, eps, seed
         self.distances = {} if distances is None else distances
 
-    @property
-    def pi_logp(self) -> np.ndarray:
-        return self.column("pi_logp")
-
-    @property
-    def advantages(self) -> np.ndarray:
-        return self.column("advantage")
+    # read when a rule reads them: the dashboard's rows of one response may hold no pi_logp
+    pi_logp = property(lambda self: self.column("pi_logp"))
+    advantages = property(lambda self: self.column("advantage"))
 
     def anchor_key(self, anchor: Anchor) -> str:
         return self.mu if anchor == "mu" else "old_logp"

@@ -97,25 +97,29 @@ def minirl() -> Rule:
 
 @register_rule
 def dppo_binary_tv() -> Rule:
-    """DPPO with the binary total variation (Qi et al. 2026)."""
+    """DPPO with the binary total variation (Qi et al. 2026): d = |π − μ| of the sampled token, the
+    TV between the two-bucket distributions {a_t, the rest}."""
     return _dppo("dppo_binary_tv", "binary_tv", "mu", 0.15, "DPPO: block when |π − μ| of a_t > bound")
 
 
 @register_rule
 def dppo_binary_kl() -> Rule:
-    """DPPO with the binary KL (Qi et al. 2026)."""
+    """DPPO with the binary KL (Qi et al. 2026): d = KL(μ‖π) over the buckets {a_t, the rest}, nats."""
     return _dppo("dppo_binary_kl", "binary_kl", "mu", 0.05, "DPPO: block when the binary KL(μ‖π) > bound")
 
 
 @register_rule
 def dppo_topk_tv() -> Rule:
-    """DPPO with the top-K total variation (Qi et al. 2026)."""
+    """DPPO with the top-K total variation (Qi et al. 2026): d = the TV over μ's top-K ids and the
+    rest bucket, which the caller computes (`topk_tv`, trustlens.divergence.topk_divergence); at
+    least the binary TV."""
     return _dppo("dppo_topk_tv", "topk_tv", "mu", 0.15, "DPPO: block when the top-K TV(μ, π) > bound")
 
 
 @register_rule
 def dppo_topk_kl() -> Rule:
-    """DPPO with the top-K KL (Qi et al. 2026)."""
+    """DPPO with the top-K KL (Qi et al. 2026): d = KL(μ‖π) over μ's top-K ids and the rest bucket
+    (`topk_kl`), nats; at least the binary KL."""
     return _dppo("dppo_topk_kl", "topk_kl", "mu", 0.05, "DPPO: block when the top-K KL(μ‖π) > bound")
 
 
