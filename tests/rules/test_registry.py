@@ -108,3 +108,14 @@ def test_every_weight_kind_has_its_weight_in_the_table():
     from trustlens.rules.loss import WEIGHTS
 
     assert set(WEIGHTS) == set(get_args(WeightKind))
+
+
+def test_rule_from_manifest_reads_old_entries_against_the_registry():
+    from trustlens.rules import rule_from_manifest
+
+    # an entry written before the manifest kept the measure: the registry's rule, its thresholds
+    assert rule_from_manifest("ppo", {"low": 0.1, "high": 0.3}) == RULES["ppo"].with_thresholds(0.1, 0.3)
+    entry = {k: v for k, v in RULES["gspo"].manifest_entry().items() if k != "description"}
+    assert rule_from_manifest("gspo", entry) == RULES["gspo"]  # the description from the registry
+    with pytest.raises(ValueError, match=r"'ppo' is not a built-in rule .*rules.rule_from_manifest"):
+        Rule.from_manifest("ppo", {"low": 0.1, "high": 0.3})  # without the registry's rule
