@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from typing import get_args
 
-from trustlens.rules import RULES, Rule
+from trustlens.rules import RULES, Level, rule_from_manifest
 
-LEVELS = ("token", "sequence", "batch")
+# The levels in the order the pickers show them: `Rule.level`'s.
+LEVELS: tuple[str, ...] = get_args(Level)
 
 
 def rule_level(rule: str, specs: Mapping[str, Mapping]) -> str:
@@ -18,7 +20,7 @@ def rule_level(rule: str, specs: Mapping[str, Mapping]) -> str:
     spec = specs.get(rule)
     with contextlib.suppress(ValueError, TypeError):
         if spec:
-            return Rule.from_manifest(rule, spec).level
+            return rule_from_manifest(rule, spec).level
     return RULES[rule].level if rule in RULES else "token"
 
 

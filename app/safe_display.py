@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import polars as pl
 import streamlit as st
 
-from trustlens.core.render import FORMULA_START, escape_markdown, visible_token
+from trustlens.core.render import csv_safe, escape_markdown, visible_token
 
 # Most rows a download holds: a browser download of millions of rows helps nobody.
 MAX_DOWNLOAD_ROWS = 1_000_000
@@ -59,21 +59,10 @@ def dataframe(df: pl.DataFrame, *, percent: Sequence[str] = (), **kwargs) -> Non
     st.dataframe(shown(df), column_config={**config, **kwargs.pop("column_config", {})}, **kwargs)
 
 
-def csv_safe(df: pl.DataFrame) -> pl.DataFrame:
-    """`df` with every text cell a spreadsheet would run as a formula (starting with =, +, -, @,
-    tab or CR) prefixed with an apostrophe, so it opens as text (trustlens.core.render.csv_cell)."""
-    text = [c for c, t in df.schema.items() if t in (pl.String, pl.Categorical)]
-    fixes = []
-    for c in text:
-        col = pl.col(c).cast(pl.String)
-        risky = pl.any_horizontal(col.str.starts_with(ch) for ch in FORMULA_START)
-        fixes.append(pl.when(risky).then(pl.lit("'") + col).otherwise(col).alias(c))
-    return df.with_columns(fixes) if fixes else df
-
-
 def download_buttons(rows: pl.LazyFrame, name: str, key: str) -> None:
     """CSV and Parquet download buttons for `rows` (at most MAX_DOWNLOAD_ROWS), built on click.
-    The CSV's text cells are neutralised against spreadsheet formulas (`csv_safe`)."""
+    The CSV's text cells are neutralised against spreadsheet formulas
+    (trustlens.core.render.csv_safe)."""
 
     def frame() -> pl.DataFrame:
         return rows.head(MAX_DOWNLOAD_ROWS).collect()

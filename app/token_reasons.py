@@ -10,7 +10,7 @@ import math
 import polars as pl
 from safe_display import number
 
-from trustlens.rules import Rule
+from trustlens.rules import rule_from_manifest
 from trustlens.run import blocked_column
 
 
@@ -20,9 +20,9 @@ def block_reasons(tokens: pl.DataFrame, rule: str, spec: dict, *, mu_recorded: b
     its advantage's sign selects (A > 0: high, A < 0: low) and that sign. A rule anchored on π_old
     in a run with μ compares quantities the token rows do not hold (their columns are against μ).
     An entry written before run.json kept the measure is completed from the registry, as every
-    analysis reads it (`Rule.from_manifest`)."""
+    analysis reads it (`rule_from_manifest`)."""
     with contextlib.suppress(ValueError):  # a custom rule recorded without its measure: the hover says more
-        spec = Rule.from_manifest(rule, spec).manifest_entry()
+        spec = rule_from_manifest(rule, spec).manifest_entry()
     measure = spec.get("measure")
     per_response = spec.get("statistic") is not None  # a sequence rule: `sequence_reasons` says why
     blocked = tokens.filter(pl.col(blocked_column(rule)))
@@ -57,12 +57,13 @@ def sequence_reasons(tokens: pl.DataFrame, specs: dict) -> pl.DataFrame:
     one response in one update): its statistic (trustlens.rules.sequence), the sequence ratio s
     from the response's recorded sums, the band [1 − low, 1 + high] and whether the rule blocked
     the whole response. Empty when the rows hold no per-response statistics."""
-    from trustlens.rules.sequence import sequence_log_ratio, statistic_columns
+    from trustlens.rules.columns import ColumnInputs
+    from trustlens.rules.sequence import statistic_columns
 
     rows = []
     for name, spec in specs.items():
         with contextlib.suppress(ValueError, TypeError):
-            rule = Rule.from_manifest(name, spec)
+            rule = rule_from_manifest(name, spec)
             column = blocked_column(name)
             reads = statistic_columns(rule)
             if rule.level != "sequence" or column not in tokens.columns or tokens.is_empty():
@@ -70,11 +71,7 @@ def sequence_reasons(tokens: pl.DataFrame, specs: dict) -> pl.DataFrame:
             if any(c not in tokens.columns or tokens[c][0] is None for c in reads):
                 continue
             first = tokens.row(0, named=True)
-
-            def stat(c: str, first: dict = first, reads: tuple = reads) -> float | None:
-                return float(first[c]) if c in reads else None
-
-            log_s = sequence_log_ratio(rule, stat("seq_logratio_mu"), stat("seq_logratio_old"), stat("seq_tokens"))
+            log_s = float(ColumnInputs(lambda c: tokens[c].head(1).to_numpy()).sequence_log_ratio(rule)[0])
             what = "geometric mean" if rule.statistic == "mean" else "product"
             ratio = "π_old/μ" if rule.policy == "old" else f"π/{'π_old' if rule.anchor == 'old' else 'μ'}"
             assert rule.low is not None and rule.high is not None  # a sequence rule blocks

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import polars as pl
 
-from trustlens.rules.corrections import CORRECTIONS as CORRECTION_RULES
+from trustlens.rules import CORRECTIONS as CORRECTION_RULES
 
 # the corrections of docs/rules.md beyond PPO and DPPO, each against DPPO binary TV (and, on the
 # collapse preset, pg_is: the same IS-weighted loss with no trust region)

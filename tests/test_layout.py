@@ -220,6 +220,7 @@ OLD_PATHS = [
     ("trustlens.rule_columns", "trustlens.rules.columns"),
     ("trustlens.runs", "trustlens.run"),
     ("trustlens.schema", "trustlens.run.schema"),
+    ("trustlens.rules.corrections", "trustlens.rules.registry"),
     ("trustlens.integrations._external", "trustlens.integrations._ray_hooks"),
     ("trustlens.integrations._trl_compat", "trustlens.integrations.trl.compat"),
     ("trustlens.integrations._trl_hook", "trustlens.integrations.trl.hook"),
@@ -258,3 +259,51 @@ def test_every_public_name_resolves():
 
     for name in trustlens.__all__:
         assert getattr(trustlens, name) is not None, name
+
+
+def _calls_and_assignments(path: Path) -> tuple[set[str], set[str]]:
+    """The names `path` calls (`f(...)`, `m.f(...)`, `@f` decorators) and the names it assigns at
+    any level (`X = ...`, `X: T = ...`, `X[k] = ...`, `X.update(...)`)."""
+    called: set[str] = set()
+    assigned: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+            called.add(name or "")
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.attr == "update":
+                assigned.add(func.value.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            called.update(d.id for d in node.decorator_list if isinstance(d, ast.Name))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                while isinstance(target, ast.Subscript):
+                    target = target.value
+                if isinstance(target, ast.Name):
+                    assigned.add(target.id)
+    return called, assigned
+
+
+def test_the_rule_registry_is_the_only_place_rules_are_listed():
+    # rules are built (`Rule(...)`), registered (`register_rule`) and `RULES` filled in
+    # trustlens/rules/registry.py alone: a new rule is one entry there
+    registry = PACKAGE / "rules" / "registry.py"
+    paths = [*PACKAGE.rglob("*.py"), *(REPO / "app").rglob("*.py")]
+    listing = {}
+    for path in paths:
+        called, assigned = _calls_and_assignments(path)
+        found = {n for n in ("Rule", "register_rule") if n in called} | ({"RULES"} & assigned)
+        if found:
+            listing[str(path.relative_to(REPO))] = found
+    assert listing == {str(registry.relative_to(REPO)): {"Rule", "register_rule", "RULES"}}
+
+
+def test_the_registry_lists_every_rule_once_with_its_paper():
+    import inspect
+
+    from trustlens.rules import registry
+
+    entries = {n: f for n, f in vars(registry).items() if inspect.isfunction(f) and n in registry.RULES}
+    assert list(entries) == list(registry.RULES)  # one entry per rule, named by it, in order
+    assert len(entries) == 22
+    assert {n for n, f in entries.items() if not (f.__doc__ or "").strip()} == set()

@@ -105,6 +105,7 @@ MOVED_MODULES = {
     "trustlens.integrations.engine_tokens": "trustlens.integrations.engines.tokens",
     # its trl_sampling, verl_sampling and openrlhf_sampling: each trainer's package's `sampling`
     "trustlens.integrations.engines_sampling": "trustlens.integrations.engines.sampling",
+    "trustlens.rules.corrections": "trustlens.rules.registry",
 }
 
 

@@ -10,6 +10,7 @@ from tiles import Tiles, count, decimal, percent, scope_of_steps
 
 from trustlens import plots
 from trustlens.rules import RULES
+from trustlens.run import blocked_column, rule_of_column
 from views.doctor_panel import doctor_panel
 
 ctx = need_tokens(context())
@@ -73,9 +74,9 @@ if active is not None and active in RULES and not RULES[active].blocks:
         scope=run_scope,
         help=f"{md(active)} masks no token: it reweights the update (docs/rules.md).",
     )
-elif active is not None and f"blocked_{active}" in summary.columns:
+elif active is not None and blocked_column(active) in summary.columns:
     denominator = float(live.sum())
-    frac = float((summary[f"blocked_{active}"].fill_null(0.0) * live).sum()) / denominator if denominator else None
+    frac = float((summary[blocked_column(active)].fill_null(0.0) * live).sum()) / denominator if denominator else None
     tiles.add(
         f"Blocked by {active}",
         percent(frac),
@@ -131,7 +132,7 @@ if accuracy:
 # draws those two only
 shown = shown_rules(ctx)
 chart(plots.blocked_per_step_lines(blocked, shown=shown), "ov_blocked", ctx=ctx)
-others = [c for c in signals.columns if c.startswith("blocked_") and c.removeprefix("blocked_") not in shown]
+others = [c for c in signals.columns if rule_of_column(c) is not None and rule_of_column(c) not in shown]
 left, right = st.columns(2)
 with left:
     chart(plots.collapse_timeline(signals.drop(others), alerts, panels=("entropy", "reward")), "ov_timeline", ctx=ctx)

@@ -218,3 +218,28 @@ def test_a_token_is_spelt_one_way():
     assert token_labels([" 59", " 59", "a b"]) == ["‹␣59›", "‹␣59› #2", "‹a␣b›"]
     markup = colored_tokens_html([" 59"], [1.0])
     assert ">␣59</span>" in markup and "#0  ␣59" in html.unescape(markup)
+
+
+def test_csv_safe_guards_every_text_column_of_every_caller():
+    import polars as pl
+
+    from trustlens.core.render import csv_safe
+
+    cells = ['=HYPERLINK("http://x")', "+1", "-2", "@SUM(A1)", "\tx", "\rx", "plain", None]
+    guarded = ["'" + c for c in cells[:6]] + ["plain", None]
+    df = pl.DataFrame({"s": cells, "n": list(range(8))}).with_columns(
+        pl.col("s").cast(pl.Categorical).alias("cat"),
+        pl.col("s").cast(pl.Enum(sorted({c for c in cells if c is not None}))).alias("enum"),
+    )
+    out = csv_safe(df)
+    for column in ("s", "cat", "enum"):  # the analyses' String, the dashboard's Categorical, an Enum
+        assert out[column].to_list() == guarded, column
+        assert out.schema[column] == pl.String
+    assert out["n"].to_list() == list(range(8))  # numbers stay numbers
+    assert csv_safe(pl.DataFrame({"n": [1]})).equals(pl.DataFrame({"n": [1]}))
+    text = out.write_csv()
+    assert "\n=" not in text and ",=" not in text
+    # one guard for every caller: the dashboard's downloads and the seed tables use this one
+    from trustlens.analysis import seeds
+
+    assert seeds.csv_safe is csv_safe

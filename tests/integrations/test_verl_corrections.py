@@ -1,4 +1,4 @@
-"""The corrections of trustlens.rules.corrections against verl 0.9's own implementations, on the same
+"""The corrections of trustlens.rules.registry against verl 0.9's own implementations, on the same
 inputs: GSPO, GMPO (geo_mean) and dual-clip PPO (vanilla) losses compared by their gradients with
 respect to log π (trustlens' loss value is not the surrogate's, only its gradient is meant), the
 tokens each gives no gradient, the rollout-correction rejection masks, IcePop's weights and the

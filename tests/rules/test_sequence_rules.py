@@ -1,4 +1,4 @@
-"""The corrections of trustlens.rules.corrections against float64 transcriptions of their papers'
+"""The corrections of trustlens.rules.registry against float64 transcriptions of their papers'
 formulas: the per-response decisions (GSPO, verl's rejection masks), and the gradients of GSPO,
 GMPO, dual-clip PPO and the sequence-level truncated IS weight."""
 

@@ -58,7 +58,7 @@ def with_rules(tokens: RunOrTokens, rules: Sequence[str], *, base: Mapping[str, 
         check_rule_entries("base", base)
     tokens = lazy_rows("with_rules", tokens)
     rules = check_names("rules", rules)
-    from trustlens.rules import Rule, get_rule
+    from trustlens.rules import Rule, get_rule, rule_from_manifest
     from trustlens.rules.columns import check_rule_columns, evaluate_columns
 
     names = tokens.collect_schema().names()
@@ -68,7 +68,7 @@ def with_rules(tokens: RunOrTokens, rules: Sequence[str], *, base: Mapping[str, 
         if blocked_column(name) in names:
             continue
         given = (base or {}).get(name)
-        rule = Rule.from_manifest(name, given) if isinstance(given, Mapping) and given else get_rule(name)
+        rule = rule_from_manifest(name, given) if isinstance(given, Mapping) and given else get_rule(name)
         cols = list(check_rule_columns(rule, names, mu=mu))
 
         def decide(batch: pl.Series, rule: Rule = rule) -> pl.Series:

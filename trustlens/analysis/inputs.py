@@ -20,7 +20,7 @@ from typing import TypeAlias
 import polars as pl
 
 from trustlens.core.values import check_keys, check_str
-from trustlens.rules import Rule
+from trustlens.rules import Rule, rule_from_manifest
 from trustlens.run.reader import RecordedRules, Run
 
 RunOrTokens: TypeAlias = Run | pl.LazyFrame
@@ -104,7 +104,7 @@ RULE_FIELDS = tuple(f.name for f in fields(Rule) if f.name != "name")
 
 def check_rule_entries(name: str, value: object) -> dict[str, Rule]:
     """{rule: entry} as a manifest records rules (`Run.rules`), or thresholds a caller gives in
-    its form ({"ppo": {"low": 0.1, "high": 0.3}}), as Rules (`Rule.from_manifest`): every key a
+    its form ({"ppo": {"low": 0.1, "high": 0.3}}), as Rules (`rule_from_manifest`): every key a
     rule name, every entry a mapping of RULE_FIELDS, an entry without a measure a built-in rule,
     thresholds finite and ≥ 0. Errors name `name` and the rule. A run's own record (`Run.rules`, a
     `RecordedRules`) is read leniently: unknown fields are ignored and an entry that cannot be
@@ -119,7 +119,7 @@ def check_rule_entries(name: str, value: object) -> dict[str, Rule]:
         check_str(f"{name} key", rule)
         if not recorded:
             check_keys(f"{name}[{rule!r}]", entry, RULE_FIELDS)
-            out[rule] = Rule.from_manifest(rule, entry)
+            out[rule] = rule_from_manifest(rule, entry)
             continue
         # a run's own record (`Run.rules`): read as any reader of a run reads it
         if not isinstance(entry, Mapping):
@@ -131,7 +131,7 @@ def check_rule_entries(name: str, value: object) -> dict[str, Rule]:
                 f"{name}: rule {rule!r} records fields this version does not know, ignored: {unknown}", stacklevel=3
             )
         try:
-            out[rule] = Rule.from_manifest(rule, {k: v for k, v in entry.items() if k in RULE_FIELDS})
+            out[rule] = rule_from_manifest(rule, {k: v for k, v in entry.items() if k in RULE_FIELDS})
         except ValueError as err:
             warnings.warn(f"{name}: rule {rule!r} left out: {err.args[0]}", stacklevel=3)
     return out

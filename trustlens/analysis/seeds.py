@@ -74,6 +74,7 @@ from trustlens.analysis.inputs import require_run
 from trustlens.analysis.mismatch import mismatch_per_step
 from trustlens.analysis.onset import collapse_onset, collapse_window, evaluations
 from trustlens.analysis.summary import exact_aggregates
+from trustlens.core.render import csv_safe  # the seed tables' CSV guard, re-exported
 from trustlens.core.values import check_columns, check_sequence, check_str, check_type
 from trustlens.run import blocked_column
 
@@ -357,17 +358,6 @@ def over_seeds(values: Iterable[float | None]) -> str:
     """ "mean ± se (n=k)" of `values` (`mean_se`, `format_mean_se`)."""
     mean, se, n = mean_se(values)
     return f"{format_mean_se(mean, se)} (n={n})"
-
-
-def csv_safe(table: pl.DataFrame) -> pl.DataFrame:
-    """String cells that a spreadsheet would run as a formula (starting with =, +, -, @, tab or
-    CR) prefixed with a single quote: run and rule names come from the run and are untrusted."""
-    risky = r"^[=+\-@\t\r]"
-    return table.with_columns(
-        pl.when(pl.col(c).str.contains(risky)).then(pl.lit("'") + pl.col(c)).otherwise(pl.col(c)).alias(c)
-        for c, t in table.schema.items()
-        if t == pl.String
-    )
 
 
 __all__ = [

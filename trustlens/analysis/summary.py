@@ -130,7 +130,10 @@ def step_summary(
         pl.col("step").cast(summary.schema["step"]),
         pl.col("tokens").cast(pl.Int64),
         pl.when(pl.col("tokens") > 0).then(pl.col("tokens_zero") / pl.col("tokens")).alias("zero_adv_frac"),
-        *(pl.when(pl.col(f"n_{r}") > 0).then(pl.col(f"k_{r}") / pl.col(f"n_{r}")).alias(f"blocked_{r}") for r in rules),
+        *(
+            pl.when(pl.col(f"n_{r}") > 0).then(pl.col(f"k_{r}") / pl.col(f"n_{r}")).alias(blocked_column(r))
+            for r in rules
+        ),
         *entropy,
     )
     joined = exact.join(summary, on="step", how="left")

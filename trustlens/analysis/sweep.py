@@ -32,7 +32,7 @@ from trustlens.analysis.buckets import (
 )
 from trustlens.analysis.inputs import RunOrTokens, check_rule_entries, lazy_rows
 from trustlens.core.values import check_int, check_names, check_numbers
-from trustlens.rules import Rule, get_rule
+from trustlens.rules import Rule, get_rule, rule_from_manifest
 from trustlens.rules.columns import check_rule_columns, evaluate_columns, not_redecidable
 from trustlens.run.reader import Run
 
@@ -68,7 +68,7 @@ def _resolve(names: Sequence[str], base: Mapping[str, Mapping] | None, *, skip: 
     for name in names:
         given = (base or {}).get(name)
         try:
-            out[name] = Rule.from_manifest(name, given) if isinstance(given, Mapping) and given else get_rule(name)
+            out[name] = rule_from_manifest(name, given) if isinstance(given, Mapping) and given else get_rule(name)
         except (KeyError, ValueError) as err:
             if not skip:
                 raise

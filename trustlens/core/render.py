@@ -20,6 +20,10 @@ import string
 import unicodedata
 import zlib
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import polars as pl
 
 # Colours of the diverging scale: value above the centre → POSITIVE, below → NEGATIVE.
 POSITIVE_RGB = (33, 102, 172)
@@ -109,6 +113,23 @@ def quoted_token(text: str | None) -> str:
 def visible_token(text: str | None) -> str | None:
     """A token's text for a table cell (`token_text`); None stays None (a missing value)."""
     return None if text is None else token_text(text)
+
+
+def csv_safe(table: pl.DataFrame) -> pl.DataFrame:
+    """`table` with every text cell a spreadsheet would run as a formula (`csv_cell`: starting
+    with =, +, -, @, tab or CR) prefixed with an apostrophe, so that it opens as text: the one
+    guard of every CSV trustlens writes (the dashboard's downloads, `train compare`'s tables).
+    Text columns are String, Categorical and Enum (written as String); other columns and nulls
+    are unchanged. Token text, run and rule names come from runs and are untrusted."""
+    import polars as pl
+
+    fixes = []
+    for name, dtype in table.schema.items():
+        if dtype == pl.String or isinstance(dtype, (pl.Categorical, pl.Enum)):
+            text = pl.col(name).cast(pl.String)
+            risky = pl.any_horizontal(text.str.starts_with(start) for start in FORMULA_START)
+            fixes.append(pl.when(risky).then(pl.lit("'") + text).otherwise(text).alias(name))
+    return table.with_columns(fixes) if fixes else table
 
 
 def csv_cell(text: str | None) -> str | None:

@@ -16,6 +16,7 @@ from plotly.subplots import make_subplots
 from trustlens.core.render import rule_colours
 from trustlens.plots.common import MAX_POINTS, drawn, empty, legend_below, safe_text, thin, token_labels
 from trustlens.plots.numbers import RATE_FORMAT, plain_figure
+from trustlens.run import blocked_column
 
 _SIDE_DASH = {"upper": "solid", "lower": "dash"}
 
@@ -37,7 +38,7 @@ def _density_trace(density: pl.DataFrame, *, log_y: bool, rule: str | None, show
     xs, ys = density["x_bin"].to_numpy(), density["y_bin"].to_numpy()
     counts = density["count"].to_numpy().astype(float)
     z[ys, xs] = np.log10(counts)
-    col = f"blocked_{rule}" if rule else None
+    col = blocked_column(rule) if rule else None
     if col and col in density.columns:
         base = density["count_nonzero"].to_numpy().astype(float) if "count_nonzero" in density.columns else counts
         with np.errstate(divide="ignore", invalid="ignore"):

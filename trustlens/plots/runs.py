@@ -22,6 +22,7 @@ from trustlens.plots.common import (
     thin,
 )
 from trustlens.plots.numbers import RATE_FORMAT, plain_figure
+from trustlens.run import rule_of_column
 
 TIMELINE_SIGNALS = ("entropy", "k3_kl", "reward", "accuracy", "grad_norm")
 # collapse_timeline: the height of one panel, and the gap above each panel (its title's room), px
@@ -59,7 +60,7 @@ def collapse_timeline(
     spaced so that each one's title clears the tick labels of the panel above."""
     if signals.is_empty():
         return empty(title, "no steps")
-    blocked = [c for c in signals.columns if c.startswith("blocked_")]
+    blocked = [c for c in signals.columns if rule_of_column(c) is not None]
     present = [p for p in panels if p in signals.columns and signals[p].drop_nulls().len() > 0]
     rows = present + (["blocked"] if blocked else [])
     height = PANEL_PX * len(rows) + 120
@@ -84,10 +85,10 @@ def collapse_timeline(
             col=1,
         )
     if blocked:
-        colours = rule_colours([c.removeprefix("blocked_") for c in blocked])
+        colours = rule_colours([str(rule_of_column(c)) for c in blocked])
         df = thin(signals.select("step", *blocked), max_points=max_points)
         for c in blocked:
-            rule = c.removeprefix("blocked_")
+            rule = str(rule_of_column(c))
             row_of[c] = len(rows)
             fig.add_trace(
                 go.Scatter(

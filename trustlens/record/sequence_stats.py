@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from trustlens.rules import sequence
+
 
 def sequence_statistics(
     sample: np.ndarray,  # (N,) int64 sample id of each row
@@ -18,23 +20,20 @@ def sequence_statistics(
     anchor_logp: np.ndarray,  # (N,) log μ(a_t), or log π_old(a_t) in a call without μ
     old_logp: np.ndarray | None,  # (N,) log π_old(a_t); None when not given
 ) -> dict[str, np.ndarray | None]:
-    """{"seq_logratio_mu", "seq_logratio_old", "seq_tokens"}: each row's response's Σ log(π/anchor),
-    Σ log(π/π_old) (None without π_old), float64 sums over the float32 values the run stores (so that
-    a decision from the stored columns equals the recorder's), and its token count (int32).
-    A token where both log-probs are −inf makes its response's sum NaN; one −inf makes it ±inf."""
+    """{"seq_logratio_mu", "seq_logratio_old", "seq_tokens"} of each row's response
+    (trustlens.rules.sequence.sequence_statistics): float64 sums over the float32 values the run
+    stores (so that a decision from the stored columns equals the recorder's), None without π_old,
+    and the token count (int32)."""
     _, inverse, counts = np.unique(sample, return_inverse=True, return_counts=True)
-    stored_pi = pi_logp.astype(np.float32).astype(np.float64)
 
-    def total(anchor: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore"):  # −inf − (−inf) = NaN: a response no policy can produce
-            diff = stored_pi - anchor.astype(np.float32).astype(np.float64)
-            return np.bincount(inverse, weights=diff, minlength=len(counts))[inverse]
+    def stored(logp: np.ndarray | None) -> np.ndarray | None:
+        return None if logp is None else logp.astype(np.float32).astype(np.float64)
 
-    return {
-        "seq_logratio_mu": total(anchor_logp),
-        "seq_logratio_old": None if old_logp is None else total(old_logp),
-        "seq_tokens": counts[inverse].astype(np.int32),
-    }
+    def over_response(values: np.ndarray) -> np.ndarray:
+        return np.bincount(inverse, weights=values, minlength=len(counts))[inverse]
+
+    tokens = counts[inverse].astype(np.int32)
+    return sequence.sequence_statistics(stored(pi_logp), stored(anchor_logp), stored(old_logp), over_response, tokens)
 
 
 __all__ = ["sequence_statistics"]

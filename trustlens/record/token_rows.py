@@ -272,7 +272,7 @@ def finish_rows(
     batch: TokenBatch, rules: list[Rule], evaluable: list[Rule], keep: Keep | None, rank: int
 ) -> TokenBatch:
     """`batch` (from `take_rows`) as the run stores it, with numpy: the decision of every
-    evaluable rule the caller did not decide (`rule_columns.decide_columns`, in the inputs' dtype; a
+    evaluable rule the caller did not decide (`trustlens.rules.columns.decide_columns`, in the inputs' dtype; a
     μ-anchored rule anchors on π_old when μ is not given), the ratio π/anchor and binary TV and
     KL derived from the float32 log-probs (`logspace.derived_columns`, as the reader derives
     them for sampled runs), every float column float32, and each response's statistics

@@ -15,17 +15,11 @@ import polars as pl
 
 from trustlens.core.logspace import LOGP_TOLERANCE
 from trustlens.rules.batch import select
-from trustlens.rules.decision import (
-    Rule,
-    RuleSpec,
-    _distance,
-    _eps,
-    decide,
-    decide_sequence,
-    get_rule,
-    resolve_rules,
-)
-from trustlens.rules.sequence import SEQUENCE_COLUMNS, sequence_log_ratio, statistic_columns
+from trustlens.rules.decision import RuleInputs, _eps
+from trustlens.rules.registry import get_rule
+from trustlens.rules.resolve import RuleSpec, resolve_rules
+from trustlens.rules.rule import Anchor, Rule
+from trustlens.rules.sequence import SEQUENCE_COLUMNS, statistic_columns
 
 # The run's column each input of a token rule is read from; the μ anchor's column is a parameter.
 _COLUMN_OF = {"old_logp": "old_logp", "topk_tv": "topk_tv", "topk_kl": "topk_kl"}
@@ -122,6 +116,51 @@ def evaluate_columns(
     return pl.DataFrame(out, height=frame.height) if out else pl.DataFrame(height=frame.height)
 
 
+class ColumnInputs(RuleInputs):
+    """The inputs of the rules on the numpy columns of a recorded run (`RuleInputs`, numpy):
+    `column(name)` returns the run column `name` (pi_logp, advantage, old_logp, topk_tv, topk_kl,
+    the per-response statistics of a sequence rule; μ from the column `mu`), read only where a
+    rule reads it. eps: as in `logspace.binary_kl`. `distances`, keyed (measure, anchor column,
+    policy), may hold some already computed (the recorder hands in the binary TV and KL it
+    stores). A batch rule (trustlens.rules.batch) takes the rows as the whole batch, in row-major
+    (b, t) order, and `seed`, the batch's (step, update), seeds Clip-Cov's draw."""
+
+    def __init__(
+        self,
+        column: Callable[[str], np.ndarray],
+        mu: str = "mu_logp",
+        distances: dict[tuple[str, str, str], np.ndarray] | None = None,
+        eps: float = float(np.finfo(np.float32).eps),
+        seed: tuple[int, int] = (0, 0),
+    ) -> None:
+        self.xp, self.column, self.mu, self.eps, self.seed = np, column, mu, eps, seed
+        self.distances = {} if distances is None else distances
+
+    # read when a rule reads them: the dashboard's rows of one response may hold no pi_logp
+    pi_logp = property(lambda self: self.column("pi_logp"))
+    advantages = property(lambda self: self.column("advantage"))
+
+    def anchor_key(self, anchor: Anchor) -> str:
+        return self.mu if anchor == "mu" else "old_logp"
+
+    def anchor_logp(self, anchor: Anchor) -> np.ndarray:
+        return self.column(self.anchor_key(anchor))
+
+    def divergence(self, measure: str) -> np.ndarray:
+        return self.column(measure)
+
+    def statistic(self, name: str) -> np.ndarray:
+        return self.column(name).astype(np.float64)
+
+    def blocked(self, rule: Rule) -> np.ndarray:
+        with np.errstate(all="ignore"):  # log(0) = −inf and inf − inf = NaN are handled in the math
+            return super().blocked(rule)
+
+    def batch_selection(self, rule: Rule, clipped: np.ndarray | None) -> np.ndarray:
+        pick = select(rule, self.pi_logp.astype(np.float64), self.advantages.astype(np.float64), clipped, self.seed)
+        return pick if clipped is None else pick | clipped
+
+
 def decide_columns(
     rule: Rule,
     column: Callable[[str], np.ndarray],
@@ -130,47 +169,8 @@ def decide_columns(
     eps: float,
     seed: tuple[int, int] = (0, 0),
 ) -> np.ndarray:
-    """`decide` for `rule` on numpy columns: `column(name)` returns the run column `name`
-    (pi_logp, advantage, old_logp, topk_tv, topk_kl, the per-response statistics of a sequence
-    rule; μ from the column `mu`).
-    Each computed distance is kept in `distances`, keyed (measure, anchor column, policy), so that rules
-    sharing it compute it once; the caller may hand some in already computed (the recorder hands
-    in the binary TV and KL it stores). eps: as in `_logspace.binary_kl`. A batch rule
-    (trustlens.rules.batch) takes the rows as the whole batch, in row-major (b, t) order, and
-    `seed`, the batch's (step, update), seeds Clip-Cov's draw."""
-    pi = column("pi_logp")
-    if not rule.blocks:
-        return decide(rule, None, pi, None, None)
-    if rule.level == "sequence":
-        reads = statistic_columns(rule)
-
-        def stat(name: str) -> np.ndarray | None:
-            return column(name).astype(np.float64) if name in reads else None
-
-        with np.errstate(all="ignore"):  # inf − inf = NaN blocks nothing
-            log_s = sequence_log_ratio(rule, stat("seq_logratio_mu"), stat("seq_logratio_old"), stat("seq_tokens"))
-            return decide_sequence(rule, log_s, column("advantage"), np)
-    if rule.level == "batch":
-        clipped = None
-        if rule.cov == "clip":
-            with np.errstate(all="ignore"):
-                d = _distance("ratio", pi, column("old_logp"), eps, np)
-                clipped = decide(rule, d, pi, column("old_logp"), column("advantage"))
-        pick = select(rule, pi.astype(np.float64), column("advantage").astype(np.float64), clipped, seed)
-        return pick if clipped is None else pick | clipped
-    anchor_name = mu if rule.anchor == "mu" else "old_logp"
-    anchor = column(anchor_name)
-    num = pi if rule.policy == "pi" else column("old_logp")
-    if rule.measure in ("topk_tv", "topk_kl"):
-        d = column(str(rule.measure))
-    else:
-        key = (str(rule.measure), anchor_name, rule.policy)
-        if key not in distances:
-            with np.errstate(all="ignore"):  # log(0) = −inf and inf − inf = NaN are handled in the math
-                distances[key] = _distance(key[0], num, anchor, eps, np)
-        d = distances[key]
-    with np.errstate(invalid="ignore"):
-        return decide(rule, d, num, anchor, column("advantage"))
+    """`decide` for `rule` on numpy columns: `ColumnInputs(column, mu, distances, eps, seed).blocked(rule)`."""
+    return ColumnInputs(column, mu, distances, eps, seed).blocked(rule)
 
 
 def _check_column(name: str, values: np.ndarray, valid: np.ndarray) -> None:
@@ -195,4 +195,11 @@ def _check_column(name: str, values: np.ndarray, valid: np.ndarray) -> None:
         raise ValueError(f"column {name!r} holds {what} at row {row}: {values[row]!r}")
 
 
-__all__ = ["check_rule_columns", "decide_columns", "evaluate_columns", "not_redecidable", "rule_columns"]
+__all__ = [
+    "ColumnInputs",
+    "check_rule_columns",
+    "decide_columns",
+    "evaluate_columns",
+    "not_redecidable",
+    "rule_columns",
+]

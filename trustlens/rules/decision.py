@@ -37,8 +37,10 @@ torch needed, what the analyses and the dashboard call). This module imports no 
 evaluated counterfactually: the inputs only describe the tokens, not the rule they were trained
 under.
 
-Every name is importable from trustlens.rules; `Rule`, `RULES`, `get_rule` and `resolve_rules` are
-defined in trustlens.rules.registry, the decision and its evaluation on tensors here.
+Every name is importable from trustlens.rules: `Rule` is defined in trustlens.rules.rule, `RULES`
+and `get_rule` in trustlens.rules.registry, `resolve_rules` in trustlens.rules.resolve; the
+decision, its dispatch over a rule's level (`RuleInputs.blocked`, for torch and numpy) and its
+evaluation on tensors here.
 """
 
 from __future__ import annotations
@@ -51,28 +53,15 @@ import numpy as np
 
 from trustlens.core import logspace
 from trustlens.rules.batch import batch_seed, select
-from trustlens.rules.registry import RULES, Anchor, Measure, Rule, RuleSpec, WeightKind, get_rule, resolve_rules
-from trustlens.rules.sequence import sequence_log_ratio
+from trustlens.rules.registry import get_rule
+from trustlens.rules.resolve import RuleSpec, resolve_rules
+from trustlens.rules.rule import Anchor, Rule
+from trustlens.rules.sequence import sequence_log_ratio, sequence_statistics
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "RULES",
-    "Anchor",
-    "Measure",
-    "Rule",
-    "RuleSpec",
-    "TokenInputs",
-    "WeightKind",
-    "decide",
-    "decide_sequence",
-    "evaluate",
-    "evaluate_all",
-    "get_rule",
-    "require_inputs",
-    "resolve_rules",
-]
+__all__ = ["RuleInputs", "TokenInputs", "decide", "decide_sequence", "evaluate", "evaluate_all", "require_inputs"]
 
 # what each optional input of `evaluate` holds, for error messages
 _INPUT_DOCS = {
@@ -123,10 +112,81 @@ def _distance(measure: str, pi_logp: Any, anchor_logp: Any, eps: float, xp: Any)
     return logspace.binary_kl(pi_logp, anchor_logp, eps, xp)
 
 
-class TokenInputs:
+class RuleInputs:
+    """The per-token inputs of the rules in one array namespace, and the one dispatch over a
+    rule's level (`blocked`: token, sequence or batch), shared by torch (`TokenInputs`) and numpy
+    (`trustlens.rules.columns.ColumnInputs`). Each computed distance is kept in `distances`, so
+    that rules sharing it compute it once. A subclass sets the attributes and reads its inputs in
+    `anchor_logp`, `divergence`, `statistic` and `batch_selection`."""
+
+    xp: Any  # the array namespace: torch or numpy
+    eps: float  # binary_kl's reading of log π = 0 as 1 − π = eps/2 (see logspace.binary_kl)
+    pi_logp: Any  # log π(a_t) per token
+    advantages: Any  # A per token
+    distances: dict[tuple[str, str, str], Any]  # d per token by (measure, anchor key, policy)
+
+    def anchor_logp(self, anchor: Anchor) -> Any:
+        """log anchor(a_t) per token: log μ(a_t) or log π_old(a_t)."""
+        raise NotImplementedError
+
+    def anchor_key(self, anchor: Anchor) -> str:
+        """What keys the distances from `anchor` in `distances`."""
+        return anchor
+
+    def divergence(self, measure: str) -> Any:
+        """The given top-K divergence ("topk_tv" or "topk_kl") per token."""
+        raise NotImplementedError
+
+    def statistic(self, name: str) -> Any:
+        """The per-response statistic `name` (trustlens.rules.sequence.SEQUENCE_COLUMNS), float64."""
+        raise NotImplementedError
+
+    def batch_selection(self, rule: Rule, clipped: Any | None) -> Any:
+        """A batch rule's selection (trustlens.rules.batch) per token, with the tokens `clipped`
+        (Clip-Cov's PPO clip; None for KL-Cov) blocked too."""
+        raise NotImplementedError
+
+    def policy_logp(self, rule: Rule) -> Any:
+        """The numerator of the rule's ratio per token: log π, or log π_old (policy "old")."""
+        return self.pi_logp if rule.policy == "pi" else self.anchor_logp("old")
+
+    def distance(self, rule: Rule) -> Any:
+        """d(policy, anchor) of `rule` per token."""
+        if rule.measure in ("topk_tv", "topk_kl"):
+            return self.divergence(rule.measure)
+        key = (str(rule.measure), self.anchor_key(rule.anchor), rule.policy)
+        if key not in self.distances:
+            num, anchor = self.policy_logp(rule), self.anchor_logp(rule.anchor)
+            self.distances[key] = _distance(key[0], num, anchor, self.eps, self.xp)
+        return self.distances[key]
+
+    def sequence_log_ratio(self, rule: Rule) -> Any:
+        """log s of a sequence rule per row (trustlens.rules.sequence), float64."""
+        return sequence_log_ratio(rule, self.statistic)
+
+    def blocked(self, rule: Rule) -> Any:
+        """The bool mask of the tokens `rule` blocks (True = no gradient): `decide` on the token's
+        distance (token rules), on its response's sequence ratio (sequence rules), or the batch
+        rule's selection."""
+        if not rule.blocks:
+            return decide(rule, None, self.pi_logp, None, None)
+        if rule.level == "sequence":
+            return decide_sequence(rule, self.sequence_log_ratio(rule), self.advantages, self.xp)
+        if rule.level == "batch":
+            return self.batch_selection(rule, self.token_blocked(rule) if rule.cov == "clip" else None)
+        return self.token_blocked(rule)
+
+    def token_blocked(self, rule: Rule) -> Any:
+        """`decide` on the rule's distance of each token from its anchor."""
+        num, anchor = self.policy_logp(rule), self.anchor_logp(rule.anchor)
+        return decide(rule, self.distance(rule), num, anchor, self.advantages)
+
+
+class TokenInputs(RuleInputs):
     """The per-token inputs of the rules on torch tensors, checked once: upcast to float32+,
     detached, advantages broadcast to the token shape. Caches the quantities several rules share
-    (the distance of π from each anchor), so that evaluating many rules costs each once."""
+    (the distance of π from each anchor, the per-response statistics), so that evaluating many
+    rules costs each once."""
 
     def __init__(
         self,
@@ -159,8 +219,8 @@ class TokenInputs:
             topk_tv=topk_tv,
             topk_kl=topk_kl,
         )
+        self.xp = torch
         self.pi_logp = check_logp("pi_logp", pi_logp).detach()
-        # binary_kl reads log π = 0 as 1 − π = eps/2 of the (upcast) dtype: see logspace.binary_kl
         self.eps = _eps(self.pi_logp.dtype == torch.float64)
         self.mu_logp = check_logp("mu_logp", mu_logp).detach()
         self.old_logp = None if old_logp is None else check_logp("old_logp", old_logp).detach()
@@ -179,8 +239,8 @@ class TokenInputs:
                 raise ValueError(f"pi_logp must have shape (B, T) with response_mask, got {tuple(self.pi_logp.shape)}")
             self.response_mask = check_mask("response_mask", response_mask, self.pi_logp)
         self.seed = batch_seed(*seed)
-        self._cache: dict[tuple[str, str, str], torch.Tensor] = {}
-        self._sums: dict[str, torch.Tensor] = {}
+        self.distances = {}
+        self._sums: dict[str, torch.Tensor | None] = {}
 
     def require(self, rule: Rule) -> None:
         """ValueError naming the rule and the argument when an input `rule` needs is missing."""
@@ -192,71 +252,47 @@ class TokenInputs:
         assert out is not None  # `require` checked it
         return out
 
-    def policy_logp(self, rule: Rule) -> torch.Tensor:
-        """The numerator of the rule's ratio per token: log π, or log π_old (policy "old")."""
-        return self.pi_logp if rule.policy == "pi" else self.anchor_logp("old")
+    def divergence(self, measure: str) -> torch.Tensor:
+        given = self.given[measure]
+        assert given is not None  # `require` checked it
+        return given
 
-    def distance(self, rule: Rule) -> torch.Tensor:
-        """d(policy, anchor) of `rule` per token."""
-        if rule.measure in ("topk_tv", "topk_kl"):
-            given = self.given[rule.measure]
-            assert given is not None  # `require` checked it
-            return given
-        key = (str(rule.measure), rule.anchor, rule.policy)
-        if key not in self._cache:
-            import torch
-
-            num, anchor = self.policy_logp(rule), self.anchor_logp(rule.anchor)
-            self._cache[key] = _distance(key[0], num, anchor, self.eps, torch)
-        return self._cache[key]
-
-    def sequence_sums(self) -> dict[str, torch.Tensor]:
+    def sequence_sums(self) -> dict[str, torch.Tensor | None]:
         """The per-response statistics of trustlens.rules.sequence as (B, 1) float64 tensors:
-        seq_logratio_mu, seq_logratio_old (when π_old is given), seq_tokens."""
+        seq_logratio_mu, seq_logratio_old (None without π_old), seq_tokens."""
         if not self._sums:
             import torch
 
             mask = self.response_mask
             assert mask is not None  # `require` checked it
-            pi = self.pi_logp.double()
 
-            def total(anchor: torch.Tensor) -> torch.Tensor:
-                diff = torch.where(mask, pi - anchor.double(), torch.zeros_like(pi))
-                return diff.sum(dim=1, keepdim=True)
+            def over_response(values: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, 1)
+                return torch.where(mask, values, torch.zeros_like(values)).sum(dim=1, keepdim=True)
 
-            self._sums["seq_logratio_mu"] = total(self.mu_logp)
-            if self.old_logp is not None:
-                self._sums["seq_logratio_old"] = total(self.old_logp)
-            self._sums["seq_tokens"] = mask.sum(dim=1, keepdim=True).double()
+            old = None if self.old_logp is None else self.old_logp.double()
+            tokens = mask.sum(dim=1, keepdim=True).double()
+            self._sums = sequence_statistics(self.pi_logp.double(), self.mu_logp.double(), old, over_response, tokens)
         return self._sums
+
+    def statistic(self, name: str) -> torch.Tensor:
+        value = self.sequence_sums()[name]
+        assert value is not None  # `require` checked old_logp for the rules that read it
+        return value
 
     def sequence_log_ratio(self, rule: Rule) -> torch.Tensor:
         """log s of `rule` (trustlens.rules.sequence), float64, broadcast to the token shape."""
-        sums = self.sequence_sums()
-        log_s = sequence_log_ratio(rule, sums["seq_logratio_mu"], sums.get("seq_logratio_old"), sums["seq_tokens"])
-        return log_s.expand_as(self.pi_logp)
+        return super().sequence_log_ratio(rule).expand_as(self.pi_logp)
 
     def blocked(self, rule: Rule) -> torch.Tensor:
-        """The bool mask of tokens `rule` blocks (True = no gradient), token shape."""
+        """The bool mask of tokens `rule` blocks (True = no gradient), token shape; ValueError
+        for an input the rule needs that is missing."""
         self.require(rule)
-        if not rule.blocks:
-            return decide(rule, None, self.pi_logp, None, None)
-        if rule.level == "sequence":
-            import torch
+        return super().blocked(rule)
 
-            return decide_sequence(rule, self.sequence_log_ratio(rule), self.advantages, torch)
-        if rule.level == "batch":
-            return self.batch_selected(rule)
-        return decide(rule, self.distance(rule), self.policy_logp(rule), self.anchor_logp(rule.anchor), self.advantages)
-
-    def batch_selected(self, rule: Rule) -> torch.Tensor:
-        """A batch rule's selection (trustlens.rules.batch) over the response tokens, token shape;
-        Clip-Cov's also holds the tokens its PPO clip blocks."""
+    def batch_selection(self, rule: Rule, clipped: torch.Tensor | None) -> torch.Tensor:
+        """The selection over the response tokens, token shape."""
         mask = self.response_mask
         assert mask is not None  # `require` checked it
-        clipped = None
-        if rule.cov == "clip":
-            clipped = decide(rule, self.distance(rule), self.pi_logp, self.anchor_logp("old"), self.advantages)
         pick = select(
             rule,
             self.pi_logp[mask].double().cpu().numpy(),

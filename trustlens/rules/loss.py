@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from trustlens.core.checks import upcast
 from trustlens.core.torch_import import torch
-from trustlens.rules import Rule, TokenInputs, get_rule
+from trustlens.rules import Rule, TokenInputs, WeightKind, get_rule
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 
@@ -60,27 +61,56 @@ class PolicyLoss:
     zero_frac: torch.Tensor  # share of the valid tokens with A = 0 (no gradient, never blocked)
 
 
-def _weight(rule: Rule, x: TokenInputs, clip_ratio_c: float) -> torch.Tensor:
-    """The rule's weight w per token, from log-ratios clamped before exp (no overflow)."""
-    mu = x.mu_logp
-    if rule.weight == "cispo":
-        assert rule.high is not None  # Rule requires it for the cispo weight
-        return _capped_exp(x.pi_logp - mu, math.log1p(rule.high))
-    log_c = math.log(clip_ratio_c)
-    if rule.weight in ("tis", "seq_tis"):
-        old = x.anchor_logp("old")
-        assert rule.tis_cap is not None  # Rule requires it for the tis weights
-        if rule.weight == "tis":
-            log_is = old - mu
-        else:
-            sums = x.sequence_sums()  # Σ_y log(π_old/μ) = Σ log(π/μ) − Σ log(π/π_old), (B, 1)
-            log_is = (sums["seq_logratio_mu"] - sums["seq_logratio_old"]).to(old.dtype).expand_as(old)
-        return _capped_exp(x.pi_logp - old, log_c) * _capped_exp(log_is, math.log(rule.tis_cap))
-    if rule.weight == "seq_ratio":
-        return _capped_exp(x.sequence_log_ratio(rule).to(x.pi_logp.dtype), log_c)
-    if rule.weight == "geo_mean":
-        return _capped_exp(_geo_mean_log_ratio(rule, x), log_c)
-    return _capped_exp(x.pi_logp - mu, log_c)
+def _ratio_weight(rule: Rule, x: TokenInputs, log_c: float) -> torch.Tensor:
+    """The default weight w = min(π/μ, C)."""
+    return _capped_exp(x.pi_logp - x.mu_logp, log_c)
+
+
+def _cispo_weight(rule: Rule, x: TokenInputs, log_c: float) -> torch.Tensor:
+    """CISPO's w = min(π/μ, 1 + high)."""
+    assert rule.high is not None  # Rule requires it for the cispo weight
+    return _capped_exp(x.pi_logp - x.mu_logp, math.log1p(rule.high))
+
+
+def _tis_weight(rule: Rule, x: TokenInputs, log_c: float) -> torch.Tensor:
+    """grpo_tis's w = min(π/π_old, C)·min(π_old/μ, C_tis)."""
+    old = x.anchor_logp("old")
+    return _truncated_is(rule, x, log_c, old - x.mu_logp)
+
+
+def _seq_tis_weight(rule: Rule, x: TokenInputs, log_c: float) -> torch.Tensor:
+    """grpo_seq_tis's w = min(π/π_old, C)·min(Π_y π_old/μ, C_tis)."""
+    old = x.anchor_logp("old")
+    log_is = x.statistic("seq_logratio_mu") - x.statistic("seq_logratio_old")  # Σ_y log(π_old/μ), (B, 1)
+    return _truncated_is(rule, x, log_c, log_is.to(old.dtype).expand_as(old))
+
+
+def _truncated_is(rule: Rule, x: TokenInputs, log_c: float, log_is: torch.Tensor) -> torch.Tensor:
+    """min(π/π_old, C)·min(exp(log_is), C_tis)."""
+    assert rule.tis_cap is not None  # Rule requires it for the tis weights
+    return _capped_exp(x.pi_logp - x.anchor_logp("old"), log_c) * _capped_exp(log_is, math.log(rule.tis_cap))
+
+
+def _seq_ratio_weight(rule: Rule, x: TokenInputs, log_c: float) -> torch.Tensor:
+    """GSPO's w = min(s, C), s the rule's sequence ratio."""
+    return _capped_exp(x.sequence_log_ratio(rule).to(x.pi_logp.dtype), log_c)
+
+
+def _geo_mean_weight(rule: Rule, x: TokenInputs, log_c: float) -> torch.Tensor:
+    """GMPO's w = min(exp((1/|y|) Σ_y clip_A(log π/π_old)), C)."""
+    return _capped_exp(_geo_mean_log_ratio(rule, x), log_c)
+
+
+# The weight w of each weight kind (module docstring): (rule, inputs, log C) -> (B, T), from
+# log-ratios clamped before exp (no overflow).
+WEIGHTS: dict[WeightKind, Callable[[Rule, TokenInputs, float], torch.Tensor]] = {
+    "ratio": _ratio_weight,
+    "cispo": _cispo_weight,
+    "tis": _tis_weight,
+    "seq_tis": _seq_tis_weight,
+    "seq_ratio": _seq_ratio_weight,
+    "geo_mean": _geo_mean_weight,
+}
 
 
 def _geo_mean_log_ratio(rule: Rule, x: TokenInputs) -> torch.Tensor:
@@ -156,7 +186,7 @@ def policy_loss(
     mask = x.response_mask
     assert mask is not None  # given above
     blocked = x.blocked(rule) & mask
-    weight = _weight(rule, x, clip_ratio_c)
+    weight = WEIGHTS[rule.weight](rule, x, math.log(clip_ratio_c))
     penalised = rule.cov == "kl"  # KL-Cov's marked tokens keep their gradient and add a penalty
     coef = -(x.advantages * weight * (mask & ~(blocked & ~penalised)).to(pi.dtype))  # (B, T), detached
     if penalised:

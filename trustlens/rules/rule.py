@@ -1,7 +1,6 @@
 """`Rule`, one trust-region rule of docs/rules.md: its thresholds, anchor, distance, level and loss
-weight, validated when built, and its manifest form. The built-in rules are in
-trustlens.rules.registry (token rules) and trustlens.rules.corrections (the corrections that
-decide per token, per response or with a dual clip). Imports no torch.
+weight, validated when built, and its manifest form. The built-in rules are registered in
+trustlens.rules.registry, the one place rules are listed. Imports no torch.
 """
 
 from __future__ import annotations
@@ -29,6 +28,9 @@ Policy = Literal["pi", "old"]
 # gradient for a seeded random share of the tokens with cov in (cov_low, cov_high)) or "kl"
 # (KL-Cov: a KL penalty on the top share of the tokens by cov).
 Covariance = Literal["clip", "kl"]
+# A rule's level (`Rule.level`): it decides per token, per response (a statistic), or over the
+# batch (a covariance selection).
+Level = Literal["token", "sequence", "batch"]
 # The measures that are total variations, in [0, 1]: their thresholds are at most 1.
 TV_MEASURES = ("binary_tv", "topk_tv")
 # The loss weights computed per response: they need the response mask (trustlens.rules.sequence).
@@ -180,7 +182,7 @@ class Rule:
         return self.measure is not None or self.cov is not None
 
     @property
-    def level(self) -> Literal["token", "sequence", "batch"]:
+    def level(self) -> Level:
         """The rule's level: "batch" when it selects tokens by their covariance over the batch,
         "sequence" when it decides per response from a statistic, else "token"."""
         if self.cov is not None:
@@ -225,21 +227,22 @@ class Rule:
         return entry | {k: getattr(self, k) for k, default in optional.items() if getattr(self, k) != default}
 
     @classmethod
-    def from_manifest(cls, name: str, entry: Mapping[str, Any]) -> Rule:
+    def from_manifest(cls, name: str, entry: Mapping[str, Any], builtin: Rule | None = None) -> Rule:
         """The rule `name` as a manifest entry records it ({low, high, anchor, measure, ...}), so
-        that a custom rule a run evaluated can be evaluated again without its code. An entry
-        without "measure" (written before it was recorded) takes the registry rule of that name
-        with the entry's thresholds; ValueError when there is none."""
+        that a custom rule a run evaluated can be evaluated again without its code. `builtin`: the
+        registry's rule of that name, if any (`trustlens.rules.rule_from_manifest` passes it): an
+        entry without "measure" (written before it was recorded) takes it with the entry's
+        thresholds, ValueError without it; an entry without a description takes its description."""
         if not isinstance(entry, Mapping):
             raise ValueError(f"rules[{name!r}] must be a mapping like {{'low': …, 'high': …}}, got {entry!r}")
         if "measure" not in entry:
-            if name not in RULES:
+            if builtin is None:
                 raise ValueError(
                     f"rule {name!r} is not a built-in rule and its record names no measure; "
-                    "it cannot be evaluated again"
+                    "it cannot be evaluated again (read a manifest with trustlens.rules.rule_from_manifest)"
                 )
-            return RULES[name].with_thresholds(entry.get("low"), entry.get("high"))
-        base = RULES.get(name)
+            return builtin.with_thresholds(entry.get("low"), entry.get("high"))
+        base = builtin
         return cls(
             name=name,
             low=entry.get("low"),
@@ -255,8 +258,3 @@ class Rule:
             dual_clip=entry.get("dual_clip"),
             **{k: entry.get(k) for k in COV_FIELDS},
         )
-
-
-# The built-in rules by name: filled by trustlens.rules.registry (which every import of
-# trustlens.rules runs), read here by `Rule.from_manifest` for entries written without a measure.
-RULES: dict[str, Rule] = {}

@@ -14,13 +14,17 @@ row so that a sampled run decides these rules exactly (docs/run-format.md):
     seq_logratio_old  Σ_t log(π/π_old)(a_t)  (null without π_old)
     seq_tokens        |y|, the response's token count
 
-so Σ log(π_old/μ) = seq_logratio_mu − seq_logratio_old. The rule then blocks as a token rule
-does, with d = |s − 1| and the direction of s against 1. Imports no torch.
+so Σ log(π_old/μ) = seq_logratio_mu − seq_logratio_old (`sequence_statistics`: what the recorder
+stores and what `TokenInputs` computes on tensors). The rule then blocks as a token rule does,
+with d = |s − 1| and the direction of s against 1. Imports no torch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from trustlens.rules.rule import Rule
 
@@ -42,16 +46,45 @@ def statistic_columns(rule: Rule) -> tuple[str, ...]:
     return (*sums, "seq_tokens")
 
 
-def sequence_log_ratio(rule: Rule, sum_mu: Any, sum_old: Any, tokens: Any) -> Any:
-    """log s of `rule` per row from the per-response sums (module docstring); arrays of one shape
-    (sum_mu or sum_old may be None where the rule does not read it)."""
-    if rule.anchor == "old":
-        total = sum_old
-    elif rule.policy == "old":
-        total = sum_mu - sum_old  # Σ log(π_old/μ)
-    else:
-        total = sum_mu
-    return total / tokens if rule.statistic == "mean" else total
+def sequence_statistics(
+    pi_logp: Any,  # log π(a_t) per token, float64 (torch tensor or numpy array)
+    anchor_logp: Any,  # log μ(a_t) per token, float64 (log π_old(a_t) in a call without μ)
+    old_logp: Any | None,  # log π_old(a_t) per token, float64; None when not given
+    over_response: Callable[[Any], Any],  # per-token values -> each row's sum over its response
+    tokens: Any,  # each row's response token count |y|
+) -> dict[str, Any]:
+    """The per-response statistics of the module docstring, {"seq_logratio_mu",
+    "seq_logratio_old" (None without π_old), "seq_tokens"}, each `over_response` of the token
+    log-ratios: the one definition, which the recorder (numpy rows grouped by sample) and
+    `TokenInputs` ((B, T) tensors under a response mask) call with their own sum. A token where
+    both log-probs are −inf makes its response's sum NaN (a response no policy can produce); one
+    −inf makes it ±inf."""
+    with np.errstate(invalid="ignore"):  # −inf − (−inf) = NaN, on numpy arrays
+        return {
+            "seq_logratio_mu": over_response(pi_logp - anchor_logp),
+            "seq_logratio_old": None if old_logp is None else over_response(pi_logp - old_logp),
+            "seq_tokens": tokens,
+        }
 
 
-__all__ = ["SEQUENCE_COLUMNS", "sequence_log_ratio", "statistic_columns"]
+def sequence_log_ratio(rule: Rule, statistic: Callable[[str], Any]) -> Any:
+    """log s of `rule` per row (module docstring) from the per-response statistics:
+    `statistic(name)` gives the column `name` (float64 arrays of one shape); only those of
+    `statistic_columns(rule)` are read."""
+    reads = statistic_columns(rule)
+
+    def read(name: str) -> Any:
+        return statistic(name) if name in reads else None
+
+    sum_mu, sum_old, tokens = read("seq_logratio_mu"), read("seq_logratio_old"), read("seq_tokens")
+    with np.errstate(invalid="ignore"):  # inf − inf = NaN (blocks nothing), on numpy arrays
+        if rule.anchor == "old":
+            total = sum_old
+        elif rule.policy == "old":
+            total = sum_mu - sum_old  # Σ log(π_old/μ)
+        else:
+            total = sum_mu
+        return total / tokens if rule.statistic == "mean" else total
+
+
+__all__ = ["SEQUENCE_COLUMNS", "sequence_log_ratio", "sequence_statistics", "statistic_columns"]

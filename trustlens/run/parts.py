@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trustlens.run.schema import META_WORLD_SIZE, RANK_DIR_PREFIX, TABLES, part_index, part_name
+from trustlens.run.schema import META_WORLD_SIZE, RANK_DIR_PREFIX, TABLES, blocked_column, part_index, part_name
 from trustlens.run.storage import Remote, write_local_atomic
 
 # where a run lives: a local directory or a location on an object store
@@ -107,7 +107,7 @@ def token_record_batch(batch: TokenBatch, schema: pa.Schema) -> pa.RecordBatch:
         "pos": batch.pos,
         "token_id": batch.token_id,
         **batch.floats,
-        **{f"blocked_{rule}": v for rule, v in batch.blocked.items()},
+        **{blocked_column(rule): v for rule, v in batch.blocked.items()},
     }
     arrays, fields = [], []
     for field in schema:

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from trustlens.run.aggregates import Keep, keep_rows
 from trustlens.run.manifest import STATUSES, new_manifest
 from trustlens.run.parts import Location
-from trustlens.run.schema import RANK, table_schema, token_columns
+from trustlens.run.schema import RANK, rule_of_column, table_schema, token_columns
 from trustlens.run.writer import RankWriter
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ def write_run(
     """
     check_status(status)
     token_data = dict(tokens.to_pydict() if isinstance(tokens, pa.Table) else tokens)
-    given_rules = [c.removeprefix("blocked_") for c in token_data if c.startswith("blocked_")]
+    given_rules = [r for r in map(rule_of_column, token_data) if r is not None]
     rules = list(given_rules if rules is None else rules)
     rule_entries(rules)  # unknown rules fail before anything is written
     n = len(token_data.get("step", ()))

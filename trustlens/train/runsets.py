@@ -119,7 +119,8 @@ def compare_table(runs: list, out: Path):
     the table printed and saved as OUT/compare.csv, the outcomes as OUT/compare_runs.csv.
     Returns (table, outcomes)."""
     from trustlens.analysis.seed_text import format_seed_table
-    from trustlens.analysis.seeds import csv_safe, run_outcomes, seed_table
+    from trustlens.analysis.seeds import run_outcomes, seed_table
+    from trustlens.core.render import csv_safe
 
     outcomes = run_outcomes(runs)
     table = seed_table(outcomes)
