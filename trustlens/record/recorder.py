@@ -62,8 +62,7 @@ class TokenRecorder(RecorderCalls):
         `record` then raises when an input one of them needs is missing (π_old for `minirl`, top-K
         for `dppo_topk_*`). Default: every rule of RULES with its default thresholds, each
         decided where the inputs allow it (null `blocked_<rule>` otherwise).
-    active_rule: the rule the run trains with (must be among `rules`), for the manifest; under
-        `keep`, every token it blocks is kept.
+    active_rule: the rule the run trains with (must be among `rules`), for the manifest and `keep`.
     tokenizer: anything with `decode(list[int]) -> str` (and optionally `batch_decode`); token
         texts are then stored, decoded once per id (lone surrogates stored as U+FFFD). The first
         `record` call decodes its first token: a tokenizer that gives anything but one str per
@@ -82,9 +81,8 @@ class TokenRecorder(RecorderCalls):
     writer_timeout: the most seconds a call waits on the writer (full queue, flush, close)
         before raising WriterError.
     keep: a `Keep` (trustlens.run.aggregates): record every token that matters (blocked by
-        `active_rule` or a rule of `Keep.rules`, rare, non-finite or of top divergence) and a
-        seeded random share of the rest, with sampling weights, plus the exact `aggregates`
-        table of all tokens (docs/run-format.md). None (default): record every token.
+        `active_rule` or `Keep.rules`, rare, ...) and a seeded random share of the rest, with
+        weights, plus the exact `aggregates` of all tokens (docs/run-format.md). None: every token.
     sampling: how the rollout engine sampled and what log μ it reported, for run.json:
         {"temperature": τ, "top_p", "top_k", "min_p", "logprobs": "raw" | "tempered" | "processed",
         "processors": the active logit processors}, each None when not known (or the filter is
@@ -153,7 +151,6 @@ class TokenRecorder(RecorderCalls):
         if active_rule is not None and active_rule not in names:
             raise ValueError(f"active_rule {active_rule!r} is not among the evaluated rules {names}")
         check_kept_rules(keep, names)
-        self._active_rule = active_rule  # its blocked tokens are kept at weight 1 under `keep`
         int_arg("rows_per_file", rows_per_file, 1, 2**31)
         queue_size = int_arg("queue_size", queue_size, 1, 2**31)
         # the copies of record calls, reused once their rows are taken: as many sets as can be in
@@ -163,6 +160,7 @@ class TokenRecorder(RecorderCalls):
         flush_seconds = positive_seconds("flush_seconds", flush_seconds)
         writer_timeout = positive_seconds("writer_timeout", writer_timeout)
         self.rank, self.world_size = distributed_rank(rank, world_size)
+        self._keep_args = (keep, self.rank, active_rule)  # how the writer thread samples the rows (keep_rows)
         manifest = new_manifest(
             rules={r.name: r.manifest_entry() for r in self.rules},
             active_rule=active_rule,
@@ -373,17 +371,13 @@ class TokenRecorder(RecorderCalls):
         )
         if staged:  # checked here in one host synchronisation, copied to the host without waiting
             on_host, n_rows = stage_rows(rows, flags, explain, self._host)
-            job = functools.partial(
-                derive_staged, step, update, on_host, self.rules, evaluable, self.keep, self.rank, self._active_rule
-            )
+            job = functools.partial(derive_staged, step, update, on_host, self.rules, evaluable, *self._keep_args)
         else:  # checked, taken and derived by the writer thread (same device, off the training step's path)
             if flags and bool(torch.stack([f.any() for f in flags]).any()):
                 for check in explain:
                     check()
             n_rows = int(mask.count_nonzero())
-            job = functools.partial(
-                derive_rows, step, update, rows, self.rules, evaluable, self.keep, self.rank, self._active_rule
-            )
+            job = functools.partial(derive_rows, step, update, rows, self.rules, evaluable, *self._keep_args)
         manifest_update = self._columns.note_anchor("mu" if mu_logp is not None else "old", recorded)
         if manifest_update is not None:
             self._writer.put_manifest(manifest_update)

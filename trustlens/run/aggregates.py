@@ -98,16 +98,10 @@ def _rule_names(rules: object) -> tuple[str, ...]:
     a list of registered rule names or `Rule`s."""
     if isinstance(rules, (str, Rule)) or not isinstance(rules, (list, tuple)):
         raise ValueError(f"Keep.rules must be a list of rule names, e.g. ['ppo', 'rs_geo'], got {rules!r}")
-    names = []
-    for rule in rules:
-        if isinstance(rule, Rule):
-            names.append(rule.name)
-            continue
-        try:
-            names.append(get_rule(rule).name)
-        except KeyError as err:
-            raise ValueError(f"Keep.rules: {err.args[0]}") from None
-    return tuple(dict.fromkeys(names))
+    try:
+        return tuple(dict.fromkeys(get_rule(rule).name for rule in rules))
+    except KeyError as err:
+        raise ValueError(f"Keep.rules: {err.args[0]}") from None
 
 
 def check_kept_rules(keep: Keep | None, evaluated: list[str]) -> None:
