@@ -126,7 +126,8 @@ def test_weighted_rows_estimate_the_full_numbers(pair):
     assert guess["tokens"].sum() == pytest.approx(want["tokens"].sum(), abs=4 * 340)
     for column in ("zero_adv_frac", "blocked_ppo", "blocked_dppo_binary_tv"):
         assert guess[column].to_list() == pytest.approx(want[column].to_list(), abs=0.05), column
-    # unweighted, the kept rows overstate the block rate: every blocked token is kept
+    # unweighted, the kept rows overstate the block rate: every token the active rule (ppo, the
+    # synthetic run's first) blocks is kept
     kept_rate = sampled.tokens.filter(pl.col("advantage") != 0).select(pl.col("blocked_ppo").mean()).collect().item()
     full_rate = full.tokens.filter(pl.col("advantage") != 0).select(pl.col("blocked_ppo").mean()).collect().item()
     assert kept_rate > full_rate + 0.05
@@ -198,7 +199,8 @@ def test_where_blocked_tokens_sit_in_mu_is_estimated_from_the_weighted_rows(pair
     rules = ["ppo", "dppo_binary_tv"]
     want = blocked_anchor_quantiles(full.tokens, rules)
     got = blocked_anchor_quantiles(sampled.tokens, rules)
-    # every blocked token is kept: the blocked rows' quantiles are the full run's
+    # every token ppo (the active rule) blocks is kept, and here every token dppo_binary_tv blocks
+    # is rare or of top divergence: the blocked rows' quantiles are the full run's
     assert got.filter(pl.col("rule") != "all tokens").equals(want.filter(pl.col("rule") != "all tokens"))
     # all tokens: the kept rows hold every μ < 0.1 token, so unweighted their median μ is 0.04;
     # weighted it estimates the full run's 0.96
@@ -212,7 +214,7 @@ def test_where_blocked_tokens_sit_in_mu_is_estimated_from_the_weighted_rows(pair
 def test_the_figure_1_density_counts_the_tokens_the_rows_stand_for(pair):
     want, got = (figure1_density(run.tokens, rules=["ppo"]) for run in pair)
     assert got["count"].sum() == pytest.approx(want["count"].sum(), rel=0.05)
-    assert got["blocked_ppo"].sum() == want["blocked_ppo"].sum()  # every blocked token is kept
+    assert got["blocked_ppo"].sum() == want["blocked_ppo"].sum()  # every token the active rule blocks is kept
 
     def low(df):  # share of the tokens with μ < 0.1
         return df.filter(pl.col("x_hi") <= 0.1 + 1e-12)["count"].sum() / df["count"].sum()
@@ -224,11 +226,12 @@ def test_the_threshold_sweep_counts_the_tokens_the_rows_stand_for(pair):
     want, got = (threshold_sweep(run.tokens, ["ppo", "dppo_binary_tv"], (0.5, 1.0, 2.0)) for run in pair)
     keys = ["rule", "scale"]
     assert got.select(keys).equals(want.select(keys))
-    # at scale ≥ 1 every token a rule blocks was kept with weight 1: the same blocked counts
+    # at scale ≥ 1 every token a rule blocks was kept with weight 1 (ppo: the active rule;
+    # dppo_binary_tv: here only rare or top-divergence tokens): the same blocked counts
     at_least_one = pl.col("scale") >= 1
     assert got.filter(at_least_one)["blocked"].to_list() == want.filter(at_least_one)["blocked"].to_list()
     # counts and rates are estimates from the weighted rows; unweighted, the kept rows (all of the
-    # tail and every blocked token) put PPO's rate at several times the run's
+    # tail and every token PPO blocks) put PPO's rate at several times the run's
     assert got["count"].to_list() == pytest.approx(want["count"].to_list(), rel=0.05)
     assert got["blocked_frac"].to_list() == pytest.approx(want["blocked_frac"].to_list(), abs=0.02)
     rows_alone = threshold_sweep(pair[1].tokens.drop("weight"), ["ppo"], (1.0,))["blocked_frac"].item()
@@ -248,3 +251,44 @@ def test_rule_confusion_is_exact_with_the_aggregates(pair, per_step):
     unrecorded = sampled.aggregates.drop("k_dppo_topk_tv_pos")  # as for a rule decided after the run
     with pytest.raises(ValueError, match="no counts of 'dppo_topk_tv'"):
         rule_confusion(sampled.tokens, "ppo", "dppo_topk_tv", aggregates=unrecorded)
+
+
+@pytest.fixture(scope="module")
+def pair_dppo(tmp_path_factory):
+    """(full, sampled) of the synthetic run trained with dppo_binary_tv: ppo and ppo_clip_higher
+    are counterfactual there, their blocked tokens drawn at the rate (those not rare)."""
+    root = tmp_path_factory.mktemp("sampled_dppo")
+    sizes = {**SIZES, "active_rule": "dppo_binary_tv"}
+    full = load_run(write_synthetic_run(root / "full", **sizes))
+    sampled = load_run(write_synthetic_run(root / "sampled", **sizes, keep=Keep(rate=0.05, seed=1)))
+    return full, sampled
+
+
+def test_rule_confusion_with_the_active_rule_is_exact_with_the_aggregates(pair_dppo):
+    """The active rule's blocked tokens are all kept (weight 1), so `both` is exact from the rows
+    and the rest from the aggregates, though the other rule's blocks were sampled."""
+    full, sampled = pair_dppo
+    random = sampled.tokens.filter(pl.col("blocked_ppo") & (pl.col("weight") > 1)).collect()
+    assert random.height > 0  # ppo's blocked tokens are partly of the random share
+    for per_step in (True, False):
+        want = rule_confusion(full.tokens, "dppo_binary_tv", "ppo", per_step=per_step)
+        got = rule_confusion(sampled.tokens, "dppo_binary_tv", "ppo", per_step=per_step, aggregates=sampled.aggregates)
+        assert got.equals(want), per_step
+
+
+def test_rule_confusion_of_two_counterfactual_rules_has_exact_margins(pair_dppo):
+    """Neither rule is kept at weight 1: each rule's blocked count (both + only_x) and count are
+    exact from the aggregates, `both` an unbiased estimate from the weighted rows (4 SE: SE² =
+    m·(1 − rate)/rate over the m tokens of the random share both rules block)."""
+    full, sampled = pair_dppo
+    want = rule_confusion(full.tokens, "ppo", "ppo_clip_higher", per_step=False).row(0, named=True)
+    got = rule_confusion(sampled.tokens, "ppo", "ppo_clip_higher", per_step=False, aggregates=sampled.aggregates).row(
+        0, named=True
+    )
+    assert got["count"] == want["count"]
+    assert got["both"] + got["only_a"] == want["both"] + want["only_a"]
+    assert got["both"] + got["only_b"] == want["both"] + want["only_b"]
+    assert got["neither"] >= 0 and got["only_b"] >= 0
+    both = sampled.tokens.filter(pl.col("blocked_ppo") & pl.col("blocked_ppo_clip_higher")).collect()
+    drawn = want["both"] - int((both["weight"] == 1).sum())
+    assert got["both"] == pytest.approx(want["both"], abs=4 * math.sqrt(drawn * 0.95 / 0.05))

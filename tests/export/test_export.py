@@ -199,12 +199,12 @@ def test_mirror_streams_the_scalars_of_each_step(tmp_path, gen, keep):
 
 
 def test_a_sampled_mirror_sends_the_rates_of_all_tokens_not_of_the_kept_rows(tmp_path):
-    """Keep keeps every blocked token and few others: ppo blocks ~90% of the kept A < 0 rows (what
+    """Keep keeps every token the active rule blocks and few others: ppo blocks ~90% of the kept A < 0 rows (what
     the mirror sent before it read the aggregates), ~19% of all A < 0 tokens. The mirror of the
     sampled recording sends the rates of a recording of every row, and no sequence-level mismatch."""
     sinks = {"full": ListSink(), "sampled": ListSink()}
     for name, keep in (("full", None), ("sampled", Keep(rate=0.01))):
-        with TokenRecorder(tmp_path / name, rules=["ppo"], keep=keep, mirror=sinks[name]) as rec:
+        with TokenRecorder(tmp_path / name, rules=["ppo"], active_rule="ppo", keep=keep, mirror=sinks[name]) as rec:
             record_steps(rec, 3, torch.Generator().manual_seed(0), responses=64)  # the same tokens
     kept = load_run(tmp_path / "sampled").tokens.filter(pl.col("advantage") < 0)
     kept_rate = dict(kept.group_by("step").agg(pl.col("blocked_ppo").mean()).collect().rows())

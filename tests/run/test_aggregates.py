@@ -48,7 +48,7 @@ def feed(rec, seed: int = 0, steps: int = 3, zero_old: tuple[int, int] | None = 
 
 def record(path, keep, seed: int = 0, zero_old: tuple[int, int] | None = None):
     torch.manual_seed(seed)  # the Exponential sampler draws from the global generator
-    with TokenRecorder(path, rules=RULES, keep=keep) as rec:
+    with TokenRecorder(path, rules=RULES, active_rule="ppo", keep=keep) as rec:
         feed(rec, seed, zero_old=zero_old)
     return load_run(path)
 
@@ -143,16 +143,22 @@ def test_a_token_pi_old_gives_probability_0_counts_in_the_exact_mismatch(tmp_pat
 
 
 def test_every_token_that_matters_is_kept_with_weight_one(runs):
+    """Blocked by the active rule (ppo), rare or non-finite: kept, weight 1. A token only the
+    counterfactual rules block is one of the random share (here all 3 such tokens dropped)."""
+    keys = ["step", "update", "sample", "pos"]
     full = runs["full"].tokens.collect()
-    blocked = pl.any_horizontal([pl.col(f"blocked_{r}").fill_null(False) for r in RULES])
     low_mu = pl.col("mu_logp") < np.log(0.1)
     infinite = pl.col("topk_kl").is_infinite()
-    matters = full.filter(blocked | low_mu | infinite).select("step", "update", "sample", "pos")
+    matters = full.filter(pl.col("blocked_ppo") | low_mu | infinite).select(keys)
     kept = runs["sampled"].tokens.collect()
-    joined = matters.join(kept, on=["step", "update", "sample", "pos"], how="left")
+    joined = matters.join(kept, on=keys, how="left")
     assert matters.height > 0 and joined["weight"].null_count() == 0
     assert (joined["weight"] == 1).all()
     assert set(kept["weight"].unique().to_list()) == {1.0, 20.0}
+    counterfactual = pl.col("blocked_dppo_binary_tv") | pl.col("blocked_dppo_topk_kl")
+    others = full.filter(counterfactual & ~pl.col("blocked_ppo") & ~low_mu & ~infinite).select(keys)
+    sampled = others.join(kept, on=keys, how="left")["weight"]
+    assert sampled.len() == sampled.null_count() == 3
 
 
 def test_weighted_rows_estimate_the_token_count(tmp_path):
@@ -183,7 +189,7 @@ def test_built_in_run_with_keep_rate(tmp_path):
     for name, rate in (("full", None), ("sampled", 0.01)):
         train(config_from_preset("quick", eval_size=0, keep_rate=rate), tmp_path / name, progress=False)
     full, sampled = load_run(tmp_path / "full"), load_run(tmp_path / "sampled")
-    assert sampled.manifest["keep"] == {"rate": 0.01, "seed": 0, "low_mu": 0.1, "top_share": 0.01}
+    assert sampled.manifest["keep"] == {"rate": 0.01, "seed": 0, "low_mu": 0.1, "top_share": 0.01, "rules": []}
     exact = per_step_scalars(sampled.aggregates)
     truth = token_scalars(full.tokens).filter(~pl.col("name").is_in(list(SEQUENCE_LEVEL)))
     for step, name, value in truth.rows():

@@ -43,9 +43,13 @@ def rule_confusion(
     would inflate the agreement. A sampled run's rows count with their weights (estimates).
 
     aggregates: the exact aggregates of all tokens (`Run.aggregates` of a sampled run, limited to
-        the steps of `tokens`), for two rules the run recorded: count (and so neither and the
-        fractions) then comes from them. both, only_a and only_b are exact from the kept rows
-        already, since a sampled run keeps every token a recorded rule blocks, with weight 1.
+        the steps of `tokens`), for two rules the run recorded: count and each rule's blocked
+        tokens (both + only_a, both + only_b) then come from them, and only `both` from the kept
+        rows, so that only_a = k_a − both and only_b = k_b − both. A sampled run keeps every
+        token its active rule (and each rule of `Keep.rules`) blocks with weight 1: with one of
+        those as rule_a or rule_b, `both` and so every column is exact; for two other rules
+        `both` is the weighted count of the kept rows, an unbiased estimate (their tokens are
+        kept at the sampling rate with weight 1/rate), and the rest follows from it.
     """
     tokens, aggregates = token_rows("rule_confusion", tokens, aggregates)
     checked_rules(tokens, [rule_a, rule_b])
@@ -63,11 +67,19 @@ def rule_confusion(
     df = collect(lf.group_by("step").agg(aggs).sort("step") if per_step else lf.select(aggs))
     if aggregates is not None:
         exact = _decided_by_both(aggregates, rule_a, rule_b)
-        if per_step:
-            df = exact.join(df.drop("count"), on="step", how="left").fill_null(0)
-        else:
-            df = df.with_columns(pl.lit(int(exact["count"].sum()), pl.Int64).alias("count"))
-    df = df.with_columns(pl.col("count").cast(pl.Int64))
+        if not per_step:
+            exact = exact.select(pl.exclude("step").sum())
+        df = (
+            exact.join(df.select("step", "both"), on="step", how="left") if per_step else exact.with_columns(df["both"])
+        )
+        # an estimated `both` within what the exact counts allow (Fréchet's bounds)
+        lowest = pl.max_horizontal(pl.lit(0), pl.col("k_a") + pl.col("k_b") - pl.col("count"))
+        both = pl.col("both").fill_null(0).clip(lowest, pl.min_horizontal("k_a", "k_b"))
+        df = df.with_columns(both).with_columns(
+            (pl.col("k_a") - pl.col("both")).alias("only_a"), (pl.col("k_b") - pl.col("both")).alias("only_b")
+        )
+        df = df.select(*(["step"] if per_step else []), "count", "both", "only_a", "only_b")
+    df = df.with_columns(pl.col("count", "both", "only_a", "only_b").cast(pl.Int64))
     return df.with_columns(
         (pl.col("count") - pl.col("both") - pl.col("only_a") - pl.col("only_b")).alias("neither"),
     ).with_columns(
@@ -78,20 +90,28 @@ def rule_confusion(
 
 
 def _decided_by_both(aggregates: pl.LazyFrame, rule_a: str, rule_b: str) -> pl.DataFrame:
-    """step, count: the A ≠ 0 tokens of the calls (aggregate rows) that evaluated both rules."""
+    """step, count, k_a, k_b: the A ≠ 0 tokens of the calls (aggregate rows) that evaluated both
+    rules, and those of them each rule blocks."""
     names = aggregates.collect_schema().names()
     missing = [r for r in (rule_a, rule_b) if f"k_{r}_pos" not in names]
     if missing:
         raise ValueError(f"the aggregates hold no counts of {', '.join(map(repr, missing))}: not recorded by the run")
-    both = [
-        pl.when(pl.col(f"k_{rule_a}_{s}").is_not_null() & pl.col(f"k_{rule_b}_{s}").is_not_null())
-        .then(pl.col(f"tokens_{s}"))
-        .otherwise(0)
-        for s in SIGNS
+
+    def over_both(column: str) -> pl.Expr:  # Σ column over the signs' calls that evaluated both rules
+        terms = [
+            pl.when(pl.col(f"k_{rule_a}_{s}").is_not_null() & pl.col(f"k_{rule_b}_{s}").is_not_null())
+            .then(pl.col(column.format(s=s)))
+            .otherwise(0)
+            for s in SIGNS
+        ]
+        return pl.sum_horizontal(terms).sum().cast(pl.Int64)
+
+    sums = [
+        over_both("tokens_{s}").alias("count"),
+        over_both(f"k_{rule_a}_{{s}}").alias("k_a"),
+        over_both(f"k_{rule_b}_{{s}}").alias("k_b"),
     ]
-    return collect(
-        aggregates.group_by("step").agg(pl.sum_horizontal(both).sum().cast(pl.Int64).alias("count")).sort("step")
-    ).with_columns(pl.col("step").cast(pl.Int32))
+    return collect(aggregates.group_by("step").agg(sums).sort("step")).with_columns(pl.col("step").cast(pl.Int32))
 
 
 def confusion_matrix(tokens: RunOrTokens, rules: Rules = None) -> pl.DataFrame:

@@ -44,7 +44,7 @@ from trustlens.record.staged_rows import derive_staged, stage_rows
 from trustlens.record.token_rows import Buffers, TokenRows, derive_rows, snapshot_token_ids, snapshot_values
 from trustlens.rules import RULES, RuleSpec, resolve_rules
 from trustlens.run import signals
-from trustlens.run.aggregates import Keep
+from trustlens.run.aggregates import Keep, check_kept_rules
 from trustlens.run.background import BackgroundWriter
 from trustlens.run.manifest import new_manifest
 from trustlens.run.parts import check_resumed_rules
@@ -63,7 +63,7 @@ class TokenRecorder(RecorderCalls):
         `record` then raises when an input one of them needs is missing (π_old for `minirl`, top-K
         for `dppo_topk_*`). Default: every rule of RULES with its default thresholds, each
         decided where the inputs allow it (null `blocked_<rule>` otherwise).
-    active_rule: the rule the run trains with (must be among `rules`), for the manifest.
+    active_rule: the rule the run trains with (must be among `rules`), for the manifest and `keep`.
     tokenizer: anything with `decode(list[int]) -> str` (and optionally `batch_decode`); token
         texts are then stored, decoded once per id (lone surrogates stored as U+FFFD). The first
         `record` call decodes its first token: a tokenizer that gives anything but one str per
@@ -84,9 +84,9 @@ class TokenRecorder(RecorderCalls):
     overwrite: replace this rank's rows (and, on rank 0, run.json) of a run written before.
     writer_timeout: the most seconds a call waits on the writer (full queue, flush, close) or on
         the tokenizer's first decode before raising WriterError.
-    keep: a `Keep` (trustlens.run.aggregates): record every token that matters and a seeded
-        random share of the rest, with sampling weights, plus the exact `aggregates` table of
-        all tokens (docs/run-format.md). None (default): record every token.
+    keep: a `Keep` (trustlens.run.aggregates): record every token that matters (blocked by
+        `active_rule` or `Keep.rules`, rare, ...) and a seeded random share of the rest, with
+        weights, plus the exact `aggregates` of all tokens (docs/run-format.md). None: every token.
     sampling: how the rollout engine sampled and what log μ it reported, for run.json:
         {"temperature": τ, "top_p", "top_k", "min_p", "logprobs": "raw" | "tempered" | "processed",
         "processors": the active logit processors}, each None when not known (or the filter is
@@ -157,6 +157,7 @@ class TokenRecorder(RecorderCalls):
         names = [r.name for r in self.rules]
         if active_rule is not None and active_rule not in names:
             raise ValueError(f"active_rule {active_rule!r} is not among the evaluated rules {names}")
+        check_kept_rules(keep, names)
         int_arg("rows_per_file", rows_per_file, 1, 2**31)
         queue_size = int_arg("queue_size", queue_size, 1, 2**31)
         # the copies of record calls, reused once their rows are taken: as many sets as can be in
@@ -166,6 +167,7 @@ class TokenRecorder(RecorderCalls):
         flush_seconds = positive_seconds("flush_seconds", flush_seconds)
         writer_timeout = positive_seconds("writer_timeout", writer_timeout)
         self.rank, self.world_size = distributed_rank(rank, world_size)
+        self._keep_args = (keep, self.rank, active_rule)  # how the writer thread samples the rows (keep_rows)
         manifest = new_manifest(
             rules={r.name: r.manifest_entry() for r in self.rules},
             active_rule=active_rule,
@@ -377,13 +379,13 @@ class TokenRecorder(RecorderCalls):
         )
         if staged:  # checked here in one host synchronisation, copied to the host without waiting
             on_host, n_rows = stage_rows(rows, flags, explain, self._host)
-            job = functools.partial(derive_staged, step, update, on_host, self.rules, evaluable, self.keep, self.rank)
+            job = functools.partial(derive_staged, step, update, on_host, self.rules, evaluable, *self._keep_args)
         else:  # checked, taken and derived by the writer thread (same device, off the training step's path)
             if flags and bool(torch.stack([f.any() for f in flags]).any()):
                 for check in explain:
                     check()
             n_rows = int(mask.count_nonzero())
-            job = functools.partial(derive_rows, step, update, rows, self.rules, evaluable, self.keep, self.rank)
+            job = functools.partial(derive_rows, step, update, rows, self.rules, evaluable, *self._keep_args)
         manifest_update = self._columns.note_anchor("mu" if mu_logp is not None else "old", recorded)
         if manifest_update is not None:
             self._writer.put_manifest(manifest_update)

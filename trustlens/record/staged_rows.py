@@ -127,7 +127,14 @@ def stage_rows(
 
 
 def derive_staged(
-    step: int, update: int, staged: StagedRows, rules: list[Rule], evaluable: list[Rule], keep: Keep | None, rank: int
+    step: int,
+    update: int,
+    staged: StagedRows,
+    rules: list[Rule],
+    evaluable: list[Rule],
+    keep: Keep | None,
+    rank: int,
+    active: str | None = None,
 ) -> TokenBatch:
     """`derive_rows` of staged rows, in the writer thread: waits for their copies (the CUDA
     event), hands the device snapshot and the host copies back for reuse."""
@@ -136,7 +143,7 @@ def derive_staged(
     device = staged.device_rows
     if device.buffers is not None:
         device.buffers.give_back(device.mask, device.token_ids, device.values)
-    batch = derive_rows(step, update, staged.rows, rules, evaluable, keep, rank)
+    batch = derive_rows(step, update, staged.rows, rules, evaluable, keep, rank, active)
     if staged.rows.buffers is not None:
         staged.rows.buffers.give_back(*staged.held)
     return batch

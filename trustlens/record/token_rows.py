@@ -219,11 +219,19 @@ def check_token_range(ids: torch.Tensor, mask: torch.Tensor, high: int, why: str
 
 
 def derive_rows(
-    step: int, update: int, rows: TokenRows, rules: list[Rule], evaluable: list[Rule], keep: Keep | None, rank: int
+    step: int,
+    update: int,
+    rows: TokenRows,
+    rules: list[Rule],
+    evaluable: list[Rule],
+    keep: Keep | None,
+    rank: int,
+    active: str | None = None,
 ) -> TokenBatch:
     """The TokenBatch of `rows`: `take_rows` then `finish_rows` (both in the writer thread for
     CPU tensors; for accelerator tensors `record` takes the rows itself, so that only compact
-    rows leave the device, and the writer thread finishes them)."""
+    rows leave the device, and the writer thread finishes them). `active`: the run's active rule
+    (`keep_rows`)."""
     if not rows.checked:
         try:
             check_rows(rows)
@@ -234,7 +242,7 @@ def derive_rows(
                 f"record(step={step}, update={update}) was not recorded: {err} (found by the writer "
                 "thread after that call returned)"
             ) from None
-    return finish_rows(take_rows(step, update, rows, rules), rules, evaluable, keep, rank)
+    return finish_rows(take_rows(step, update, rows, rules), rules, evaluable, keep, rank, active)
 
 
 @torch.no_grad()
@@ -269,14 +277,16 @@ def take_rows(step: int, update: int, rows: TokenRows, rules: list[Rule]) -> Tok
 
 
 def finish_rows(
-    batch: TokenBatch, rules: list[Rule], evaluable: list[Rule], keep: Keep | None, rank: int
+    batch: TokenBatch, rules: list[Rule], evaluable: list[Rule], keep: Keep | None, rank: int, active: str | None = None
 ) -> TokenBatch:
     """`batch` (from `take_rows`) as the run stores it, with numpy: the decision of every
     evaluable rule the caller did not decide (`trustlens.rules.columns.decide_columns`, in the inputs' dtype; a
     μ-anchored rule anchors on π_old when μ is not given), the ratio π/anchor and binary TV and
     KL derived from the float32 log-probs (`logspace.derived_columns`, as the reader derives
     them for sampled runs), every float column float32, and each response's statistics
-    (`sequence_statistics`, which the sequence rules read); sampled under `keep` when given.
+    (`sequence_statistics`, which the sequence rules read, so that they are decided again exactly
+    on a sampled run's kept rows); sampled under `keep` when given (`keep_rows`, `active` the
+    run's active rule).
 
     numpy rather than torch: in the writer thread, numpy's work holds the GIL once per call
     where each of ~50 small torch ops would hand it over (and a Python-bound training loop would
@@ -300,7 +310,7 @@ def finish_rows(
     decided = {r.name: decide_columns(r, given.__getitem__, anchor, distances, eps, seed) for r in pending}
     floats = {k: None if v is None else v.astype(np.float32, copy=False) for k, v in f.items()}
     batch = replace(batch, floats={**floats, **derived, **stats}, blocked={**batch.blocked, **decided})
-    return keep_rows(batch, keep, [r.name for r in rules], rank)
+    return keep_rows(batch, keep, [r.name for r in rules], rank, active)
 
 
 def _to_cpu(step: int, update: int, ints: list[torch.Tensor], floats: dict, blocked: dict) -> TokenBatch:

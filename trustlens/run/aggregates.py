@@ -4,17 +4,23 @@ A run recorded with `TokenRecorder(..., keep=Keep(rate=0.01))` stores every toke
 and a seeded random share of the rest, each with its sampling weight, and beside them the
 `aggregates` table, written from **all** tokens before any is dropped: one row per `record`
 call (a step, update and rank), summed per (step, update, rank) when read. Overview numbers
-(block rates, mismatch means) come from the aggregates exactly; token-level views use the kept
-rows, weighted by `weight` where they estimate a rate.
+(block rates of every evaluated rule, mismatch means) come from the aggregates exactly;
+token-level views use the kept rows, weighted by `weight` where they estimate a count or a rate.
 
 Kept because they matter (weight 1):
-    blocked by any rule (so every disagreement between rules too), μ(a_t) < `low_mu`,
-    a non-finite value (e.g. topk_kl = +inf), and the `top_share` of the call's tokens with the
-    largest divergence max(binary_tv, topk_tv) (a per-call quantile: decidable without future
-    data).
+    blocked by the run's active rule (`TokenRecorder(active_rule=...)`) or by a rule of
+    `Keep.rules` (the user's choice), μ(a_t) < `low_mu`, a non-finite value (e.g. topk_kl =
+    +inf), and the `top_share` of the call's tokens with the largest divergence max(binary_tv,
+    topk_tv) (a per-call quantile: decidable without future data).
 Kept at random (weight 1/rate): each other token with probability `rate`, decided by a hash of
     (seed, step, update, rank, sample, position) — reproducible, and independent of how the
-    tokens were batched.
+    tokens were batched. Tokens only the other rules block (counterfactual rules, and sequence
+    and batch rules, which block whole responses or shares of a call) are among them: their
+    blocks are counted exactly in the aggregates (k_<rule>_<sign>), and a weighted count over
+    the kept rows is an unbiased estimate of them: E[Σ_kept w·1{blocked}] = Σ 1{blocked}, as
+    each token's expected weight is 1 (1 when it matters; 1/rate with probability rate else).
+    A sequence rule stays exactly decidable on every kept row: each row carries its response's
+    statistics (trustlens.record.sequence_stats), computed from all its tokens before sampling.
 
 Aggregate columns (counts are int64, sums float64; "pairs" are tokens with μ and π_old, −inf included):
     tokens, tokens_pos, tokens_neg, tokens_zero       rows by advantage sign
@@ -44,6 +50,7 @@ Aggregate columns (counts are int64, sums float64; "pairs" are tokens with μ an
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -51,6 +58,7 @@ import polars as pl
 import pyarrow as pa
 
 from trustlens.metrics import SIGNS
+from trustlens.rules import Rule, get_rule
 
 LOG_RATIO_BOUND = 20.0  # |log ρ| bound before exp in ρ² (as verl's chi² metrics)
 MU_DECADES = 7
@@ -70,6 +78,10 @@ class Keep:
     seed: int = 0  # seeds the random share (with step, update, rank, sample, position)
     low_mu: float = 0.1  # tokens with μ(a_t) (π_old's without μ) below this always kept (the rare tokens)
     top_share: float = 0.01  # share of each record call's tokens with the largest divergence, always kept
+    # rules (names, or Rules) whose blocked tokens are always kept, beside the run's active rule;
+    # the other rules' blocked tokens are sampled at `rate` (their counts are exact in the
+    # aggregates). Stored as a tuple of distinct names
+    rules: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         for name, low, high in (("rate", 0.0, 1.0), ("low_mu", 0.0, 1.0), ("top_share", 0.0, 1.0)):
@@ -78,6 +90,29 @@ class Keep:
                 raise ValueError(f"Keep.{name} must be in ({low:g}, {high:g}], got {value!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"Keep.seed must be an integer ≥ 0, got {self.seed!r}")
+        object.__setattr__(self, "rules", _rule_names(self.rules))
+
+
+def _rule_names(rules: object) -> tuple[str, ...]:
+    """`Keep.rules` as a tuple of distinct names, in the order given; ValueError for anything but
+    a list of registered rule names or `Rule`s."""
+    if isinstance(rules, (str, Rule)) or not isinstance(rules, (list, tuple)):
+        raise ValueError(f"Keep.rules must be a list of rule names, e.g. ['ppo', 'rs_geo'], got {rules!r}")
+    try:
+        return tuple(dict.fromkeys(get_rule(rule).name for rule in rules))
+    except KeyError as err:
+        raise ValueError(f"Keep.rules: {err.args[0]}") from None
+
+
+def check_kept_rules(keep: Keep | None, evaluated: list[str]) -> None:
+    """ValueError naming the rules of `keep.rules` that a run evaluating `evaluated` does not
+    evaluate: their blocked tokens could not be kept."""
+    missing = [] if keep is None else [r for r in keep.rules if r not in evaluated]
+    if missing:
+        raise ValueError(
+            f"Keep.rules {missing} are not among the rules the run evaluates {evaluated}: add them to rules= "
+            "or leave them out of Keep(rules=...)"
+        )
 
 
 def aggregate_names(rules: list[str] | tuple[str, ...]) -> list[tuple[str, pa.DataType]]:
@@ -209,24 +244,27 @@ def aggregates_batch(row: dict[str, object], step: int, update: int, schema: pa.
     return pa.RecordBatch.from_pylist([{"step": step, "update": update, **row}], schema=schema)
 
 
-def keep_rows(batch, keep: Keep | None, rules: list[str], rank: int):
+def keep_rows(batch, keep: Keep | None, rules: list[str], rank: int, active: str | None = None):
     """The TokenBatch to write for `batch` under `keep` (None: `batch` itself, no aggregates):
-    the kept rows with their weights, carrying the aggregates of all rows."""
+    the kept rows with their weights, carrying the aggregates of all rows. `active`: the run's
+    active rule (None: none named), whose blocked tokens are kept as those of `keep.rules` are."""
     if keep is None:
         return batch
-    kept, weight = keep_mask(batch, keep, rank)
+    kept, weight = keep_mask(batch, keep, rank, active)
     rows = sampled(batch, kept, weight)
     # ratio and the binary divergences follow from the log-probs: the reader computes them
     floats = {k: None if k in ("ratio", "binary_tv", "binary_kl") else v for k, v in rows.floats.items()}
     return replace(rows, floats=floats, aggregates=aggregate_row(batch, rules))
 
 
-def keep_mask(batch, keep: Keep, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """(kept (N,) bool, weight (N,) float32) of a TokenBatch's rows under `keep`."""
+def keep_mask(batch, keep: Keep, rank: int, active: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(kept (N,) bool, weight (N,) float32) of a TokenBatch's rows under `keep`, `active` the
+    run's active rule (module docstring)."""
     f = batch.floats
     n = len(batch)
     matters = np.zeros(n, bool)
-    for decided in batch.blocked.values():
+    for rule in dict.fromkeys((active, *keep.rules)):
+        decided = None if rule is None else batch.blocked.get(rule)
         if decided is not None:
             matters |= decided
     anchor = anchor_logp(f)

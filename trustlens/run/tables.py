@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trustlens.run.aggregates import Keep, keep_rows
+from trustlens.run.aggregates import Keep, check_kept_rules, keep_rows
 from trustlens.run.manifest import STATUSES, new_manifest
 from trustlens.run.parts import Location
 from trustlens.run.schema import RANK, rule_of_column, table_schema, token_columns
@@ -62,6 +62,8 @@ def write_ranks(
     (rank, TokenBatch) for the token rows, kept under `keep` and decoded with `tokenizer` as the
     recorder does) through one `RankWriter` per rank; rank 0 holds `manifest`. Ends the run with
     `status`."""
+    check_kept_rules(keep, rules)
+    active = manifest.get("active_rule")  # its blocked tokens are kept at weight 1, as by the recorder
     writers = [
         RankWriter(
             path,
@@ -79,7 +81,7 @@ def write_ranks(
             for kind, table in step_tables.items():
                 if kind == "batches":  # [(rank, TokenBatch)]: written as the recorder writes them
                     for rank, batch in table:
-                        rows = batch if keep is None else keep_rows(batch, keep, rules, rank)
+                        rows = batch if keep is None else keep_rows(batch, keep, rules, rank, active)
                         for name, part in writers[rank].token_batches(rows):
                             writers[rank].append(name, part)
                     continue
