@@ -353,7 +353,7 @@ def test_dashboard_opens_trl_runs_on_every_page(monkeypatch, runs_root, no_mu, w
 
 def _dppo():
     """TRL's DPPO trainer (trl.experimental.dppo, TRL 1.8 to 1.15), or skip: CI runs these tests
-    with TRL 1.8.0 in a venv of its own (.ci/run)."""
+    with TRL 1.8.0 put first on the path (.ci/run)."""
     try:
         from trl.experimental import dppo
     except ImportError:

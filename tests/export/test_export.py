@@ -2,7 +2,6 @@
 back with TensorBoard's own reader and from W&B's offline run file."""
 
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -382,18 +381,12 @@ def test_export_a_run_on_s3(s3, tmp_path):
     assert all(math.isclose(read[m][s], v, rel_tol=1e-6, abs_tol=1e-12) for s, m, v in expected.rows())
 
 
-def test_cli(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "trustlens.cli", "export", str(SAMPLE / "ppo"), "--to", "tensorboard", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "ppo: 250 training steps and their evaluations exported to tensorboard" in out.stdout
+def test_cli(tmp_path, capsys):
+    # in-process: trustlens.cli.main is what `trustlens export` runs (a process of its own only adds its start-up)
+    from trustlens.cli import main
+
+    assert main(["export", str(SAMPLE / "ppo"), "--to", "tensorboard", str(tmp_path)]) == 0
+    assert "ppo: 250 training steps and their evaluations exported to tensorboard" in capsys.readouterr().out
     assert "eval/accuracy" in scalars_of(tmp_path / "ppo")
-    bad = subprocess.run(
-        [sys.executable, "-m", "trustlens.cli", "export", str(SAMPLE / "ppo"), "--to", "tensorboard"],
-        capture_output=True,
-        text=True,
-    )
-    assert bad.returncode != 0 and "--to must be" in bad.stderr
+    assert main(["export", str(SAMPLE / "ppo"), "--to", "tensorboard"]) != 0
+    assert "--to must be" in capsys.readouterr().err

@@ -3,14 +3,18 @@
 #   verl 0.9.1 (pip install -e ".[verl]"), verl 0.7.1 (requirements-verl07.txt) and
 #   OpenRLHF 0.11.2 (requirements-openrlhf.txt, then openrlhf itself with --no-deps).
 # Usage: bash tests/integrations/run.sh [VENVS_DIR]
-# VENVS_DIR defaults to ~/.cache/trustlens/venvs; a venv is kept while the files it was made from
-# (pyproject.toml and these requirement files) are unchanged, and made anew otherwise.
+# VENVS_DIR defaults to ~/.cache/trustlens/venvs; a venv is kept while what it was made from (the
+# dependencies pyproject.toml declares, these requirement files and this script) is unchanged, and
+# made anew otherwise: a change to pyproject's tool settings (pytest, ruff, mypy) keeps them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venvs="${1:-$HOME/.cache/trustlens/venvs}"
 here=tests/integrations
 export OMP_NUM_THREADS=1
-stamp=$(cat pyproject.toml "$here"/requirements-*.txt "$0" | sha256sum | cut -c1-16)
+declared=$(python3 -c 'import json, tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))
+print(json.dumps([p["build-system"], {k: p["project"].get(k) for k in ("requires-python", "dependencies", "optional-dependencies")}], sort_keys=True))')
+stamp=$( (echo "$declared"; cat "$here"/requirements-*.txt "$0") | sha256sum | cut -c1-16)
 
 make_venv() {  # NAME NO_DEPS_PACKAGE PIP_ARGS...: torch==2.13.0 (the CPU build) first, always
   local name=$1 nodeps=$2 dir="$venvs/$1"; shift 2

@@ -70,6 +70,21 @@ def test_hand_checked_selection():
     assert not select(replace(clip, cov_low=2.0), logp, adv, np.zeros(4, bool), (0, 0)).any()
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_a_zero_probability_token_has_no_covariance_and_leaves_the_others_theirs():
+    # log π = [-1, -3, -inf, -2], A = [2, -2, 1, 0]: over the three finite tokens the means are
+    # -2 and 0, cov = [2, 2, NaN, 0] (a mean over all four would be -inf: every cov ±inf or NaN)
+    logp, adv = np.array([-1.0, -3.0, -math.inf, -2.0]), np.array([2.0, -2.0, 1.0, 0.0])
+    assert np.array_equal(covariance(logp, adv), [2.0, 2.0, math.nan, 0.0], equal_nan=True)
+    kl = replace(RULES["kl_cov"], cov_ratio=1.0)  # k = 4: every token with a covariance, A = 0 left out
+    assert select(kl, logp, adv, None, (0, 0)).tolist() == [True, True, False, False]
+    clip = replace(RULES["clip_cov"], cov_ratio=1.0)  # candidates: cov 2 in (1, 5)
+    assert select(clip, logp, adv, np.zeros(4, bool), (0, 0)).tolist() == [True, True, False, False]
+    nothing = np.full(3, -math.inf)  # no token with a covariance: none selected
+    assert np.isnan(covariance(nothing, np.ones(3))).all()
+    assert not select(kl, nothing, np.ones(3), None, (0, 0)).any()
+
+
 @pytest.mark.parametrize("name", ["clip_cov", "kl_cov"])
 def test_equals_float64_transcription_of_the_paper(gen, name):
     x = _batch(gen)

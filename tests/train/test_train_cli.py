@@ -208,8 +208,9 @@ def test_torchrun_two_processes_record_disjoint_shards(tmp_path):
 
 def test_compare_with_two_jobs_trains_the_same_runs_as_one_job(capsys, tmp_path):
     """--jobs 2 trains two runs at a time, each in a process of its own: the runs are the ones
-    one job trains (same seed and settings, so the same first rollout batch)."""
-    args = ["--rules", "ppo,pg_is", "--seeds", "0,1", "--steps", "2", *QUICK]
+    one job trains (same seed and settings, so the same first rollout batch). Three runs: the
+    third starts once one of the first two is done."""
+    args = ["--rules", "pg_is", "--seeds", "0,1,2", "--steps", "2", *QUICK]
     assert run_cli(capsys, "compare", *args, "--jobs", "2", "--out", str(tmp_path / "two"))[0] == 0
     assert (
         run_cli(
@@ -228,8 +229,9 @@ def test_compare_with_two_jobs_trains_the_same_runs_as_one_job(capsys, tmp_path)
         == 0
     )
     names = sorted(p.name for p in (tmp_path / "two").iterdir() if p.is_dir())
-    assert names == ["pg_is-seed0", "pg_is-seed1", "ppo-seed0", "ppo-seed1"]
-    assert all(trustlens.load_run(tmp_path / "two" / n).manifest["status"] == "finished" for n in names)
+    assert names == ["pg_is-seed0", "pg_is-seed1", "pg_is-seed2"]
+    manifests = [trustlens.load_run(tmp_path / "two" / n).manifest for n in names]
+    assert [(m["status"], m["config"]["seed"]) for m in manifests] == [("finished", s) for s in (0, 1, 2)]
     first = [
         trustlens.load_run(p).samples.filter(pl.col("step") == 0).sort("sample").collect()["response"].to_list()
         for p in (tmp_path / "two" / "pg_is-seed1", tmp_path / "one" / "pg_is")

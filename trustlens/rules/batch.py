@@ -6,8 +6,9 @@ Over the N response tokens of one batch (one `record` call, one `policy_loss` ca
 
     cov_t = (log π_t − mean_N log π) · (A_t − mean_N A)
 
-(the means over all N response tokens, A = 0 ones included, as verl takes them), and with
-k = max(⌊cov_ratio · N⌋, 1):
+(the means over all N response tokens, A = 0 ones included, as verl takes them; a token of
+log π = −inf, probability 0, has no covariance: the means are over the others, and it is never
+selected), and with k = max(⌊cov_ratio · N⌋, 1):
 
     clip  (Clip-Cov)  the candidates are the tokens PPO's clip against π_old does not block with
                       cov_low < cov_t < cov_high; k of them (all when fewer) are drawn at random,
@@ -30,9 +31,15 @@ from trustlens.rules.rule import Rule
 
 def covariance(logp: np.ndarray, advantages: np.ndarray) -> np.ndarray:
     """cov_t of the module docstring per token: (N,) float64 from the (N,) log π and A of the
-    batch's response tokens."""
+    batch's response tokens; NaN where log π = −inf, the means taken over the other tokens (one
+    −inf in the mean would make every token's deviation infinite)."""
     logp, advantages = np.asarray(logp, np.float64), np.asarray(advantages, np.float64)
-    return (logp - logp.mean()) * (advantages - advantages.mean())
+    finite = np.isfinite(logp)  # (N,)
+    cov = np.full(len(logp), np.nan)
+    if finite.any():
+        lp, a = logp[finite], advantages[finite]
+        cov[finite] = (lp - lp.mean()) * (a - a.mean())
+    return cov
 
 
 def select(
@@ -52,11 +59,12 @@ def select(
     cov = covariance(logp, advantages)
     k = max(int(rule.cov_ratio * n), 1)
     if rule.cov == "kl":
-        out[np.argsort(-cov, kind="stable")[:k]] = True
+        ranked = np.flatnonzero(~np.isnan(cov))  # a NaN cov (log π = −inf) is never selected
+        out[ranked[np.argsort(-cov[ranked], kind="stable")[:k]]] = True
     else:
         assert clipped is not None and rule.cov_low is not None and rule.cov_high is not None
-        with np.errstate(invalid="ignore"):  # a NaN cov (log π = −inf) is no candidate
-            candidates = np.flatnonzero(~clipped & (cov > rule.cov_low) & (cov < rule.cov_high))
+        # a NaN cov (log π = −inf) is no candidate: its comparisons are False
+        candidates = np.flatnonzero(~clipped & (cov > rule.cov_low) & (cov < rule.cov_high))
         draw = np.random.default_rng([int(s) for s in seed]).permutation(len(candidates))
         out[candidates[draw[:k]]] = True
     return out & (np.asarray(advantages) != 0)
