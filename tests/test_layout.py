@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,10 +152,20 @@ def test_the_root_holds_only_entry_points():
         ("trustlens.recorder", "trustlens.record"),
         ("trustlens.render", "trustlens.core.render"),
         ("trustlens.rule_columns", "trustlens.rules.columns"),
+        ("trustlens.analysis.alert_config", "trustlens.analysis.collapse.config"),
+        ("trustlens.analysis.alert_levels", "trustlens.analysis.collapse.levels"),
+        ("trustlens.analysis.alert_steps", "trustlens.analysis.collapse.detectors"),
+        ("trustlens.analysis.drivers", "trustlens.analysis.collapse.drivers"),
+        ("trustlens.analysis.onset", "trustlens.analysis.collapse.onset"),
+        ("trustlens.analysis.signals", "trustlens.analysis.collapse.signals"),
+        ("trustlens.analysis.timeline", "trustlens.analysis.collapse.timeline"),
     ],
 )
 def test_documented_old_paths_still_import(old, new):
-    assert importlib.import_module(old) is importlib.import_module(new)
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=new):
+        moved = importlib.import_module(old)
+    assert moved is importlib.import_module(new)
 
 
 def test_every_public_name_resolves():

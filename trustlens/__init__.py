@@ -10,6 +10,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
+import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -78,8 +79,16 @@ def __getattr__(name: str):
 
 
 # Module paths that earlier releases documented -> where the module lives now. `import trustlens.loss`
-# (or `from trustlens.recorder import TokenRecorder`) still works and gives the module itself.
+# (or `from trustlens.recorder import TokenRecorder`) still works, gives the module itself and warns
+# (DeprecationWarning) with the new path.
 MOVED_MODULES = {
+    "trustlens.analysis.alert_config": "trustlens.analysis.collapse.config",
+    "trustlens.analysis.alert_levels": "trustlens.analysis.collapse.levels",
+    "trustlens.analysis.alert_steps": "trustlens.analysis.collapse.detectors",
+    "trustlens.analysis.drivers": "trustlens.analysis.collapse.drivers",
+    "trustlens.analysis.onset": "trustlens.analysis.collapse.onset",
+    "trustlens.analysis.signals": "trustlens.analysis.collapse.signals",
+    "trustlens.analysis.timeline": "trustlens.analysis.collapse.timeline",
     "trustlens.loss": "trustlens.rules.loss",
     "trustlens.recorder": "trustlens.record",
     "trustlens.render": "trustlens.core.render",
@@ -98,7 +107,9 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.machinery.ModuleSpec(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        return importlib.import_module(MOVED_MODULES[spec.name])
+        new = MOVED_MODULES[spec.name]
+        warnings.warn(f"{spec.name} moved to {new}: import it from there", DeprecationWarning, stacklevel=2)
+        return importlib.import_module(new)
 
     def exec_module(self, module: ModuleType) -> None:
         pass

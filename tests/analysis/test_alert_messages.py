@@ -1,8 +1,8 @@
 """Alert messages write numbers as every page does (trustlens.core.numbers): block rates in
 percent, other values as plain decimals or 1.6e-4, never 1.6e-05."""
 
-from trustlens.analysis.alert_steps import Episode
 from trustlens.analysis.collapse import alert_message
+from trustlens.analysis.collapse.detectors import Episode
 
 
 def _episode(kind, signal, value, baseline, step=5, end_step=7):

@@ -4,8 +4,8 @@ import polars as pl
 import pytest
 
 from trustlens.analysis import CollapseConfig, detect_collapse, step_signals
-from trustlens.analysis.alert_levels import learning_steps, mismatch_above_normal, model_kind
 from trustlens.analysis.collapse import ALERT_SCHEMA, alert_window
+from trustlens.analysis.collapse.levels import learning_steps, mismatch_above_normal, model_kind
 from trustlens.run import load_run
 from trustlens.run.tables import write_run
 from trustlens.synthetic import write_synthetic_run

@@ -5,7 +5,7 @@ from pathlib import Path
 import polars as pl
 
 from trustlens.analysis import detect_collapse
-from trustlens.analysis.timeline import run_timeline
+from trustlens.analysis.collapse.timeline import run_timeline
 from trustlens.run import load_run
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample_run"

@@ -9,7 +9,7 @@ from benchmark_scripts import load
 
 from trustlens import load_run
 from trustlens.analysis import CollapseConfig, detect_collapse, doctor
-from trustlens.analysis.alert_steps import planned_window
+from trustlens.analysis.collapse.detectors import planned_window
 from trustlens.live import DoctorConfig, LiveMonitor, replay
 from trustlens.run.tables import write_run
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import polars as pl
 
-from trustlens.analysis.alert_config import CollapseConfig
-from trustlens.analysis.alert_levels import model_kind
-from trustlens.analysis.alert_steps import CollapseSteps, Episode, planned_window
 from trustlens.analysis.buckets import in_memory
 from trustlens.analysis.collapse import alert_message, alert_row, rollout_lag
+from trustlens.analysis.collapse.config import CollapseConfig
+from trustlens.analysis.collapse.detectors import CollapseSteps, Episode, planned_window
+from trustlens.analysis.collapse.levels import model_kind
+from trustlens.analysis.collapse.signals import step_signals
 from trustlens.analysis.diagnosis.finding import CAUSES, Finding
-from trustlens.analysis.signals import step_signals
 from trustlens.core.values import check_int, check_type
 from trustlens.live.alert import LiveAlert
 from trustlens.live.doctor import DoctorConfig, LiveDoctor

@@ -2,7 +2,7 @@
 collapse itself if it came.
 
 `run_timeline` turns the alerts of `trustlens.analysis.collapse.detect_collapse` and the
-collapse of `trustlens.analysis.onset.collapse_onset` into one table, one row per event, ordered
+collapse of `trustlens.analysis.collapse.onset.collapse_onset` into one table, one row per event, ordered
 by step (an alert at its first step, ties: critical first, then by kind; the collapse after the
 alerts of its step):
 
@@ -14,15 +14,14 @@ alerts of its step):
                    evaluation, or the trailing mean reward below half the first window's)
 
 Each alert row keeps its row index in the alerts table (`alert`), whose `tokens` and `samples`
-are its driving tokens (`trustlens.analysis.drivers`).
+are its driving tokens (`trustlens.analysis.collapse.drivers`).
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from trustlens.analysis.onset import collapse_onset, collapse_window
-from trustlens.analysis.seeds import accuracy_per_step, reward_per_step
+from trustlens.analysis.collapse.onset import accuracy_per_step, collapse_onset, collapse_window, reward_per_step
 
 TIMELINE_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "step": pl.Int32,  # the alert's first step, or the collapse step

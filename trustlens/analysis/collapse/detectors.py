@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trustlens.analysis.alert_config import ALERT_WINDOW_MAX, REWARD_WINDOW_MAX, CollapseConfig, alert_window
-from trustlens.analysis.alert_levels import Learning, MismatchLevel, Trailing
+from trustlens.analysis.collapse.config import ALERT_WINDOW_MAX, REWARD_WINDOW_MAX, CollapseConfig, alert_window
+from trustlens.analysis.collapse.levels import Learning, MismatchLevel, Trailing
 from trustlens.run import blocked_column
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from trustlens.analysis.onset import collapse_window
+from trustlens.analysis.collapse.onset import collapse_window
 from trustlens.core.values import (
     check_fraction,
     check_int,

@@ -1,13 +1,13 @@
 """Early signs of a collapsing run: detectors over per-step signals, each alert traced back to the
 tokens and samples that drove it, ranked.
 
-`step_signals` (trustlens.analysis.signals) builds one row per step: entropy, k3_kl, reward,
+`step_signals` (trustlens.analysis.collapse.signals) builds one row per step: entropy, k3_kl, reward,
 accuracy (at evaluations), grad_norm and the block rate of each rule.
 
 `detect_collapse` compares each step with the run's own early baseline: the median m of the first
 `baseline_steps` steps (default: alert_window(planned) = min(15, max(5, round(0.1·planned))),
 planned the steps the run plans: run.json's `planned_steps`, or the built-in trainer's
-`config.steps`; 15 for a run that names neither (`trustlens.analysis.alert_steps.planned_window`).
+`config.steps`; 15 for a run that names neither (`trustlens.analysis.collapse.detectors.planned_window`).
 10% of the steps as in the collapse test, but never more than 15, so that the alerts react within
 15 steps however long the run. Planned, not recorded, steps: a run judged live, step by step,
 gets the alerts the finished run gets, and a run stopped early keeps the window it had), with a robust
@@ -31,14 +31,14 @@ median, so one outlier step alone raises no alert), with z = (x̄ − m)/s:
 
 and, for every x̄ test, |z| > z_warning (blocked_drift also needs |x̄ − m| > blocked_drift, its
 f = blocked_factor). r̄ is the mean reward over the last `reward_window` steps (default min(10,
-baseline steps)), the statistic of the reward collapse (`trustlens.analysis.onset`: a fall to
+baseline steps)), the statistic of the reward collapse (`trustlens.analysis.collapse.onset`: a fall to
 half) over a shorter window, with no z test, as there. accuracy_drop is judged at each
 evaluation a after the first, a₀, against a₀ itself (the start the collapse's accuracy test
 measures from), with no z test: a warning when one evaluation is below the line, critical when
 `accuracy_evals` evaluations in a row are. A step is flagged when its warning or its critical
 test holds.
 
-Besides the change, an alert needs a level that matters (`trustlens.analysis.alert_levels`): a
+Besides the change, an alert needs a level that matters (`trustlens.analysis.collapse.levels`): a
 mismatch_growth step only counts while the mismatch is above the normal range of the run's model
 kind (k3_kl ≥ 1e-3 for a dense model, or prob_diff_mean ≥ 0.005; `mismatch_k3_level` overrides
 the k3 level), and an entropy alert all of whose steps came while held-out accuracy or reward was
@@ -59,9 +59,9 @@ starts at the first of them (`step`) and ends at `end_step`, carrying the most e
 critical reward_drop step's value is r̄); an alert is critical from its first critical step on
 (`critical_step`), which may come after `step`.
 
-Each alert's driving tokens and samples: `trustlens.analysis.drivers`.
+Each alert's driving tokens and samples: `trustlens.analysis.collapse.drivers`.
 
-The collapse itself, for measuring how early the alerts came: `trustlens.analysis.onset`.
+The collapse itself, for measuring how early the alerts came: `trustlens.analysis.collapse.onset`.
 """
 
 from __future__ import annotations
@@ -70,18 +70,18 @@ import math
 
 import polars as pl
 
-from trustlens.analysis.alert_config import (
+from trustlens.analysis.collapse.config import (
     ALERT_KINDS,
     ALERT_SCHEMA,
     ALERT_WINDOW_MAX,
     CollapseConfig,
     alert_window,
 )
-from trustlens.analysis.alert_levels import model_kind
-from trustlens.analysis.alert_steps import CollapseSteps, Episode, planned_window
-from trustlens.analysis.drivers import alert_drivers
+from trustlens.analysis.collapse.detectors import CollapseSteps, Episode, planned_window
+from trustlens.analysis.collapse.drivers import alert_drivers
+from trustlens.analysis.collapse.levels import model_kind
+from trustlens.analysis.collapse.signals import step_signals
 from trustlens.analysis.inputs import require_run
-from trustlens.analysis.signals import step_signals
 from trustlens.core.numbers import decimal, is_rate, percent
 from trustlens.core.values import (
     check_choice,
