@@ -154,7 +154,7 @@ def test_the_root_holds_only_entry_points():
         ("trustlens.rule_columns", "trustlens.rules.columns"),
         ("trustlens.analysis.alert_config", "trustlens.analysis.collapse.config"),
         ("trustlens.analysis.alert_levels", "trustlens.analysis.collapse.levels"),
-        ("trustlens.analysis.alert_steps", "trustlens.analysis.collapse.detectors"),
+        ("trustlens.analysis.alert_steps", "trustlens.analysis.collapse.steps"),
         ("trustlens.analysis.drivers", "trustlens.analysis.collapse.drivers"),
         ("trustlens.analysis.onset", "trustlens.analysis.collapse.onset"),
         ("trustlens.analysis.signals", "trustlens.analysis.collapse.signals"),

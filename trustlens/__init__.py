@@ -84,7 +84,7 @@ def __getattr__(name: str):
 MOVED_MODULES = {
     "trustlens.analysis.alert_config": "trustlens.analysis.collapse.config",
     "trustlens.analysis.alert_levels": "trustlens.analysis.collapse.levels",
-    "trustlens.analysis.alert_steps": "trustlens.analysis.collapse.detectors",
+    "trustlens.analysis.alert_steps": "trustlens.analysis.collapse.steps",
     "trustlens.analysis.drivers": "trustlens.analysis.collapse.drivers",
     "trustlens.analysis.onset": "trustlens.analysis.collapse.onset",
     "trustlens.analysis.signals": "trustlens.analysis.collapse.signals",

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from trustlens.analysis.collapse.drivers import alert_drivers, driver_scores
+from trustlens.analysis.collapse import alert_drivers, driver_scores
 from trustlens.run import load_run
 from trustlens.run.tables import write_run
 

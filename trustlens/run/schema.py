@@ -112,6 +112,13 @@ ALERT_COLUMNS: tuple[Column, ...] = (
     Column("step", pa.int32(), False, "first step of the alert (a doctor finding: the step it was first seen at)"),
     Column("end_step", pa.int32(), False, "last flagged step of the alert so far"),
     Column("critical_step", pa.int32(), True, "first critical step of a collapse alert (null: none yet)"),
+    Column(
+        "evidence_start_step",
+        pa.int32(),
+        True,
+        "where a collapse alert's evidence began: its first flagged step or that of the warnings before it",
+    ),
+    Column("evidence", pa.list_(pa.string()), True, "the kinds of the warnings a collapse alert follows"),
     Column("source", pa.string(), False, "collapse (trustlens.analysis.collapse) or doctor (its findings)"),
     Column("kind", pa.string(), False, "the collapse detector (ALERT_KINDS) or the doctor's check"),
     Column("signal", pa.string(), True, "the step signal a collapse alert watched (e.g. blocked_ppo)"),

@@ -38,6 +38,24 @@ COLLAPSE_MESSAGES = {
 }
 
 
+def episode_span(alert: dict) -> str:
+    """An alert episode's severity over time, for people: "warning at steps 20–59, critical from
+    step 60 to 250 · evidence from step 20" (`alert`: a row of detect_collapse or
+    LiveAlert.record())."""
+    start, end, critical = alert["step"], alert["end_step"], alert.get("critical_step")
+    first = "info" if alert["severity"] == "info" else "warning"
+    if critical is None:
+        text = f"{first} at step {start}" if start == end else f"{first} at steps {start}–{end}"
+    elif critical == start:
+        text = f"critical from step {start} to {end}"
+    else:
+        text = f"warning at steps {start}–{critical - 1}, critical from step {critical} to {end}"
+    evidence = alert.get("evidence_start_step")
+    if critical is not None and evidence is not None and evidence < start:
+        text += f" · evidence from step {evidence} ({', '.join(alert.get('evidence') or [])})"
+    return text
+
+
 def run_timeline(run, alerts: pl.DataFrame) -> pl.DataFrame:
     """The events of `run` in time order (columns: TIMELINE_SCHEMA; see the module docstring).
     `alerts` is `detect_collapse(run)`."""
@@ -76,4 +94,4 @@ def run_timeline(run, alerts: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=TIMELINE_SCHEMA)
 
 
-__all__ = ["TIMELINE_SCHEMA", "run_timeline"]
+__all__ = ["TIMELINE_SCHEMA", "episode_span", "run_timeline"]
