@@ -35,7 +35,7 @@ def test_sample_run_was_made_by_make_sample_under_the_current_semantics(name):
     # `stop_on` and `checkpoint_every`: off, they only read the rows)
     added = {key: want.pop(key) for key in set(want) - set(recorded)}
     assert added == {k: v for k, v in asdict(TrainConfig()).items() if k in added}
-    assert set(added) <= {"engine", "alerts", "stop_on", "checkpoint_every"}
+    assert set(added) <= {"engine", "alerts", "stop_on", "checkpoint_every", "warmup_steps"}
     assert recorded == want
     assert run.sampled
     tokens = run.tokens

@@ -45,6 +45,7 @@ class LiveAlert:
     critical_step: int | None = None  # first critical step of a collapse alert
     evidence_start_step: int | None = None  # where a collapse alert's evidence began (ALERT_SCHEMA)
     evidence: tuple[str, ...] = ()  # the kinds of the warnings a collapse alert follows
+    drivers_step: int | None = None  # the step `samples` and `drivers` are read at (ALERT_SCHEMA)
     signal: str | None = None  # the step signal a collapse alert watches (e.g. blocked_ppo)
     value: float | None = None  # the most extreme value of the signal
     baseline: float | None = None  # its baseline median
@@ -85,6 +86,7 @@ class LiveAlert:
             "baseline": self.baseline,
             "z": self.z,
             "message": self.message,
+            "drivers_step": self.drivers_step,
             "samples": list(self.samples),
             "tokens": list(self.drivers),
         }
@@ -107,6 +109,7 @@ class LiveAlert:
             critical_step=row["critical_step"],
             evidence_start_step=row.get("evidence_start_step"),
             evidence=tuple(row.get("evidence") or ()),
+            drivers_step=row.get("drivers_step"),
             signal=row["signal"],
             value=row["value"],
             baseline=row["baseline"],

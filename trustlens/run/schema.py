@@ -119,6 +119,7 @@ ALERT_COLUMNS: tuple[Column, ...] = (
         "where a collapse alert's evidence began: its first flagged step or that of the warnings before it",
     ),
     Column("evidence", pa.list_(pa.string()), True, "the kinds of the warnings a collapse alert follows"),
+    Column("drivers_step", pa.int32(), True, "the step `samples` and `tokens` are read at (collapse)"),
     Column("source", pa.string(), False, "collapse (trustlens.analysis.collapse) or doctor (its findings)"),
     Column("kind", pa.string(), False, "the collapse detector (ALERT_KINDS) or the doctor's check"),
     Column("signal", pa.string(), True, "the step signal a collapse alert watched (e.g. blocked_ppo)"),

@@ -42,9 +42,8 @@ ALERT_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "baseline": pl.Float64,  # the trailing baseline median m at the first step
     "z": pl.Float64,  # robust z-score at the most extreme step (null for accuracy_drop: no scale)
     "message": pl.String,  # one line for people
-    "samples": pl.List(
-        pl.Int64
-    ),  # sample ids that drove it, at the step that confirmed it (`step` + confirm_steps − 1)
+    "drivers_step": pl.Int32,  # the step its drivers are read at: the one that confirmed it (raised it live)
+    "samples": pl.List(pl.Int64),  # sample ids that drove it, at drivers_step
     "tokens": pl.List(pl.Struct({"sample": pl.Int64, "update": pl.Int16, "pos": pl.Int32})),
 }
 

@@ -103,7 +103,7 @@ def alert_row(run, ep: Episode, config: CollapseConfig) -> dict:
     samples, tokens = alert_drivers(
         run, {"step": ep.opened_step, "kind": ep.kind, "signal": ep.signal}, config.top_tokens, config.top_samples
     )
-    return {**episode_record(ep), "samples": samples, "tokens": tokens}
+    return {**episode_record(ep), "drivers_step": ep.opened_step, "samples": samples, "tokens": tokens}
 
 
 def rollout_lag(run) -> int:
