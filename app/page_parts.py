@@ -15,6 +15,7 @@ from view_state import keep_valid, view_params
 from trustlens import plots
 from trustlens.analysis import tokens as tq
 from trustlens.analysis.agreement import default_rule_pair
+from trustlens.analysis.collapse import episode_span
 
 # Session-state key of what the token inspector should open (see inspect_tokens).
 INSPECT_KEY = "tl_inspect"
@@ -128,6 +129,8 @@ def alert_box(alert: dict, key: str, *, lead: str = "", drivers: str = "") -> No
         left, right = st.columns([3, 1], vertical_alignment="center")
         icon = SEVERITY_ICONS.get(alert["severity"], "")
         left.markdown(f"{lead}{icon} **{md(alert['severity'])}** · {md(alert['kind'])} · {md(alert['message'])}")
+        if "end_step" in alert:  # one episode: its severity over time
+            left.caption(md(episode_span(alert)))
         if drivers:
             left.caption(drivers)
         if right.button("Inspect tokens", key=key, icon=":material/search:"):

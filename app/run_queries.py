@@ -15,7 +15,7 @@ from sidebar import Context
 from trustlens.analysis import tokens as tq
 from trustlens.analysis.clipping import with_rules
 from trustlens.analysis.collapse import detect_collapse
-from trustlens.analysis.signals import step_signals
+from trustlens.analysis.collapse.signals import step_signals
 from trustlens.analysis.summary import exact_aggregates
 
 

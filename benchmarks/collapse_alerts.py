@@ -37,9 +37,9 @@ import polars as pl
 
 from trustlens.analysis.claims import alert_leads
 from trustlens.analysis.collapse import CollapseConfig, alert_window, detect_collapse
-from trustlens.analysis.onset import collapse_onset, collapse_window
+from trustlens.analysis.collapse.onset import collapse_onset, collapse_window
+from trustlens.analysis.collapse.signals import step_signals
 from trustlens.analysis.seeds import accuracy_per_step, reward_per_step
-from trustlens.analysis.signals import step_signals
 from trustlens.run import load_runs
 
 

@@ -64,9 +64,9 @@ def outcomes(path: Path, every: int) -> pl.DataFrame:
     """One row per set of the run at `path`: set, collapse step, cause, first critical alert."""
     from trustlens import load_run
     from trustlens.analysis.collapse import CollapseConfig, detect_collapse
-    from trustlens.analysis.onset import collapse_onset, collapse_window
+    from trustlens.analysis.collapse.onset import collapse_onset, collapse_window
+    from trustlens.analysis.collapse.signals import step_signals
     from trustlens.analysis.seeds import reward_per_step
-    from trustlens.analysis.signals import step_signals
 
     run = load_run(path)
     long = run.metrics.filter(pl.col("name").str.starts_with(PREFIX)).collect()

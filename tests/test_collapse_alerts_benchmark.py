@@ -25,15 +25,14 @@ def test_alerts_against_collapses(bench, tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert "== all: 0 runs" in out and "== synthetic: 2 runs" in out
     at = out.index("== synthetic: 2 runs")
-    # the synthetic collapse: injected at step 16, the reward collapse test fires at 23
-    assert out[at + 1].split() == ["collapse", "ppo", "24", "steps", "collapse", "@23", "(reward),", "lead", "7"]
-    assert out[at + 3].split() == ["grad_norm_spike", "@16–23", "critical", "from", "16"]
+    # the synthetic collapse: injected at step 16, the reward collapse test fires at 23; only an
+    # outcome is critical, and 8 steps of a reward window are too few to confirm it: warnings only
+    assert out[at + 1].split() == ["collapse", "ppo", "24", "steps", "collapse", "@23", "(reward)"]
+    assert out[at + 3].split() == ["grad_norm_spike", "@16–23", "warning"]
     summary = next(line for line in out if line.startswith("synthetic: "))
-    assert summary.startswith(
-        "synthetic: 1/1 collapsing runs had a critical alert before the collapse (lead in steps: 7"
-    )
+    assert summary.startswith("synthetic: 0/1 collapsing runs had a critical alert before the collapse")
     assert summary.endswith("0/1 runs that did not collapse had a critical alert")
-    assert out[-1].startswith("all: 1/1 collapsing runs")  # over every set
+    assert out[-1].startswith("all: 0/1 collapsing runs")  # over every set
 
 
 def test_the_sample_runs_carry_only_the_critical_alert_of_their_collapse(bench, capsys):
@@ -41,9 +40,9 @@ def test_the_sample_runs_carry_only_the_critical_alert_of_their_collapse(bench, 
     warnings, line = capsys.readouterr().out.splitlines()[:2]
     assert line.startswith("sample: 1/1 collapsing runs had a critical alert before the collapse")
     assert line.endswith("0/3 runs that did not collapse had a critical alert")
-    # the learning run's mismatch stays inside the normal range: only the ppo run (fp8, 16 steps
-    # stale, k3 about 0.05) warns
-    assert warnings == "sample (warnings): 1/3 runs that did not collapse had a warning or critical alert: ppo"
+    # the learning run's mismatch stays inside the normal range, and the ppo run's (fp8, 16 steps
+    # stale, k3 about 0.05) follows its trailing baseline: no run that did not collapse warns
+    assert warnings == "sample (warnings): 0/3 runs that did not collapse had a warning or critical alert"
 
 
 def test_config_overrides(bench):

@@ -187,7 +187,7 @@ def test_alert_opens_the_tokens_behind_it(monkeypatch, runs):
     assert any("Showing the tokens behind alert" in i.value for i in at.info)
     target = at.session_state[INSPECT_KEY]
     drivers = at.dataframe[0].value  # the alert's driving tokens
-    assert len(drivers) > 0 and set(drivers["step"]) == {target["alert"]["step"]}
+    assert len(drivers) > 0 and set(drivers["step"]) == {target["alert"]["drivers_step"]}  # the confirming step
     samples = at.dataframe[1].value  # the samples behind the alert
     assert set(samples["sample"]) == set(target["alert"]["samples"])
 

@@ -78,8 +78,8 @@ def test_a_live_run_shows_its_step_reruns_into_new_steps_and_toasts_new_alerts(m
     assert any(h.value == "Collapse signals" for h in at.title)  # the page stays
     toasts = [t.value for t in at.toast]
     assert any("entropy\\_collapse" in t and "step 11" in t for t in toasts), toasts
-    assert any("reward\\_drop" in t for t in toasts), toasts
-    assert not any("grad\\_norm\\_spike" in t and "warning" in t for t in toasts)  # shown before
+    # (the reward's fall at step 13 is not confirmed yet: confirm_steps flagged steps in a row)
+    assert len(toasts) == len(set(toasts))  # each alert toasted once
 
     copy_steps(collapsing, run, 16, status="finished")
     at.run()

@@ -18,5 +18,5 @@ def test_the_latency_of_a_live_alert_to_watch_json(tmp_path):
     bench = load("live_watch")
     r = bench.latency(str(tmp_path / "run"), tmp_path, steps=30, pause=0.3, every=0.2, env=dict(os.environ))
     assert r["exit"] == 0  # watch followed the run to its end
-    assert tuple(r["printed"][0][:3]) == ("entropy_collapse", "critical", 26)
+    assert tuple(r["printed"][0][:3]) == ("entropy_collapse", "warning", 28)
     assert all(seconds > 0 for *_, seconds in r["printed"]) and r["recorder"]

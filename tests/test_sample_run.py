@@ -36,7 +36,15 @@ def test_sample_run_was_made_by_make_sample_under_the_current_semantics(name):
     # when rows are written, not which)
     added = {key: want.pop(key) for key in set(want) - set(recorded)}
     assert added == {k: v for k, v in asdict(TrainConfig()).items() if k in added}
-    assert set(added) <= {"engine", "alerts", "stop_on", "checkpoint_every", "keep_checkpoints", "flush_seconds"}
+    assert set(added) <= {
+        "engine",
+        "alerts",
+        "stop_on",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "flush_seconds",
+        "warmup_steps",
+    }
     assert recorded == want
     assert run.sampled
     tokens = run.tokens

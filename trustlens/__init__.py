@@ -80,9 +80,16 @@ def __getattr__(name: str):
 
 
 # Module paths that earlier releases documented -> where the module lives now. `import trustlens.loss`
-# (or `from trustlens.recorder import TokenRecorder`) still works, with a DeprecationWarning, and
-# gives the module itself.
+# (or `from trustlens.recorder import TokenRecorder`) still works, gives the module itself and warns
+# (DeprecationWarning) with the new path.
 MOVED_MODULES = {
+    "trustlens.analysis.alert_config": "trustlens.analysis.collapse.config",
+    "trustlens.analysis.alert_levels": "trustlens.analysis.collapse.levels",
+    "trustlens.analysis.alert_steps": "trustlens.analysis.collapse.steps",
+    "trustlens.analysis.drivers": "trustlens.analysis.collapse.drivers",
+    "trustlens.analysis.onset": "trustlens.analysis.collapse.onset",
+    "trustlens.analysis.signals": "trustlens.analysis.collapse.signals",
+    "trustlens.analysis.timeline": "trustlens.analysis.collapse.timeline",
     "trustlens.loss": "trustlens.rules.loss",
     "trustlens.recorder": "trustlens.record",
     "trustlens.render": "trustlens.core.render",

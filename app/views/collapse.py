@@ -11,7 +11,7 @@ from sidebar import Context, context
 
 from trustlens import plots
 from trustlens.analysis import tokens as tq
-from trustlens.analysis.timeline import run_timeline
+from trustlens.analysis.collapse.timeline import run_timeline
 from trustlens.core.render import quoted_token
 
 # driving tokens named per timeline entry

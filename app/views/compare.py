@@ -14,8 +14,8 @@ from sidebar import context
 from view_state import multiselect_in_address
 
 from trustlens import plots
+from trustlens.analysis.collapse.timeline import run_timeline
 from trustlens.analysis.seeds import OUTCOME_SCHEMA, OUTCOMES, run_outcome, seed_table, settings_key
-from trustlens.analysis.timeline import run_timeline
 
 
 @st.cache_data(ttl=RUN_TTL, max_entries=64, show_spinner=False)

@@ -1,10 +1,10 @@
-"""The driving tokens and samples of collapse alerts (trustlens.analysis.drivers), scored by hand."""
+"""The driving tokens and samples of collapse alerts (trustlens.analysis.collapse.drivers), scored by hand."""
 
 import math
 
 import pytest
 
-from trustlens.analysis.drivers import alert_drivers, driver_scores
+from trustlens.analysis.collapse import alert_drivers, driver_scores
 from trustlens.run import load_run
 from trustlens.run.tables import write_run
 

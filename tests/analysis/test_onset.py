@@ -1,7 +1,7 @@
 import polars as pl
 import pytest
 
-from trustlens.analysis.onset import collapse_onset, collapse_window, evaluations
+from trustlens.analysis.collapse.onset import collapse_onset, collapse_window, evaluations
 
 
 def test_collapse_onset_by_hand():

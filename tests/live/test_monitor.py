@@ -9,7 +9,7 @@ from benchmark_scripts import load
 
 from trustlens import load_run
 from trustlens.analysis import CollapseConfig, detect_collapse, doctor
-from trustlens.analysis.alert_steps import planned_window
+from trustlens.analysis.collapse.steps import planned_window
 from trustlens.live import DoctorConfig, LiveMonitor, replay
 from trustlens.run.tables import write_run
 
@@ -21,24 +21,7 @@ def _offline(run) -> list[dict]:
 
 
 def _online(monitor: LiveMonitor) -> list[dict]:
-    rows = [
-        {
-            "step": a.step,
-            "end_step": a.end_step,
-            "kind": a.kind,
-            "signal": a.signal,
-            "severity": a.severity,
-            "critical_step": a.critical_step,
-            "value": a.value,
-            "baseline": a.baseline,
-            "z": a.z,
-            "message": a.message,
-            "samples": list(a.samples),
-            "tokens": list(a.drivers),
-        }
-        for a in monitor.alerts
-        if a.source == "collapse"
-    ]
+    rows = [a.record() for a in monitor.alerts if a.source == "collapse"]
     return sorted(rows, key=lambda r: (r["step"], r["kind"], r["signal"]))
 
 
@@ -63,18 +46,19 @@ def test_a_shipped_run_replayed_live_gets_the_offline_alerts(name):
     assert len(changes) == len({s for s, _ in changes[:-1]}) + 1  # one update per step, then finish
     _same(_offline(run), _online(monitor))
     assert all(not a.provisional for a in monitor.alerts)  # the run ended: every alert final
-    # bounded state: the baselines are taken, the windows are the configuration's
+    # bounded state: the trailing baselines and the windows are the configuration's
     detectors = monitor._detectors
     window = planned_window(run.manifest)
-    assert all(judge.history == [] for judge in detectors.judges)
+    assert all(len(judge.reference) <= CollapseConfig().reference_steps for judge in detectors.judges)
     assert all(len(judge.window.values) <= min(10, window) for judge in detectors.judges)
     assert detectors.open == {} and detectors.episodes == []  # a live monitor keeps only open episodes
 
 
 def test_an_alert_is_raised_at_its_first_step_then_changed_then_final(tmp_path):
     """A reward of about 1 that falls to 0.3 at step 20 of 40 (window 5, m = 1.01): x̄ (median of
-    3) is 0.3 from step 21, a warning; r̄ (mean of 5) is (1.01 + 4·0.3)/5 = 0.442 < 0.56·m first
-    at step 23, critical; flagged steps go on to the last: final when the run ends."""
+    3) is 0.3 from step 21, flagged; the third flagged row in a row (23) raises it (confirm_steps),
+    where r̄ (mean of 5) is (1.01 + 4·0.3)/5 = 0.442 < 0.56·m: critical at once; flagged steps go
+    on to the last: final when the run ends."""
     steps = 40
     tokens = {"step": list(range(steps)), "sample": list(range(steps)), "pos": [0] * steps, "pi_logp": [-1.0] * steps}
     reward = [1.0 + 0.01 * (s % 3) if s < 20 else 0.3 for s in range(steps)]
@@ -88,7 +72,6 @@ def test_an_alert_is_raised_at_its_first_step_then_changed_then_final(tmp_path):
         for a in new
     ]
     assert changes == [
-        (21, "reward_drop", 21, "warning", True, None),
         (23, "reward_drop", 21, "critical", True, 23),
         (39, "reward_drop", 21, "critical", False, 23),
     ]
@@ -117,7 +100,7 @@ def test_steps_must_come_in_order():
 
 
 def test_the_reward_critical_window_is_judged_alike_live(tmp_path):
-    cfg = CollapseConfig(baseline_steps=4, merge_gap=2, smooth=1)
+    cfg = CollapseConfig(baseline_steps=4, merge_gap=2, smooth=1, confirm_steps=1)
     steps = 16
     tokens = {"step": list(range(steps)), "sample": list(range(steps)), "pos": [0] * steps, "pi_logp": [-1.0] * steps}
     reward = [1.0, 1.1, 0.9, 1.0, 1.0, 0.2, 1.0, 1.0, 1.0, 1.0, 0.1, 0.1, 0.1, 1.0, 1.0, 1.0]

@@ -81,10 +81,12 @@ def test_rolling_checkpoints_are_the_last_n_plus_the_one_a_stop_would_keep(tmp_p
         accuracy = 0.5 if step % 4 == 0 else None  # evaluated every 4 steps
         stop.checkpoint(step, None, None, recorder, accuracy)
         on_disk.append(sorted(p.name for p in (tmp_path / "checkpoints").iterdir()))
-    assert max(len(names) for names in on_disk) == 3  # keep + 1
-    assert on_disk[5] == [checkpoint_name(s) for s in (0, 4, 5)]  # 0: the kept one for steps from 3 on
-    assert on_disk[9] == [checkpoint_name(s) for s in (0, 8, 9)]  # the open warning keeps 0
-    assert on_disk[11] == [checkpoint_name(s) for s in (8, 10, 11)]  # closed: the kept one for step 10 on
+    assert max(len(names) for names in on_disk) == 4  # keep + 2
+    assert on_disk[5] == [checkpoint_name(s) for s in (0, 4, 5)]  # 0: the kept one for evidence from 3 on
+    # the open warning keeps 0; 4 is the last evaluated one, kept for a fall first seen at step 8
+    assert on_disk[9] == [checkpoint_name(s) for s in (0, 4, 8, 9)]
+    # closed, the warning may still be a later critical's evidence (EVIDENCE_STEPS): 0 stays
+    assert on_disk[11] == [checkpoint_name(s) for s in (0, 8, 10, 11)]
 
 
 def test_bounded_keep_is_a_setting_named_when_bad():
@@ -128,7 +130,7 @@ def test_train_stops_exits_4_keeps_the_last_evaluated_weights_before_the_evidenc
     meta = json.loads((out / why["checkpoint"] / "meta.json").read_text())
     assert meta == {"step": expected, "before_update": True, "eval_accuracy": why["checkpoint_accuracy"]}
     load_checkpoint(out / why["checkpoint"])  # a warm start for --checkpoint
-    assert held and max(held) <= 3  # --keep-checkpoints 2, plus the one a stop would keep
+    assert held and max(held) <= 4  # --keep-checkpoints 2, plus the ones a stop would keep
     printed = capsys.readouterr().out
     assert f"(evidence from step {start}); kept {out}/{why['checkpoint']}" in printed
 

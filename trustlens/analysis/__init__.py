@@ -7,10 +7,9 @@ Modules, each documenting its return columns:
     agreement  two rules' decisions compared on the same tokens (rule_confusion, confusion_matrix)
     mismatch   training-inference mismatch (μ vs π_old) per step, per μ bucket and its trend
                (names from trustlens.metrics, which maps them to verl's)
-    signals    the per-step signals the collapse alerts watch
-    collapse   collapse alerts with the tokens and samples behind them
-    onset      the collapse itself (collapse_onset), against which the alerts are measured
-    drivers    the tokens and samples that drove a collapse alert
+    collapse   collapse alerts (detect_collapse): its config, the per-step signals they watch,
+               the detectors, their levels, the tokens and samples that drove an alert, the
+               collapse itself (collapse_onset) and a run's timeline; docs/alerts.md
     doctor     log-probability bugs that fake a training–inference mismatch (doctor, Finding)
     seeds      per-run outcomes and their mean ± standard error over seeds (trustlens compare)
     seed_text  the seed table as terminal text in blocks of ≤ 120 columns, with a legend
@@ -53,6 +52,8 @@ from trustlens.analysis.clipping import (
     with_rules,
 )
 from trustlens.analysis.collapse import CollapseConfig, detect_collapse
+from trustlens.analysis.collapse.onset import collapse_onset
+from trustlens.analysis.collapse.signals import step_signals
 from trustlens.analysis.diagnosis import Finding, doctor
 from trustlens.analysis.findings import (
     blocked_anchor_quantiles,
@@ -69,10 +70,8 @@ from trustlens.analysis.mismatch import (
     mismatch_trend,
     mismatch_unavailable,
 )
-from trustlens.analysis.onset import collapse_onset
 from trustlens.analysis.responses import responses_blocked
 from trustlens.analysis.seeds import run_outcomes, seed_table
-from trustlens.analysis.signals import step_signals
 from trustlens.analysis.summary import exact_aggregates, step_summary
 from trustlens.analysis.sweep import threshold_sweep
 

@@ -44,7 +44,7 @@ Per run (`run_outcome`), with steps numbered as recorded:
     lead                             collapse_step − first_critical: how many steps the first
                                      critical alert came before the collapse (null without both)
 
-Collapse (`trustlens.analysis.onset.collapse_onset`): the first evaluation whose accuracy is
+Collapse (`trustlens.analysis.collapse.onset.collapse_onset`): the first evaluation whose accuracy is
 below half the first evaluation's, or the first step whose trailing mean reward over `window`
 steps is below half the mean reward of the first `window` steps, whichever comes first; `window`
 = max(5, round(0.1 · steps)) steps (`collapse_window`), steps counted in the samples table for
@@ -70,9 +70,14 @@ import polars as pl
 from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage, weighted, weighted_mean
 from trustlens.analysis.clipping import blocked_per_step
 from trustlens.analysis.collapse import detect_collapse
+from trustlens.analysis.collapse.onset import (
+    accuracy_per_step,
+    collapse_onset,
+    collapse_window,
+    reward_per_step,
+)
 from trustlens.analysis.inputs import require_run
 from trustlens.analysis.mismatch import mismatch_per_step
-from trustlens.analysis.onset import collapse_onset, collapse_window, evaluations
 from trustlens.analysis.summary import exact_aggregates
 from trustlens.core.render import csv_safe  # the seed tables' CSV guard, re-exported
 from trustlens.core.values import check_columns, check_sequence, check_str, check_type
@@ -109,21 +114,6 @@ def mean_se(values: Iterable[float | None]) -> tuple[float | None, float | None,
         return mean, None, n
     var = math.fsum((x - mean) ** 2 for x in xs) / (n - 1)
     return mean, math.sqrt(var / n), n
-
-
-def accuracy_per_step(run) -> list[tuple[int, float]]:
-    """(step, held-out accuracy) of each evaluation, mean over ranks; an evaluation without a
-    finite accuracy is left out."""
-    df = collect(evaluations(run.metrics).filter(pl.col("accuracy").is_finite()))
-    return list(zip(df["step"].to_list(), df["accuracy"].to_list(), strict=True))
-
-
-def reward_per_step(run) -> list[tuple[int, float]]:
-    """(step, mean reward of the step's samples); a step without a finite mean (its rewards all
-    unknown, or one NaN) is left out."""
-    rewards = run.samples.group_by("step").agg(pl.col("reward").cast(pl.Float64).mean()).sort("step")
-    df = collect(rewards.filter(pl.col("reward").is_finite()))
-    return list(zip(df["step"].to_list(), df["reward"].to_list(), strict=True))
 
 
 def _block_rates(run, rule: str | None) -> tuple[float | None, float | None]:

@@ -240,15 +240,16 @@ def step_range(tokens: pl.LazyFrame) -> tuple[int, int] | None:
 
 def alert_query(alert: dict) -> TokenQuery:
     """The rows behind a collapse alert (a row of `trustlens.analysis.collapse.detect_collapse`):
-    its first step, restricted to the samples that drove it when it names any."""
-    step = int(alert["step"])
+    the step its drivers were read at (`drivers_step`; its first step where absent), restricted to
+    the samples that drove it when it names any."""
+    step = int(alert["step"] if alert.get("drivers_step") is None else alert["drivers_step"])
     samples = tuple(int(s) for s in (alert.get("samples") or ()))
     return TokenQuery(steps=(step, step), samples=samples or None)
 
 
 def alert_tokens(tokens: pl.LazyFrame, alert: dict) -> pl.DataFrame:
-    """The exact (sample, update, pos) token rows an alert lists as its drivers, at its first step,
-    in the alert's order (most extreme first)."""
+    """The exact (sample, update, pos) token rows an alert lists as its drivers, at the step they
+    were read at (alert_query), in the alert's order (most extreme first)."""
     listed = alert.get("tokens") or []
     keys = pl.DataFrame(
         {
@@ -259,7 +260,6 @@ def alert_tokens(tokens: pl.LazyFrame, alert: dict) -> pl.DataFrame:
         },
         schema={"sample": pl.Int64, "update": pl.Int16, "pos": pl.Int32, "rank_in_alert": pl.Int64},
     )
-    rows = tokens.filter(pl.col("step") == int(alert["step"])).join(
-        keys.lazy(), on=["sample", "update", "pos"], how="inner"
-    )
+    step = int(alert["step"] if alert.get("drivers_step") is None else alert["drivers_step"])
+    rows = tokens.filter(pl.col("step") == step).join(keys.lazy(), on=["sample", "update", "pos"], how="inner")
     return rows.sort("rank_in_alert").drop("rank_in_alert").collect()

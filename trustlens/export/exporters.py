@@ -89,7 +89,7 @@ def driving_tokens(run, alerts: pl.DataFrame) -> pl.DataFrame:
     """The tokens behind each alert with their text, μ, π_old, π and advantage: columns
     DRIVER_COLUMNS, one alert's tokens after another in the order of `alerts`, each alert's in the
     order of its `tokens` list (strongest first, ties by sample, update, position:
-    `trustlens.analysis.drivers`). π_old is shown beside π because mismatch_growth ranks by μ
+    `trustlens.analysis.collapse.drivers`). π_old is shown beside π because mismatch_growth ranks by μ
     against π_old. Token text is untrusted: shown as text."""
     require_run("driving_tokens", run)
     check_type("alerts", alerts, pl.DataFrame, "a polars DataFrame of alerts (trustlens.analysis.detect_collapse)")

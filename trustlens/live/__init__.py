@@ -7,7 +7,7 @@ new or changed at that step. `replay(run)` feeds it a recorded run step by step.
 Collapse alerts (source "collapse"). The monitor runs the detectors of `detect_collapse`
 (trustlens.analysis.collapse) on the step's row of `step_signals`, computed from the step's rows
 by the same functions, through the same step-by-step detectors
-(trustlens.analysis.alert_steps.CollapseSteps). So an alert raised live is the alert
+(trustlens.analysis.collapse.steps.CollapseSteps). So an alert raised live is the alert
 `detect_collapse` finds on the finished run: same kind, first step, severity and critical step.
 The baseline window and merge gap come from the planned steps (run.json `planned_steps`, or the
 built-in trainer's `config.steps`; 15 steps when neither is given), which a live run knows. State:

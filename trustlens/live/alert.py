@@ -43,6 +43,9 @@ class LiveAlert:
     provisional: bool  # later steps may still change it (an open collapse episode, an accumulating check)
     end_step: int  # last flagged step so far
     critical_step: int | None = None  # first critical step of a collapse alert
+    evidence_start_step: int | None = None  # where a collapse alert's evidence began (ALERT_SCHEMA)
+    evidence: tuple[str, ...] = ()  # the kinds of the warnings a collapse alert follows
+    drivers_step: int | None = None  # the step `samples` and `drivers` are read at (ALERT_SCHEMA)
     signal: str | None = None  # the step signal a collapse alert watches (e.g. blocked_ppo)
     value: float | None = None  # the most extreme value of the signal
     baseline: float | None = None  # its baseline median
@@ -67,6 +70,53 @@ class LiveAlert:
 
     def changed(self, **fields: Any) -> LiveAlert:
         return replace(self, **fields)
+
+    def record(self) -> dict[str, Any]:
+        """The alert as a row of `detect_collapse` (ALERT_SCHEMA): the one alert record."""
+        return {
+            "step": self.step,
+            "end_step": self.end_step,
+            "kind": self.kind,
+            "signal": self.signal,
+            "severity": self.severity,
+            "critical_step": self.critical_step,
+            "evidence_start_step": self.evidence_start_step,
+            "evidence": list(self.evidence),
+            "value": self.value,
+            "baseline": self.baseline,
+            "z": self.z,
+            "message": self.message,
+            "drivers_step": self.drivers_step,
+            "samples": list(self.samples),
+            "tokens": list(self.drivers),
+        }
+
+    @classmethod
+    def from_record(
+        cls, row: dict[str, Any], *, source: str, raised_at_step: int, raised_wall_time: float, provisional: bool
+    ) -> LiveAlert:
+        """The LiveAlert of a `detect_collapse` row (ALERT_SCHEMA) raised at `raised_at_step`."""
+        return cls(
+            kind=row["kind"],
+            step=row["step"],
+            severity=row["severity"],
+            message=row["message"],
+            source=source,
+            raised_at_step=raised_at_step,
+            raised_wall_time=raised_wall_time,
+            provisional=provisional,
+            end_step=row["end_step"],
+            critical_step=row["critical_step"],
+            evidence_start_step=row.get("evidence_start_step"),
+            evidence=tuple(row.get("evidence") or ()),
+            drivers_step=row.get("drivers_step"),
+            signal=row["signal"],
+            value=row["value"],
+            baseline=row["baseline"],
+            z=row["z"],
+            samples=tuple(row.get("samples") or ()),
+            drivers=tuple(row.get("tokens") or ()),
+        )
 
 
 # the prefix of the alert metrics put into a framework's own logged metrics (verl, OpenRLHF)
@@ -99,6 +149,7 @@ def alerts_batch(alerts: Iterable[LiveAlert]) -> pa.RecordBatch:
         row = asdict(a)
         row["tokens"] = list(row.pop("drivers"))
         row["samples"] = list(row["samples"])
+        row["evidence"] = list(row["evidence"])
         row["raised_wall_time"] = datetime.fromtimestamp(a.raised_wall_time, timezone.utc)
         for name in ("value", "baseline", "z"):
             if row[name] is not None and not math.isfinite(row[name]):
@@ -109,29 +160,16 @@ def alerts_batch(alerts: Iterable[LiveAlert]) -> pa.RecordBatch:
 
 def from_rows(frame: pl.DataFrame) -> list[LiveAlert]:
     """LiveAlerts of rows of the `alerts` table (as `Run.alerts` reads them), in row order."""
-    out = []
-    for row in frame.iter_rows(named=True):
-        out.append(
-            LiveAlert(
-                kind=row["kind"],
-                step=row["step"],
-                severity=row["severity"],
-                message=row["message"],
-                source=row["source"],
-                raised_at_step=row["raised_at_step"],
-                raised_wall_time=row["raised_wall_time"].timestamp(),
-                provisional=row["provisional"],
-                end_step=row["end_step"],
-                critical_step=row["critical_step"],
-                signal=row["signal"],
-                value=row["value"],
-                baseline=row["baseline"],
-                z=row["z"],
-                samples=tuple(row["samples"] or ()),
-                drivers=tuple(row["tokens"] or ()),
-            )
+    return [
+        LiveAlert.from_record(
+            row,
+            source=row["source"],
+            raised_at_step=row["raised_at_step"],
+            raised_wall_time=row["raised_wall_time"].timestamp(),
+            provisional=row["provisional"],
         )
-    return out
+        for row in frame.iter_rows(named=True)
+    ]
 
 
 def live_alerts(run: Any) -> list[LiveAlert]:

@@ -9,13 +9,13 @@ from typing import Any
 
 import polars as pl
 
-from trustlens.analysis.alert_config import CollapseConfig
-from trustlens.analysis.alert_levels import model_kind
-from trustlens.analysis.alert_steps import CollapseSteps, Episode, planned_window
 from trustlens.analysis.buckets import in_memory
-from trustlens.analysis.collapse import alert_message, alert_row, rollout_lag
+from trustlens.analysis.collapse.config import CollapseConfig
+from trustlens.analysis.collapse.detect import alert_row, episode_record, rollout_lag
+from trustlens.analysis.collapse.levels import model_kind
+from trustlens.analysis.collapse.signals import step_signals
+from trustlens.analysis.collapse.steps import CollapseSteps, Episode, planned_window, warmup_steps
 from trustlens.analysis.diagnosis.finding import CAUSES, Finding
-from trustlens.analysis.signals import step_signals
 from trustlens.core.values import check_int, check_type
 from trustlens.live.alert import LiveAlert
 from trustlens.live.doctor import DoctorConfig, LiveDoctor
@@ -119,7 +119,16 @@ class LiveMonitor:
             cfg = self.collapse
             start = cfg.baseline_start if cfg.baseline_start is not None else rollout_lag(run)
             window = planned_window(self.manifest)
-            self._detectors = CollapseSteps(cfg, signals.columns, self.rule, start, model_kind(run), window, keep=False)
+            self._detectors = CollapseSteps(
+                cfg,
+                signals.columns,
+                self.rule,
+                start,
+                model_kind(run),
+                window,
+                warmup=warmup_steps(self.manifest),
+                keep=False,
+            )
         row = signals.row(0, named=True)
         out = []
         for ep in self._detectors.push(step, row):
@@ -133,37 +142,21 @@ class LiveMonitor:
     def _raise(self, ep: Episode, run: MemoryRun, step: int, wall: float) -> LiveAlert:
         """A new episode: its alert, with its drivers read from this step's rows."""
         assert self.collapse is not None
-        row = alert_row(run, ep, self.collapse)
-        alert = LiveAlert(
-            kind=ep.kind,
-            step=ep.step,
-            severity=ep.severity,
-            message=row["message"],
+        alert = LiveAlert.from_record(
+            alert_row(run, ep, self.collapse),
             source="collapse",
             raised_at_step=step,
             raised_wall_time=wall,
             provisional=True,
-            end_step=ep.end_step,
-            critical_step=ep.critical_step,
-            signal=ep.signal,
-            value=ep.value,
-            baseline=ep.baseline,
-            z=row["z"],
-            samples=tuple(row["samples"]),
-            drivers=tuple(row["tokens"]),
         )
         self._episodes[id(ep)] = alert.key  # the episode stays open (alive) until `_final`
         self._alerts[alert.key] = alert
         return alert
 
     def _change(self, key: tuple, ep: Episode, step: int, wall: float, *, provisional: bool) -> LiveAlert:
-        alert = self._alerts[key].changed(
-            severity=ep.severity,
-            critical_step=ep.critical_step,
-            end_step=ep.end_step,
-            value=ep.value,
-            z=ep.z if ep.z == ep.z else None,
-            message=alert_message(ep),
+        alert = LiveAlert.from_record(
+            {**self._alerts[key].record(), **episode_record(ep)},
+            source="collapse",
             raised_at_step=step,
             raised_wall_time=wall,
             provisional=provisional,

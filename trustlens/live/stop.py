@@ -39,8 +39,10 @@ def first_at(alerts: Iterable[LiveAlert], level: int | None) -> LiveAlert | None
 
 
 def evidence_start(alert: LiveAlert) -> int:
-    """The step the alert's evidence begins at: its first flagged step or evaluation."""
-    return alert.step
+    """The step the alert's evidence begins at: its first flagged step or evaluation, or that of
+    the earlier warnings it counts as evidence (`LiveAlert.evidence_start_step`); the alert's own
+    step where the detector recorded none (the doctor's findings)."""
+    return alert.step if alert.evidence_start_step is None else min(alert.step, alert.evidence_start_step)
 
 
 def kept_checkpoint(taken: Iterable[int], evaluated: Collection[int], start: int) -> int | None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from trustlens.analysis.alert_config import CollapseConfig
+from trustlens.analysis.collapse.config import CollapseConfig
 from trustlens.live.alert import LiveAlert, alerts_batch
 from trustlens.live.monitor import LiveMonitor
 from trustlens.live.rows import ROW_TABLES

@@ -1,16 +1,14 @@
 """TokenRecorder, the per-token logging hook of a training loop (overview and example:
 trustlens.record, where it is imported from).
 
-The class holds a run's open writer and the state its calls share (the reused copies, the default
-sample ids, the rule and column bookkeeping) and orders each call's work: arguments checked,
-inputs copied and the quantities from π's logits derived in the caller's thread, then the rows
-handed to the background writer. The pieces: trustlens.record.args (argument checks),
+The class holds a run's open writer and the state its calls share and orders each call's work:
+arguments checked, inputs copied and π's logit quantities derived in the caller's thread, then
+the rows handed to the background writer. The pieces: trustlens.record.args (argument checks),
 trustlens.record.token_rows (the rows of a `record` call; trustlens.record.staged_rows on an
 accelerator), trustlens.record.logit_quantities (entropy and top-K divergences from π's logits),
 trustlens.record.columns (which rules a call decides, the manifest's anchor and missing columns),
 trustlens.record.sample_ids (sample and group ids), trustlens.record.logged_rows (the rows of
-`log_metrics` and `log_samples`) and trustlens.record.calls (the calls besides `record`, its base
-class `RecorderCalls`).
+`log_metrics`, `log_samples`), trustlens.record.calls (the other calls: `RecorderCalls`).
 """
 
 from __future__ import annotations
@@ -82,11 +80,11 @@ class TokenRecorder(RecorderCalls):
     resume: reopen a run written before (same run_id); steps up to its last recorded step are
         refused. On a directory without a run, starts one.
     overwrite: replace this rank's rows (and, on rank 0, run.json) of a run written before.
-    writer_timeout: the most seconds a call waits on the writer (full queue, flush, close) or on
-        the tokenizer's first decode before raising WriterError.
-    keep: a `Keep` (trustlens.run.aggregates): record every token that matters (blocked by
-        `active_rule` or `Keep.rules`, rare, ...) and a seeded random share of the rest, with
-        weights, plus the exact `aggregates` of all tokens (docs/run-format.md). None: every token.
+    writer_timeout: the most seconds a call waits on the writer (full queue, flush, close) or the
+        tokenizer's first decode before raising WriterError.
+    keep: a `Keep` (trustlens.run.aggregates): every token that matters (blocked by `active_rule`
+        or `Keep.rules`, rare, ...), a seeded weighted share of the rest, and the exact
+        `aggregates` of all tokens (docs/run-format.md). None: every token.
     sampling: how the rollout engine sampled and what log μ it reported, for run.json:
         {"temperature": τ, "top_p", "top_k", "min_p", "logprobs": "raw" | "tempered" | "processed",
         "processors": the active logit processors}, each None when not known (or the filter is

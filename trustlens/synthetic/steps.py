@@ -9,6 +9,8 @@ the sizes `_Shape`. A step looks like a GRPO/DPPO step on a small vocabulary:
   is negative, further for later minibatch updates, plus noise.
 * Rewards are 0/1 with a success rate that rises over training; advantages are group-normalised
   (GRPO) and broadcast to the tokens.
+* `drift` (trustlens.synthetic.drift.Drift) adds the slow healthy drift of a long run: a
+  learning-rate warm-up, entropy decline, grad-norm decay, mismatch drift, held-out evaluations.
 * `collapse_at` injects a collapse from that step on: mismatch noise grows, entropy falls, the
   reward and the success rate drop, and the gradient norm spikes.
 
@@ -26,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from trustlens.run.parts import TokenBatch
+from trustlens.synthetic.drift import NO_DRIFT, Drift
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,9 @@ class _Generator:
         with_mu: bool,
         with_old: bool,
         with_topk: bool,
+        drift: Drift = NO_DRIFT,
     ):
-        self.shape, self.rng, self.rules, self.collapse_at = shape, rng, rules, collapse_at
+        self.shape, self.rng, self.rules, self.collapse_at, self.drift = shape, rng, rules, collapse_at, drift
         self.with_mu, self.with_old, self.with_topk = with_mu, with_old, with_topk
         self.vocab = np.asarray(vocab, dtype=object)
         self.vocab_arrow = pa.array(vocab, pa.string())
@@ -95,6 +99,7 @@ class _Generator:
     def step(self, step: int) -> dict[str, pa.Table]:
         s, rng = self.shape, self.rng
         c = _collapse_level(step, self.collapse_at)
+        lr, entropy_factor, grad_factor, mismatch_factor = self.drift.factors(step, s.steps)
         n = s.samples_per_step
         sample_ids = np.arange(n, dtype=np.int64) + step * n
         groups = sample_ids // s.group_size
@@ -123,12 +128,13 @@ class _Generator:
         token_ids = np.clip(np.abs(rng.normal(0, 3, total)) + 12 * nll, 0, len(self.vocab) - 1).astype(np.int32)
 
         # π_old: mismatch noise on the logit, larger for unlikely tokens, with rare outliers.
-        sigma = (0.03 + 0.6 * c) * (1 + 0.3 * nll) * np.where(rng.random(total) < 0.002, 10.0, 1.0)
+        sigma = (0.03 * mismatch_factor + 0.6 * c) * (1 + 0.3 * nll) * np.where(rng.random(total) < 0.002, 10.0, 1.0)
         old_logit = _logit_of_logp(mu_logp) + rng.normal(0, 1, total) * sigma
         old_logp = np.minimum(_log_sigmoid(old_logit), -1e-7)
         # π: the update moves the token towards (A > 0) or away from (A ≤ 0) π_old, more in later updates.
-        push = 0.15 * np.sign(adv) * (1 + 0.5 * updates[owner])
-        pi_logp = np.minimum(_log_sigmoid(old_logit + push + rng.standard_t(3, total) * (0.1 + 0.5 * c)), -1e-7)
+        push = 0.15 * lr * np.sign(adv) * (1 + 0.5 * updates[owner])
+        noise = rng.standard_t(3, total) * (0.1 * lr + 0.5 * c)
+        pi_logp = np.minimum(_log_sigmoid(old_logit + push + noise), -1e-7)
         anchor = mu_logp if self.with_mu else old_logp
 
         tv, kl = _binary_divergences(pi_logp, anchor)
@@ -137,7 +143,7 @@ class _Generator:
         topk_tv = np.minimum(1.0, tv + rest * spread)
         topk_kl = kl + rest * spread**2
 
-        entropy = (0.3 * (1 - 0.85 * c) + 0.5 * nll * (1 - 0.5 * c)) * rng.lognormal(0, 0.2, total)
+        entropy = entropy_factor * (0.3 * (1 - 0.85 * c) + 0.5 * nll * (1 - 0.5 * c)) * rng.lognormal(0, 0.2, total)
         blocked = _blocked(
             self.rules,
             pi_logp,
@@ -192,7 +198,7 @@ class _Generator:
             "advantage": pa.array(adv_seq),
             "length": pa.array(lengths),
         }
-        metrics = self._metrics(step, c, ranks, owner, rewards, entropy, lengths)
+        metrics = self._metrics(step, c, ranks, owner, rewards, entropy, lengths, grad_factor, success)
         return {"batches": batches, "samples": pa.table(samples), "metrics": metrics}
 
     def _metrics(
@@ -204,22 +210,27 @@ class _Generator:
         rewards: np.ndarray,
         entropy: np.ndarray,
         lengths: np.ndarray,
+        grad_factor: float,
+        success: float,
     ) -> pa.Table:
         """Per-rank scalars, as a trainer logs them: reward, entropy, grad norm and response
-        length (block rates are read from the token rows, as for any run)."""
+        length (block rates are read from the token rows, as for any run), and with a drift's
+        evaluations rank 0's `eval/accuracy`."""
         names: list[str] = []
         values: list[float] = []
         rank_col: list[int] = []
         token_rank = ranks[owner]
         for r in range(self.shape.world_size):
             mine, tok = ranks == r, token_rank == r
-            grad = 0.5 * self.rng.lognormal(0, 0.15) * (1 + 20 * c * self.rng.lognormal(0, 0.5))
+            grad = 0.5 * grad_factor * self.rng.lognormal(0, 0.15) * (1 + 20 * c * self.rng.lognormal(0, 0.5))
             row = {
                 "reward/mean": float(rewards[mine].mean()),
                 "entropy/mean": float(entropy[tok].mean()),
                 "grad_norm": grad,
                 "response_length/mean": float(lengths[mine].mean()),
             }
+            if r == 0 and self.drift.evaluates(step):
+                row["eval/accuracy"] = float(self.rng.binomial(self.drift.eval_size, success)) / self.drift.eval_size
             names += list(row)
             values += list(row.values())
             rank_col += [r] * len(row)

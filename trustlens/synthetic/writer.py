@@ -24,6 +24,7 @@ from trustlens.run.aggregates import Keep
 from trustlens.run.manifest import new_manifest
 from trustlens.run.parts import Location
 from trustlens.run.tables import check_status, rule_entries, write_ranks
+from trustlens.synthetic.drift import NO_DRIFT, Drift
 from trustlens.synthetic.steps import _check_shape, _Generator, _Shape
 from trustlens.synthetic.vocab import HOSTILE_VOCAB, VOCAB
 
@@ -58,6 +59,7 @@ def write_synthetic_run(
     progress: bool = False,
     keep: Keep | None = None,
     on_step: Callable[[int], object] | None = None,
+    drift: Drift | None = None,
 ) -> Location:
     """Write a synthetic run to `path` (created; must not hold a run already) and return it.
 
@@ -77,6 +79,9 @@ def write_synthetic_run(
     progress: show a progress bar over the steps.
     keep: record a sample of the token rows and the exact aggregates of all, as
         `TokenRecorder(keep=...)` does (trustlens.run.aggregates); None keeps every row.
+    drift: the slow healthy drift of a long run (trustlens.synthetic.drift.Drift: warm-up,
+        entropy decline, grad-norm decay, mismatch drift, held-out evaluations); run.json records
+        its `warmup_steps` and config `drift`. None: none.
     on_step: called with each step once its rows are handed to the writer (in part files when
         `rows_per_part` is below a step's rows): e.g. a pause that makes the run one being
         trained, for following it live (trustlens.run.follow).
@@ -128,7 +133,22 @@ def write_synthetic_run(
         if not isinstance(keep, Keep):
             raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
         manifest["keep"] = dataclasses.asdict(keep)
-    gen = _Generator(shape, np.random.default_rng(seed), list(vocab), rules, collapse_at, with_mu, with_old, with_topk)
+    if drift is not None:
+        if not isinstance(drift, Drift):
+            raise ValueError(f"drift must be a trustlens.synthetic.Drift or None, got {drift!r}")
+        manifest["config"]["drift"] = dataclasses.asdict(drift)
+        manifest["warmup_steps"] = drift.warmup_steps
+    gen = _Generator(
+        shape,
+        np.random.default_rng(seed),
+        list(vocab),
+        rules,
+        collapse_at,
+        with_mu,
+        with_old,
+        with_topk,
+        NO_DRIFT if drift is None else drift,
+    )
     step_iter: Iterable[int] = range(steps)
     if progress:
         from tqdm import tqdm

@@ -90,6 +90,7 @@ _CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("minibatches", int, "optimizer updates per pass over a rollout batch"),
     ("epochs", int, "passes over each rollout batch"),
     ("lr", float, "AdamW learning rate"),
+    ("warmup_steps", int, "learning-rate warm-up: linear from lr/N to lr over the first N steps (0 = none)"),
     ("weight_decay", float, "AdamW weight decay"),
     ("grad_clip", float, "max global gradient L2 norm"),
     ("clip_ratio_c", float, "cap C of the importance weight min(π/μ, C)"),

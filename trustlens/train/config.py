@@ -25,7 +25,8 @@ class TrainConfig:
     group_size: int = 8  # G: responses sampled per problem (the GRPO group)
     minibatches: int = 4  # optimizer updates per pass over the rollout batch
     epochs: int = 1  # passes over the rollout batch
-    lr: float = 3e-5  # AdamW learning rate (constant); 1e-4 and above degrade this warm start
+    lr: float = 3e-5  # AdamW learning rate (constant after the warm-up); 1e-4 and above degrade this warm start
+    warmup_steps: int = 0  # learning-rate warm-up: step t trains at lr·min(1, (t + 1)/warmup_steps); 0 = none
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm (L2), before the optimizer step
     clip_ratio_c: float = 10.0  # C: cap of the importance weight min(π/μ, C)
@@ -51,7 +52,7 @@ class TrainConfig:
     alerts: bool = False  # raise the collapse alerts and doctor findings live on rank 0 (trustlens.live)
     stop_on: str = "never"  # stop on a live alert of this severity or above: critical, warning or never
     checkpoint_every: int = 10  # with stop_on: a rolling checkpoint every this many steps (trustlens.train.stopping)
-    keep_checkpoints: int = 3  # with stop_on: rolling checkpoints kept, besides the one a stop would keep
+    keep_checkpoints: int = 3  # with stop_on: rolling checkpoints kept, besides the (≤ 2) a stop would keep
     flush_seconds: float = 30.0  # the recorder writes rows older than this (with alerts: each step at its end)
 
     def __post_init__(self) -> None:
@@ -102,6 +103,8 @@ class TrainConfig:
             raise ValueError(f"partial_credit must be in [0, 1), got {self.partial_credit}")
         if self.rollout_lag < 0:
             raise ValueError(f"rollout_lag must be ≥ 0, got {self.rollout_lag}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be ≥ 0, got {self.warmup_steps}")
         for name in ("scale_advantages", "record", "alerts"):
             check_bool(name, getattr(self, name))
         check_stop_on("stop_on", self.stop_on)
@@ -126,6 +129,10 @@ class TrainConfig:
             raise ValueError(
                 f"engine 'raw_logprobs' needs a temperature ≠ 1 (raw = processed there), got {self.temperature}"
             )
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of `step`: lr · min(1, (step + 1) / warmup_steps), lr without a warm-up."""
+        return self.lr if self.warmup_steps == 0 else self.lr * min(1.0, (step + 1) / self.warmup_steps)
 
     def rule_thresholds(self) -> dict[str, tuple[float | None, float | None]]:
         """(low, high) of every registered rule as this run evaluates it: the active rule with
@@ -173,6 +180,7 @@ _INTS = (
     "max_new_tokens",
     "topk",
     "rollout_lag",
+    "warmup_steps",
     "eval_every",
     "eval_size",
     "seed",
@@ -201,6 +209,10 @@ PRESETS: dict[str, dict] = {
     # (docs/train.md): pg_is and cispo collapse on every seed within 250 steps, dppo_binary_tv
     # never does
     "collapse": _COLLAPSE,
+    # learns, then collapses (as the paper's runs do; with --rule pg_is): the collapse preset's stale
+    # fp8 engine, but the learning rate warms up over 150 steps, so that while it is small the stale
+    # μ stays near π and the run learns; measured in docs/alerts.md
+    "late_collapse": {**_COLLAPSE, "warmup_steps": 150, "lr": 1e-4, "steps": 400},
     # the shipped sample runs (data/sample_run, `trustlens make-sample`): the collapse preset on
     # seed 1 (of the claims runs, where pg_is collapses soonest), every token that matters kept
     # and 3% of the rest, so that a run is about 1.5 MB

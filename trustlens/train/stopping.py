@@ -6,10 +6,12 @@ trainer keeps rolling checkpoints: every `checkpoint_every` steps and at every h
 evaluation, before that step's update, the weights as they are then (the weights the step's
 evaluation measures), in RUN/checkpoints/step-NNNNNN/ (safetensors weights, config, tokenizer,
 meta: the folder format of `trustlens.train.model.save_checkpoint`, usable as a warm start with
-`--checkpoint`). Kept: the last `keep_checkpoints`, plus the one a stop would keep now
+`--checkpoint`). Kept: the last `keep_checkpoints`, plus the ones a stop would keep now
 (`trustlens.live.stop.kept_checkpoint` for the earliest evidence start among the alerts that may
-still reach `stop_on` — those still provisional — and the steps not yet judged); the others are
-deleted, so that at most `keep_checkpoints` + 1 are on disk.
+still reach `stop_on` or be the evidence of one — those still provisional, and collapse warnings
+that ended within EVIDENCE_STEPS — and of alerts not raised yet: `unconfirmed_start`, and the
+latest evaluated checkpoint for the next evaluation); the others are deleted, so that at most
+`keep_checkpoints` + 2 are on disk.
 
 After each step the trainer asks for the alerts the writer thread raised so far. On the first of
 severity `stop_on` or above (critical and doctor problems rank alike; `warning` stops on either),
@@ -27,16 +29,33 @@ step.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trustlens.analysis.collapse.config import CollapseConfig
 from trustlens.live.alert import LiveAlert
 from trustlens.live.stop import evidence_start, first_at, kept_checkpoint, stop_level, stopped_entry
 from trustlens.train.world import World, all_reduce_
 
 FOLDER = "checkpoints"  # inside the run directory
+
+
+# rows before an outcome alert within which an ended warning is its evidence (CollapseConfig's
+# evidence_steps, by default its reference_steps): such a warning may still begin a stop's evidence
+EVIDENCE_STEPS = 100
+
+
+def unconfirmed_start(judged: int, evaluated: Collection[int]) -> int:
+    """The earliest step the evidence of an alert not raised yet may begin at, once the steps up
+    to `judged` are judged: a step detector opens its episode on its `confirm_steps`-th flagged
+    step in a row (its first flagged step may be judged already), an accuracy fall on the
+    evaluation after the first low one (the last evaluation judged, among `evaluated` steps)."""
+    first = judged + 1 - (CollapseConfig().confirm_steps - 1)
+    last_evaluation = max((s for s in evaluated if s <= judged), default=first)
+    return min(first, last_evaluation)
 
 
 def checkpoint_name(step: int) -> str:
@@ -45,7 +64,7 @@ def checkpoint_name(step: int) -> str:
 
 class AlertStop:
     """The rolling checkpoints and the stop decision of one run (module docstring). `every`:
-    steps between rolling checkpoints; `keep`: rolling checkpoints kept besides the one a stop
+    steps between rolling checkpoints; `keep`: rolling checkpoints kept besides the ones a stop
     would keep."""
 
     def __init__(self, stop_on: str, every: int, keep: int, run_dir: Path | None, world: World) -> None:
@@ -84,10 +103,18 @@ class AlertStop:
         for alert in recorder.live_alerts:
             latest[alert.key] = alert
         assert self.level is not None
-        starts = [evidence_start(a) for a in latest.values() if a.provisional or a.level >= self.level]
-        starts.append(0 if judged is None else judged + 1)
-        kept = kept_checkpoint(self.taken, self.evaluated, min(starts))
-        return set() if kept is None else {kept}
+        recent = -1 if judged is None else judged - EVIDENCE_STEPS
+        starts = [
+            evidence_start(a)
+            for a in latest.values()
+            if a.provisional or a.level >= self.level or (a.source == "collapse" and a.end_step >= recent)
+        ]
+        # alerts not raised yet: an evaluation judged already may be the first of a fall, or the
+        # next one may; the latest evaluated checkpoint serves the next
+        unjudged = [0] if judged is None else [unconfirmed_start(judged, self.evaluated), judged + 1]
+        kept = {kept_checkpoint(self.taken, self.evaluated, min([*starts, unjudged[0]]))}
+        kept |= {kept_checkpoint(self.taken, self.evaluated, unjudged[-1])}
+        return {s for s in kept if s is not None}
 
     def _keep_only(self, needed: set[int]) -> None:
         assert self.folder is not None

@@ -203,6 +203,8 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                 log_reduced(recorder, world, step, metrics)
                 break
             stopper.checkpoint(step, model, tokenizer, recorder, result.eval_accuracy.get(step))
+            for group in optimizer.param_groups:  # the learning-rate warm-up (cfg.warmup_steps)
+                group["lr"] = cfg.lr_at(step)
             t_step = time.perf_counter()
 
             # 1. rollouts: G responses per problem from the engine

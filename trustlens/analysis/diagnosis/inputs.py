@@ -17,8 +17,8 @@ from typing import Any
 
 import polars as pl
 
-from trustlens.analysis.alert_levels import model_kind
 from trustlens.analysis.buckets import collect, reused, row_weight, weighted
+from trustlens.analysis.collapse.levels import model_kind
 from trustlens.analysis.mismatch import trainer_logp
 from trustlens.run.manifest import LOGPROBS_MODES, PROCESSORS
 

@@ -7,8 +7,8 @@ import math
 
 import polars as pl
 
-from trustlens.analysis.alert_levels import MISMATCH_K3_NORMAL
 from trustlens.analysis.buckets import bucket_expr, bucket_table, collect
+from trustlens.analysis.collapse.levels import MISMATCH_K3_NORMAL
 from trustlens.analysis.diagnosis.finding import Finding
 from trustlens.analysis.diagnosis.inputs import ENTROPIES, Inputs, bucket_of, examples
 from trustlens.analysis.mismatch import mismatch_per_step

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
+from trustlens.analysis.buckets import collect
 from trustlens.core.values import check_int, check_step_values
 
 # the metric holding held-out accuracy (a fraction of problems solved, greedy decoding)
@@ -64,4 +65,19 @@ def collapse_onset(
     return min(found) if found else (None, None)
 
 
-__all__ = ["ACCURACY", "collapse_onset", "collapse_window", "evaluations"]
+def accuracy_per_step(run) -> list[tuple[int, float]]:
+    """(step, held-out accuracy) of each evaluation, mean over ranks; an evaluation without a
+    finite accuracy is left out."""
+    df = collect(evaluations(run.metrics).filter(pl.col("accuracy").is_finite()))
+    return list(zip(df["step"].to_list(), df["accuracy"].to_list(), strict=True))
+
+
+def reward_per_step(run) -> list[tuple[int, float]]:
+    """(step, mean reward of the step's samples); a step without a finite mean (its rewards all
+    unknown, or one NaN) is left out."""
+    rewards = run.samples.group_by("step").agg(pl.col("reward").cast(pl.Float64).mean()).sort("step")
+    df = collect(rewards.filter(pl.col("reward").is_finite()))
+    return list(zip(df["step"].to_list(), df["reward"].to_list(), strict=True))
+
+
+__all__ = ["ACCURACY", "accuracy_per_step", "collapse_onset", "collapse_window", "evaluations", "reward_per_step"]

@@ -2,7 +2,7 @@
 collapse itself if it came.
 
 `run_timeline` turns the alerts of `trustlens.analysis.collapse.detect_collapse` and the
-collapse of `trustlens.analysis.onset.collapse_onset` into one table, one row per event, ordered
+collapse of `trustlens.analysis.collapse.onset.collapse_onset` into one table, one row per event, ordered
 by step (an alert at its first step, ties: critical first, then by kind; the collapse after the
 alerts of its step):
 
@@ -14,15 +14,14 @@ alerts of its step):
                    evaluation, or the trailing mean reward below half the first window's)
 
 Each alert row keeps its row index in the alerts table (`alert`), whose `tokens` and `samples`
-are its driving tokens (`trustlens.analysis.drivers`).
+are its driving tokens (`trustlens.analysis.collapse.drivers`).
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from trustlens.analysis.onset import collapse_onset, collapse_window
-from trustlens.analysis.seeds import accuracy_per_step, reward_per_step
+from trustlens.analysis.collapse.onset import accuracy_per_step, collapse_onset, collapse_window, reward_per_step
 
 TIMELINE_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "step": pl.Int32,  # the alert's first step, or the collapse step
@@ -37,6 +36,24 @@ COLLAPSE_MESSAGES = {
     "accuracy": "the run collapsed: held-out accuracy fell below half its first evaluation",
     "reward": "the run collapsed: the trailing mean reward fell below half the first window's",
 }
+
+
+def episode_span(alert: dict) -> str:
+    """An alert episode's severity over time, for people: "warning at steps 20–59, critical from
+    step 60 to 250 · evidence from step 20" (`alert`: a row of detect_collapse or
+    LiveAlert.record())."""
+    start, end, critical = alert["step"], alert["end_step"], alert.get("critical_step")
+    first = "info" if alert["severity"] == "info" else "warning"
+    if critical is None:
+        text = f"{first} at step {start}" if start == end else f"{first} at steps {start}–{end}"
+    elif critical == start:
+        text = f"critical from step {start} to {end}"
+    else:
+        text = f"warning at steps {start}–{critical - 1}, critical from step {critical} to {end}"
+    evidence = alert.get("evidence_start_step")
+    if critical is not None and evidence is not None and evidence < start:
+        text += f" · evidence from step {evidence} ({', '.join(alert.get('evidence') or [])})"
+    return text
 
 
 def run_timeline(run, alerts: pl.DataFrame) -> pl.DataFrame:
@@ -77,4 +94,4 @@ def run_timeline(run, alerts: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=TIMELINE_SCHEMA)
 
 
-__all__ = ["TIMELINE_SCHEMA", "run_timeline"]
+__all__ = ["TIMELINE_SCHEMA", "episode_span", "run_timeline"]

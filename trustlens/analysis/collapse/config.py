@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from trustlens.analysis.onset import collapse_window
+from trustlens.analysis.collapse.onset import collapse_window
 from trustlens.core.values import (
     check_fraction,
     check_int,
@@ -35,11 +35,15 @@ ALERT_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "signal": pl.String,  # the step_signals column it watched (e.g. blocked_ppo)
     "severity": pl.String,  # "warning", "critical" or "info" (an entropy change while the run learns)
     "critical_step": pl.Int32,  # the episode's first critical step (null for a warning)
+    "evidence_start_step": pl.Int32,  # where its evidence began: the first flagged step of it or of the
+    # warnings that came before it (a critical alert's earlier signals); the last checkpoint before it is clean
+    "evidence": pl.List(pl.String),  # the kinds of those earlier warnings, first first
     "value": pl.Float64,  # x̄ at the episode's most extreme step (a critical reward_drop step: r̄)
-    "baseline": pl.Float64,  # the baseline median m at the first step
+    "baseline": pl.Float64,  # the trailing baseline median m at the first step
     "z": pl.Float64,  # robust z-score at the most extreme step (null for accuracy_drop: no scale)
     "message": pl.String,  # one line for people
-    "samples": pl.List(pl.Int64),  # sample ids that drove it, at `step`
+    "drivers_step": pl.Int32,  # the step its drivers are read at: the one that confirmed it (raised it live)
+    "samples": pl.List(pl.Int64),  # sample ids that drove it, at drivers_step
     "tokens": pl.List(pl.Struct({"sample": pl.Int64, "update": pl.Int16, "pos": pl.Int32})),
 }
 
@@ -48,36 +52,54 @@ ALERT_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
 class CollapseConfig:
     """Thresholds of the detectors (see the module docstring)."""
 
-    baseline_steps: int | None = None  # early steps the baseline is taken from; None = alert_window
+    baseline_steps: int | None = None  # rows the baseline needs before a step is judged; None = alert_window
+    reference_steps: int = 100  # the most rows the trailing baseline holds (the latest unflagged ones)
     baseline_start: int | None = None  # first baseline step of the π-vs-μ signals; None = the run's rollout_lag, or 0
+    warmup_steps: int | None = None  # steps of learning-rate warm-up, never in a baseline; None = run.json's
     smooth: int = 3  # steps whose median is x̄ (a trailing median) when a step is judged
-    merge_gap: int | None = None  # flagged steps at most this many steps apart are one alert; None = alert_window
+    confirm_steps: int = 3  # judged rows in a row a step detector must flag before its episode opens
+    merge_gap: int | None = None  # rows without a flagged step that end an episode; None = alert_window
+    evidence_steps: int | None = None  # a warning that ended at most this many rows before a critical
+    # alert opened is its evidence; None = reference_steps
     z_warning: float = 3.0  # |robust z| a flagged step must exceed
+    z_critical: float = 5.0  # |r̄ − m| a critical reward_drop must exceed, in standard errors s/√reward_window
     rel_floor: float = 0.05  # the baseline scale is at least this fraction of |median|
-    entropy_drop: float = 0.3  # entropy collapse: fell by this fraction (critical: twice it)
-    entropy_surge: float = 0.25  # entropy surge: rose by this fraction (critical: twice it)
-    mismatch_growth: float = 2.0  # mismatch growth: k3_kl this multiple of the baseline (a warning only)
+    entropy_drop: float = 0.3  # entropy collapse: fell by this fraction (a warning)
+    entropy_surge: float = 0.25  # entropy surge: rose by this fraction (a warning)
+    entropy_floor: float = 0.01  # ... and moved by at least this (nats); the least base of the fraction
+    mismatch_growth: float = 2.0  # mismatch growth: k3_kl this multiple of the baseline (a warning)
+    mismatch_smooth: int = 9  # steps whose median is the mismatch's x̄ (k3 is heavy-tailed: a few tokens)
     mismatch_k3_level: float | None = None  # ... and k3_kl at least this (nats); None = the model kind's normal range
-    grad_spike: float = 4.0  # grad-norm spike: this multiple of the baseline (critical: twice it)
+    grad_spike: float = 4.0  # grad-norm spike: this multiple of the baseline (a warning)
     reward_drop: float = 0.25  # reward drop: x̄ fell by this fraction (a warning)
     reward_critical: float = 0.44  # ... critical: r̄, the mean over the last reward_window steps, fell by this fraction
     reward_window: int | None = None  # steps of r̄; None = min(REWARD_WINDOW_MAX, the baseline's steps)
-    blocked_drift: float = 0.01  # blocked-rate drift: moved by at least this much (absolute)
-    blocked_factor: float = 2.0  # ... and by this factor up or down (critical: its square)
-    accuracy_drop: float = 0.25  # accuracy drop: an evaluation fell by this fraction of the first (a warning)
-    accuracy_evals: int = 2  # ... critical when this many evaluations in a row did
+    reward_floor: float = 0.05  # a reward or accuracy fell by at least this (absolute); the least base of the fraction
+    blocked_drift: float = 0.01  # blocked-rate drift: moved by at least this much (absolute; the least base)
+    blocked_factor: float = 2.0  # ... and by this factor up or down (a warning)
+    accuracy_drop: float = 0.25  # accuracy drop: an evaluation fell by this fraction of its baseline
+    accuracy_evals: int = 2  # ... an alert, critical, when this many evaluations in a row did
+    accuracy_reference: int = 5  # evaluations whose median is the accuracy baseline (the latest unflagged ones)
     top_tokens: int = 10  # driving tokens listed per alert
     top_samples: int = 5  # driving samples listed per alert
 
     def __post_init__(self) -> None:
-        for name in ("baseline_steps", "merge_gap", "reward_window"):
+        for name in ("baseline_steps", "merge_gap", "reward_window", "evidence_steps"):
             check_optional_int(name, getattr(self, name), low=1)
-        check_optional_int("baseline_start", self.baseline_start, low=0)
-        for name in ("smooth", "accuracy_evals"):
+        for name in ("baseline_start", "warmup_steps"):
+            check_optional_int(name, getattr(self, name), low=0)
+        for name in (
+            "smooth",
+            "mismatch_smooth",
+            "confirm_steps",
+            "accuracy_evals",
+            "accuracy_reference",
+            "reference_steps",
+        ):
             check_int(name, getattr(self, name), low=1)
         for name in ("top_tokens", "top_samples"):
             check_int(name, getattr(self, name), low=0)
-        for name in ("z_warning", "rel_floor"):
+        for name in ("z_warning", "z_critical", "rel_floor", "entropy_floor", "reward_floor"):
             check_nonnegative_number(name, getattr(self, name))
         for name in ("entropy_drop", "reward_drop", "reward_critical", "accuracy_drop"):
             check_fraction(name, getattr(self, name), zero=False, one=False)

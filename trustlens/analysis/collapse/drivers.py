@@ -1,4 +1,5 @@
-"""The tokens and samples that drove a collapse alert (`trustlens.analysis.collapse`).
+"""The tokens and samples that drove a collapse alert (`trustlens.analysis.collapse`): the driver
+score of each detector (its entry in `trustlens.analysis.collapse.detectors.DETECTORS` names it).
 
 Driving tokens are the tokens at the alert's first step with the highest score (ties: lowest
 sample, update, position first):
@@ -36,46 +37,68 @@ gradient) or A > 0 never is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import polars as pl
 
 from trustlens.analysis.buckets import collect
 from trustlens.run import blocked_column
 
+# A driver score: (run, the step's token rows, the watched signal) -> (the ranked rows, their score)
+Score = Callable[[Any, pl.LazyFrame, str], tuple[pl.LazyFrame, pl.Expr]]
 
-def alert_drivers(run, ep: dict, top_tokens: int, top_samples: int) -> tuple[list[int], list[dict]]:
+_MU, _PI = pl.col("mu_logp").cast(pl.Float64), pl.col("pi_logp").cast(pl.Float64)
+_ADVANTAGE = pl.col("advantage").abs().cast(pl.Float64)
+
+
+def pushed_below_mu(run, tokens: pl.LazyFrame, signal: str) -> tuple[pl.LazyFrame, pl.Expr]:
+    """reward_drop / accuracy_drop: A < 0 tokens, |A| · max(μ − π, 0)."""
+    return tokens.filter(pl.col("advantage") < 0), _ADVANTAGE * (_MU.exp() - _PI.exp()).clip(lower_bound=0.0)
+
+
+def low_entropy(run, tokens: pl.LazyFrame, signal: str) -> tuple[pl.LazyFrame, pl.Expr]:
+    """entropy_collapse: −entropy."""
+    return tokens, -pl.col("entropy").cast(pl.Float64)
+
+
+def high_entropy(run, tokens: pl.LazyFrame, signal: str) -> tuple[pl.LazyFrame, pl.Expr]:
+    """entropy_surge: entropy."""
+    return tokens, pl.col("entropy").cast(pl.Float64)
+
+
+def log_gap(run, tokens: pl.LazyFrame, signal: str) -> tuple[pl.LazyFrame, pl.Expr]:
+    """mismatch_growth: |log μ − log π_old| (π where π_old is null)."""
+    return tokens, (_MU - pl.coalesce(pl.col("old_logp"), pl.col("pi_logp")).cast(pl.Float64)).abs()
+
+
+def gradient_size(run, tokens: pl.LazyFrame, signal: str) -> tuple[pl.LazyFrame, pl.Expr]:
+    """grad_norm_spike: tokens the active rule did not block, |A| · π/μ · (1 − π)."""
+    return _unblocked(run, tokens), _ADVANTAGE * pl.col("ratio").cast(pl.Float64) * (1.0 - _PI.exp())
+
+
+def blocked_moved(run, tokens: pl.LazyFrame, signal: str) -> tuple[pl.LazyFrame, pl.Expr]:
+    """blocked_drift: the tokens the watched rule blocked, |π − μ| (binary TV)."""
+    return tokens.filter(pl.col(signal)), pl.col("binary_tv").cast(pl.Float64)
+
+
+def scored_tokens(run, step: int, signal: str, score: Score) -> pl.LazyFrame:
+    """The tokens of `step` `score` ranks: columns sample, update, pos, score (Float64, never
+    null; only positive scores, as a zero score has no pull)."""
+    tokens, expr = score(run, run.tokens.filter(pl.col("step") == step), signal)
+    scored = tokens.select("sample", "update", "pos", expr.alias("score")).filter(pl.col("score").is_not_null())
+    return scored.filter(pl.col("score") > 0) if score is gradient_size else scored
+
+
+def top_drivers(scored: pl.LazyFrame, top_tokens: int, top_samples: int) -> tuple[list[int], list[dict]]:
     """The ids of the `top_samples` samples and the (sample, update, pos) of the `top_tokens`
-    tokens at the alert's first step that drove it, strongest first (the module docstring's
-    rules). `ep` has the alert's step, kind and signal (`trustlens.analysis.collapse.ALERT_SCHEMA`)."""
-    scored = driver_scores(run, ep["step"], ep["kind"], ep["signal"])
+    tokens of `scored` (scored_tokens), strongest first (the module docstring's rules)."""
     top = collect(
         scored.sort(["score", "sample", "update", "pos"], descending=[True, False, False, False]).head(top_tokens)
     )
     ranked = scored.group_by("sample").agg(pl.col("score").max()).sort(["score", "sample"], descending=[True, False])
     samples = collect(ranked.head(top_samples))["sample"].to_list()
     return samples, top.select("sample", "update", "pos").to_dicts()
-
-
-def driver_scores(run, step: int, kind: str, signal: str) -> pl.LazyFrame:
-    """The tokens of `step` an alert of `kind` on `signal` ranks, with their score (the module
-    docstring's table): columns sample, update, pos, score (Float64, never null)."""
-    tokens = run.tokens.filter(pl.col("step") == step)
-    mu, pi = pl.col("mu_logp").cast(pl.Float64), pl.col("pi_logp").cast(pl.Float64)
-    advantage = pl.col("advantage").abs().cast(pl.Float64)
-    if kind in ("reward_drop", "accuracy_drop"):
-        tokens = tokens.filter(pl.col("advantage") < 0)
-        score = advantage * (mu.exp() - pi.exp()).clip(lower_bound=0.0)
-    elif kind in ("entropy_collapse", "entropy_surge"):
-        score = pl.col("entropy").cast(pl.Float64) * (1 if kind == "entropy_surge" else -1)
-    elif kind == "mismatch_growth":
-        score = (mu - pl.coalesce(pl.col("old_logp"), pl.col("pi_logp")).cast(pl.Float64)).abs()
-    elif kind == "grad_norm_spike":
-        tokens = _unblocked(run, tokens)
-        score = advantage * pl.col("ratio").cast(pl.Float64) * (1.0 - pi.exp())
-    else:  # blocked_drift: the blocked tokens that moved furthest
-        tokens = tokens.filter(pl.col(signal))
-        score = pl.col("binary_tv").cast(pl.Float64)
-    scored = tokens.select("sample", "update", "pos", score.alias("score")).filter(pl.col("score").is_not_null())
-    return scored.filter(pl.col("score") > 0) if kind == "grad_norm_spike" else scored
 
 
 def _unblocked(run, tokens: pl.LazyFrame) -> pl.LazyFrame:
@@ -86,4 +109,14 @@ def _unblocked(run, tokens: pl.LazyFrame) -> pl.LazyFrame:
     return tokens.filter(~pl.col(blocked_column(rule)).fill_null(False))
 
 
-__all__ = ["alert_drivers", "driver_scores"]
+__all__ = [
+    "Score",
+    "blocked_moved",
+    "gradient_size",
+    "high_entropy",
+    "log_gap",
+    "low_entropy",
+    "pushed_below_mu",
+    "scored_tokens",
+    "top_drivers",
+]

@@ -6,7 +6,7 @@
     k3_kl, prob_diff_mean training-inference mismatch (trustlens.analysis.mismatch; null without μ)
     reward         mean reward of the step's samples
     accuracy       held-out accuracy (the metric named `eval/accuracy`, mean over ranks, as
-                   the collapse test of trustlens.analysis.onset reads it); null at steps
+                   the collapse test of trustlens.analysis.collapse.onset reads it); null at steps
                    without an evaluation
     grad_norm      the `grad_norm` metric (the mean over ranks of any metric named `grad_norm` or
                    ending in `/grad_norm`)
@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import polars as pl
 
 from trustlens.analysis.buckets import blocked_rate, checked_rules, collect, weighted_mean
+from trustlens.analysis.collapse.onset import evaluations
 from trustlens.analysis.inputs import require_run
 from trustlens.analysis.mismatch import mismatch_per_step, token_mismatch
-from trustlens.analysis.onset import evaluations
 from trustlens.analysis.summary import exact_aggregates, step_summary
 from trustlens.run import blocked_column
 
