@@ -180,7 +180,7 @@ def watch(
     NotARunError / ValueError (one line) for a path that holds no run or a run already closed."""
     from trustlens.live.doctor import DoctorConfig
     from trustlens.live.monitor import LiveMonitor
-    from trustlens.run.follow import RunFollower, updated_seconds_ago, writer_alive
+    from trustlens.run.follow import UNLOCKED, RunFollower, updated_seconds_ago, writer_stopped
 
     out = sys.stdout if out is None else out
     follower = RunFollower(path)
@@ -219,10 +219,10 @@ def watch(
                 exit=EXIT_STOPPED,
             )
             return EXIT_STOPPED
-        alive = writer_alive(follower.path)
-        if alive is False or (alive is None and ago is not None and ago > stale):
+        stopped = writer_stopped(follower.path, state.manifest, stale=stale)
+        if stopped is not None:
             if suspect:  # still so after one more poll: not a run that closed between the two looks
-                why = "no writer holds it" if alive is False else f"nothing changed for over --stale {stale:g} s"
+                why = "no writer holds it" if stopped == UNLOCKED else f"nothing changed for over --stale {stale:g} s"
                 printer.line(
                     f"run {name!r} stopped updating {_ago(ago)}: it still says running but {why} (its writer died?)",
                     status=state.status,

@@ -123,6 +123,26 @@ def writer_alive(path: Location) -> bool | None:
     return False
 
 
+# how `writer_stopped` knew that a run saying `running` is no longer written
+UNLOCKED, UNCHANGED = "unlocked", "unchanged"
+
+
+def writer_stopped(path: Location, manifest: dict[str, Any], *, stale: float) -> str | None:
+    """Whether the run at `path`, whose run.json (`manifest`) says running, is no longer written,
+    and how that is known: UNLOCKED, a local run whose writer lock no process holds (the kernel
+    released it when the writer died: SIGKILL, power loss); UNCHANGED, a run with no lock to ask
+    (an object store, or no lock file) whose run.json was not updated for over `stale` seconds;
+    None while a writer may still be writing it. A run that closes between the reading of
+    `manifest` and this check also reads as stopped: ask again with run.json read after it."""
+    alive = writer_alive(path)
+    if alive is False:
+        return UNLOCKED
+    ago = updated_seconds_ago(manifest)
+    if alive is None and ago is not None and ago > stale:
+        return UNCHANGED
+    return None
+
+
 def run_location(path: str | os.PathLike | Remote) -> Location:
     """The run directory `path` names: a local folder (a path or file:// URL) or an object-store
     location; a path to run.json names its folder."""
@@ -277,4 +297,5 @@ __all__ = [
     "run_location",
     "updated_seconds_ago",
     "writer_alive",
+    "writer_stopped",
 ]
