@@ -563,6 +563,10 @@ def test_compare_over_seeds_and_a_copied_run(monkeypatch, tmp_path):
     at = _open(_app(monkeypatch, tmp_path / "copied").run(), "views/compare.py")
     assert not at.exception
     assert any("Settings group 1 is not shown" in e.value and "ppo\\-1\\-copy" in e.value for e in at.error)
+    # over the picked runs only: with the copy and its original not picked, no error about them
+    at.multiselect(key="cr_runs").set_value([str(tmp_path / "copied" / "ppo-2")]).run()
+    assert not at.exception and not at.error
+    assert any("Over seeds: pick runs that share their settings" in c.value for c in at.caption)
 
 
 def test_pages_keep_to_the_sidebar_steps_and_show_the_final_evaluation(monkeypatch, tmp_path):
