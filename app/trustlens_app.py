@@ -39,9 +39,9 @@ PAGES = [
     st.Page("views/collapse.py", title="Collapse signals"),
     st.Page("views/compare.py", title="Compare runs"),
 ]
+asked = unknown_page(PAGES)
 page = st.navigation(PAGES)
 st.sidebar.title("trustlens")
-asked = unknown_page(PAGES)
 if asked is not None:
     names = ", ".join(f"/{p.url_path}" if p.url_path else "/ (Overview)" for p in PAGES)
     st.warning(f"No page at /{md(asked)}: showing the {page.title} instead. The pages: {names}.")
