@@ -1,7 +1,10 @@
 """A run still being written, live: the page shows "live · step N · updated X s ago" above it, the app
 checks the run in storage every LIVE_SECONDS seconds and reruns when it changed (a Streamlit
 fragment, so that the check alone redraws nothing; the rerun keeps the page, the filters and the
-address), and a new alert shows as a toast. A run that is not `running` does not poll.
+address), and a new alert shows as a toast. A run that is not `running` does not poll, nor does
+one whose writer died (it still says `running`, but no writer holds it: `run_cache.run_stopped`,
+the test `trustlens watch` uses): the line then says "stopped updating N s ago", and a run whose
+writer dies while shown turns so at the next check.
 
 The check asks for the run's on-disk signature (`run_cache.run_signature`: the sizes and times of
 run.json and the part files), the same key every cached query of the run is computed under: a
@@ -15,7 +18,7 @@ import contextlib
 from dataclasses import asdict
 
 import streamlit as st
-from run_cache import Location, run_signature
+from run_cache import Location, run_signature, run_stopped
 from run_queries import signals_and_alerts
 from safe_display import md
 from sidebar import Context
@@ -37,19 +40,24 @@ def badge(ctx: Context | None) -> None:
     seconds; nothing for a closed run (which is not polled)."""
     if ctx is None or ctx.run.status != "running":
         return
-    _live(ctx.path, ctx.signature, None if ctx.steps is None else ctx.steps[1])
+    where = "no steps yet" if ctx.steps is None else f"step {ctx.steps[1]}"
+    if ctx.stopped is not None:
+        st.markdown(f":orange-badge[:material/stop_circle: stopped] {where} · {md(ctx.stopped)}")
+        return
+    _live(ctx.path, ctx.signature, where)
 
 
 @st.fragment(run_every=LIVE_SECONDS)
-def _live(path: Location, signature: tuple, step: int | None) -> None:
-    """Rerun the app when the run changed in storage; else say how fresh it is."""
+def _live(path: Location, signature: tuple, where: str) -> None:
+    """Rerun the app when the run changed in storage or its writer died; else say how fresh it is."""
     if run_signature(path) != signature:
         st.rerun(scope="app")
     manifest: dict = {}
     with contextlib.suppress(ValueError, OSError):  # mid-replace: the next check reads it
         manifest = read_manifest(path)
+    if run_stopped(path, manifest) is not None:
+        st.rerun(scope="app")
     ago = updated_seconds_ago(manifest)
-    where = "no steps yet" if step is None else f"step {step}"
     when = "" if ago is None else f" · updated {ago:.0f} s ago"
     st.markdown(f":green-badge[:material/radio_button_checked: live] {where}{when}")
 

@@ -36,8 +36,20 @@ def header(title: str, ctx: Context) -> None:
             f"optimizer steps taken on it are its updates ({md(per)} micro-batch passes per generation: "
             "steps_per_generation × num_iterations)."
         )
-    if status == "running":
+    last = "no steps" if ctx.steps is None else f"{ctx.steps[1] + 1 - ctx.steps[0]} steps, up to step {ctx.steps[1]}"
+    if status == "running" and ctx.stopped is not None:
+        st.warning(
+            f"This run is incomplete: it {md(ctx.stopped)}. The pages show what it wrote ({last}); "
+            "a killed writer loses at most its last flush_seconds of rows."
+        )
+    elif status == "running":
         st.info("This run is still being written: the pages show its new steps as they arrive.")
+    elif status not in ("finished", "None"):  # interrupted, failed (None: run.json holds no status)
+        why = ctx.run.manifest.get("error") or ctx.run.manifest.get("signal")
+        st.warning(
+            f"This run is incomplete: it ended {md(status)}{f' ({md(why)})' if why else ''}. "
+            f"The pages show what it wrote ({last})."
+        )
     if ctx.anchor == "old_logp":
         st.info(
             "μ (the rollout policy) was not recorded in this run: the anchor is π_old, "
@@ -51,8 +63,9 @@ def header(title: str, ctx: Context) -> None:
             if ctx.exact
             else "With a token filter in the sidebar, every number here is an estimate from the kept rows"
         )
+        chosen = f" or by {md(', '.join(keep['rules']))}" if keep.get("rules") else ""
         st.info(
-            f"Sampled run: the token rows are every token that matters (blocked by a rule, μ < "
+            f"Sampled run: the token rows are every token that matters (blocked by the active rule{chosen}, μ < "
             f"{number(keep.get('low_mu'))}, non-finite or top divergences) plus a {number(keep.get('rate'))} share "
             f"of the rest, each with its `weight`. {numbers}, where rates and counts weigh each row by its "
             "`weight` (docs/run-format.md)."

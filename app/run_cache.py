@@ -13,7 +13,10 @@ import streamlit as st
 
 from trustlens.analysis import tokens as tq
 from trustlens.dashboard import RUNS_ENV
+from trustlens.live.watch import DEFAULT_STALE
 from trustlens.run import MANIFEST, PART_GLOB, NoRowsError, Run, load_run, load_runs
+from trustlens.run.follow import updated_seconds_ago, writer_died
+from trustlens.run.manifest import read_manifest
 from trustlens.run.storage import Remote, is_url, local_path
 
 # A run or runs folder: a local path, or a location on an object store.
@@ -74,6 +77,26 @@ def run_signature(path: Location) -> tuple:
         )
     files = [path / MANIFEST, *sorted(path.glob(f"*/{PART_GLOB}"))]
     return tuple((str(f.relative_to(path)), s.st_size, s.st_mtime_ns) for f in files if (s := _stat(f)) is not None)
+
+
+def run_stopped(path: Location, manifest: dict) -> str | None:
+    """For a run whose run.json (`manifest`, as read) says running: how it stopped being written,
+    in the words of `trustlens watch` ("stopped updating N s ago: it still says running but no
+    writer holds it (its writer died?)"), by watch's test (`writer_died`, with its default
+    --stale) asked once more on run.json read after the first answer, as watch polls once more
+    (a run that closed in between is not stopped); None while it is written or closed."""
+    if manifest.get("status") != "running" or writer_died(path, manifest, stale=DEFAULT_STALE) is None:
+        return None
+    try:
+        manifest = read_manifest(path)
+    except (ValueError, OSError):  # mid-replace: the next look reads it
+        return None
+    why = writer_died(path, manifest, stale=DEFAULT_STALE)
+    if why is None:
+        return None
+    ago = updated_seconds_ago(manifest)
+    when = "" if ago is None else f" {ago:.0f} s ago"
+    return f"stopped updating{when}: it still says running but {why} (its writer died?)"
 
 
 def _stat(path: Path) -> os.stat_result | None:

@@ -16,6 +16,7 @@ from run_cache import (
     run_label,
     run_shape,
     run_signature,
+    run_stopped,
     runs_root,
     tokens_of,
 )
@@ -44,6 +45,7 @@ class Context:
     anchor: str  # "mu_logp", or "old_logp" when μ was not recorded
     steps: tuple[int, int] | None  # the run's step range (None: no token rows yet)
     query: tq.TokenQuery = field(default_factory=tq.TokenQuery)  # the sidebar's filters
+    stopped: str | None = None  # a run saying running that no writer writes: how it stopped (run_stopped)
 
     @property
     def table(self) -> pl.LazyFrame:
@@ -109,7 +111,9 @@ def sidebar() -> Context | None:
     tokens = tokens_of(run)
     rules = tq.rules_of(tokens) if tokens is not None else list(run.rules)
     anchor, steps = run_shape(str(path), signature)
-    ctx = Context(root, runs, path, signature, run, tokens, rules, anchor, steps)
+    ctx = Context(
+        root, runs, path, signature, run, tokens, rules, anchor, steps, stopped=run_stopped(path, run.manifest)
+    )
     if sb.button("Reload runs", help="Read the runs folder again (new runs, new steps)"):
         st.cache_resource.clear()
         st.cache_data.clear()

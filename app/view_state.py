@@ -13,11 +13,18 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 
 def unknown_page(pages: list) -> str | None:
-    """The page path the address asks for when it names none of `pages` (`st.Page`s), else None.
-    Streamlit then runs the default page without a word; the caller says so instead."""
+    """The page path the address asks for when it names none of `pages` (`st.Page`s), else None;
+    called before `st.navigation`. Such an address is then taken as the default page's, so that
+    Streamlit runs that page without its own "Page not found" pop-up (which covers the page's top,
+    where the caller says what happened and names the real pages)."""
     ctx = get_script_run_ctx()
-    asked = ctx.pages_manager.intended_page_name if ctx is not None else None
-    return asked if asked and asked not in {page.url_path for page in pages} else None
+    manager = ctx.pages_manager if ctx is not None else None
+    asked = manager.intended_page_name if manager is not None else None
+    if manager is None or not asked or asked in {page.url_path for page in pages}:
+        return None
+    if not manager.intended_page_script_hash:  # a page asked by its hash is found (or not) by that
+        manager.set_script_intent("", "")
+    return asked
 
 
 def steps_param(value: str | None) -> tuple[int, int] | None:

@@ -273,8 +273,18 @@ def test_empty_run(monkeypatch, awkward):
 
 
 def test_run_still_being_written(monkeypatch, awkward):
-    write_synthetic_run(awkward / "live", steps=2, samples_per_step=8, seq_len=16, status="running", rows_per_part=40)
-    _every_page_says(_app(monkeypatch, awkward).run(), "still being written")
+    import fcntl
+    import os
+
+    run = write_synthetic_run(
+        awkward / "live", steps=2, samples_per_step=8, seq_len=16, status="running", rows_per_part=40
+    )
+    fd = os.open(run / ".rank=0.lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # its writer, alive (without it: a writer that died, tests/test_dashboard_live.py)
+    try:
+        _every_page_says(_app(monkeypatch, awkward).run(), "still being written")
+    finally:
+        os.close(fd)
 
 
 def test_corrupt_part_file_is_reported_and_skipped(monkeypatch, awkward):
@@ -563,6 +573,10 @@ def test_compare_over_seeds_and_a_copied_run(monkeypatch, tmp_path):
     at = _open(_app(monkeypatch, tmp_path / "copied").run(), "views/compare.py")
     assert not at.exception
     assert any("Settings group 1 is not shown" in e.value and "ppo\\-1\\-copy" in e.value for e in at.error)
+    # over the picked runs only: with the copy and its original not picked, no error about them
+    at.multiselect(key="cr_runs").set_value([str(tmp_path / "copied" / "ppo-2")]).run()
+    assert not at.exception and not at.error
+    assert any("Over seeds: pick runs that share their settings" in c.value for c in at.caption)
 
 
 def test_pages_keep_to_the_sidebar_steps_and_show_the_final_evaluation(monkeypatch, tmp_path):
@@ -720,3 +734,45 @@ def test_sequence_reasons_give_the_responses_ratio_and_band(app_module):
     assert groups.by_level(["kl_cov", "gspo", "ppo"], specs) == ["ppo", "gspo", "kl_cov"]
     assert groups.level_label("clip_cov", {}) == "batch · clip_cov"
     assert groups.level_label("gspo", {}) == "sequence · gspo" and groups.level_label("ppo", specs) == "token · ppo"
+
+
+def test_a_busy_dashboard_says_so_and_runs_the_page_in_turn(monkeypatch, app_module):
+    """With RUNNING_AT_ONCE page runs computing, the next one shows the busy note and waits; it
+    runs once a slot frees, and the note is removed."""
+    import threading
+
+    busy = app_module("busy")
+    shown: list[str] = []
+
+    class Note:
+        def info(self, text: str, **_) -> None:
+            shown.append(text)
+
+        def empty(self) -> None:
+            shown.append("(removed)")
+
+    monkeypatch.setattr(busy.st, "empty", Note)
+    for _ in range(busy.RUNNING_AT_ONCE):
+        assert busy._slots.acquire(blocking=False)
+    entered = threading.Event()
+
+    def page() -> None:
+        with busy.in_turn():
+            entered.set()
+
+    thread = threading.Thread(target=page)
+    try:
+        thread.start()
+        while not shown:  # the note is up: the run waits
+            thread.join(0.05)
+        assert not entered.is_set() and busy.waiting() == 1
+        assert shown[0].startswith(f"The dashboard is busy: {busy.RUNNING_AT_ONCE} pages are being computed and 1 wait")
+    finally:
+        busy._slots.release()
+        thread.join(30)
+        for _ in range(busy.RUNNING_AT_ONCE - 1):
+            busy._slots.release()
+    assert entered.is_set() and busy.waiting() == 0 and shown[-1] == "(removed)"
+    with busy.in_turn():  # a free slot: no note
+        pass
+    assert shown.count("(removed)") == 1

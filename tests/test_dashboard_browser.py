@@ -387,15 +387,49 @@ FIGURES = """() => [...document.querySelectorAll('.js-plotly-plot')].map((gd) =>
 })"""
 
 
+# A run that records every built-in rule (22): the screens built for 12 must hold them.
+ALL_RULES = "z_all_rules"
+
+# The token inspector's legend: each chip's box (px), its ring's width beyond the box (a box-shadow
+# or an outline and its offset) and the boxes of the badges inside it.
+LEGEND = """() => {
+  const legend = [...document.querySelectorAll('[data-testid="stHtml"] div')]
+    .find((d) => d.innerText.includes('missing') && d.innerText.includes('blocked by'));
+  const box = (el) => { const b = el.getBoundingClientRect(); return {l: b.left, r: b.right, t: b.top, b: b.bottom}; };
+  return [...legend.children].map((chip) => {
+    const s = chip.style;
+    const ring = Math.max(parseFloat((s.boxShadow.match(/0px 0px 0px (\\d+)px/) || [0, 0])[1]),
+                          (parseFloat(s.outlineWidth) || 0) + (parseFloat(s.outlineOffset) || 0));
+    return {text: chip.innerText, ...box(chip), ring, badges: [...chip.children].map(box)};
+  });
+}"""
+
+# The mask-confusion heatmap: its number of rules, its cell size and each printed count's size (px).
+HEATMAP = """() => {
+  const gd = [...document.querySelectorAll('.js-plotly-plot')]
+    .find((g) => ((g.querySelector('text.gtitle') || {}).textContent || '').startsWith('Blocked by row rule'));
+  if (!gd || !gd._fullData) return null;
+  const full = gd._fullLayout, n = gd._fullData[0].x.length;
+  return {n, w: full._size.w / n, h: full._size.h / n,
+          texts: [...gd.querySelectorAll('g.hm text, g.heatmaplayer text')].map((t) => {
+            const b = t.getBoundingClientRect(); return [t.textContent, b.width, b.height]; })};
+}"""
+
+
 @pytest.fixture(scope="module")
 def learning(tmp_path_factory):
-    """The dashboard on the shipped `learning` run (160 steps, 12 rules, active dppo_binary_tv)
-    and the shipped collapse; yields its URL."""
+    """The dashboard on the shipped `learning` run (160 steps, 12 rules, active dppo_binary_tv),
+    the shipped collapse and a small run of all 22 rules; yields its URL."""
     import shutil
+
+    from trustlens.rules import RULES
 
     runs = tmp_path_factory.mktemp("first_contact")
     for name in ("learning", "pg_is"):
         shutil.copytree(SAMPLE / name, runs / name)
+    write_synthetic_run(
+        runs / ALL_RULES, steps=4, samples_per_step=16, seq_len=24, rules=list(RULES), seed=3, active_rule="ppo"
+    )
     with _served(runs, tmp_path_factory.mktemp("log3")) as url:
         yield url
 
@@ -454,6 +488,8 @@ def test_first_contact_at_1280_px(learning):
             page.goto(f"{learning}/collapse_signals")
             _settle(page, "Overview")
             assert "No page at /collapse_signals: showing the Overview instead" in page.inner_text("body")
+            assert page.get_by_text("No page at /collapse_signals").is_visible()
+            assert page.locator('[role="dialog"]').count() == 0  # no pop-up of Streamlit's own over it
 
             # a token blocked by 9 rules: one dashed ring and the count
             tokens = load_run(SAMPLE / "learning").tokens
@@ -483,6 +519,40 @@ def test_first_contact_at_1280_px(learning):
             )
             assert stacked <= 2  # never more than two rings stacked
             page.screenshot(path=str(SHOTS / "inspector_rings_1280.png"), full_page=True)
+
+            # 22 rules: the legend's chips each on one line, their rings and badges clear of each other
+            page.goto(f"{learning}/token_inspector?run={ALL_RULES}")
+            _settle(page, "Token inspector")
+            page.locator("span[title*='blocked by:']").first.wait_for(timeout=60_000)
+            chips = page.evaluate(LEGEND)
+            assert len(chips) == 3 + 22 + 1 and chips[-1]["text"].startswith("blocked by more than 2 rules")
+            one_line = chips[2]["b"] - chips[2]["t"]  # "missing"
+            assert all(abs(c["b"] - c["t"] - one_line) < 0.5 for c in chips), [c["text"] for c in chips]
+
+            def ringed(c: dict) -> dict:
+                return {k: c[k] + (c["ring"] if k in "rb" else -c["ring"]) for k in "lrtb"}
+
+            def hit(a: dict, b: dict) -> bool:
+                return a["l"] < b["r"] and b["l"] < a["r"] and a["t"] < b["b"] and b["t"] < a["b"]
+
+            clashes = [
+                (a["text"], b["text"]) for i, a in enumerate(chips) for b in chips[i + 1 :] if hit(ringed(a), ringed(b))
+            ]
+            assert clashes == []
+            (badge,) = chips[-1]["badges"]  # the count badge sits inside its chip
+            assert chips[-1]["l"] <= badge["l"] and badge["r"] <= chips[-1]["r"]
+            assert chips[-1]["t"] <= badge["t"] and badge["b"] <= chips[-1]["b"]
+            page.screenshot(path=str(SHOTS / "inspector_legend_22_rules_1280.png"))
+
+            # the mask-confusion matrix: the chosen rules, each count inside its cell
+            page.goto(f"{learning}/ppo_vs_dppo?run={ALL_RULES}")
+            _settle(page, "PPO vs DPPO")
+            page.wait_for_function(f"() => (({HEATMAP})() || {{texts: []}}).texts.length > 0", timeout=60_000)
+            heatmap = page.evaluate(HEATMAP)
+            assert 2 <= heatmap["n"] <= 10 and len(heatmap["texts"]) == heatmap["n"] ** 2
+            too_big = [t for t in heatmap["texts"] if t[1] > heatmap["w"] - 2 or t[2] > heatmap["h"] - 2]
+            assert too_big == [], (heatmap["w"], heatmap["h"], too_big[:5])
+            assert "Rules in the matrix" in page.inner_text("body")  # the others one click away
         finally:
             browser.close()
 

@@ -3,7 +3,9 @@ arrive (keeping the page and the filters), a toast per new alert, and no polling
 Through Streamlit's AppTest here; in Chromium with a run written by a background process in
 tests/test_dashboard_live_browser.py."""
 
+import fcntl
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -91,6 +93,40 @@ def test_a_finished_run_is_not_followed(monkeypatch, tmp_path, collapsing):
     at = _app(monkeypatch, tmp_path).run()
     assert not at.exception
     assert _live_line(at) is None and not at.toast
+
+
+def test_a_run_whose_writer_dies_shows_as_stopped_not_live(monkeypatch, tmp_path, collapsing):
+    """A writer killed by SIGKILL leaves run.json saying running and its lock file unlocked: the
+    test `trustlens watch` uses says stopped, and so does every page (no live line, no "still
+    being written"), the Overview naming the run incomplete."""
+    run = tmp_path / "killed"
+    copy_steps(collapsing, run, 10)
+    fd = os.open(run / ".rank=0.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the writer, alive
+    try:
+        at = _app(monkeypatch, tmp_path).run()
+        assert not at.exception and "step 9" in _live_line(at)
+    finally:
+        os.close(fd)  # the writer dies: the kernel releases its lock
+    at.run()  # the live check's rerun
+    assert not at.exception
+    assert _live_line(at) is None
+    (line,) = [m.value for m in at.markdown if "stopped]" in m.value]
+    assert "step 9 · stopped updating" in line and "no writer holds it" in line
+    text = [i.value for i in at.info] + [w.value for w in at.warning]
+    assert not any("still being written" in t for t in text), text
+    assert any(t.startswith("This run is incomplete: it stopped updating") and "up to step 9" in t for t in text)
+    assert any(t.value == "Overview" for t in at.title)
+
+
+def test_an_interrupted_run_is_named_incomplete(monkeypatch, tmp_path, collapsing):
+    copy_steps(collapsing, tmp_path / "stopped", 6, status="interrupted")
+    at = _app(monkeypatch, tmp_path).run()
+    assert not at.exception and _live_line(at) is None
+    assert any(
+        w.value.startswith("This run is incomplete: it ended interrupted") and "6 steps, up to step 5" in w.value
+        for w in at.warning
+    ), [w.value for w in at.warning]
 
 
 def _live_alert(step: int, severity: str) -> pa.Table:

@@ -111,9 +111,10 @@ for path in chosen:
     if names[path] in frames:
         st.markdown(f"**{md(names[path])}**: {md(story(path, run_signature(Path(path))))}")
 
-all_paths = [str(p) for p in ctx.runs]
-groups = seed_groups(all_paths)
-if groups:
+groups = seed_groups(chosen)  # the picked runs only
+if not groups:
+    st.caption("Over seeds: pick runs that share their settings and differ in seed to see their outcomes.")
+else:
     st.subheader("Over seeds")
     st.caption(
         "Runs with the same settings but different seeds, grouped by rule: mean ± standard error "

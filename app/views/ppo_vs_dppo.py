@@ -3,6 +3,7 @@
 from dataclasses import replace
 
 import page_data
+import polars as pl
 import streamlit as st
 from page_parts import chart, header, inspect_tokens, need_tokens
 from rule_groups import by_level, level_label, rule_level
@@ -12,6 +13,9 @@ from sidebar import context
 
 from trustlens import plots
 from trustlens.analysis.agreement import default_rule_pair
+
+# rules the mask-confusion matrix shows at first, and at most (the rest one click away)
+MATRIX_RULES, MATRIX_MOST = 6, 10
 
 ctx = need_tokens(context())
 header("PPO vs DPPO", ctx)
@@ -103,5 +107,17 @@ with left:
     )
 with right:
     chart(plots.blocked_tokens_bar(data["by_token"]), "pv_tokens")
-# full width: a cell per rule pair and every rule's name readable at 1,280 px
-chart(plots.confusion_heatmap(data["matrix"], title=f"Blocked by row rule, not by column rule{kept}"), "pv_matrix")
+# full width, the chosen rules only (rules A and B, the active rule, up to MATRIX_RULES in all), the others
+# one click away: up to MATRIX_MOST rules, a cell per pair whose count fits it at 1,280 px
+recorded = by_level(ctx.rules, specs)
+default = [r for r in dict.fromkeys((rule_a, rule_b, ctx.run.active_rule, *recorded)) if r in ctx.rules]
+shown = st.multiselect(
+    "Rules in the matrix",
+    recorded,
+    default=default[:MATRIX_RULES],
+    max_selections=MATRIX_MOST,
+    format_func=rule_label,
+    help=f"the recorded rules the matrix compares, at most {MATRIX_MOST} (their counts then fit their cells)",
+)
+matrix = data["matrix"].filter(pl.col("rule_a").is_in(shown) & pl.col("rule_b").is_in(shown))
+chart(plots.confusion_heatmap(matrix, title=f"Blocked by row rule, not by column rule{kept}"), "pv_matrix")

@@ -70,6 +70,11 @@ _COUNT_STYLE = (
     f"display:inline-block;margin-left:3px;padding:0 3px;border-radius:6px;font-size:0.75em;line-height:1.3;"
     f"background:{MANY_RULES_COLOUR};color:#fff;vertical-align:top"
 )
+# a legend entry: one unbroken line, its ring (OUTLINE_PX, dashed: 1 px further out) clear of its neighbours
+_CHIP_STYLE = (
+    f"display:inline-block;white-space:nowrap;line-height:1.4;padding:1px 4px;margin:{OUTLINE_PX + 2}px "
+    f"{OUTLINE_PX + 1}px;border-radius:3px;"
+)
 # the marker of positions with no token row, between two drawn tokens
 _GAP_STYLE = "display:inline-block;padding:1px 2px;margin:1px 2px;color:#888;font-family:monospace"
 
@@ -277,10 +282,11 @@ def colored_tokens_html(
         blockers = [r for r, flags in blocked.items() if flags[i]]
         many = len(blockers) > MAX_RINGS
         rings = [] if many else [colours[r] for r in blockers]
+        ring = OUTLINE_PX * max(len(rings), 2 if many else 0)  # px beyond the text's box
         shadow = ", ".join(f"0 0 0 {OUTLINE_PX * (k + 1)}px {c}" for k, c in enumerate(rings))
         style = (
             f"display:inline-block;white-space:pre;padding:1px 2px;"
-            f"margin:{OUTLINE_PX * max(len(rings), 2 if many else 0) + 1}px 2px;"
+            f"margin:{ring + 1}px {max(ring + 1, 2)}px;"  # its rings clear of its neighbours
             f"border-radius:3px;font-family:monospace;line-height:1.4;"
             f"background:{diverging_colour(v, centre, scale)};color:{_text_colour(v, centre, scale)};"
             + (f"box-shadow:{shadow};" if shadow else "")
@@ -306,19 +312,16 @@ def legend_html(rules: Sequence[str], *, quantity: str, centre: float | None = N
     pos = "rgb({},{},{})".format(*POSITIVE_RGB)
     neg = "rgb({},{},{})".format(*NEGATIVE_RGB)
     items = [
-        f'<span style="background:{neg};color:#fff;padding:1px 4px;border-radius:3px">{q} &lt; {centre:g}</span>',
-        f'<span style="background:{pos};color:#fff;padding:1px 4px;border-radius:3px">{q} &gt; {centre:g}</span>',
-        f'<span style="background:{MISSING_BACKGROUND};padding:1px 4px;border-radius:3px">missing</span>',
+        f'<span style="{_CHIP_STYLE}background:{neg};color:#fff">{q} &lt; {centre:g}</span>',
+        f'<span style="{_CHIP_STYLE}background:{pos};color:#fff">{q} &gt; {centre:g}</span>',
+        f'<span style="{_CHIP_STYLE}background:{MISSING_BACKGROUND}">missing</span>',
     ]
     for rule, colour in rule_colours(rules).items():
         name = html.escape(visible_text(rule), quote=True)
-        items.append(
-            f'<span style="box-shadow:0 0 0 {OUTLINE_PX}px {colour};padding:1px 4px;margin:0 2px;'
-            f'border-radius:3px">blocked by {name}</span>'
-        )
+        items.append(f'<span style="{_CHIP_STYLE}box-shadow:0 0 0 {OUTLINE_PX}px {colour}">blocked by {name}</span>')
     if len(rules) > MAX_RINGS:
         items.append(
-            f'<span style="{_MANY_RULES_RING}padding:1px 4px;margin:0 2px;border-radius:3px">blocked by more than '
+            f'<span style="{_CHIP_STYLE}{_MANY_RULES_RING}">blocked by more than '
             f'{MAX_RINGS} rules<span style="{_COUNT_STYLE}">n</span></span>'
         )
-    return f'<div style="margin:4px 0 8px 0;line-height:2.2">{" ".join(items)}</div>'
+    return f'<div style="margin:4px 0 8px 0">{" ".join(items)}</div>'
