@@ -85,7 +85,7 @@ def test_rolling_checkpoints_are_the_last_n_plus_the_one_a_stop_would_keep(tmp_p
     assert on_disk[5] == [checkpoint_name(s) for s in (0, 4, 5)]  # 0: the kept one for evidence from 3 on
     # the open warning keeps 0; 4 is the last evaluated one, kept for a fall first seen at step 8
     assert on_disk[9] == [checkpoint_name(s) for s in (0, 4, 8, 9)]
-    # closed, the warning may still be a later critical's evidence (EVIDENCE_STEPS): 0 stays
+    # closed, the warning may still be a later critical's evidence (CollapseConfig.evidence_rows): 0 stays
     assert on_disk[11] == [checkpoint_name(s) for s in (0, 8, 10, 11)]
 
 

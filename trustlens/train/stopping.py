@@ -9,7 +9,7 @@ meta: the folder format of `trustlens.train.model.save_checkpoint`, usable as a 
 `--checkpoint`). Kept: the last `keep_checkpoints`, plus the ones a stop would keep now
 (`trustlens.live.stop.kept_checkpoint` for the earliest evidence start among the alerts that may
 still reach `stop_on` or be the evidence of one — those still provisional, and collapse warnings
-that ended within EVIDENCE_STEPS — and of alerts not raised yet: `unconfirmed_start`, and the
+that ended within the detectors' evidence rows — and of alerts not raised yet: `unconfirmed_start`, and the
 latest evaluated checkpoint for the next evaluation); the others are deleted, so that at most
 `keep_checkpoints` + 2 are on disk.
 
@@ -43,9 +43,8 @@ from trustlens.train.world import World, all_reduce_
 FOLDER = "checkpoints"  # inside the run directory
 
 
-# rows before an outcome alert within which an ended warning is its evidence (CollapseConfig's
-# evidence_steps, by default its reference_steps): such a warning may still begin a stop's evidence
-EVIDENCE_STEPS = 100
+# the detectors' settings: the trainer's recorder judges with the default CollapseConfig (alerts=True)
+DETECTORS = CollapseConfig()
 
 
 def unconfirmed_start(judged: int, evaluated: Collection[int]) -> int:
@@ -53,7 +52,7 @@ def unconfirmed_start(judged: int, evaluated: Collection[int]) -> int:
     to `judged` are judged: a step detector opens its episode on its `confirm_steps`-th flagged
     step in a row (its first flagged step may be judged already), an accuracy fall on the
     evaluation after the first low one (the last evaluation judged, among `evaluated` steps)."""
-    first = judged + 1 - (CollapseConfig().confirm_steps - 1)
+    first = judged + 1 - (DETECTORS.confirm_steps - 1)
     last_evaluation = max((s for s in evaluated if s <= judged), default=first)
     return min(first, last_evaluation)
 
@@ -96,24 +95,24 @@ class AlertStop:
         self._keep_only({*self.taken[-self.keep :], *self._pending(recorder)})
 
     def _pending(self, recorder: Any) -> set[int]:
-        """The checkpoint a stop would keep for the alerts that may still stop the run: those
-        still provisional or at `stop_on` and those of the steps not judged yet."""
+        """The checkpoints a stop would keep (module docstring): for the earliest evidence start
+        of the alerts that may still stop the run or be a stopping alert's evidence, and of an
+        alert not raised yet; and the latest evaluated one, for a fall the next evaluation begins."""
         judged = recorder.live_judged_step  # first: the alerts read after it hold its step's
+        if judged is None:  # nothing judged yet: evidence may begin at step 0, before every checkpoint
+            return set()
         latest: dict[tuple, LiveAlert] = {}
         for alert in recorder.live_alerts:
             latest[alert.key] = alert
         assert self.level is not None
-        recent = -1 if judged is None else judged - EVIDENCE_STEPS
+        recent = judged - DETECTORS.evidence_rows
         starts = [
             evidence_start(a)
             for a in latest.values()
             if a.provisional or a.level >= self.level or (a.source == "collapse" and a.end_step >= recent)
         ]
-        # alerts not raised yet: an evaluation judged already may be the first of a fall, or the
-        # next one may; the latest evaluated checkpoint serves the next
-        unjudged = [0] if judged is None else [unconfirmed_start(judged, self.evaluated), judged + 1]
-        kept = {kept_checkpoint(self.taken, self.evaluated, min([*starts, unjudged[0]]))}
-        kept |= {kept_checkpoint(self.taken, self.evaluated, unjudged[-1])}
+        earliest = min([*starts, unconfirmed_start(judged, self.evaluated)])
+        kept = {kept_checkpoint(self.taken, self.evaluated, s) for s in (earliest, judged + 1)}
         return {s for s in kept if s is not None}
 
     def _keep_only(self, needed: set[int]) -> None:

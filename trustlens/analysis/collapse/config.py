@@ -110,6 +110,12 @@ class CollapseConfig:
         for name in ("mismatch_growth", "grad_spike", "blocked_factor"):  # multiples of the baseline
             check_number(name, getattr(self, name), low=1.0, low_open=True)
 
+    @property
+    def evidence_rows(self) -> int:
+        """Rows within which an ended warning is an outcome alert's evidence: `evidence_steps`,
+        else `reference_steps`."""
+        return self.evidence_steps if self.evidence_steps is not None else self.reference_steps
+
 
 # the most steps alert_window gives: the baseline of the alerts
 ALERT_WINDOW_MAX = 15

@@ -227,7 +227,7 @@ class CollapseSteps:
         n_base = cfg.baseline_steps if cfg.baseline_steps is not None else window
         n_reward = cfg.reward_window if cfg.reward_window is not None else min(REWARD_WINDOW_MAX, n_base)
         self.gap = cfg.merge_gap if cfg.merge_gap is not None else window
-        self.evidence_rows = cfg.evidence_steps if cfg.evidence_steps is not None else cfg.reference_steps
+        self.evidence_rows = cfg.evidence_rows
         self.warmup = cfg.warmup_steps if cfg.warmup_steps is not None else warmup
         self.start = max(start, self.warmup)
         watched = [blocked_column(rule)] if rule is not None else [c for c in columns if c.startswith("blocked_")]
