@@ -242,6 +242,13 @@ OLD_PATHS = [
     ("trustlens.integrations.engine_fields", "trustlens.integrations.engines.fields"),
     ("trustlens.integrations.engine_tokens", "trustlens.integrations.engines.tokens"),
     ("trustlens.integrations.engines_sampling", "trustlens.integrations.engines.sampling"),
+    ("trustlens.analysis.alert_report", "trustlens.analysis.claims_text"),
+    ("trustlens.analysis.findings", "trustlens.analysis.paper_findings"),
+    ("trustlens.analysis.inputs", "trustlens.analysis.sources"),
+    ("trustlens.core.checks", "trustlens.core.tensor_checks"),
+    ("trustlens.core.values", "trustlens.core.argument_checks"),
+    ("trustlens.record.columns", "trustlens.record.recorded_columns"),
+    ("trustlens.run.signals", "trustlens.run.interrupts"),
 ]
 
 

@@ -17,12 +17,12 @@ import inspect, json, sys
 import polars as pl
 from trustlens import load_run
 import trustlens.analysis as analysis
-from trustlens.analysis import findings, seeds, sweep
+from trustlens.analysis import paper_findings, seeds, sweep
 
 functions = {n: getattr(analysis, n) for n in analysis.__all__ if inspect.isfunction(getattr(analysis, n))}
 functions["threshold_sweep"] = sweep.threshold_sweep
-functions.update({n: f for n, f in vars(findings).items()
-                  if inspect.isfunction(f) and f.__module__ == findings.__name__ and not n.startswith("_")})
+functions.update({n: f for n, f in vars(paper_findings).items()
+                  if inspect.isfunction(f) and f.__module__ == paper_findings.__name__ and not n.startswith("_")})
 ran, skipped = {}, {}
 for path in sys.argv[1:]:
     run = load_run(path)

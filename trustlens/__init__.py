@@ -113,6 +113,14 @@ MOVED_MODULES = {
     # its trl_sampling, verl_sampling and openrlhf_sampling: each trainer's package's `sampling`
     "trustlens.integrations.engines_sampling": "trustlens.integrations.engines.sampling",
     "trustlens.rules.corrections": "trustlens.rules.registry",
+    # names that say what the module holds
+    "trustlens.analysis.alert_report": "trustlens.analysis.claims_text",
+    "trustlens.analysis.findings": "trustlens.analysis.paper_findings",
+    "trustlens.analysis.inputs": "trustlens.analysis.sources",
+    "trustlens.core.checks": "trustlens.core.tensor_checks",
+    "trustlens.core.values": "trustlens.core.argument_checks",
+    "trustlens.record.columns": "trustlens.record.recorded_columns",
+    "trustlens.run.signals": "trustlens.run.interrupts",
 }
 
 

@@ -24,8 +24,8 @@ import sys
 import warnings
 from typing import Any
 
+from trustlens.core.argument_checks import closest
 from trustlens.core.extras import missing_extra
-from trustlens.core.values import closest
 from trustlens.core.version import __version__
 
 # command -> (module that implements it, one-line help)

@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from trustlens.core.values import check_port, port_arg, text_arg
+from trustlens.core.argument_checks import check_port, port_arg, text_arg
 
 # The environment variable the app reads its runs folder (or single run) from.
 RUNS_ENV = "TRUSTLENS_RUNS"

@@ -16,7 +16,7 @@ from IPython.display import HTML
 
 import trustlens.analysis as A
 from trustlens import plots
-from trustlens.analysis.findings import blocked_anchor_quantiles, blocked_token_anchor, motivating_examples
+from trustlens.analysis.paper_findings import blocked_anchor_quantiles, blocked_token_anchor, motivating_examples
 from trustlens.analysis.tokens import sample_tokens
 from trustlens.notebook import sample_runs, setup
 from trustlens.core.render import colored_tokens_html, legend_html

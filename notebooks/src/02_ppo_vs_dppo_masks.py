@@ -11,7 +11,7 @@ import polars as pl
 
 import trustlens.analysis as A
 from trustlens import RULES, plots
-from trustlens.analysis.findings import blocked_token_anchor
+from trustlens.analysis.paper_findings import blocked_token_anchor
 from trustlens.analysis.sweep import threshold_sweep
 from trustlens.analysis.tokens import TokenQuery, filter_tokens
 from trustlens.notebook import sample_runs, setup

@@ -13,7 +13,7 @@ import polars as pl
 
 import trustlens.analysis as A
 from trustlens import plots
-from trustlens.analysis.findings import over_updates_per_step
+from trustlens.analysis.paper_findings import over_updates_per_step
 from trustlens.analysis.tokens import alert_tokens
 from trustlens.notebook import sample_runs, setup
 

@@ -1,6 +1,6 @@
 import polars as pl
 
-from trustlens.analysis.alert_report import alert_leads, outcome_rows
+from trustlens.analysis.claims_text import alert_leads, outcome_rows
 from trustlens.analysis.seeds import OUTCOME_SCHEMA
 
 

@@ -20,7 +20,7 @@ from trustlens.analysis import (
     step_summary,
 )
 from trustlens.analysis.clipping import figure1_density
-from trustlens.analysis.findings import blocked_anchor_quantiles
+from trustlens.analysis.paper_findings import blocked_anchor_quantiles
 from trustlens.analysis.sweep import threshold_sweep
 from trustlens.run import load_run
 from trustlens.run.tables import write_run

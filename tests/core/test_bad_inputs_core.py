@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from trustlens.core import checks, values
+from trustlens.core import argument_checks, tensor_checks
 from trustlens.divergence import binary_kl, binary_tv, exact_divergence, topk_divergence
 from trustlens.rules import RULES, Rule, evaluate, evaluate_all
 from trustlens.rules.loss import policy_loss
@@ -21,7 +21,7 @@ NAN, INF = math.nan, math.inf
 # (check, kwargs, bad value, error type)
 VALUE_CASES = [
     *[
-        (values.check_positive, {}, v, e)
+        (argument_checks.check_positive, {}, v, e)
         for v, e in [
             (0, ValueError),
             (-1, ValueError),
@@ -35,7 +35,7 @@ VALUE_CASES = [
         ]
     ],
     *[
-        (values.check_nonnegative_number, {}, v, e)
+        (argument_checks.check_nonnegative_number, {}, v, e)
         for v, e in [
             (-1e-9, ValueError),
             (NAN, ValueError),
@@ -46,12 +46,12 @@ VALUE_CASES = [
         ]
     ],
     *[
-        (values.check_fraction, {}, v, e)
+        (argument_checks.check_fraction, {}, v, e)
         for v, e in [(-0.1, ValueError), (1.1, ValueError), (NAN, ValueError), (INF, ValueError), ("0.5", TypeError)]
     ],
-    *[(values.check_fraction, {"zero": False, "one": False}, v, ValueError) for v in (0, 1, 0.0, 1.0)],
+    *[(argument_checks.check_fraction, {"zero": False, "one": False}, v, ValueError) for v in (0, 1, 0.0, 1.0)],
     *[
-        (values.check_int, {"low": 1}, v, e)
+        (argument_checks.check_int, {"low": 1}, v, e)
         for v, e in [
             (0, ValueError),
             (-3, ValueError),
@@ -64,11 +64,11 @@ VALUE_CASES = [
             (np.float64(2.0), TypeError),
         ]
     ],
-    *[(values.check_int, {"low": 0, "high": 9}, v, ValueError) for v in (-1, 10, np.int64(10))],
-    *[(values.check_optional_int, {"low": 1}, v, e) for v, e in [(0, ValueError), (1.5, TypeError)]],
-    *[(values.check_number, {"low": 1.0, "low_open": True}, v, ValueError) for v in (1, 0.5, -INF, NAN)],
+    *[(argument_checks.check_int, {"low": 0, "high": 9}, v, ValueError) for v in (-1, 10, np.int64(10))],
+    *[(argument_checks.check_optional_int, {"low": 1}, v, e) for v, e in [(0, ValueError), (1.5, TypeError)]],
+    *[(argument_checks.check_number, {"low": 1.0, "low_open": True}, v, ValueError) for v in (1, 0.5, -INF, NAN)],
     *[
-        (values.check_choice, {"choices": ["ppo", "cispo"]}, v, e)
+        (argument_checks.check_choice, {"choices": ["ppo", "cispo"]}, v, e)
         for v, e in [
             ("PPO", ValueError),
             ("", ValueError),
@@ -79,11 +79,11 @@ VALUE_CASES = [
         ]
     ],
     *[
-        (values.check_str, {}, v, e)
+        (argument_checks.check_str, {}, v, e)
         for v, e in [("", ValueError), (None, TypeError), (3, TypeError), (b"x", TypeError)]
     ],
     *[
-        (values.check_path, {}, v, e)
+        (argument_checks.check_path, {}, v, e)
         for v, e in [
             ("", ValueError),
             ("   ", ValueError),
@@ -95,7 +95,7 @@ VALUE_CASES = [
         ]
     ],
     *[
-        (values.check_port, {}, v, e)
+        (argument_checks.check_port, {}, v, e)
         for v, e in [
             (0, ValueError),
             (65536, ValueError),
@@ -109,9 +109,9 @@ VALUE_CASES = [
 
 
 VALUE_CASES += [
-    *[(values.check_bool, {}, v, TypeError) for v in ("no", "false", 1, 0, None, 1.0)],
+    *[(argument_checks.check_bool, {}, v, TypeError) for v in ("no", "false", 1, 0, None, 1.0)],
     *[
-        (values.check_step_range, {}, v, e)
+        (argument_checks.check_step_range, {}, v, e)
         for v, e in [
             (3, TypeError),
             ((5, 1), ValueError),
@@ -120,26 +120,26 @@ VALUE_CASES += [
             ((1, 2, 3), TypeError),
         ]
     ],
-    (values.check_type, {"kinds": dict, "expected": "a mapping"}, [1], TypeError),
-    (values.check_columns, {"required": ["step"]}, ["k3"], ValueError),
+    (argument_checks.check_type, {"kinds": dict, "expected": "a mapping"}, [1], TypeError),
+    (argument_checks.check_columns, {"required": ["step"]}, ["k3"], ValueError),
     *[
-        (values.check_interval, {}, v, e)
+        (argument_checks.check_interval, {}, v, e)
         for v, e in [(1.0, TypeError), ((2.0, 0.0), ValueError), ((1.0, 1.0), ValueError), ((NAN, 1.0), ValueError)]
     ],
     *[
-        (values.check_sequence, {"empty": False}, v, e)
+        (argument_checks.check_sequence, {"empty": False}, v, e)
         for v, e in [("ab", TypeError), ({"a": 1}, TypeError), (3, TypeError), ([], ValueError)]
     ],
     *[
-        (values.check_numbers, {"low": 0.0, "high": 1.0}, v, e)
+        (argument_checks.check_numbers, {"low": 0.0, "high": 1.0}, v, e)
         for v, e in [(0.5, TypeError), ([], ValueError), ([1.5], ValueError), ([NAN], ValueError), (["0.5"], TypeError)]
     ],
     *[
-        (values.check_names, {"choices": ["ratio", "entropy"]}, v, e)
+        (argument_checks.check_names, {"choices": ["ratio", "entropy"]}, v, e)
         for v, e in [("ratio", TypeError), (["ratoi"], ValueError), ([3], TypeError), (["ratio", "ratio"], ValueError)]
     ],
     *[
-        (values.check_step_values, {}, v, e)
+        (argument_checks.check_step_values, {}, v, e)
         for v, e in [
             ([0.5, 0.4], TypeError),
             (None, TypeError),
@@ -150,7 +150,7 @@ VALUE_CASES += [
         ]
     ],
     *[
-        (values.check_keys, {"allowed": ["low", "high"]}, v, e)
+        (argument_checks.check_keys, {"allowed": ["low", "high"]}, v, e)
         for v, e in [({"lo": 0.2}, ValueError), (0.2, TypeError)]
     ],
 ]
@@ -165,22 +165,22 @@ def test_value_checks_name_the_argument(check, kwargs, value, error):
 @pytest.mark.parametrize(
     ("check", "kwargs", "value", "expected"),
     [
-        (values.check_positive, {}, 1e-300, 1e-300),
-        (values.check_positive, {}, np.float32(0.5), 0.5),
-        (values.check_nonnegative_number, {}, 0, 0.0),
-        (values.check_fraction, {}, 1, 1.0),
-        (values.check_int, {"low": 0}, np.int64(3), 3),
-        (values.check_optional_int, {"low": 1}, None, None),
-        (values.check_choice, {"choices": ["a", "b"]}, "b", "b"),
-        (values.check_path, {}, Path("."), Path(".")),
-        (values.check_path, {}, "s3://bucket/run", "s3://bucket/run"),
-        (values.check_port, {}, 65535, 65535),
-        (values.check_interval, {}, [0, 2], (0.0, 2.0)),
-        (values.check_numbers, {"low": 0.0}, (0, 0.5), [0.0, 0.5]),
-        (values.check_numbers, {"empty": True}, [], []),
-        (values.check_names, {"choices": ["a", "b"]}, ("b", "a"), ["b", "a"]),
-        (values.check_step_values, {}, [(0, 0.5), (3, 1)], [(0, 0.5), (3, 1.0)]),
-        (values.check_sequence, {}, range(2), [0, 1]),
+        (argument_checks.check_positive, {}, 1e-300, 1e-300),
+        (argument_checks.check_positive, {}, np.float32(0.5), 0.5),
+        (argument_checks.check_nonnegative_number, {}, 0, 0.0),
+        (argument_checks.check_fraction, {}, 1, 1.0),
+        (argument_checks.check_int, {"low": 0}, np.int64(3), 3),
+        (argument_checks.check_optional_int, {"low": 1}, None, None),
+        (argument_checks.check_choice, {"choices": ["a", "b"]}, "b", "b"),
+        (argument_checks.check_path, {}, Path("."), Path(".")),
+        (argument_checks.check_path, {}, "s3://bucket/run", "s3://bucket/run"),
+        (argument_checks.check_port, {}, 65535, 65535),
+        (argument_checks.check_interval, {}, [0, 2], (0.0, 2.0)),
+        (argument_checks.check_numbers, {"low": 0.0}, (0, 0.5), [0.0, 0.5]),
+        (argument_checks.check_numbers, {"empty": True}, [], []),
+        (argument_checks.check_names, {"choices": ["a", "b"]}, ("b", "a"), ["b", "a"]),
+        (argument_checks.check_step_values, {}, [(0, 0.5), (3, 1)], [(0, 0.5), (3, 1.0)]),
+        (argument_checks.check_sequence, {}, range(2), [0, 1]),
     ],
 )
 def test_value_checks_accept_valid_values(check, kwargs, value, expected):
@@ -191,7 +191,7 @@ def test_a_typo_names_the_closest_choice():
     with pytest.raises(
         ValueError, match=r"rule must be one of .*got 'dppo_binary_tvv' \(did you mean 'dppo_binary_tv'\?\)"
     ):
-        values.check_choice("rule", "dppo_binary_tvv", list(RULES))
+        argument_checks.check_choice("rule", "dppo_binary_tvv", list(RULES))
 
 
 T = torch.tensor
@@ -200,15 +200,21 @@ GOOD = T([-0.5, -1.0])
 # (tensor check, bad value, error) ; the argument is named "arg"
 TENSOR_CASES = [
     *[
-        (checks.check_logp, v)
+        (tensor_checks.check_logp, v)
         for v in (T([0.5, -1.0]), T([NAN, -1.0]), T([INF, -1.0]), T([1, 2]), [-1.0], None, np.array([-1.0]), T([True]))
     ],
-    *[(checks.check_tensor, v) for v in (T([NAN]), T([INF]), T([-INF]), T([1]), "x", 1.0)],
-    *[(checks.check_nonnegative, v) for v in (T([-0.1]), T([NAN]), T([INF]), T([-INF]), [0.1])],
-    *[(checks.check_tv, v) for v in (T([1.7]), T([-0.2]), T([NAN]), T([INF]), T([0.5, 1.01]), 0.5)],
-    *[(lambda name, t: checks.check_token_ids(name, t, 5), v) for v in (T([5]), T([-1]), T([1.0]), T([True]), [1])],
-    *[(lambda name, t: checks.check_token_ids(name, t, 9, distinct=True), v) for v in (T([[1, 1]]), T([[0, 3, 0]]))],
-    *[(lambda name, t: checks.check_mask(name, t, GOOD), v) for v in (T([1, 2]), T([0.5, 1.0]), T([1]), None)],
+    *[(tensor_checks.check_tensor, v) for v in (T([NAN]), T([INF]), T([-INF]), T([1]), "x", 1.0)],
+    *[(tensor_checks.check_nonnegative, v) for v in (T([-0.1]), T([NAN]), T([INF]), T([-INF]), [0.1])],
+    *[(tensor_checks.check_tv, v) for v in (T([1.7]), T([-0.2]), T([NAN]), T([INF]), T([0.5, 1.01]), 0.5)],
+    *[
+        (lambda name, t: tensor_checks.check_token_ids(name, t, 5), v)
+        for v in (T([5]), T([-1]), T([1.0]), T([True]), [1])
+    ],
+    *[
+        (lambda name, t: tensor_checks.check_token_ids(name, t, 9, distinct=True), v)
+        for v in (T([[1, 1]]), T([[0, 3, 0]]))
+    ],
+    *[(lambda name, t: tensor_checks.check_mask(name, t, GOOD), v) for v in (T([1, 2]), T([0.5, 1.0]), T([1]), None)],
 ]
 
 
@@ -219,11 +225,11 @@ def test_tensor_checks_name_the_argument(check, value):
 
 
 def test_valid_tensor_edge_cases():
-    assert checks.check_logp("x", T([-INF, 0.0])).tolist() == [-INF, 0.0]  # −inf: probability 0
-    assert checks.check_nonnegative("x", T([INF]), allow_inf=True).tolist() == [INF]  # a KL of +inf
-    assert checks.check_tv("x", T([1.0 + 1e-7, 0.0])).tolist() == [1.0, 0.0]  # rounding above 1 clamps
-    assert checks.check_logp("x", torch.empty(0)).numel() == 0
-    checks.check_same_device(a=T([1.0]), b=None, c="not a tensor")  # only the tensors are compared
+    assert tensor_checks.check_logp("x", T([-INF, 0.0])).tolist() == [-INF, 0.0]  # −inf: probability 0
+    assert tensor_checks.check_nonnegative("x", T([INF]), allow_inf=True).tolist() == [INF]  # a KL of +inf
+    assert tensor_checks.check_tv("x", T([1.0 + 1e-7, 0.0])).tolist() == [1.0, 0.0]  # rounding above 1 clamps
+    assert tensor_checks.check_logp("x", torch.empty(0)).numel() == 0
+    tensor_checks.check_same_device(a=T([1.0]), b=None, c="not a tensor")  # only the tensors are compared
 
 
 META = torch.zeros(2, device="meta")

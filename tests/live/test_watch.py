@@ -16,7 +16,7 @@ from s3_server import BUCKET
 
 from trustlens import Keep, cli, load_run
 from trustlens.analysis.collapse import detect_collapse
-from trustlens.core.values import EXIT_ALERT_STOP
+from trustlens.core.argument_checks import EXIT_ALERT_STOP
 from trustlens.live import LiveAlert, alerts_batch
 from trustlens.live.stop import stopped_entry
 from trustlens.live.watch import EXIT_CLOSED, EXIT_FAIL_ON, EXIT_STOPPED, Printer, watch

@@ -13,7 +13,7 @@ import pytest
 
 from trustlens import live_alerts, load_run
 from trustlens.cli import main
-from trustlens.core.values import EXIT_ALERT_STOP
+from trustlens.core.argument_checks import EXIT_ALERT_STOP
 from trustlens.live import LiveAlert
 from trustlens.live.stop import evidence_start, kept_checkpoint
 from trustlens.train import stopping, trainer

@@ -55,12 +55,6 @@ from trustlens.analysis.collapse import CollapseConfig, detect_collapse
 from trustlens.analysis.collapse.onset import collapse_onset
 from trustlens.analysis.collapse.signals import step_signals
 from trustlens.analysis.diagnosis import Finding, doctor
-from trustlens.analysis.findings import (
-    blocked_anchor_quantiles,
-    blocked_token_anchor,
-    motivating_examples,
-    over_updates_per_step,
-)
 from trustlens.analysis.mismatch import (
     MISMATCH_COLUMNS,
     MismatchTrend,
@@ -69,6 +63,12 @@ from trustlens.analysis.mismatch import (
     mismatch_per_step,
     mismatch_trend,
     mismatch_unavailable,
+)
+from trustlens.analysis.paper_findings import (
+    blocked_anchor_quantiles,
+    blocked_token_anchor,
+    motivating_examples,
+    over_updates_per_step,
 )
 from trustlens.analysis.responses import responses_blocked
 from trustlens.analysis.seeds import run_outcomes, seed_table

@@ -12,8 +12,8 @@ import polars as pl
 
 from trustlens.analysis.buckets import checked_rules, collect, nonzero_advantage, token_counter
 from trustlens.analysis.clipping import Rules
-from trustlens.analysis.inputs import RunOrTokens, lazy_rows, token_rows
-from trustlens.core.values import check_bool
+from trustlens.analysis.sources import RunOrTokens, lazy_rows, token_rows
+from trustlens.core.argument_checks import check_bool
 from trustlens.metrics import SIGNS
 from trustlens.run import blocked_column
 

@@ -19,7 +19,7 @@ from typing import Literal
 import polars as pl
 
 from trustlens.analysis.tokens import anchor_column, rules_of
-from trustlens.core.values import check_fraction, check_int, check_str
+from trustlens.core.argument_checks import check_fraction, check_int, check_str
 from trustlens.run import blocked_column
 
 LN10 = math.log(10.0)

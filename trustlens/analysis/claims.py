@@ -41,10 +41,10 @@ from typing import Any
 
 import polars as pl
 
-from trustlens.analysis.alert_report import alert_leads, outcome_rows
 from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage, weighted, weighted_mean
-from trustlens.analysis.findings import over_updates_per_step
+from trustlens.analysis.claims_text import alert_leads, outcome_rows
 from trustlens.analysis.mismatch import mismatch_per_step
+from trustlens.analysis.paper_findings import over_updates_per_step
 from trustlens.analysis.seeds import (
     LOW_MU,
     accuracy_per_step,

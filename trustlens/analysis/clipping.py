@@ -36,9 +36,9 @@ from trustlens.analysis.buckets import (
     token_counter,
     weighted,
 )
-from trustlens.analysis.inputs import RunOrTokens, check_rule_entries, lazy_rows, token_rows
+from trustlens.analysis.sources import RunOrTokens, check_rule_entries, lazy_rows, token_rows
 from trustlens.analysis.tokens import ADVANTAGE_SIGNS
-from trustlens.core.values import check_choice, check_fraction, check_int, check_interval, check_names
+from trustlens.core.argument_checks import check_choice, check_fraction, check_int, check_interval, check_names
 from trustlens.run import blocked_column
 from trustlens.run.aggregates import step_aggregates
 from trustlens.run.reader import Run

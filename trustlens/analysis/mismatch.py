@@ -56,8 +56,8 @@ from trustlens.analysis.buckets import (
     weighted,
     weighted_mean,
 )
-from trustlens.analysis.inputs import RunOrTokens, lazy_rows, token_rows
-from trustlens.core.values import check_columns, check_int, check_names, check_type
+from trustlens.analysis.sources import RunOrTokens, lazy_rows, token_rows
+from trustlens.core.argument_checks import check_columns, check_int, check_names, check_type
 from trustlens.metrics import MISMATCH_METRICS, describe
 from trustlens.run.aggregates import mismatch_stats, step_aggregates
 

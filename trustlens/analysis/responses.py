@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from trustlens.analysis.buckets import checked_rules, collect
-from trustlens.analysis.inputs import RunOrTokens, lazy_rows
+from trustlens.analysis.sources import RunOrTokens, lazy_rows
 from trustlens.run import blocked_column
 
 # A response in a token table: the rows of one sample in one update of one step.

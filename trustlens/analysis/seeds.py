@@ -76,11 +76,11 @@ from trustlens.analysis.collapse.onset import (
     collapse_window,
     reward_per_step,
 )
-from trustlens.analysis.inputs import require_run
 from trustlens.analysis.mismatch import mismatch_per_step
+from trustlens.analysis.sources import require_run
 from trustlens.analysis.summary import exact_aggregates
+from trustlens.core.argument_checks import check_columns, check_sequence, check_str, check_type
 from trustlens.core.render import csv_safe  # the seed tables' CSV guard, re-exported
-from trustlens.core.values import check_columns, check_sequence, check_str, check_type
 from trustlens.run import blocked_column
 
 LOW_MU = 0.1  # μ below this is a "low-μ" token in block_rate_low_mu

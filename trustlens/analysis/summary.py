@@ -37,8 +37,8 @@ from trustlens.analysis.buckets import (
     weighted_mean,
     zero_advantage_frac,
 )
-from trustlens.analysis.inputs import RunOrTokens, require_run, token_rows
-from trustlens.core.values import check_names, check_step_range
+from trustlens.analysis.sources import RunOrTokens, require_run, token_rows
+from trustlens.core.argument_checks import check_names, check_step_range
 from trustlens.run import blocked_column
 from trustlens.run.aggregates import step_aggregates
 

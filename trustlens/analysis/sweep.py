@@ -30,8 +30,8 @@ from trustlens.analysis.buckets import (
     rules_of,
     weighted,
 )
-from trustlens.analysis.inputs import RunOrTokens, check_rule_entries, lazy_rows
-from trustlens.core.values import check_int, check_names, check_numbers
+from trustlens.analysis.sources import RunOrTokens, check_rule_entries, lazy_rows
+from trustlens.core.argument_checks import check_int, check_names, check_numbers
 from trustlens.rules import Rule, get_rule, rule_from_manifest
 from trustlens.rules.columns import check_rule_columns, evaluate_columns, not_redecidable
 from trustlens.run.reader import Run

@@ -16,7 +16,7 @@ from typing import Literal
 
 import polars as pl
 
-from trustlens.core.values import check_bool, check_choice, check_int, check_number, check_sequence, check_str
+from trustlens.core.argument_checks import check_bool, check_choice, check_int, check_number, check_sequence, check_str
 from trustlens.run import blocked_column, rule_of_column
 
 # Advantage signs, named as everywhere in trustlens: pos (A > 0), neg (A < 0), zero (A = 0).

@@ -1,9 +1,9 @@
 """The argument checks shared by the divergence functions: a logits tensor (..., V), a tensor of the
-logits' leading shape, and the float dtype of a result (the temperature: core.values)."""
+logits' leading shape, and the float dtype of a result (the temperature: core.argument_checks)."""
 
 from __future__ import annotations
 
-from trustlens.core.checks import check_tensor
+from trustlens.core.tensor_checks import check_tensor
 from trustlens.core.torch_import import torch
 
 

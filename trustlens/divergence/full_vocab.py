@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 
-from trustlens.core.checks import (
+from trustlens.core.argument_checks import check_temperature
+from trustlens.core.tensor_checks import (
     check_same_device,
     check_same_shape,
     check_token_ids,
 )
 from trustlens.core.torch_import import torch
-from trustlens.core.values import check_temperature
 from trustlens.divergence import kernels, vocab_chunks
 from trustlens.divergence.arguments import check_lead, check_logits, result_dtype
 

@@ -37,7 +37,8 @@ from __future__ import annotations
 import math
 
 from trustlens.core import logspace
-from trustlens.core.checks import (
+from trustlens.core.argument_checks import check_temperature
+from trustlens.core.tensor_checks import (
     LOGP_TOLERANCE,
     check_logp,
     check_same_device,
@@ -45,7 +46,6 @@ from trustlens.core.checks import (
     check_token_ids,
 )
 from trustlens.core.torch_import import torch
-from trustlens.core.values import check_temperature
 from trustlens.divergence import kernels, vocab_chunks
 from trustlens.divergence.arguments import check_lead, check_logits, lead_index, result_dtype
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from trustlens.core.checks import check_logit_rows
+from trustlens.core.tensor_checks import check_logit_rows
 from trustlens.core.torch_import import torch
 
 # Elements of one chunk of rows (1 MiB of float32): small enough to stay in a core's L2 cache.

@@ -22,8 +22,8 @@ from typing import Any
 import polars as pl
 
 from trustlens.analysis.collapse import detect_collapse
-from trustlens.analysis.inputs import require_run
-from trustlens.core.values import check_choice, check_path, check_type
+from trustlens.analysis.sources import require_run
+from trustlens.core.argument_checks import check_choice, check_path, check_type
 from trustlens.export.scalars import step_scalars
 from trustlens.export.sinks import TensorBoardSink, WandbSink
 from trustlens.run import NoRowsError, load_run

@@ -27,7 +27,7 @@ from typing import Protocol
 import polars as pl
 import pyarrow as pa
 
-from trustlens.core.values import check_mirror
+from trustlens.core.argument_checks import check_mirror
 from trustlens.export.scalars import step_scalars
 from trustlens.export.sinks import TensorBoardSink, WandbSink
 from trustlens.run.step_rows import StepRows

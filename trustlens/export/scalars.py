@@ -40,8 +40,8 @@ import polars as pl
 
 from trustlens.analysis.buckets import zero_advantage_frac
 from trustlens.analysis.mismatch import logged_per_step, mismatch_per_step
+from trustlens.core.argument_checks import check_type
 from trustlens.core.render import escape_markdown
-from trustlens.core.values import check_type
 from trustlens.metrics import MISMATCH_METRICS, blocked_rate
 from trustlens.run import BLOCKED_PREFIX, NoRowsError
 from trustlens.run.aggregates import per_step_scalars

@@ -17,8 +17,8 @@ from typing import Any
 
 import polars as pl
 
+from trustlens.core.argument_checks import check_path
 from trustlens.core.render import escape_markdown
-from trustlens.core.values import check_path
 from trustlens.export.scalars import alert_text
 
 EXTRAS = {"tensorboardX": "tensorboard", "wandb": "wandb"}

@@ -22,7 +22,7 @@ import polars as pl
 
 from trustlens.analysis.diagnosis import doctor
 from trustlens.analysis.diagnosis.finding import CAUSES, SYMPTOMS, VERDICTS, Finding, note_consequences, ordered
-from trustlens.core.values import check_int
+from trustlens.core.argument_checks import check_int
 from trustlens.live.rows import MemoryRun
 
 

@@ -16,7 +16,7 @@ from trustlens.analysis.collapse.levels import model_kind
 from trustlens.analysis.collapse.signals import step_signals
 from trustlens.analysis.collapse.steps import CollapseSteps, Episode, planned_window, warmup_steps
 from trustlens.analysis.diagnosis.finding import CAUSES, Finding
-from trustlens.core.values import check_int, check_type
+from trustlens.core.argument_checks import check_int, check_type
 from trustlens.live.alert import LiveAlert
 from trustlens.live.doctor import DoctorConfig, LiveDoctor
 from trustlens.live.rows import ROW_TABLES, MemoryRun, Rows, as_frame

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from trustlens.core.values import EXIT_ALERT_STOP, check_stop_on
+from trustlens.core.argument_checks import EXIT_ALERT_STOP, check_stop_on
 from trustlens.live.alert import LiveAlert, severity_rank
 
 

@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TextIO
 
+from trustlens.core.argument_checks import EXIT_ALERT_STOP
 from trustlens.core.render import visible_text
-from trustlens.core.values import EXIT_ALERT_STOP
 from trustlens.live.alert import LiveAlert, from_rows, severity_rank
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trustlens.core.values import check_temperature
+from trustlens.core.argument_checks import check_temperature
 from trustlens.run.background import BackgroundWriter
 from trustlens.run.errors import WriterError
 

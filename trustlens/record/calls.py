@@ -16,7 +16,7 @@ import torch
 from trustlens.record.args import int_arg
 from trustlens.record.logged_rows import metrics_batch, samples_batch
 from trustlens.record.sample_ids import SampleIds
-from trustlens.run import signals
+from trustlens.run import interrupts
 from trustlens.run.background import BackgroundWriter
 from trustlens.run.storage import Remote
 
@@ -116,7 +116,7 @@ class RecorderCalls:
             return
         self._closed = True
         atexit.unregister(self._at_exit)
-        signals.unwatch(id(self))
+        interrupts.unwatch(id(self))
         self._writer.close(error)
 
     # ---- internals ----

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from trustlens.core.values import check_int, check_number
+from trustlens.core.argument_checks import check_int, check_number
 from trustlens.record.args import check_unique
 from trustlens.run import table_schema
 from trustlens.run.parts import storable_text

@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from trustlens.core.checks import LOGP_TOLERANCE
+from trustlens.core.tensor_checks import LOGP_TOLERANCE
 from trustlens.divergence import (
     bucket_divergence,
     entropy_from_logits,

@@ -6,7 +6,7 @@ arguments checked, inputs copied and π's logit quantities derived in the caller
 the rows handed to the background writer. The pieces: trustlens.record.args (argument checks),
 trustlens.record.token_rows (the rows of a `record` call; trustlens.record.staged_rows on an
 accelerator), trustlens.record.logit_quantities (entropy and top-K divergences from π's logits),
-trustlens.record.columns (which rules a call decides, the manifest's anchor and missing columns),
+trustlens.record.recorded_columns (which rules a call decides, the manifest's anchor and missing columns),
 trustlens.record.sample_ids (sample and group ids), trustlens.record.logged_rows (the rows of
 `log_metrics`, `log_samples`), trustlens.record.calls (the other calls: `RecorderCalls`).
 """
@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from trustlens.core.checks import check_mask, check_same_device, check_tensor
-from trustlens.core.values import check_bool, check_path
+from trustlens.core.argument_checks import check_bool, check_path
+from trustlens.core.tensor_checks import check_mask, check_same_device, check_tensor
 from trustlens.record.args import (
     check_arguments,
     check_tokenizer,
@@ -35,13 +35,13 @@ from trustlens.record.args import (
     positive_seconds,
 )
 from trustlens.record.calls import RecorderCalls
-from trustlens.record.columns import RecordedColumns
 from trustlens.record.logit_quantities import pending_logit_quantities
+from trustlens.record.recorded_columns import RecordedColumns
 from trustlens.record.sample_ids import SampleIds
 from trustlens.record.staged_rows import derive_staged, stage_rows
 from trustlens.record.token_rows import Buffers, TokenRows, derive_rows, snapshot_token_ids, snapshot_values
 from trustlens.rules import RULES, RuleSpec, resolve_rules
-from trustlens.run import signals
+from trustlens.run import interrupts
 from trustlens.run.aggregates import Keep, check_kept_rules
 from trustlens.run.background import BackgroundWriter
 from trustlens.run.manifest import new_manifest
@@ -219,7 +219,7 @@ class TokenRecorder(RecorderCalls):
         self._tokenizer_unchecked = tokenizer is not None  # until a call's first token is decoded
         self._closed = False
         atexit.register(self._at_exit)
-        signals.watch(id(self), self._interrupted)
+        interrupts.watch(id(self), self._interrupted)
 
     @property
     def run_id(self) -> str | None:

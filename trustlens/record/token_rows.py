@@ -33,7 +33,14 @@ import numpy as np
 import torch
 
 from trustlens.core import logspace
-from trustlens.core.checks import LOGP_TOLERANCE, _first_index, check_logp, check_nonnegative, check_tensor, check_tv
+from trustlens.core.tensor_checks import (
+    LOGP_TOLERANCE,
+    _first_index,
+    check_logp,
+    check_nonnegative,
+    check_tensor,
+    check_tv,
+)
 from trustlens.record.sequence_stats import sequence_statistics
 from trustlens.rules import Rule
 from trustlens.rules.columns import decide_columns

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trustlens.analysis.inputs import require_run
-from trustlens.core.values import check_path, check_str, path_arg
+from trustlens.analysis.sources import require_run
+from trustlens.core.argument_checks import check_path, check_str, path_arg
 from trustlens.core.version import __version__
 from trustlens.report.sections import esc, run_sections
 from trustlens.run import load_run

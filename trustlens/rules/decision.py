@@ -202,7 +202,7 @@ class TokenInputs(RuleInputs):
     ) -> None:
         import torch
 
-        from trustlens.core.checks import (
+        from trustlens.core.tensor_checks import (
             broadcast_advantages,
             check_logp,
             check_nonnegative,
@@ -233,7 +233,7 @@ class TokenInputs(RuleInputs):
         self.advantages = broadcast_advantages(advantages, self.pi_logp).detach()
         self.response_mask = None
         if response_mask is not None:
-            from trustlens.core.checks import check_mask
+            from trustlens.core.tensor_checks import check_mask
 
             if self.pi_logp.dim() != 2:
                 raise ValueError(f"pi_logp must have shape (B, T) with response_mask, got {tuple(self.pi_logp.shape)}")

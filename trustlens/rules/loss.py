@@ -40,7 +40,7 @@ import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trustlens.core.checks import upcast
+from trustlens.core.tensor_checks import upcast
 from trustlens.core.torch_import import torch
 from trustlens.rules import Rule, TokenInputs, WeightKind, get_rule
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from trustlens.core.values import closest
+from trustlens.core.argument_checks import closest
 from trustlens.rules.rule import Anchor, Measure, Policy, Rule, Sides, Statistic, WeightKind
 
 # The built-in rules by name, in the order registered (docs/rules.md's order).

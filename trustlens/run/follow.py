@@ -38,7 +38,7 @@ from typing import Any
 import polars as pl
 import pyarrow.parquet as pq
 
-from trustlens.core.values import check_bool, check_path
+from trustlens.core.argument_checks import check_bool, check_path
 from trustlens.run.errors import CorruptPartWarning, NotARunError
 from trustlens.run.manifest import CLOSED, MANIFEST, read_manifest
 from trustlens.run.parts import Location, list_folder, rank_folder, source

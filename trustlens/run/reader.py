@@ -29,7 +29,7 @@ from typing import Any
 import polars as pl
 import pyarrow.parquet as pq
 
-from trustlens.core.values import check_bool, check_path
+from trustlens.core.argument_checks import check_bool, check_path
 from trustlens.run.errors import CorruptPartWarning, NoRowsError, NotARunError, RunWarning
 from trustlens.run.manifest import MANIFEST, NEEDED_FIELDS, read_manifest
 from trustlens.run.parts import Location, list_folder, source
@@ -69,7 +69,7 @@ class RecordedRules(dict):
     such entries leniently, as any reader of a run (an entry written by a newer trustlens may hold
     fields this one does not know; a custom rule written before entries kept its measure cannot be
     rebuilt): what cannot be used is left out with a warning, where thresholds a caller types are
-    checked strictly (`trustlens.analysis.inputs.check_rule_entries`)."""
+    checked strictly (`trustlens.analysis.sources.check_rule_entries`)."""
 
 
 @dataclass(frozen=True)

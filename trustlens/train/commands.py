@@ -19,7 +19,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from trustlens.core.values import EXIT_ALERT_STOP, STOP_ON, check_choice, choice_arg, mirror_arg, port_arg
+from trustlens.core.argument_checks import EXIT_ALERT_STOP, STOP_ON, check_choice, choice_arg, mirror_arg, port_arg
 from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, TrainConfig
 from trustlens.train.runner import config, finish, is_main, print_inspect, run_one
 from trustlens.train.runsets import CLAIM_RULES, claims_command, compare_command

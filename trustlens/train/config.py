@@ -56,7 +56,7 @@ class TrainConfig:
     flush_seconds: float = 30.0  # the recorder writes rows older than this (with alerts: each step at its end)
 
     def __post_init__(self) -> None:
-        from trustlens.core.values import (
+        from trustlens.core.argument_checks import (
             check_bool,
             check_choice,
             check_existing_dir,

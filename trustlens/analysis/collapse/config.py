@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from trustlens.analysis.collapse.onset import collapse_window
-from trustlens.core.values import (
+from trustlens.core.argument_checks import (
     check_fraction,
     check_int,
     check_nonnegative_number,

@@ -49,13 +49,13 @@ from trustlens.analysis.collapse.detectors import DETECTORS, alert_drivers
 from trustlens.analysis.collapse.levels import model_kind
 from trustlens.analysis.collapse.signals import step_signals
 from trustlens.analysis.collapse.steps import CollapseSteps, Episode, planned_window, warmup_steps
-from trustlens.analysis.inputs import require_run
-from trustlens.core.numbers import decimal, is_rate, percent
-from trustlens.core.values import (
+from trustlens.analysis.sources import require_run
+from trustlens.core.argument_checks import (
     check_choice,
     check_columns,
     check_type,
 )
+from trustlens.core.numbers import decimal, is_rate, percent
 from trustlens.run import rule_of_column
 
 

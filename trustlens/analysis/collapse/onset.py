@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from trustlens.analysis.buckets import collect
-from trustlens.core.values import check_int, check_step_values
+from trustlens.core.argument_checks import check_int, check_step_values
 
 # the metric holding held-out accuracy (a fraction of problems solved, greedy decoding)
 ACCURACY = "eval/accuracy"

@@ -22,8 +22,8 @@ import polars as pl
 
 from trustlens.analysis.buckets import blocked_rate, checked_rules, collect, weighted_mean
 from trustlens.analysis.collapse.onset import evaluations
-from trustlens.analysis.inputs import require_run
 from trustlens.analysis.mismatch import mismatch_per_step, token_mismatch
+from trustlens.analysis.sources import require_run
 from trustlens.analysis.summary import exact_aggregates, step_summary
 from trustlens.run import blocked_column
 

@@ -26,8 +26,8 @@ from trustlens.analysis.diagnosis.finding import CHECKS, VERDICTS, Finding, note
 from trustlens.analysis.diagnosis.inputs import Inputs, Sampling, inputs_of, read_sampling
 from trustlens.analysis.diagnosis.level import engine_drift_check, level_check, per_step_mismatch, where_check
 from trustlens.analysis.diagnosis.sampling import temperature_check, truncation_check
-from trustlens.analysis.inputs import lazy_rows
-from trustlens.core.values import check_names
+from trustlens.analysis.sources import lazy_rows
+from trustlens.core.argument_checks import check_names
 
 
 def doctor(run: Any, checks: Sequence[str] | None = None) -> list[Finding]:

@@ -28,7 +28,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from trustlens.core.checks import check_logit_rows
+from trustlens.core.tensor_checks import check_logit_rows
 from trustlens.core.torch_import import torch
 from trustlens.divergence.kernels.exact_pass_reference import exact_pass_torch
 from trustlens.divergence.kernels.logit_pass_reference import logit_pass_torch

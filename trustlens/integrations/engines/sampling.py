@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trustlens.core.values import check_attributes, check_type
+from trustlens.core.argument_checks import check_attributes, check_type
 from trustlens.run.manifest import normalise_sampling
 
 # vLLM's `logprobs_mode` values that return log-probabilities -> run.json sampling["logprobs"]

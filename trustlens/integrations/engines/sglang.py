@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trustlens.core.values import check_optional_int, check_sequence
+from trustlens.core.argument_checks import check_optional_int, check_sequence
 from trustlens.integrations.engines.fields import flat_top, has_flat_top, sampling_logprobs, supports, weight_versions
 from trustlens.integrations.engines.tokens import EngineTokens, Response, log_prob, padded, token_id
 

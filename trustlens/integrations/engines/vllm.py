@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trustlens.core.values import check_optional_int
+from trustlens.core.argument_checks import check_optional_int
 from trustlens.integrations.engines.fields import supports, weight_versions
 from trustlens.integrations.engines.sampling import check_vllm_logprobs_mode
 from trustlens.integrations.engines.tokens import EngineTokens, Response, log_prob, padded, token_id

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trustlens.core.values import check_type
+from trustlens.core.argument_checks import check_type
 from trustlens.integrations.engines.sampling import FILTERS, active_processors, checked_sampling
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trustlens.core.values import check_attributes
+from trustlens.core.argument_checks import check_attributes
 from trustlens.integrations.engines.sampling import FILTERS, active_processors, checked_sampling
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trustlens.core.values import check_attributes
+from trustlens.core.argument_checks import check_attributes
 from trustlens.live.stop import first_at, stop_level, stopped_entry
 
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from trustlens.core.values import check_type
+from trustlens.core.argument_checks import check_type
 from trustlens.integrations.engines.sampling import VLLM_LOGPROBS_MODES, active_processors, checked_sampling
 
 

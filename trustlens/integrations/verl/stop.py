@@ -19,7 +19,7 @@ ENV_STOP_ON = "TRUSTLENS_STOP_ON"
 def stop_on_from_env() -> str:
     """TRUSTLENS_STOP_ON: critical, warning or never (default); a ValueError naming the variable
     for anything else."""
-    from trustlens.core.values import check_stop_on
+    from trustlens.core.argument_checks import check_stop_on
 
     return check_stop_on(ENV_STOP_ON, os.environ.get(ENV_STOP_ON) or "never")
 

@@ -19,7 +19,7 @@ from typing import TypeAlias
 
 import polars as pl
 
-from trustlens.core.values import check_keys, check_str
+from trustlens.core.argument_checks import check_keys, check_str
 from trustlens.rules import Rule, rule_from_manifest
 from trustlens.run.reader import RecordedRules, Run
 

@@ -8,7 +8,7 @@ value outside its domain) with a message naming the argument, the value and what
 
 bool is not a number here (True is refused where a count or a threshold is expected), and an
 integer argument refuses a float even when it is whole (1.0), so that a truncated value never
-passes silently. The tensor checks are in trustlens.core.checks.
+passes silently. The tensor checks are in trustlens.core.tensor_checks.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ from trustlens.analysis.buckets import (
     weighted_quantile,
 )
 from trustlens.analysis.clipping import blocked_by_token
-from trustlens.analysis.inputs import RunOrTokens, lazy_rows
-from trustlens.core.values import check_fraction, check_int, check_numbers
+from trustlens.analysis.sources import RunOrTokens, lazy_rows
+from trustlens.core.argument_checks import check_fraction, check_int, check_numbers
 from trustlens.run import blocked_column
 
 EXAMPLE_CASES = ("rare token pushed up", "near-certain token pushed down")

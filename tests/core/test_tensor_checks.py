@@ -3,7 +3,13 @@ import math
 import pytest
 import torch
 
-from trustlens.core.checks import broadcast_advantages, check_logp, check_nonnegative, check_same_shape, check_tensor
+from trustlens.core.tensor_checks import (
+    broadcast_advantages,
+    check_logp,
+    check_nonnegative,
+    check_same_shape,
+    check_tensor,
+)
 from trustlens.divergence import binary_kl, binary_tv
 
 

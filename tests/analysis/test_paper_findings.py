@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from trustlens.analysis.buckets import weighted_quantile
-from trustlens.analysis.findings import (
+from trustlens.analysis.paper_findings import (
     EXAMPLE_CASES,
     blocked_anchor_quantiles,
     blocked_token_anchor,

@@ -1,4 +1,4 @@
-"""SIGTERM / SIGINT / KeyboardInterrupt end a run `interrupted` with every row (trustlens.run.signals)."""
+"""SIGTERM / SIGINT / KeyboardInterrupt end a run `interrupted` with every row (trustlens.run.interrupts)."""
 
 import json
 import signal
