@@ -49,7 +49,7 @@ def exact_divergence(
         return done.tv.to(dtype).reshape(lead), done.kl.to(dtype).reshape(lead)
     n = math.prod(pi_logits.shape[:-1])
     tv, kl = (torch.empty(n, dtype=dtype, device=pi_logits.device) for _ in range(2))
-    rows = min(n, max(1, vocab_chunks.CHUNK_ELEMENTS // pi_logits.shape[-1]))
+    rows = min(n, vocab_chunks.rows_per_chunk(pi_logits.shape[-1]))
     log_mu, log_pi, work = (
         torch.empty(rows, pi_logits.shape[-1], dtype=dtype, device=pi_logits.device) for _ in range(3)
     )

@@ -65,10 +65,15 @@ def row_blocks(*tensors: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
         yield from row_blocks(*parts)
 
 
+def rows_per_chunk(vocab: int) -> int:
+    """The rows of a chunk of `vocab` (V) columns: max(1, CHUNK_ELEMENTS // V)."""
+    return max(1, CHUNK_ELEMENTS // vocab)
+
+
 def row_chunks(*tensors: torch.Tensor, rows: int = 0) -> Iterator[tuple[int, tuple[torch.Tensor, ...]]]:
     """(first row, aligned chunks of at most `rows` rows, by default max(1, CHUNK_ELEMENTS // V))
     over the rows of tensors of one shape (..., V)."""
-    rows = rows or max(1, CHUNK_ELEMENTS // tensors[0].shape[-1])
+    rows = rows or rows_per_chunk(tensors[0].shape[-1])
     first = 0
     for block in row_blocks(*tensors):
         for start in range(0, block[0].shape[0], rows):
@@ -151,44 +156,16 @@ def logp_on_ids(
     its total is redone exactly.
     """
     V, K, n = logits.shape[-1], ids.shape[-1], ids.shape[0]
-    rows_per_chunk = max(1, CHUNK_ELEMENTS // V)
     on_ids = logits.gather(-1, ids.reshape(*logits.shape[:-1], K)).reshape(n, K).to(dtype)
     top = on_ids.amax(-1) / temperature  # (N,) c
     shift = torch.where((top >= _NO_SHIFT[0]) & (top <= _NO_SHIFT[1]), 0.0, top * temperature)
     shift = shift.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)[:, None]  # bad rows are redone
-    unshifted = (shift[:, 0] == 0).tolist()
     rest = torch.empty(n, dtype=dtype, device=logits.device)  # Σ_{j∉ids} exp((x_j − s)/τ)
     # rows whose rest comes from the compiled total: the total until the ids are taken out below
     fused = torch.zeros(n, dtype=torch.bool, device=logits.device)
     if expected_log_rest is not None and dtype == torch.float32 and n * V >= COMPILE_MIN_ELEMENTS:
-        fused_rows = expected_log_rest >= math.log(_FUSED_MIN_REST)  # (N,) the compiled kernel's
-        inv_t = torch.tensor(1.0 / temperature, device=logits.device)
-        first = 0
-        for (block,) in row_blocks(logits):
-            rows = slice(first, first + block.shape[0])
-            if bool(fused_rows[rows].all()):
-                total = _fused_exp_sum(block, shift[rows, 0].to(dtype), inv_t)
-                if total is None:
-                    break
-                rest[rows], fused[rows] = total, True
-            first += block.shape[0]
-    scratch = torch.empty(min(n, rows_per_chunk), V, dtype=dtype, device=logits.device)
-    unfused = (~fused).tolist()
-    for first, (chunk,) in row_chunks(logits):
-        last = first + chunk.shape[0]
-        if not any(unfused[first:last]):
-            continue
-        z = scratch[: chunk.shape[0]]
-        src = chunk  # each step below is one pass, taken only when needed
-        if chunk.dtype != dtype:
-            src = z.copy_(chunk)  # upcast (a mixed-dtype sub would be slower)
-        if not all(unshifted[first:last]):
-            src = torch.sub(src, shift[first:last], out=z)
-        if temperature != 1.0:
-            src = torch.mul(src, 1.0 / temperature, out=z)  # as the kernels scale
-        torch.exp(src, out=z)
-        z.scatter_(-1, ids[first:last], 0.0)
-        torch.sum(z, -1, out=rest[first:last])
+        _fused_totals(logits, shift, temperature, expected_log_rest >= math.log(_FUSED_MIN_REST), rest, fused)
+    _chunked_rest(logits, ids, shift, temperature, rest, fused)
     # (N, K) sized from here on, in float64. log total = top + log1p(everything else / e^top),
     # so that a token with π = 1 − 1e-12 gets log π = −1e-12, not a rounded 0.
     rest = rest.double()
@@ -205,10 +182,79 @@ def logp_on_ids(
     redo = ~torch.isfinite(top) | ~torch.isfinite(rest)
     if K < V:
         redo |= rest < _UNDERFLOW
-    for part in torch.nonzero(redo)[:, 0].split(rows_per_chunk):  # rare
+    _redo_exactly(name, logits, ids, temperature, redo, log_ids, log_rest)
+    return log_ids, log_rest
+
+
+def _fused_totals(
+    logits: torch.Tensor,
+    shift: torch.Tensor,
+    temperature: float,
+    fused_rows: torch.Tensor,
+    rest: torch.Tensor,
+    fused: torch.Tensor,
+) -> None:
+    """`logp_on_ids`' compiled pass: each block of rows that are all `fused_rows` (N,) gets its
+    totals Σ_j exp((x_j − s)/τ), the ids included, written into `rest` (N,) and marked in `fused`
+    (N,); stops at the first block the compiled kernel does not take. shift: (N, 1) s."""
+    inv_t = torch.tensor(1.0 / temperature, device=logits.device)
+    first = 0
+    for (block,) in row_blocks(logits):
+        rows = slice(first, first + block.shape[0])
+        if bool(fused_rows[rows].all()):
+            total = _fused_exp_sum(block, shift[rows, 0].to(rest.dtype), inv_t)
+            if total is None:
+                break
+            rest[rows], fused[rows] = total, True
+        first += block.shape[0]
+
+
+def _chunked_rest(
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    shift: torch.Tensor,
+    temperature: float,
+    rest: torch.Tensor,
+    fused: torch.Tensor,
+) -> None:
+    """`logp_on_ids`' pass over the vocabulary: rest = Σ_{j∉ids} exp((x_j − s)/τ) into `rest` (N,)
+    for every row not `fused` (N,), per chunk of rows: exp into one scratch chunk, the ids (N, K)
+    zeroed, summed. shift: (N, 1) s."""
+    dtype, V = rest.dtype, logits.shape[-1]
+    unshifted = (shift[:, 0] == 0).tolist()
+    scratch = torch.empty(min(ids.shape[0], rows_per_chunk(V)), V, dtype=dtype, device=logits.device)
+    unfused = (~fused).tolist()
+    for first, (chunk,) in row_chunks(logits):
+        last = first + chunk.shape[0]
+        if not any(unfused[first:last]):
+            continue
+        z = scratch[: chunk.shape[0]]
+        src = chunk  # each step below is one pass, taken only when needed
+        if chunk.dtype != dtype:
+            src = z.copy_(chunk)  # upcast (a mixed-dtype sub would be slower)
+        if not all(unshifted[first:last]):
+            src = torch.sub(src, shift[first:last], out=z)
+        if temperature != 1.0:
+            src = torch.mul(src, 1.0 / temperature, out=z)  # as the kernels scale
+        torch.exp(src, out=z)
+        z.scatter_(-1, ids[first:last], 0.0)
+        torch.sum(z, -1, out=rest[first:last])
+
+
+def _redo_exactly(
+    name: str,
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    temperature: float,
+    redo: torch.Tensor,
+    log_ids: torch.Tensor,
+    log_rest: torch.Tensor,
+) -> None:
+    """The rows `redo` (N,) of `log_ids` (N, K) and `log_rest` (N,) again from a float64
+    log-softmax of each row, by chunks of rows; a NaN/inf row of `logits` is reported under `name`."""
+    for part in torch.nonzero(redo)[:, 0].split(rows_per_chunk(logits.shape[-1])):  # rare
         x = flat_rows(logits, part)
         check_row_maxima(name, logits, x.amax(-1), part)
         log_pi = torch.log_softmax(x.double() / temperature, -1)
         log_ids[part] = log_pi.gather(-1, ids[part])
         log_rest[part] = log_pi.scatter(-1, ids[part], -math.inf).logsumexp(-1)
-    return log_ids, log_rest

@@ -72,7 +72,7 @@ def collapse_timeline(
         vertical_spacing=min(TITLE_GAP_PX / (height - 180), 0.3),
         subplot_titles=[safe_text(r) if r != "blocked" else "blocked fraction of A ≠ 0 tokens" for r in rows],
     )
-    row_of = {p: i for i, p in enumerate(present, start=1)}
+    row_of = {p: i for i, p in enumerate(present, start=1)} | {c: len(rows) for c in blocked}
     for p in present:
         fig.add_trace(
             go.Scatter(
@@ -85,50 +85,12 @@ def collapse_timeline(
             col=1,
         )
     if blocked:
-        colours = rule_colours([str(rule_of_column(c)) for c in blocked])
-        df = thin(signals.select("step", *blocked), max_points=max_points)
-        for c in blocked:
-            rule = str(rule_of_column(c))
-            row_of[c] = len(rows)
-            fig.add_trace(
-                go.Scatter(
-                    x=df["step"].to_list(),
-                    y=df[c].to_list(),
-                    mode="lines",
-                    name=safe_text(rule),
-                    visible=drawn(rule, shown),
-                    line_color=colours[rule],
-                    legend="legend2",  # the rules' legend sits under the figure, the alerts' beside a panel
-                    hovertemplate=f"step %{{x}}: %{{y:{RATE_FORMAT}}}<extra>{safe_text(rule)}</extra>",
-                ),
-                row=len(rows),
-                col=1,
-            )
+        _add_block_rates(fig, signals, blocked, len(rows), shown, max_points)
     alert_rows = [] if alerts is None else sorted({row_of[s] for s in alerts["signal"].to_list() if s in row_of})
     # the alerts' legend beside the first panel with an alert: the rules' one when that is theirs
     alert_legend = "legend2" if alert_rows and blocked and alert_rows[0] == len(rows) else "legend"
     if alerts is not None and alert_rows:
-        values = {p: dict(zip(signals["step"].to_list(), signals[p].to_list(), strict=True)) for p in row_of}
-        for sev, part in alerts.group_by("severity"):
-            pts = [(row_of.get(a["signal"]), a) for a in part.iter_rows(named=True)]
-            for row in sorted({r for r, _ in pts if r is not None}):
-                mine = [a for r, a in pts if r == row]
-                fig.add_trace(
-                    go.Scatter(
-                        x=[a["step"] for a in mine],
-                        y=[values[a["signal"]].get(a["step"]) for a in mine],
-                        mode="markers",
-                        marker={"symbol": "x", "size": 11, "color": SEVERITY_COLOURS.get(sev[0], "#000")},
-                        name=f"{sev[0]} alert",
-                        legendgroup=sev[0],
-                        showlegend=row == min(r for r, _ in pts if r),
-                        legend=alert_legend,
-                        text=[safe_text(a["message"]) for a in mine],
-                        hovertemplate="%{text}<extra></extra>",
-                    ),
-                    row=row,
-                    col=1,
-                )
+        _add_alerts(fig, signals, alerts, row_of, alert_legend)
     fig.update_xaxes(title_text="step", row=len(rows), col=1)
     fig.update_layout(title=safe_text(title), height=height)
     if blocked:  # the rules' legend under the figure; the block-rate panel (the last) in percent
@@ -137,6 +99,64 @@ def collapse_timeline(
     if alert_legend == "legend" and alert_rows:
         legend_beside(fig, alert_rows[0])
     return fig
+
+
+def _add_block_rates(
+    fig: go.Figure,
+    signals: pl.DataFrame,
+    blocked: list[str],
+    row: int,
+    shown: Collection[str] | None,
+    max_points: int,
+) -> None:
+    """`collapse_timeline`'s block-rate panel (`row`): one line per blocked_<rule> column of
+    `signals`, drawn when `shown` has its rule (None: every rule), in the rules' legend."""
+    colours = rule_colours([str(rule_of_column(c)) for c in blocked])
+    df = thin(signals.select("step", *blocked), max_points=max_points)
+    for c in blocked:
+        rule = str(rule_of_column(c))
+        fig.add_trace(
+            go.Scatter(
+                x=df["step"].to_list(),
+                y=df[c].to_list(),
+                mode="lines",
+                name=safe_text(rule),
+                visible=drawn(rule, shown),
+                line_color=colours[rule],
+                legend="legend2",  # the rules' legend sits under the figure, the alerts' beside a panel
+                hovertemplate=f"step %{{x}}: %{{y:{RATE_FORMAT}}}<extra>{safe_text(rule)}</extra>",
+            ),
+            row=row,
+            col=1,
+        )
+
+
+def _add_alerts(
+    fig: go.Figure, signals: pl.DataFrame, alerts: pl.DataFrame, row_of: dict[str, int], legend: str
+) -> None:
+    """`collapse_timeline`'s alert markers: per severity and panel (`row_of`: signal -> row), one
+    trace of the alerts at their signal's value, hover text the alert's message, in `legend`."""
+    values = {p: dict(zip(signals["step"].to_list(), signals[p].to_list(), strict=True)) for p in row_of}
+    for sev, part in alerts.group_by("severity"):
+        pts = [(row_of.get(a["signal"]), a) for a in part.iter_rows(named=True)]
+        for row in sorted({r for r, _ in pts if r is not None}):
+            mine = [a for r, a in pts if r == row]
+            fig.add_trace(
+                go.Scatter(
+                    x=[a["step"] for a in mine],
+                    y=[values[a["signal"]].get(a["step"]) for a in mine],
+                    mode="markers",
+                    marker={"symbol": "x", "size": 11, "color": SEVERITY_COLOURS.get(sev[0], "#000")},
+                    name=f"{sev[0]} alert",
+                    legendgroup=sev[0],
+                    showlegend=row == min(r for r, _ in pts if r),
+                    legend=legend,
+                    text=[safe_text(a["message"]) for a in mine],
+                    hovertemplate="%{text}<extra></extra>",
+                ),
+                row=row,
+                col=1,
+            )
 
 
 @plain_figure
