@@ -14,7 +14,7 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from trustlens.core.render import rule_colours
-from trustlens.plots.common import MAX_POINTS, drawn, empty, legend_below, safe_text, thin, token_labels
+from trustlens.plots.common import MAX_POINTS, drawn, empty, legend_below, rate_line, safe_text, thin, token_labels
 from trustlens.plots.numbers import RATE_FORMAT, plain_figure
 from trustlens.run import blocked_column
 
@@ -245,17 +245,7 @@ def blocked_per_step_lines(
     fig = go.Figure()
     for rule in rules:
         part = thin(per_step.filter(pl.col("rule") == rule).select("step", "blocked_frac"), max_points=max_points)
-        fig.add_trace(
-            go.Scatter(
-                x=part["step"].to_list(),
-                y=part["blocked_frac"].to_list(),
-                mode="lines",
-                name=safe_text(rule),
-                visible=drawn(rule, shown),
-                line_color=colours[rule],
-                hovertemplate=f"step %{{x}}: %{{y:{RATE_FORMAT}}}<extra>{safe_text(rule)}</extra>",
-            )
-        )
+        fig.add_trace(rate_line(part, "blocked_frac", rule, colours[rule], visible=drawn(rule, shown)))
     fig.update_layout(
         title=safe_text(title),
         xaxis_title="step",
@@ -320,16 +310,7 @@ def confusion_lines(confusion: pl.DataFrame, rule_a: str, rule_b: str, *, max_po
     colours = rule_colours([rule_a, rule_b])
     fig = go.Figure()
     for col, rule in (("only_a_frac", rule_a), ("only_b_frac", rule_b)):
-        fig.add_trace(
-            go.Scatter(
-                x=df["step"].to_list(),
-                y=df[col].to_list(),
-                mode="lines",
-                name=f"only {safe_text(rule)}",
-                line_color=colours[rule],
-                hovertemplate=f"step %{{x}}: %{{y:{RATE_FORMAT}}}<extra>only {safe_text(rule)}</extra>",
-            )
-        )
+        fig.add_trace(rate_line(df, col, f"only {rule}", colours[rule]))
     fig.update_layout(
         title=safe_text(title),
         xaxis_title="step",

@@ -2,19 +2,21 @@
 (see the package docstring), `thin` for curves longer than `MAX_POINTS` steps, `empty` for the
 figure of an empty frame, `legend_beside` to put a panel's legend next to it and `legend_below`
 to put a long one under the plot, `drawn` for the rules drawn among many (the others one legend
-click away), and the alert colours (`SEVERITY_COLOURS`)."""
+click away), `rate_line` for the line of a per-step rate, and the alert colours
+(`SEVERITY_COLOURS`)."""
 
 from __future__ import annotations
 
 import html
 import math
 from collections.abc import Collection, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import plotly.graph_objects as go
 import polars as pl
 
 from trustlens.core.render import quoted_token, visible_text
+from trustlens.plots.numbers import RATE_FORMAT
 
 # plotly's figure height when none is set, and the height of one row of a legend, px
 DEFAULT_HEIGHT = 450
@@ -65,6 +67,22 @@ def drawn(name: str, shown: Collection[str] | None) -> bool | Literal["legendonl
     """A trace's `visible`: drawn when `shown` is None or holds `name`, else listed in the legend
     only, where one click draws it."""
     return True if shown is None or name in shown else "legendonly"
+
+
+def rate_line(df: pl.DataFrame, column: str, name: str, colour: str, **style: Any) -> go.Scatter:
+    """The line of a per-step rate: `column` of `df` against its "step", named `name` (shown
+    literally), in `colour`, its hover "step s: r %" under the name. `style`: more of the trace's
+    settings (`visible`, `legend`, ...)."""
+    label = safe_text(name)
+    return go.Scatter(
+        x=df["step"].to_list(),
+        y=df[column].to_list(),
+        mode="lines",
+        name=label,
+        line_color=colour,
+        hovertemplate=f"step %{{x}}: %{{y:{RATE_FORMAT}}}<extra>{label}</extra>",
+        **style,
+    )
 
 
 def safe_text(text: object) -> str:

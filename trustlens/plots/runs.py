@@ -18,6 +18,7 @@ from trustlens.plots.common import (
     empty,
     legend_below,
     legend_beside,
+    rate_line,
     safe_text,
     thin,
 )
@@ -115,20 +116,9 @@ def _add_block_rates(
     df = thin(signals.select("step", *blocked), max_points=max_points)
     for c in blocked:
         rule = str(rule_of_column(c))
-        fig.add_trace(
-            go.Scatter(
-                x=df["step"].to_list(),
-                y=df[c].to_list(),
-                mode="lines",
-                name=safe_text(rule),
-                visible=drawn(rule, shown),
-                line_color=colours[rule],
-                legend="legend2",  # the rules' legend sits under the figure, the alerts' beside a panel
-                hovertemplate=f"step %{{x}}: %{{y:{RATE_FORMAT}}}<extra>{safe_text(rule)}</extra>",
-            ),
-            row=row,
-            col=1,
-        )
+        # the rules' legend sits under the figure, the alerts' beside a panel
+        line = rate_line(df, c, rule, colours[rule], visible=drawn(rule, shown), legend="legend2")
+        fig.add_trace(line, row=row, col=1)
 
 
 def _add_alerts(
