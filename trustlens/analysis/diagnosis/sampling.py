@@ -20,6 +20,7 @@ import polars as pl
 from trustlens.analysis.buckets import collect
 from trustlens.analysis.diagnosis.finding import Finding, verdict_of
 from trustlens.analysis.diagnosis.inputs import ENTROPIES, Inputs, Sampling, bucket_of, examples
+from trustlens.analysis.diagnosis.registry import check
 
 # temperature: |r − 1| at which the check warns / finds a problem (r = τ_μ / τ_π, see below)
 TEMPERATURE_WARNING = 0.15
@@ -106,6 +107,7 @@ def raw_share(pairs: pl.LazyFrame) -> dict | None:
     return stats if stats["tokens"] >= MIN_TOKENS else None
 
 
+@check("temperature", kind="cause", cadence="early", order=40)
 def temperature_check(inp: Inputs) -> Finding:
     """1a. μ not at the sampling temperature.
 
@@ -242,6 +244,7 @@ def support_bias(pairs: pl.LazyFrame) -> dict | None:
     return stats if stats["tokens"] >= MIN_TOKENS else None
 
 
+@check("truncation", kind="cause", cadence="early", order=50)
 def truncation_check(inp: Inputs) -> Finding:
     """1b. Truncated sampling support (top-p, top-k, min-p) with μ renormalised over it.
 
