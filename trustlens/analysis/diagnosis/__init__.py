@@ -6,7 +6,8 @@ run.json), registered where it is defined with `@check(name, kind=, cadence=, or
 findings most severe first (`finding.ordered`); `trustlens doctor RUN` prints them. The modules:
 
     alignment  log μ and log π_old describe the same token at the same place (shift, sentinel, ids)
-    sampling   how μ was sampled (temperature, truncated support)
+    sampling   μ's sampling temperature
+    support    a truncated sampling support (top-p, top-k, min-p)
     level      the mismatch itself (where it sits, its level, its growth without training)
 
 A new check is one decorated function in one of them (or in a new module imported below).
@@ -18,7 +19,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from trustlens.analysis.diagnosis import alignment, level, sampling  # noqa: F401  (they register their checks)
+from trustlens.analysis.diagnosis import alignment, level, sampling, support  # noqa: F401  (they register their checks)
 from trustlens.analysis.diagnosis.finding import VERDICTS, Finding, note_consequences, ordered
 from trustlens.analysis.diagnosis.inputs import Inputs, Sampling, inputs_of, read_sampling
 from trustlens.analysis.diagnosis.registry import Check, check, names, registered

@@ -23,11 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from trustlens.analysis.diagnosis.finding import Finding
-    from trustlens.analysis.diagnosis.inputs import Inputs
+from typing import Any
 
 KINDS = ("cause", "symptom")
 CADENCES = ("early", "every")
@@ -41,7 +37,7 @@ class Check:
     kind: str  # "cause" or "symptom"
     cadence: str  # "early" (decided from the first steps) or "every" (accumulating)
     order: int  # place among the checks of its kind (causes: the order one raises the next)
-    run: Callable[[Inputs], Finding]  # the check itself
+    run: Callable[[Any], Any]  # the check itself: Inputs -> Finding (neither imported here: no cycle)
 
 
 _CHECKS: dict[str, Check] = {}
