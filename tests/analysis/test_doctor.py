@@ -15,13 +15,8 @@ from trustlens.analysis import Finding, doctor
 from trustlens.analysis.diagnosis import inputs as doctor_inputs
 from trustlens.analysis.diagnosis import inputs_of, note_consequences, ordered, read_sampling
 from trustlens.analysis.diagnosis.alignment import sentinel_check, shift_check, token_ids_check
-from trustlens.analysis.diagnosis.sampling import (
-    moved_mass,
-    raw_share,
-    temperature_check,
-    temperature_ratio,
-    truncation_check,
-)
+from trustlens.analysis.diagnosis.sampling import raw_share, temperature_check, temperature_ratio
+from trustlens.analysis.diagnosis.support import moved_mass, truncation_check
 from trustlens.run.tables import write_run
 
 bench = load("doctor_detection")

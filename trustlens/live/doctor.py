@@ -1,12 +1,12 @@
 """The doctor's checks (trustlens.analysis.diagnosis) on a run being written.
 
-The checks that name a root cause (shift, token_ids, sentinel, temperature, truncation) decide
-from the first steps: they run at each of the first `early_steps` steps on the token rows of the
-steps so far, and not after. The checks that accumulate (engine_drift, where, level) run every
-`every` steps on the rows held: those of the first `early_steps` steps and of the last
-`recent_steps` steps (so engine_drift compares the run's start with its recent steps), a bounded
-set however long the run, and once more when the run ends; a finding of theirs says it may
-follow from a cause the early steps found a problem (`note_consequences`). Each finding is
+The checks registered with cadence "early" (trustlens.analysis.diagnosis.registry: the root
+causes read from a run's start) decide from the first steps: they run at each of the first
+`early_steps` steps on the token rows of the steps so far, and not after. Those with cadence
+"every" accumulate: they run every `every` steps on the rows held, those of the first
+`early_steps` steps and of the last `recent_steps` steps (so engine_drift compares the run's
+start with its recent steps), a bounded set however long the run, and once more when the run
+ends; a finding of theirs says it may follow from a cause found a problem (`note_consequences`). Each finding is
 raised once, at the first step its verdict is warning or problem, and again only if it turns
 from warning to problem.
 """
@@ -21,7 +21,8 @@ from typing import Any
 import polars as pl
 
 from trustlens.analysis.diagnosis import doctor
-from trustlens.analysis.diagnosis.finding import CAUSES, SYMPTOMS, VERDICTS, Finding, note_consequences, ordered
+from trustlens.analysis.diagnosis.finding import VERDICTS, Finding, note_consequences, ordered
+from trustlens.analysis.diagnosis.registry import names
 from trustlens.core.argument_checks import check_int
 from trustlens.live.rows import MemoryRun
 
@@ -49,7 +50,7 @@ class LiveDoctor:
         self.recent: deque[pl.DataFrame] = deque(maxlen=config.recent_steps)
         self.steps = 0
         self.raised: dict[str, str] = {}  # check -> the verdict raised
-        self.causes: list[Finding] = []  # the root-cause checks' findings at the last early step
+        self.causes: list[Finding] = []  # the early checks' findings at the last early step
 
     def push(self, tokens: pl.DataFrame) -> list[Finding]:
         """Judge after a step whose token rows are `tokens`."""
@@ -76,10 +77,11 @@ class LiveDoctor:
     def _judge(self, *, early: bool, accumulate: bool) -> list[Finding]:
         frames = [*self.early, *self.recent]
         run = MemoryRun.of(self.manifest, {"tokens": pl.concat(frames, how="diagonal_relaxed")}, name="live doctor")
-        checks = (CAUSES if early else ()) + (SYMPTOMS if accumulate else ())
+        decided_early = names(cadence="early")
+        checks = (decided_early if early else ()) + (names(cadence="every") if accumulate else ())
         found = doctor(run, checks)
         if early:
-            self.causes = [f for f in found if f.check in CAUSES]
+            self.causes = [f for f in found if f.check in decided_early]
         else:
             found = note_consequences(ordered([*self.causes, *found]))
         new = []

@@ -15,7 +15,8 @@ from trustlens.analysis.collapse.detect import alert_row, episode_record, rollou
 from trustlens.analysis.collapse.levels import model_kind
 from trustlens.analysis.collapse.signals import step_signals
 from trustlens.analysis.collapse.steps import CollapseSteps, Episode, planned_window, warmup_steps
-from trustlens.analysis.diagnosis.finding import CAUSES, Finding
+from trustlens.analysis.diagnosis.finding import Finding
+from trustlens.analysis.diagnosis.registry import get
 from trustlens.core.argument_checks import check_int, check_type
 from trustlens.live.alert import LiveAlert
 from trustlens.live.doctor import DoctorConfig, LiveDoctor
@@ -187,7 +188,7 @@ class LiveMonitor:
             source="doctor",
             raised_at_step=step,
             raised_wall_time=wall,
-            provisional=f.check not in CAUSES,
+            provisional=get(f.check).cadence != "early",
             end_step=step,
             samples=tuple(dict.fromkeys(d["sample"] for d in drivers)),
             drivers=drivers,

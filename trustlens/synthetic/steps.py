@@ -97,12 +97,12 @@ class _Generator:
         self.vocab_arrow = pa.array(vocab, pa.string())
 
     def step(self, step: int) -> dict[str, pa.Table]:
+        """One step's tables: {"batches": [(rank, TokenBatch)], "samples", "metrics"}."""
         s, rng = self.shape, self.rng
         c = _collapse_level(step, self.collapse_at)
         lr, entropy_factor, grad_factor, mismatch_factor = self.drift.factors(step, s.steps)
         n = s.samples_per_step
         sample_ids = np.arange(n, dtype=np.int64) + step * n
-        groups = sample_ids // s.group_size
         ranks = (np.arange(n) * s.world_size // n).astype(np.int16)
         updates = (np.arange(n) * s.updates // n).astype(np.int16)
         lengths = rng.integers(max(1, s.seq_len // 2), s.seq_len + 1, size=n).astype(np.int32)
@@ -115,12 +115,41 @@ class _Generator:
         adv_seq = adv_seq.reshape(-1).astype(np.float32)
 
         # Token rows, sample-major then position.
-        total = int(lengths.sum())
         owner = np.repeat(np.arange(n), lengths)
         starts = np.cumsum(lengths) - lengths
-        pos = (np.arange(total) - np.repeat(starts, lengths)).astype(np.int32)
-        adv = adv_seq[owner]
+        pos = (np.arange(owner.size) - np.repeat(starts, lengths)).astype(np.int32)
+        floats, token_ids, blocked, entropy = self._tokens(
+            c, adv_seq[owner], updates[owner], lr, entropy_factor, mismatch_factor
+        )
+        batches = self._batches(step, sample_ids, ranks, updates, owner, pos, token_ids, floats, blocked)
+        text = self.vocab[token_ids]
+        groups = sample_ids // s.group_size
+        samples = {
+            "step": pa.array(np.full(n, step, np.int32)),
+            "rank": pa.array(ranks),
+            "sample": pa.array(sample_ids),
+            "group": pa.array(groups),
+            "prompt": pa.array([f"Problem {g}: what is {g % 97} + {g % 89}?" for g in groups]),
+            "response": pa.array(["".join(text[a : a + m]) for a, m in zip(starts, lengths, strict=True)]),
+            "reward": pa.array(rewards),
+            "advantage": pa.array(adv_seq),
+            "length": pa.array(lengths),
+        }
+        metrics = self._metrics(step, c, ranks, owner, rewards, entropy, lengths, grad_factor, success)
+        return {"batches": batches, "samples": pa.table(samples), "metrics": metrics}
 
+    def _tokens(
+        self,
+        c: float,  # collapse level, 0–1
+        adv: np.ndarray,  # (N,) each token's advantage
+        update: np.ndarray,  # (N,) each token's minibatch update
+        lr: float,  # update size factor (Drift)
+        entropy_factor: float,  # entropy factor (Drift)
+        mismatch_factor: float,  # mismatch noise factor (Drift)
+    ) -> tuple[dict[str, np.ndarray | None], np.ndarray, dict[str, np.ndarray | None], np.ndarray]:
+        """(float32 columns, token ids, blocked_<rule> columns, float64 entropy) of a step's N token
+        rows (the module docstring's draws)."""
+        rng, total = self.rng, adv.size
         # μ: a near-certain bulk and a long tail; the collapse makes the model over-confident.
         bulk = rng.random(total) < 0.65 + 0.15 * c
         nll = np.where(bulk, rng.exponential(0.03, total), rng.gamma(1.2, 2.5, total))
@@ -132,7 +161,7 @@ class _Generator:
         old_logit = _logit_of_logp(mu_logp) + rng.normal(0, 1, total) * sigma
         old_logp = np.minimum(_log_sigmoid(old_logit), -1e-7)
         # π: the update moves the token towards (A > 0) or away from (A ≤ 0) π_old, more in later updates.
-        push = 0.15 * lr * np.sign(adv) * (1 + 0.5 * updates[owner])
+        push = 0.15 * lr * np.sign(adv) * (1 + 0.5 * update)
         noise = rng.standard_t(3, total) * (0.1 * lr + 0.5 * c)
         pi_logp = np.minimum(_log_sigmoid(old_logit + push + noise), -1e-7)
         anchor = mu_logp if self.with_mu else old_logp
@@ -169,7 +198,24 @@ class _Generator:
             "entropy": col(entropy),
             "advantage": col(adv),
         }
-        # one TokenBatch per (rank, update), as each rank's recorder sees one record call per update
+        return floats, token_ids, blocked, entropy
+
+    def _batches(
+        self,
+        step: int,
+        sample_ids: np.ndarray,  # (n,) the step's sample ids
+        ranks: np.ndarray,  # (n,) each sample's rank
+        updates: np.ndarray,  # (n,) each sample's update
+        owner: np.ndarray,  # (N,) each token row's sample index
+        pos: np.ndarray,  # (N,) each token row's position
+        token_ids: np.ndarray,  # (N,)
+        floats: dict[str, np.ndarray | None],  # (N,) columns
+        blocked: dict[str, np.ndarray | None],  # (N,) blocked_<rule> columns
+    ) -> list[tuple[int, TokenBatch]]:
+        """One (rank, TokenBatch) per (rank, update), as each rank's recorder sees one record call
+        per update."""
+        s = self.shape
+        groups = sample_ids // s.group_size
         batches = []
         for key in np.unique(ranks.astype(np.int64) * s.updates + updates):
             rows = np.flatnonzero((ranks[owner].astype(np.int64) * s.updates + updates[owner]) == key)
@@ -184,22 +230,7 @@ class _Generator:
                 blocked={r: None if m is None else m[rows] for r, m in blocked.items()},
             )
             batches.append((int(key // s.updates), batch))
-
-        text = self.vocab[token_ids]
-        responses = ["".join(text[a : a + m]) for a, m in zip(starts, lengths, strict=True)]
-        samples = {
-            "step": pa.array(np.full(n, step, np.int32)),
-            "rank": pa.array(ranks),
-            "sample": pa.array(sample_ids),
-            "group": pa.array(groups),
-            "prompt": pa.array([f"Problem {g}: what is {g % 97} + {g % 89}?" for g in groups]),
-            "response": pa.array(responses),
-            "reward": pa.array(rewards),
-            "advantage": pa.array(adv_seq),
-            "length": pa.array(lengths),
-        }
-        metrics = self._metrics(step, c, ranks, owner, rewards, entropy, lengths, grad_factor, success)
-        return {"batches": batches, "samples": pa.table(samples), "metrics": metrics}
+        return batches
 
     def _metrics(
         self,

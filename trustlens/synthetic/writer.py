@@ -87,47 +87,96 @@ def write_synthetic_run(
         trained, for following it live (trustlens.run.follow).
     """
     shape = _Shape(steps, samples_per_step, seq_len, group_size, updates, world_size)
+    rules = list(rules)
+    _check_args(shape, with_mu, with_old, collapse_at, vocab, status, rules, active_rule)
+    present = {"mu_logp": with_mu, "old_logp": with_old, "topk_tv": with_topk, "topk_kl": with_topk}
+    manifest = _manifest(shape, seed, collapse_at, present, rules, active_rule, keep, drift)
+    rng, drawn = np.random.default_rng(seed), NO_DRIFT if drift is None else drift
+    gen = _Generator(shape, rng, list(vocab), rules, collapse_at, with_mu, with_old, with_topk, drawn)
+    return write_ranks(
+        path,
+        _step_tables(gen, steps, progress, on_step),
+        world_size=world_size,
+        rules=rules,
+        manifest=manifest,
+        rows_per_part=rows_per_part,
+        status=status,
+        keep=keep,
+        tokenizer=_Vocab(vocab),
+    )
+
+
+def _check_args(
+    shape: _Shape,
+    with_mu: bool,
+    with_old: bool,
+    collapse_at: int | None,
+    vocab: Sequence[str],
+    status: str,
+    rules: list[str],
+    active_rule: str | None,
+) -> None:
+    """ValueError naming the first bad argument of `write_synthetic_run`, before anything is written."""
     _check_shape(shape)
     if not with_mu and not with_old:
         raise ValueError("with_mu and with_old are both False: a run needs μ or π_old as its anchor")
-    if collapse_at is not None and not 0 <= collapse_at < steps:
-        raise ValueError(f"collapse_at must be a step in [0, {steps}), got {collapse_at}")
+    if collapse_at is not None and not 0 <= collapse_at < shape.steps:
+        raise ValueError(f"collapse_at must be a step in [0, {shape.steps}), got {collapse_at}")
     if len(vocab) < 2:
         raise ValueError(f"vocab must hold at least 2 token texts, got {len(vocab)}")
     check_status(status)
-    rules = list(rules)
     rule_entries(rules)  # unknown rules fail before anything is written
     if active_rule is not None and active_rule not in rules:
         raise ValueError(f"active_rule {active_rule!r} is not among rules {rules}")
+
+
+def _step_tables(
+    gen: _Generator, steps: int, progress: bool, on_step: Callable[[int], object] | None
+) -> Iterator[dict[str, pa.Table]]:
+    """Each step's tables in turn (a progress bar over the steps with `progress`); `on_step` is
+    called with each step once the writer took its rows."""
+    step_iter: Iterable[int] = range(steps)
+    if progress:
+        from tqdm import tqdm
+
+        step_iter = tqdm(step_iter, desc="synthetic run", unit="step")
+    for step in step_iter:
+        yield gen.step(step)  # the writer takes this step's rows before asking for the next
+        if on_step is not None:
+            on_step(step)
+
+
+def _manifest(
+    shape: _Shape,
+    seed: int,
+    collapse_at: int | None,
+    present: dict[str, bool],  # token column -> whether the run records it
+    rules: list[str],
+    active_rule: str | None,
+    keep: Keep | None,
+    drift: Drift | None,
+) -> dict:
+    """run.json of a synthetic run (config "source": "synthetic"), with its Keep and Drift."""
     config = {
         "source": "synthetic",
-        "steps": steps,
-        "samples_per_step": samples_per_step,
-        "seq_len": seq_len,
-        "group_size": group_size,
-        "updates": updates,
+        "steps": shape.steps,
+        "samples_per_step": shape.samples_per_step,
+        "seq_len": shape.seq_len,
+        "group_size": shape.group_size,
+        "updates": shape.updates,
         "seed": seed,
         "collapse_at": collapse_at,
-        "with_mu": with_mu,
-        "with_old": with_old,
-        "with_topk": with_topk,
+        "with_mu": present["mu_logp"],
+        "with_old": present["old_logp"],
+        "with_topk": present["topk_tv"],
     }
     manifest = new_manifest(
         rules=rule_entries(rules),
         active_rule=active_rule or (rules[0] if rules else None),
         config=config,
-        world_size=world_size,
-        anchor="mu" if with_mu else "old",
-        missing=[
-            name
-            for name, present in (
-                ("mu_logp", with_mu),
-                ("old_logp", with_old),
-                ("topk_tv", with_topk),
-                ("topk_kl", with_topk),
-            )
-            if not present
-        ],
+        world_size=shape.world_size,
+        anchor="mu" if present["mu_logp"] else "old",
+        missing=[name for name, given in present.items() if not given],
     )
     if keep is not None:
         if not isinstance(keep, Keep):
@@ -138,40 +187,7 @@ def write_synthetic_run(
             raise ValueError(f"drift must be a trustlens.synthetic.Drift or None, got {drift!r}")
         manifest["config"]["drift"] = dataclasses.asdict(drift)
         manifest["warmup_steps"] = drift.warmup_steps
-    gen = _Generator(
-        shape,
-        np.random.default_rng(seed),
-        list(vocab),
-        rules,
-        collapse_at,
-        with_mu,
-        with_old,
-        with_topk,
-        NO_DRIFT if drift is None else drift,
-    )
-    step_iter: Iterable[int] = range(steps)
-    if progress:
-        from tqdm import tqdm
-
-        step_iter = tqdm(step_iter, desc="synthetic run", unit="step")
-
-    def step_tables() -> Iterator[dict[str, pa.Table]]:
-        for step in step_iter:
-            yield gen.step(step)  # the writer takes this step's rows before asking for the next
-            if on_step is not None:
-                on_step(step)
-
-    return write_ranks(
-        path,
-        step_tables(),
-        world_size=world_size,
-        rules=rules,
-        manifest=manifest,
-        rows_per_part=rows_per_part,
-        status=status,
-        keep=keep,
-        tokenizer=_Vocab(vocab),
-    )
+    return manifest
 
 
 class _Vocab:

@@ -11,6 +11,7 @@ import polars as pl
 from trustlens.analysis.buckets import collect
 from trustlens.analysis.diagnosis.finding import Finding
 from trustlens.analysis.diagnosis.inputs import Inputs, examples
+from trustlens.analysis.diagnosis.registry import check
 
 KEYS = ["step", "update", "rank", "sample"]  # one response at one update
 # shift: g = rank corr(log μ_t, log π_old_{t±1}) (the better neighbour) − rank corr(log μ_t, log π_old_t)
@@ -36,6 +37,7 @@ TOKEN_WARNING_ISOLATION = 0.1
 TOKEN_PROBLEM_ISOLATION = 0.3
 
 
+@check("shift", kind="cause", cadence="early", order=10)
 def shift_check(inp: Inputs) -> Finding:
     """1c. Shifted positions: log μ at t agrees better with log π_old at t ± 1 than at t.
 
@@ -90,6 +92,7 @@ def shift_check(inp: Inputs) -> Finding:
     return Finding("shift", verdict, summary, evidence, fix, strength=gap / SHIFT_PROBLEM)
 
 
+@check("sentinel", kind="cause", cadence="early", order=30)
 def sentinel_check(inp: Inputs) -> Finding:
     """1d. Sentinels: log μ written as exactly 0, a large negative constant or nothing (null)
     where the value is unknown (padding, a failed request).
@@ -148,6 +151,7 @@ def sentinel_check(inp: Inputs) -> Finding:
     return Finding("sentinel", verdict, summary, evidence, fix, strength=share / SENTINEL_PROBLEM_SHARE)
 
 
+@check("token_ids", kind="cause", cadence="early", order=20)
 def token_ids_check(inp: Inputs) -> Finding:
     """1e. Token ids that differ between engine and trainer (chat template, tokenizer, special
     tokens): the trainer scores another token than the one the engine sampled.

@@ -11,6 +11,7 @@ streaming engine, so a check costs one or two scans of the columns it needs (ins
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ import polars as pl
 
 from trustlens.analysis.buckets import collect, reused, row_weight, weighted
 from trustlens.analysis.collapse.levels import model_kind
-from trustlens.analysis.mismatch import trainer_logp
+from trustlens.analysis.mismatch import mismatch_per_step, trainer_logp
 from trustlens.run.manifest import LOGPROBS_MODES, PROCESSORS
 
 # the shift check's join of neighbouring positions reads, on a run with more than MAX_ROWS μ–π_old
@@ -99,6 +100,12 @@ class Inputs:
         """The run's training configuration (run.json "config"; {} when absent)."""
         config = self.manifest.get("config")
         return config if isinstance(config, dict) else {}
+
+    @functools.cached_property
+    def per_step(self) -> pl.DataFrame:
+        """`mismatch_per_step` of the run (exact from a sampled run's aggregates), read once for
+        every check that needs it."""
+        return mismatch_per_step(self.run if self.run is not None else self.tokens)
 
     def fresh(self) -> tuple[pl.LazyFrame, str | None]:
         """(the pairs sampled with π_old's weights, why μ is stale in words) when the run says μ

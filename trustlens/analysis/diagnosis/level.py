@@ -11,7 +11,7 @@ from trustlens.analysis.buckets import bucket_expr, bucket_table, collect
 from trustlens.analysis.collapse.levels import MISMATCH_K3_NORMAL
 from trustlens.analysis.diagnosis.finding import Finding
 from trustlens.analysis.diagnosis.inputs import ENTROPIES, Inputs, bucket_of, examples
-from trustlens.analysis.mismatch import mismatch_per_step
+from trustlens.analysis.diagnosis.registry import check
 from trustlens.core.numbers import decimal, percent
 
 # where: position buckets [lo, hi) of the response
@@ -60,6 +60,7 @@ def _rows_text(bucket: dict, weighted: bool) -> str:
     return f"{rows} standing for {bucket['tokens']:.0f} tokens" if weighted else rows
 
 
+@check("where", kind="symptom", cadence="every", order=20)
 def where_check(inp: Inputs) -> Finding:
     """1f. Where the mismatch sits: mean |log μ − log π_old| (nats) by position in the response
     (0, 1–3, 4–15, 16–63, 64–255, 256+), by π's entropy (< 0.1, 0.1–1, ≥ 1 nats) and by μ
@@ -132,12 +133,8 @@ def where_check(inp: Inputs) -> Finding:
     return Finding("where", verdict, summary, evidence, fix, strength=first / FIRST_PROBLEM)
 
 
-def per_step_mismatch(inp: Inputs) -> pl.DataFrame:
-    """mismatch_per_step of the run (exact from a sampled run's aggregates)."""
-    return mismatch_per_step(inp.run if inp.run is not None else inp.tokens)
-
-
-def level_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
+@check("level", kind="symptom", cadence="every", order=30)
+def level_check(inp: Inputs) -> Finding:
     """1g. The level of the mismatch against the published ranges.
 
     Statistics over the whole run (token-weighted means of the per-step values of
@@ -162,6 +159,7 @@ def level_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
     pairs = inp.pairs.filter(pl.col("staleness") == 0) if fresh else inp.pairs
     share = collect(pairs.select(((w * extreme).sum() / w.sum()).alias("x"))).item()
     evidence["extreme_share"] = share
+    per_step = inp.per_step
     if per_step.is_empty() or share is None:
         return Finding("level", "ok", "no μ–π_old pairs to measure", evidence)
     if fresh:  # k3 = E[ρ − 1 − log ρ] and E|π_old − μ| over the fresh tokens, ρ = π_old/μ = e^(−d)
@@ -224,7 +222,8 @@ def _staleness(inp: Inputs) -> dict | None:
     return got if got["rows"] else None
 
 
-def engine_drift_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
+@check("engine_drift", kind="symptom", cadence="every", order=10)
+def engine_drift_check(inp: Inputs) -> Finding:
     """1h. Mismatch not explained by training: it grows while π_old does not change.
 
     Statistic: g = mean k3_kl over the last third of the steps / over the first third, and the
@@ -233,7 +232,7 @@ def engine_drift_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
     with a static policy is a problem; g ≥ 4 where the movement cannot be told (no update ≥ 1
     rows, no lr) warns; a growth with a moving policy is training's (ok)."""
     evidence: dict = {"growth_at": DRIFT_GROWTH}
-    steps = per_step.filter(pl.col("k3_kl").is_not_null())
+    steps = inp.per_step.filter(pl.col("k3_kl").is_not_null())
     if steps.height < MIN_STEPS:
         return Finding("engine_drift", "ok", f"too few steps ({steps.height}) to follow the mismatch", evidence)
     third = steps.height // 3
@@ -282,4 +281,4 @@ def engine_drift_check(inp: Inputs, per_step: pl.DataFrame) -> Finding:
     return Finding("engine_drift", verdict, summary, evidence, fix, strength=growth / DRIFT_GROWTH)
 
 
-__all__ = ["engine_drift_check", "level_check", "per_step_mismatch", "where_check"]
+__all__ = ["engine_drift_check", "level_check", "where_check"]
