@@ -24,12 +24,8 @@ MAX_LINES = 400  # the longest a module of trustlens/ or app/ may be, in lines
 MAX_FUNCTION_LINES = 80  # the longest a function of trustlens/ or app/ may be, its `def` line to its last
 # functions being split now (issue 48.5), "path:qualified name": empty this once those splits land
 LONG_FUNCTIONS_ALLOWED = {
-    "trustlens/analysis/diagnosis/sampling.py:temperature_check",
-    "trustlens/analysis/diagnosis/sampling.py:truncation_check",
     "trustlens/record/recorder.py:TokenRecorder.__init__",
     "trustlens/record/recorder.py:TokenRecorder.record",
-    "trustlens/synthetic/steps.py:_Generator.step",
-    "trustlens/synthetic/writer.py:write_synthetic_run",
     "trustlens/train/commands.py:configure",
     "trustlens/train/trainer.py:train",
 }
