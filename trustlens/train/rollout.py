@@ -173,7 +173,8 @@ class RolloutEngine:
                 self._fp8_weights.add(f"{name}.weight")
             self._load({n: p.detach() for n, p in model.named_parameters()})
         if config.defect == "batch_variant":
-            self.model.get_submodule("lm_head").register_forward_hook(split_k_hook)
+            head = next(m for name, m in self.model.named_modules() if name.split(".")[-1] == "lm_head")
+            head.register_forward_hook(split_k_hook)
         self._pending: deque[dict[str, torch.Tensor]] = deque()  # weights not served yet (lag)
 
     @torch.no_grad()
