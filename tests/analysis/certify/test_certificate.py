@@ -231,3 +231,14 @@ def test_json_is_strict(tmp_path):
 
     out = json.dumps(_plain(certify(_run(tmp_path, mu, old)).to_json()), allow_nan=False)
     assert json.loads(out)["tokens"]["max_abs_diff"] == "inf"
+
+
+def test_a_sampled_run_certifies_its_kept_tokens():
+    from pathlib import Path
+
+    run = load_run(Path(__file__).resolve().parents[3] / "data" / "sample_run" / "learning")
+    cert = certify(run)
+    kept = run.tokens.unique(["step", "rank", "sample", "pos"]).select("mu_logp").collect().height
+    assert cert.tokens["compared"] == kept and cert.tokens["by_row"] is None
+    assert cert.notes[-1].startswith("a sampled run (Keep): the kept tokens are compared")
+    assert "batch composition: not known in a sampled run" in cert.where()

@@ -70,6 +70,17 @@ def test_hostile_token_text_is_inert(runs, capsys):
     assert (got["certified"], got["require"], got["verdict"]) == (False, "bit-exact", "not equal")
 
 
+def test_bf16_columns_say_what_precision_allows(tmp_path, capsys):
+    old = -np.random.default_rng(1).uniform(0.01, 3.0, N).astype(np.float32)
+    bits = old.view(np.uint32).astype(np.uint64)
+    mu = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)  # bf16
+    path = _write(tmp_path / "bf16", mu, old)
+    assert main(["certify", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "verdict       within precision" in out and "recorded in bf16: equality holds only to its 8" in out
+    assert main(["certify", str(path), "--require", "precision"]) == 0
+
+
 def test_subprocess_exit_status(runs):
     done = subprocess.run(
         [sys.executable, "-m", "trustlens.cli", "certify", str(runs["off"]), "--json"], capture_output=True, text=True

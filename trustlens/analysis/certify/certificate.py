@@ -80,7 +80,8 @@ class Certificate:
         sizes = ", ".join(str(b) for b in t["batch_sizes"])
         rows = concentrated(t["by_row"], "row")
         lines.append(
-            f"batch composition: only rows {rows} of each step's batch of {sizes} (samples in id order) differ"
+            f"batch composition: only row{'s' if any(c in rows for c in '–,') else ''} {rows} of each step's batch "
+            f"of {sizes} (samples in id order) differ"
             if rows
             else f"batch composition: differing tokens on every row of the step's batch of {sizes}"
         )
