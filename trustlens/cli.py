@@ -45,6 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("trustlens.export.exporters", "recorded runs to TensorBoard or W&B: per-step scalars and alerts"),
     "report": ("trustlens.report.page", "one self-contained HTML report of recorded runs (opens without a network)"),
     "doctor": ("trustlens.analysis.diagnosis.command", "log-probability bugs that fake a training–inference mismatch"),
+    "certify": ("trustlens.analysis.certify.command", "certify a zero-mismatch engine: log μ = log π_old bit for bit"),
     "watch": ("trustlens.live.watch", "follow a run being written: print each alert and doctor finding as it appears"),
     "warmup": ("trustlens.train.warmup", "rebuild the warm-start checkpoint (supervised warm-up to mediocre accuracy)"),
 }

@@ -221,3 +221,21 @@ def test_runs_record_what_each_defect_reports(tmp_path):
     assert gaps["shifted"][1] > 0.1
     assert zeros["sentinel"] > zeros["clean"]
     assert gaps["token_ids"][0] > 1  # the trainer's context holds ids the engine never sampled
+
+
+def test_batch_variant_splits_the_output_layer_of_a_partial_engine_batch():
+    """split_k_hook: rows of full engine batches keep the layer's logits; the last B mod MAX_SEQS
+    rows are Σ over SPLITS chunks of the hidden size — the same values up to float32 rounding."""
+    from trustlens.train.engine_defects import MAX_SEQS, split_k_hook
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 300, bias=False)
+    h = torch.randn(MAX_SEQS + 3, 5, 64)  # (B, L, d): one full batch and a partial one of 3
+    plain = layer(h)
+    layer.register_forward_hook(split_k_hook)
+    with torch.no_grad():
+        split = layer(h)
+    assert torch.equal(split[:MAX_SEQS], plain[:MAX_SEQS])
+    assert not torch.equal(split[MAX_SEQS:], plain[MAX_SEQS:])
+    torch.testing.assert_close(split.double(), (h.double() @ layer.weight.double().T), atol=1e-5, rtol=0)
+    assert torch.equal(layer(h[:MAX_SEQS]), plain[:MAX_SEQS])  # a full batch alone: untouched

@@ -204,3 +204,23 @@ def test_fp8_engine_quantises_block_weights_and_differs_boundedly():
     print(f"fp8 mean |Δ log p| {gap.mean():.4g} max {gap.max():.4g}; bf16 mean {bf16_gap.mean():.4g}")
     assert 5e-4 < float(gap.mean()) < 0.01 and float(gap.max()) < 0.05
     assert float(gap.mean()) > 1.5 * float(bf16_gap.mean())
+
+
+def test_fp32_exact_mu_is_the_trainers_bits():
+    """The fp32_exact engine decodes with the trainer's forward over the final shape: log μ equals
+    the trainer's log π_old (token_logp of response_logits) bit for bit, responses of varied
+    lengths padded to max_new_tokens; the KV-cache fp32 engine's does not on every token."""
+    from trustlens.train.trainer import token_logp
+
+    model = small_model(bias=3.0)
+    exact = generate(
+        RolloutEngine(
+            model, RolloutConfig(temperature=0.5, max_new_tokens=10, precision="fp32_exact"), eos_id=EOS, pad_id=PAD
+        )
+    )
+    m = exact.response_mask
+    assert exact.response_ids.shape[1] == 10 and not m.all() and m.any(-1).all()
+    with torch.no_grad():
+        old = token_logp(response_logits(model, exact, 0.5).float(), exact.response_ids)
+    assert torch.equal(exact.mu_logp[m], old[m])
+    assert (exact.response_ids[~m] == PAD).all()

@@ -66,7 +66,10 @@ def test_help_names_the_preset_each_command_uses(capsys, command, preset):
         # choices are checked while the flags are parsed, before any work, a typo named
         (["train", "--rule", "nope"], "argument --rule: must be one of ppo,"),
         (["train", "--rule", "dppo_binary"], "got 'dppo_binary' (did you mean 'dppo_binary_tv'?)"),
-        (["train", "--rollout-precision", "fp16"], "argument --rollout-precision: must be one of bf16, fp32, fp8"),
+        (
+            ["train", "--rollout-precision", "fp16"],
+            "argument --rollout-precision: must be one of bf16, fp32, fp32_exact, fp8",
+        ),
         (["train", "--loss-agg-mode", "sum"], "argument --loss-agg-mode: must be one of token-mean,"),
         (["compare", "--rules", "ppo,ppo"], "listed twice"),
         (["compare", "--seeds", "1,x"], "comma-separated integers"),

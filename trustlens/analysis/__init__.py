@@ -11,6 +11,7 @@ Modules, each documenting its return columns:
                the detectors, their levels, the tokens and samples that drove an alert, the
                collapse itself (collapse_onset) and a run's timeline; docs/alerts.md
     doctor     log-probability bugs that fake a training–inference mismatch (doctor, Finding)
+    certify    μ = π_old bit for bit, the verdict on a zero-mismatch engine (certify, Certificate)
     seeds      per-run outcomes and their mean ± standard error over seeds (trustlens compare)
     seed_text  the seed table as terminal text in blocks of ≤ 120 columns, with a legend
     findings   the paper's findings located in a run (motivating examples, where blocked tokens sit)
@@ -42,6 +43,7 @@ than steps × rules or buckets × rules.
 
 from trustlens.analysis.agreement import confusion_matrix, rule_confusion
 from trustlens.analysis.buckets import bucket_table
+from trustlens.analysis.certify import Certificate, certify
 from trustlens.analysis.clipping import (
     blocked_by_advantage_sign,
     blocked_by_bucket,
@@ -77,6 +79,7 @@ from trustlens.analysis.sweep import threshold_sweep
 
 __all__ = [
     "MISMATCH_COLUMNS",
+    "Certificate",
     "CollapseConfig",
     "Finding",
     "MismatchTrend",
@@ -87,6 +90,7 @@ __all__ = [
     "blocked_per_step",
     "blocked_token_anchor",
     "bucket_table",
+    "certify",
     "collapse_onset",
     "confusion_matrix",
     "detect_collapse",

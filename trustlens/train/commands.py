@@ -98,14 +98,18 @@ _CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("temperature", float, "sampling temperature τ (μ and π both use logits / τ)"),
     ("max_new_tokens", int, "response length cap in tokens"),
     ("topk", int, "K of μ's recorded top-K distribution"),
-    ("rollout_precision", choice_arg(_precisions), "rollout engine precision: bf16, fp32 or fp8 (W8A8 float8)"),
+    (
+        "rollout_precision",
+        choice_arg(_precisions),
+        "rollout engine precision: bf16, fp32, fp32_exact (the trainer's numerics, bit-exact) or fp8 (W8A8 float8)",
+    ),
     ("rollout_lag", int, "rollout engine lags the trainer by this many steps (asynchronous RL)"),
     ("logit_noise", float, "std of Gaussian noise on the rollout engine's logits"),
     (
         "engine",
         choice_arg(_engines),
         "plant a log-probability bug of the rollout engine (docs/train.md): clean, raw_logprobs, top_p, "
-        "shifted, sentinel or token_ids",
+        "shifted, sentinel, token_ids or batch_variant",
     ),
     ("eval_every", int, "evaluate held-out accuracy every this many steps"),
     ("eval_size", int, "held-out problems per evaluation (0 = no evaluation)"),

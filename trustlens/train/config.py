@@ -35,7 +35,7 @@ class TrainConfig:
     temperature: float = 0.5  # sampling temperature τ of the rollouts (μ and π both use logits / τ)
     max_new_tokens: int = 24  # response length cap, in tokens
     topk: int = 20  # K of μ's recorded top-K
-    rollout_precision: str = "bf16"  # rollout engine precision: "bf16", "fp32" or "fp8" (W8A8 float8_e4m3fn)
+    rollout_precision: str = "bf16"  # engine precision: "bf16", "fp32", "fp32_exact" or "fp8" (W8A8 float8_e4m3fn)
     rollout_lag: int = 0  # k: rollouts of step t come from the weights of step t − k (asynchronous RL)
     logit_noise: float = 0.0  # std of Gaussian noise on the engine's logits (0 = none)
     engine: str = "clean"  # a planted log-probability bug of the engine (trustlens.train.engine_defects)

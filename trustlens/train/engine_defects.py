@@ -22,6 +22,15 @@ Two places of the engine:
   response; μ's top-K ids are mapped the same way): the trainer computes π_old and π on ids that μ
   never scored.
 
+And in its kernels: ``batch_variant`` is an engine that is not batch-invariant. It decodes the B
+sequences in engine batches of at most MAX_SEQS, and on a partial batch (the last B mod MAX_SEQS
+rows) its output layer runs as a split-K GEMM: logits = Σ over SPLITS chunks of the hidden size
+of h_c · W_cᵀ (`split_k_hook`), as kernels that choose their reduction by the batch size do. The
+same logits up to float32 rounding, so log μ of those rows differs from π_old in the last bits:
+the tokens are sampled from those logits, so μ is still the distribution sampled from, but an
+engine that should be zero-mismatch (``--rollout-precision fp32_exact``) is not, and only on
+some rows of the batch (`trustlens certify` names them).
+
 ``clean`` is the engine as it is without `--engine`: these functions then do exactly what the
 engine did before they existed (bit-identical runs).
 """
@@ -45,12 +54,15 @@ ENGINE_DEFECTS: dict[str, str] = {
     "shifted": "log μ of position t − 1 at position t within each response",
     "sentinel": "log μ written as 0.0 at 10% of the response tokens",
     "token_ids": "the trainer receives <unk> where the engine sampled ';'",
+    "batch_variant": "the output layer of a partial engine batch's rows runs as a split-K GEMM",
 }
 TOP_P = 0.8  # nucleus mass of the `top_p` defect
 SENTINEL_SHARE = 0.1  # share of response tokens whose log μ the `sentinel` defect writes as 0.0
 SENTINEL = 0.0  # the value it writes
 SWAPPED_TOKEN = ";"  # the engine's token that the `token_ids` defect's trainer reads as UNKNOWN_TOKEN
 UNKNOWN_TOKEN = "<unk>"
+MAX_SEQS = 12  # `batch_variant`: sequences per engine batch; the last B mod MAX_SEQS rows are a partial one
+SPLITS = 2  # `batch_variant`: the chunks of the hidden size its split-K output layer sums
 
 
 def check_defect(defect: str) -> str:
@@ -109,6 +121,19 @@ def engine_token(
     return tok, logp, ids_k, logp_k
 
 
+def split_k_hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    """Forward hook of the engine's output layer (a bias-free Linear) under `batch_variant`: the
+    logits (B, L, V) with the rows of the partial engine batch (from B − B mod MAX_SEQS on)
+    recomputed as Σ_c h_c · W_cᵀ over SPLITS chunks c of the hidden size."""
+    first = len(output) - len(output) % MAX_SEQS
+    if first == len(output):
+        return output
+    h, w = args[0][first:], module.weight  # (b, L, d), (V, d)
+    assert isinstance(w, torch.Tensor)
+    parts = [hc @ wc.T for hc, wc in zip(h.chunk(SPLITS, -1), w.chunk(SPLITS, -1), strict=True)]
+    return torch.cat([output[:first], torch.stack(parts).sum(0).to(output.dtype)])
+
+
 def deliver(batch: Rollout, defect: str, *, tokenizer, generator: torch.Generator) -> Rollout:
     """The rollout as the trainer receives it (see the module docstring): `batch` itself when
     the defect is not one of delivery (shifted, sentinel, token_ids), else a new Rollout."""
@@ -136,4 +161,12 @@ def deliver(batch: Rollout, defect: str, *, tokenizer, generator: torch.Generato
     return batch
 
 
-__all__ = ["ENGINE_DEFECTS", "check_defect", "deliver", "engine_sampling", "engine_token", "nucleus_logits"]
+__all__ = [
+    "ENGINE_DEFECTS",
+    "check_defect",
+    "deliver",
+    "engine_sampling",
+    "engine_token",
+    "nucleus_logits",
+    "split_k_hook",
+]

@@ -11,7 +11,8 @@ the gap between the two is the training–inference mismatch the recorder measur
 describes the policy that really sampled the tokens, unless `defect` plants a log-probability bug
 (trustlens.train.engine_defects). Two sources of mismatch, as in real systems:
 
-- Precision (`precision`): ``fp32``; ``bf16`` weights (as vLLM or SGLang serve them); ``fp8``
+- Precision (`precision`): ``fp32``; ``fp32_exact``, the trainer's own numerics (below);
+  ``bf16`` weights (as vLLM or SGLang serve them); ``fp8``
   W8A8 — every linear layer of the transformer blocks computes with weights rounded to
   float8_e4m3fn (one scale per output channel, amax / 448, set at every weight sync) and inputs
   rounded to float8_e4m3fn (one dynamic scale per call, amax / 448); embeddings, norms and the
@@ -21,6 +22,15 @@ describes the policy that really sampled the tokens, unless `defect` plants a lo
   step, and the engine serves the weights it received k syncs earlier (the starting weights
   until then), so rollouts of step t come from the policy of step t − k. The gap grows with how
   far the policy moves in k steps: a fast-moving policy is a stale one.
+
+``fp32_exact`` is a batch-invariant, deterministic engine (vLLM `VLLM_BATCH_INVARIANT=1`, SGLang
+`--enable-deterministic-inference`, verl's true on-policy mode): float32 weights, and every
+position decoded by the trainer's own computation, a full forward pass without a KV cache over a
+buffer of the final shape (B, P + max_new_tokens), responses padded to max_new_tokens. A
+position's logits depend on the positions before it only (causal attention; masked keys add
+exact zeros), so they are the bits the trainer's forward over the finished batch gives, and log μ
+equals log π_old bit for bit (`trustlens certify`). The ``fp32`` engine decodes with a KV cache:
+other matrix shapes, other rounding (|Δ log p| up to ~1e-5 nats on a few % of the tokens).
 
 `logit_noise` adds Gaussian noise (standard deviation in logit units, before the division by τ)
 to the engine's logits, imitating a noisier inference engine; μ is then the noisy distribution
@@ -42,10 +52,12 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from trustlens.train.engine_defects import check_defect, engine_token
+from trustlens.train.engine_defects import check_defect, engine_token, split_k_hook
 from trustlens.train.rollout_batch import Rollout
 
-PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.float32}  # name -> compute dtype
+# name -> compute dtype
+PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp32_exact": torch.float32, "fp8": torch.float32}
+EXACT = "fp32_exact"  # the precision whose engine decodes with the trainer's numerics (module docstring)
 FP8 = torch.float8_e4m3fn  # the 8-bit float format of the fp8 engine
 FP8_MAX = float(torch.finfo(FP8).max)  # 448: the largest finite float8_e4m3fn
 
@@ -55,7 +67,7 @@ class RolloutConfig:
     temperature: float = 1.0  # sampling temperature τ; μ and π are both softmax(logits / τ)
     max_new_tokens: int = 32  # response length cap, in tokens (eos included)
     topk: int = 20  # K: how many of μ's most likely ids are kept per token (sampled id forced in)
-    precision: str = "bf16"  # the engine's precision: "bf16" (default), "fp32" or "fp8" (W8A8, see above)
+    precision: str = "bf16"  # the engine's precision: "bf16" (default), "fp32", "fp32_exact" or "fp8" (see above)
     logit_noise: float = 0.0  # std of Gaussian noise added to the engine's logits (0 = none)
     lag: int = 0  # k: the engine serves the weights of k `sync_weights` calls ago (0 = current)
     defect: str = "clean"  # a planted log-probability bug (trustlens.train.engine_defects); "clean" = none
@@ -160,6 +172,9 @@ class RolloutEngine:
                 linear.register_forward_pre_hook(_fp8_input_hook)
                 self._fp8_weights.add(f"{name}.weight")
             self._load({n: p.detach() for n, p in model.named_parameters()})
+        if config.defect == "batch_variant":
+            head = next(m for name, m in self.model.named_modules() if name.split(".")[-1] == "lm_head")
+            head.register_forward_hook(split_k_hook)
         self._pending: deque[dict[str, torch.Tensor]] = deque()  # weights not served yet (lag)
 
     @torch.no_grad()
@@ -193,6 +208,50 @@ class RolloutEngine:
         return logits
 
     @torch.no_grad()
+    def _prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """The logits at each prompt's last position (B, V) and the decoding state `_advance`
+        carries on: the exact precision keeps the whole buffer in the trainer's shape (prompt,
+        then max_new_tokens of padding) and reruns it without a cache; the others prefill a KV
+        cache and decode one position at a time."""
+        B, P = prompt_ids.shape
+        if self.config.precision == EXACT:
+            n = self.config.max_new_tokens
+            buffer = torch.cat([prompt_ids, torch.full((B, n), self.pad_id)], 1)
+            mask = torch.cat([prompt_mask, torch.zeros((B, n), dtype=torch.long)], 1)
+            out = self.model(input_ids=buffer, attention_mask=mask, position_ids=position_ids(mask), use_cache=False)
+            return out.logits[:, P - 1], {"buffer": buffer, "mask": mask}
+        cache = {_cache_argument(): DynamicCache()}
+        pos = position_ids(prompt_mask)
+        out = self.model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **cache,
+        )
+        return out.logits[:, -1], {"cache": cache, "mask": prompt_mask, "pos": pos[:, -1:]}
+
+    def _advance(self, state: dict, tok: torch.Tensor, alive: torch.Tensor, at: int) -> torch.Tensor:
+        """Append the sampled tokens (B,) at buffer position `at` (alive (B,): rows still
+        generating) and return the next position's logits (B, V); `state` is `_prefill`'s."""
+        if "buffer" in state:
+            buffer, mask = state["buffer"], state["mask"]
+            buffer[:, at] = tok
+            mask[:, at] = alive.long()
+            out = self.model(input_ids=buffer, attention_mask=mask, position_ids=position_ids(mask), use_cache=False)
+            return out.logits[:, at]
+        state["mask"] = torch.cat([state["mask"], alive.long()[:, None]], dim=1)
+        state["pos"] = state["pos"] + 1
+        out = self.model(
+            input_ids=tok[:, None],
+            attention_mask=state["mask"],
+            position_ids=state["pos"],
+            use_cache=True,
+            **state["cache"],
+        )
+        return out.logits[:, -1]
+
     def generate(
         self,
         prompts: list[list[int]],
@@ -208,23 +267,13 @@ class RolloutEngine:
         """
         cfg = self.config
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
-        B = prompt_ids.shape[0]
-        cache = {_cache_argument(): DynamicCache()}
-        mask = prompt_mask
-        pos = position_ids(mask)
-        out = self.model(
-            input_ids=prompt_ids,
-            attention_mask=mask,
-            position_ids=pos,
-            use_cache=True,
-            logits_to_keep=1,
-            **cache,
-        )
-        pos = pos[:, -1:]
+        B, P = prompt_ids.shape
+        exact = cfg.precision == EXACT
+        last, state = self._prefill(prompt_ids, prompt_mask)  # (B, V)
         finished = torch.zeros(B, dtype=torch.bool)
         tokens, alive, logps, top_ids, top_logps = [], [], [], [], []
-        for _ in range(cfg.max_new_tokens):
-            logits = self._next_logits(out.logits[:, -1], generator, noise=not greedy)  # (B, V)
+        for t in range(cfg.max_new_tokens):
+            logits = self._next_logits(last, generator, noise=not greedy)  # (B, V)
             tok, logp, ids_k, logp_k = engine_token(
                 logits,
                 temperature=cfg.temperature,
@@ -240,17 +289,22 @@ class RolloutEngine:
             top_ids.append(ids_k)
             top_logps.append(logp_k)
             finished = finished | (tok == self.eos_id)
-            if bool(finished.all()):
+            if bool(finished.all()) or t + 1 == cfg.max_new_tokens:
                 break
-            mask = torch.cat([mask, alive[-1].long()[:, None]], dim=1)
-            pos = pos + 1
-            out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, use_cache=True, **cache)
+            last = self._advance(state, tok, alive[-1], P + t)
+        if exact:  # padded to max_new_tokens: the trainer's forward has the engine's shape
+            short = cfg.max_new_tokens - len(tokens)
+            tokens += [torch.full_like(tokens[-1], self.pad_id)] * short
+            alive += [torch.zeros_like(alive[-1])] * short
+            logps += [torch.zeros_like(logps[-1])] * short
+            top_ids += [top_ids[-1]] * short  # a valid top-K of the last position: masked out
+            top_logps += [top_logps[-1]] * short
         response_ids = torch.stack(tokens, 1)
         response_mask = torch.stack(alive, 1)
         return Rollout(
             input_ids=torch.cat([prompt_ids, response_ids], 1),
             attention_mask=torch.cat([prompt_mask, response_mask.long()], 1),
-            prompt_len=prompt_ids.shape[1],
+            prompt_len=P,
             response_ids=response_ids,
             response_mask=response_mask,
             mu_logp=torch.stack(logps, 1),
