@@ -379,6 +379,72 @@ def test_the_rule_registry_is_the_only_place_rules_are_listed():
     assert listing == {str(registry.relative_to(REPO)): {"Rule", "register_rule", "RULES"}}
 
 
+def listings(source: str, names: set[str]) -> set[str]:
+    """The hand-written listings of a registry in `source`: each literal tuple, list, set or dict
+    (its keys) holding more than half of `names`, as the name it is assigned to (else "line N")."""
+    tree = ast.parse(source)
+    assigned = {
+        id(node.value): target.id
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
+        if not isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)) or not items:
+            continue
+        listed = {k.value for k in items if isinstance(k, ast.Constant) and isinstance(k.value, str)} & names
+        if len(listed) > len(names) / 2:
+            found.add(assigned.get(id(node), f"line {node.lineno}"))
+    return found
+
+
+def test_listings_finds_planted_ones():
+    source = "A = ('a', 'b', 'c')\nB: dict = {'a': 1, 'b': 2, 'c': 3}\nC = ['a', 'x']\nf(['a', 'b', 'c', 'd'])\n"
+    assert listings(source, {"a", "b", "c", "d"}) == {"A", "B", "line 4"}
+
+
+def _listed_outside(registry: Path, names: set[str]) -> dict[str, set[str]]:
+    paths = [*PACKAGE.rglob("*.py"), *(REPO / "app").rglob("*.py")]
+    found = {str(p.relative_to(REPO)): listings(p.read_text(), names) for p in paths if p != registry}
+    return {p: f for p, f in found.items() if f}
+
+
+def test_no_module_lists_the_registered_rules_by_hand():
+    # A literal of most rule names is a second registry, a table every new rule must join;
+    # choices of a few rules (a default comparison, the claims' runs) are not. The one kept:
+    # RULE_COLOURS, in core (below the registry, which it cannot import), the colour each
+    # built-in rule keeps; a rule without one takes a colour hashed from its name, so a new rule
+    # needs no entry there.
+    from trustlens.core.render import RULE_COLOURS
+    from trustlens.rules import RULES
+
+    assert _listed_outside(PACKAGE / "rules" / "registry.py", set(RULES)) == {
+        "trustlens/core/render.py": {"RULE_COLOURS"}
+    }
+    assert set(RULE_COLOURS) <= set(RULES)
+
+
+def test_the_detector_registry_is_the_only_place_detectors_are_listed():
+    # detectors are built (`Detector(...)`) and `DETECTORS` filled in analysis/collapse/detectors.py
+    # alone, and no other module lists their kinds (ALERT_KINDS is derived there): a new detector
+    # is one `register(Detector(...))` there
+    from trustlens.analysis.collapse import ALERT_KINDS, DETECTORS
+
+    registry = PACKAGE / "analysis" / "collapse" / "detectors.py"
+    paths = [*PACKAGE.rglob("*.py"), *(REPO / "app").rglob("*.py")]
+    building = {}
+    for path in paths:
+        called, assigned = _calls_and_assignments(path)
+        found = ({"Detector"} & called) | ({"DETECTORS", "ALERT_KINDS"} & assigned)
+        if found:
+            building[str(path.relative_to(REPO))] = found
+    assert building == {str(registry.relative_to(REPO)): {"Detector", "DETECTORS", "ALERT_KINDS"}}
+    assert _listed_outside(registry, set(DETECTORS) | set(ALERT_KINDS)) == {}
+
+
 def test_the_registry_lists_every_rule_once_with_its_paper():
     import inspect
 
