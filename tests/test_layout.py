@@ -33,6 +33,19 @@ LONG_FUNCTIONS_ALLOWED = {
     "trustlens/train/commands.py:configure",
     "trustlens/train/trainer.py:train",
 }
+# trustlens' packages (and root leaf modules) by layer, lowest first (docs/architecture.md): a
+# module imports its own package and the layers below it, nothing of its layer or above. An entry
+# point of the root (cli, dashboard, notebook, trustlens/__init__) stands just above what it imports.
+LAYERS = (
+    ("core", "metrics", "paths"),
+    ("divergence", "rules"),
+    ("run",),
+    ("analysis", "synthetic"),
+    ("live", "plots", "export"),
+    ("record", "report"),
+    ("train",),
+    ("integrations",),
+)
 ROOT_MODULES = {"__init__.py", "cli.py", "dashboard.py", "metrics.py", "notebook.py", "paths.py"}
 
 
@@ -145,6 +158,47 @@ def test_an_import_under_type_checking_is_an_edge(tmp_path):
     }
     assert graph == {"pkg.engine_defects": {"pkg.rollout"}, "pkg.rollout": {"pkg.engine_defects"}}
     assert cycles(graph) == [["pkg.engine_defects", "pkg.rollout"]]
+
+
+def _unit(module: str) -> str:
+    """The layer unit of a trustlens module: its package under trustlens, or the root module."""
+    return module.split(".")[1] if "." in module else "__init__"
+
+
+def layer_violations(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> set[tuple[str, str]]:
+    """The imports (module, imported) of `graph` that go to the module's own layer or above, between
+    units (`_unit`) of `layers`; a unit in no layer (an entry point) sits one above the highest it
+    imports. ValueError naming a package that is in no layer."""
+    layer = {unit: i for i, units in enumerate(layers) for unit in units}
+    edges = {(_unit(a), _unit(b)) for a, targets in graph.items() for b in targets if _unit(a) != _unit(b)}
+    packages = {_unit(m) for m in graph if m.count(".") >= 1 and (PACKAGE / _unit(m)).is_dir()}
+    if packages - set(layer):
+        raise ValueError(f"packages in no layer: {sorted(packages - set(layer))}; add them to LAYERS")
+    for unit in sorted({a for a, _ in edges} - set(layer)):  # entry points, above what they import
+        layer[unit] = 1 + max((layer.get(b, -1) for a, b in edges if a == unit), default=-1)
+    bad = {(a, b) for a, b in edges if layer.get(b, -1) >= layer[a]}
+    return {(m, t) for m, targets in graph.items() for t in targets if (_unit(m), _unit(t)) in bad}
+
+
+def test_layer_violations_finds_an_import_upwards():
+    graph = {
+        "trustlens.core.a": {"trustlens.run.b"},  # core imports run: up
+        "trustlens.run.b": {"trustlens.core.a"},
+        "trustlens.cli": {"trustlens.run.b"},  # an entry point, one above run: live's layer
+        "trustlens.record.c": {"trustlens.cli"},  # record (above live) may import it
+        "trustlens.live.e": {"trustlens.cli"},  # live (its layer) may not, nor rules (below)
+        "trustlens.rules.d": {"trustlens.cli"},
+    }
+    layers = (("core",), ("rules",), ("run",), ("live",), ("record",))
+    assert layer_violations(graph, layers) == {
+        ("trustlens.core.a", "trustlens.run.b"),
+        ("trustlens.live.e", "trustlens.cli"),
+        ("trustlens.rules.d", "trustlens.cli"),
+    }
+
+
+def test_each_package_imports_only_the_layers_below_it():
+    assert layer_violations(import_graph(), LAYERS) == set()
 
 
 def test_every_module_is_at_most_max_lines():
