@@ -29,6 +29,19 @@ LONG_FUNCTIONS_ALLOWED = {
     "trustlens/train/commands.py:configure",
     "trustlens/train/trainer.py:train",
 }
+# trustlens' packages (and root leaf modules) by layer, lowest first (docs/architecture.md): a
+# module imports its own package and the layers below it, nothing of its layer or above. An entry
+# point of the root (cli, dashboard, notebook, trustlens/__init__) stands just above what it imports.
+LAYERS = (
+    ("core", "metrics", "paths"),
+    ("divergence", "rules"),
+    ("run",),
+    ("analysis", "synthetic"),
+    ("live", "plots", "export"),
+    ("record", "report"),
+    ("train",),
+    ("integrations",),
+)
 ROOT_MODULES = {"__init__.py", "cli.py", "dashboard.py", "metrics.py", "notebook.py", "paths.py"}
 
 
@@ -141,6 +154,47 @@ def test_an_import_under_type_checking_is_an_edge(tmp_path):
     }
     assert graph == {"pkg.engine_defects": {"pkg.rollout"}, "pkg.rollout": {"pkg.engine_defects"}}
     assert cycles(graph) == [["pkg.engine_defects", "pkg.rollout"]]
+
+
+def _unit(module: str) -> str:
+    """The layer unit of a trustlens module: its package under trustlens, or the root module."""
+    return module.split(".")[1] if "." in module else "__init__"
+
+
+def layer_violations(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> set[tuple[str, str]]:
+    """The imports (module, imported) of `graph` that go to the module's own layer or above, between
+    units (`_unit`) of `layers`; a unit in no layer (an entry point) sits one above the highest it
+    imports. ValueError naming a package that is in no layer."""
+    layer = {unit: i for i, units in enumerate(layers) for unit in units}
+    edges = {(_unit(a), _unit(b)) for a, targets in graph.items() for b in targets if _unit(a) != _unit(b)}
+    packages = {_unit(m) for m in graph if m.count(".") >= 1 and (PACKAGE / _unit(m)).is_dir()}
+    if packages - set(layer):
+        raise ValueError(f"packages in no layer: {sorted(packages - set(layer))}; add them to LAYERS")
+    for unit in sorted({a for a, _ in edges} - set(layer)):  # entry points, above what they import
+        layer[unit] = 1 + max((layer.get(b, -1) for a, b in edges if a == unit), default=-1)
+    bad = {(a, b) for a, b in edges if layer.get(b, -1) >= layer[a]}
+    return {(m, t) for m, targets in graph.items() for t in targets if (_unit(m), _unit(t)) in bad}
+
+
+def test_layer_violations_finds_an_import_upwards():
+    graph = {
+        "trustlens.core.a": {"trustlens.run.b"},  # core imports run: up
+        "trustlens.run.b": {"trustlens.core.a"},
+        "trustlens.cli": {"trustlens.run.b"},  # an entry point, one above run: live's layer
+        "trustlens.record.c": {"trustlens.cli"},  # record (above live) may import it
+        "trustlens.live.e": {"trustlens.cli"},  # live (its layer) may not, nor rules (below)
+        "trustlens.rules.d": {"trustlens.cli"},
+    }
+    layers = (("core",), ("rules",), ("run",), ("live",), ("record",))
+    assert layer_violations(graph, layers) == {
+        ("trustlens.core.a", "trustlens.run.b"),
+        ("trustlens.live.e", "trustlens.cli"),
+        ("trustlens.rules.d", "trustlens.cli"),
+    }
+
+
+def test_each_package_imports_only_the_layers_below_it():
+    assert layer_violations(import_graph(), LAYERS) == set()
 
 
 def test_every_module_is_at_most_max_lines():
@@ -373,6 +427,72 @@ def test_the_rule_registry_is_the_only_place_rules_are_listed():
         if found:
             listing[str(path.relative_to(REPO))] = found
     assert listing == {str(registry.relative_to(REPO)): {"Rule", "register_rule", "RULES"}}
+
+
+def listings(source: str, names: set[str]) -> set[str]:
+    """The hand-written listings of a registry in `source`: each literal tuple, list, set or dict
+    (its keys) holding more than half of `names`, as the name it is assigned to (else "line N")."""
+    tree = ast.parse(source)
+    assigned = {
+        id(node.value): target.id
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
+        if not isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)) or not items:
+            continue
+        listed = {k.value for k in items if isinstance(k, ast.Constant) and isinstance(k.value, str)} & names
+        if len(listed) > len(names) / 2:
+            found.add(assigned.get(id(node), f"line {node.lineno}"))
+    return found
+
+
+def test_listings_finds_planted_ones():
+    source = "A = ('a', 'b', 'c')\nB: dict = {'a': 1, 'b': 2, 'c': 3}\nC = ['a', 'x']\nf(['a', 'b', 'c', 'd'])\n"
+    assert listings(source, {"a", "b", "c", "d"}) == {"A", "B", "line 4"}
+
+
+def _listed_outside(registry: Path, names: set[str]) -> dict[str, set[str]]:
+    paths = [*PACKAGE.rglob("*.py"), *(REPO / "app").rglob("*.py")]
+    found = {str(p.relative_to(REPO)): listings(p.read_text(), names) for p in paths if p != registry}
+    return {p: f for p, f in found.items() if f}
+
+
+def test_no_module_lists_the_registered_rules_by_hand():
+    # A literal of most rule names is a second registry, a table every new rule must join;
+    # choices of a few rules (a default comparison, the claims' runs) are not. The one kept:
+    # RULE_COLOURS, in core (below the registry, which it cannot import), the colour each
+    # built-in rule keeps; a rule without one takes a colour hashed from its name, so a new rule
+    # needs no entry there.
+    from trustlens.core.render import RULE_COLOURS
+    from trustlens.rules import RULES
+
+    assert _listed_outside(PACKAGE / "rules" / "registry.py", set(RULES)) == {
+        "trustlens/core/render.py": {"RULE_COLOURS"}
+    }
+    assert set(RULE_COLOURS) <= set(RULES)
+
+
+def test_the_detector_registry_is_the_only_place_detectors_are_listed():
+    # detectors are built (`Detector(...)`) and `DETECTORS` filled in analysis/collapse/detectors.py
+    # alone, and no other module lists their kinds (ALERT_KINDS is derived there): a new detector
+    # is one `register(Detector(...))` there
+    from trustlens.analysis.collapse import ALERT_KINDS, DETECTORS
+
+    registry = PACKAGE / "analysis" / "collapse" / "detectors.py"
+    paths = [*PACKAGE.rglob("*.py"), *(REPO / "app").rglob("*.py")]
+    building = {}
+    for path in paths:
+        called, assigned = _calls_and_assignments(path)
+        found = ({"Detector"} & called) | ({"DETECTORS", "ALERT_KINDS"} & assigned)
+        if found:
+            building[str(path.relative_to(REPO))] = found
+    assert building == {str(registry.relative_to(REPO)): {"Detector", "DETECTORS", "ALERT_KINDS"}}
+    assert _listed_outside(registry, set(DETECTORS) | set(ALERT_KINDS)) == {}
 
 
 def test_the_registry_lists_every_rule_once_with_its_paper():

@@ -211,6 +211,14 @@ def test_a_moved_name_warns_pointing_at_the_callers_line():
         _get("trustlens.analysis.seeds:nothing")
 
 
+def test_alert_kinds_left_the_collapse_config_for_the_detector_registry():
+    with pytest.warns(
+        DeprecationWarning, match=r"collapse\.config\.ALERT_KINDS moved to trustlens\.analysis\.collapse\.detectors"
+    ):
+        from trustlens.analysis.collapse.config import ALERT_KINDS
+    assert ALERT_KINDS is _get("trustlens.analysis.collapse.detectors:ALERT_KINDS")
+
+
 def test_names_of_a_module_imported_before_install_and_its_own_getattr_are_kept(monkeypatch):
     module = types.ModuleType("trustlens_moved_example")
     module.__getattr__ = lambda name: f"own {name}"

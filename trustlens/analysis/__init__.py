@@ -14,7 +14,10 @@ Modules, each documenting its return columns:
     certify    μ = π_old bit for bit, the verdict on a zero-mismatch engine (certify, Certificate)
     seeds      per-run outcomes and their mean ± standard error over seeds (trustlens compare)
     seed_text  the seed table as terminal text in blocks of ≤ 120 columns, with a legend
-    findings   the paper's findings located in a run (motivating examples, where blocked tokens sit)
+    claims     the DPPO paper's six claims measured on a set of runs (trustlens claims);
+               claims_text, the claims report's text about each run's outcome
+    paper_findings  the paper's findings located in a run (motivating examples, where blocked
+               tokens sit)
     sweep      what each rule blocks with its thresholds scaled (threshold_sweep)
     responses  decisions counted per response: a sequence rule blocks whole responses
                (responses_blocked)
@@ -26,7 +29,7 @@ Modules, each documenting its return columns:
 
 Every query takes a `Run` (`load_run`) or its token rows (`run.tokens`, a LazyFrame); those that
 need the run's metrics or manifest (`detect_collapse`, `step_signals`, `run_outcomes`) take the
-`Run` (anything else is a TypeError naming the argument: `inputs`).
+`Run` (anything else is a TypeError naming the argument: `sources`).
 
 A sampled run (recorded with `Keep`): given the `Run`, `step_summary`, `blocked_per_step`,
 `mismatch_per_step` and `rule_confusion` take their counts, block rates and token-level mismatch

@@ -23,6 +23,8 @@ from typing import Any
 # module an earlier release documented a name in -> {name: module that holds it now}
 MOVED_NAMES: dict[str, dict[str, str]] = {
     "trustlens.analysis.seeds": {"format_seed_table": "trustlens.analysis.seed_text"},
+    # derived from the detectors' registry now
+    "trustlens.analysis.collapse.config": {"ALERT_KINDS": "trustlens.analysis.collapse.detectors"},
     "trustlens.rules": {"evaluate_columns": "trustlens.rules.columns", "rule_columns": "trustlens.rules.columns"},
     # the old trustlens.integrations.engines_sampling is engines.sampling; its trainers' readers
     # went to each trainer's package

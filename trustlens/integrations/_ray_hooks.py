@@ -46,8 +46,8 @@ from trustlens.rules import RULES, Rule
 ENV_DIR = "TRUSTLENS_DIR"
 # what the driver sends the workers with a training batch: its step, and each row's sample id
 STEP_KEY, SAMPLE_KEY = "trustlens_step", "trustlens_sample"
-# rules an external trainer cannot feed: it keeps no top-K of μ
-_NEEDS_TOPK = ("dppo_topk_tv", "dppo_topk_kl")
+# inputs an external trainer cannot feed (`Rule.needs`): it keeps no top-K of μ
+_TOPK_INPUTS = {"topk_tv", "topk_kl"}
 _HASH_BITS = (1 << 62) - 1
 
 
@@ -132,7 +132,7 @@ def sample_columns(
 def external_rules(active: ActiveRule, fields: Mapping[str, Any] | None = None) -> list[Rule]:
     """Every rule an external trainer can feed (all but the top-K ones), with the active rule's
     thresholds set to the trainer's own, and its other `fields` (a batch rule's cov_ratio, ...)."""
-    rules = [rule for name, rule in RULES.items() if name not in _NEEDS_TOPK]
+    rules = [rule for rule in RULES.values() if not _TOPK_INPUTS & set(rule.needs)]
     if active.name is None:
         return rules
     return [

@@ -4,8 +4,8 @@
 than `writer_timeout` seconds (then a `WriterError`). An error in the thread is kept, written to
 run.json (`failed`) and raised in the caller at its next call; a bad input the thread finds (a
 job that raises `RejectedInputError`) drops that call's rows and is raised at the caller's next
-call, the run going on. `interrupt` (signals) writes everything queued and ends the run
-`interrupted`.
+call, the run going on. `interrupt` (SIGTERM, SIGINT: trustlens.run.interrupts) writes everything
+queued and ends the run `interrupted`.
 """
 
 from __future__ import annotations

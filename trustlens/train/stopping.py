@@ -44,7 +44,7 @@ FOLDER = "checkpoints"  # inside the run directory
 
 
 # the detectors' settings: the trainer's recorder judges with the default CollapseConfig (alerts=True)
-DETECTORS = CollapseConfig()
+COLLAPSE_CONFIG = CollapseConfig()
 
 
 def unconfirmed_start(judged: int, evaluated: Collection[int]) -> int:
@@ -52,7 +52,7 @@ def unconfirmed_start(judged: int, evaluated: Collection[int]) -> int:
     to `judged` are judged: a step detector opens its episode on its `confirm_steps`-th flagged
     step in a row (its first flagged step may be judged already), an accuracy fall on the
     evaluation after the first low one (the last evaluation judged, among `evaluated` steps)."""
-    first = judged + 1 - (DETECTORS.confirm_steps - 1)
+    first = judged + 1 - (COLLAPSE_CONFIG.confirm_steps - 1)
     last_evaluation = max((s for s in evaluated if s <= judged), default=first)
     return min(first, last_evaluation)
 
@@ -105,7 +105,7 @@ class AlertStop:
         for alert in recorder.live_alerts:
             latest[alert.key] = alert
         assert self.level is not None
-        recent = judged - DETECTORS.evidence_rows
+        recent = judged - COLLAPSE_CONFIG.evidence_rows
         starts = [
             evidence_start(a)
             for a in latest.values()

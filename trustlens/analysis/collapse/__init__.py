@@ -2,10 +2,11 @@
 that drove it (docs/alerts.md).
 
 Modules:
-    config     CollapseConfig (one comment per threshold), the alert kinds and ALERT_SCHEMA
+    config     CollapseConfig (one comment per threshold) and ALERT_SCHEMA
     signals    step_signals: the per-step signals the detectors watch
     levels     the level an alert needs besides its change (mismatch range, learning)
     detectors  the registry of detectors (DETECTORS: signal, test, message, next step, driver score)
+               and the alert kinds it gives (ALERT_KINDS)
     steps      the detectors fed one step at a time (CollapseSteps): trailing baselines, warm-up,
                episodes and evidence, shared by detect_collapse and the live monitor (trustlens.live)
     detect     detect_collapse over a finished run, and each alert's message
@@ -15,7 +16,6 @@ Modules:
 """
 
 from trustlens.analysis.collapse.config import (
-    ALERT_KINDS,
     ALERT_SCHEMA,
     ALERT_WINDOW_MAX,
     REWARD_WINDOW_MAX,
@@ -23,7 +23,14 @@ from trustlens.analysis.collapse.config import (
     alert_window,
 )
 from trustlens.analysis.collapse.detect import alert_message, alert_row, detect_collapse, rollout_lag
-from trustlens.analysis.collapse.detectors import DETECTORS, Detector, alert_drivers, driver_scores, register
+from trustlens.analysis.collapse.detectors import (
+    ALERT_KINDS,
+    DETECTORS,
+    Detector,
+    alert_drivers,
+    driver_scores,
+    register,
+)
 from trustlens.analysis.collapse.levels import model_kind
 from trustlens.analysis.collapse.onset import (
     accuracy_per_step,

@@ -1,5 +1,5 @@
-"""The collapse alerts' configuration (`CollapseConfig`, one comment per threshold), their kinds and
-table schema, and the window of their early baseline (`alert_window`): what `detect_collapse`
+"""The collapse alerts' configuration (`CollapseConfig`, one comment per threshold), their table
+schema, and the window of their early baseline (`alert_window`): what `detect_collapse`
 (trustlens.analysis.collapse, whose docstring states each detector) is set with and returns."""
 
 from __future__ import annotations
@@ -18,20 +18,10 @@ from trustlens.core.argument_checks import (
     check_positive,
 )
 
-ALERT_KINDS = (
-    "entropy_collapse",
-    "entropy_surge",
-    "mismatch_growth",
-    "grad_norm_spike",
-    "reward_drop",
-    "blocked_drift",
-    "accuracy_drop",
-)
-
 ALERT_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "step": pl.Int32,  # first step of the episode
     "end_step": pl.Int32,  # last consecutive flagged step
-    "kind": pl.String,  # one of ALERT_KINDS
+    "kind": pl.String,  # one of ALERT_KINDS (trustlens.analysis.collapse.detectors)
     "signal": pl.String,  # the step_signals column it watched (e.g. blocked_ppo)
     "severity": pl.String,  # "warning", "critical" or "info" (an entropy change while the run learns)
     "critical_step": pl.Int32,  # the episode's first critical step (null for a warning)
@@ -129,4 +119,4 @@ def alert_window(steps: int) -> int:
     return min(ALERT_WINDOW_MAX, collapse_window(steps))
 
 
-__all__ = ["ALERT_KINDS", "ALERT_SCHEMA", "ALERT_WINDOW_MAX", "REWARD_WINDOW_MAX", "CollapseConfig", "alert_window"]
+__all__ = ["ALERT_SCHEMA", "ALERT_WINDOW_MAX", "REWARD_WINDOW_MAX", "CollapseConfig", "alert_window"]

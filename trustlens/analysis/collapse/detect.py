@@ -39,13 +39,12 @@ import math
 import polars as pl
 
 from trustlens.analysis.collapse.config import (
-    ALERT_KINDS,
     ALERT_SCHEMA,
     ALERT_WINDOW_MAX,
     CollapseConfig,
     alert_window,
 )
-from trustlens.analysis.collapse.detectors import DETECTORS, alert_drivers
+from trustlens.analysis.collapse.detectors import ALERT_KINDS, DETECTORS, alert_drivers
 from trustlens.analysis.collapse.levels import model_kind
 from trustlens.analysis.collapse.signals import step_signals
 from trustlens.analysis.collapse.steps import CollapseSteps, Episode, planned_window, warmup_steps

@@ -200,6 +200,10 @@ def alert_kind(detector: str) -> str:
     return ALERT_KIND.get(detector, detector)
 
 
+# the alerts table's kinds, in the order registered: one per detector, blocked_drift's two as one
+ALERT_KINDS: tuple[str, ...] = tuple(dict.fromkeys(alert_kind(k) for k in DETECTORS))
+
+
 def detector_of(kind: str, signal: str, up: bool | None = None) -> Detector:
     """The registered detector of an alert `kind` (an ALERT_KINDS name) on `signal`; blocked_drift
     by its direction `up` (None: up)."""
@@ -225,6 +229,7 @@ def alert_drivers(run, ep: dict, top_tokens: int, top_samples: int) -> tuple[lis
 
 __all__ = [
     "ALERT_KIND",
+    "ALERT_KINDS",
     "DETECTORS",
     "Detector",
     "alert_drivers",
