@@ -465,3 +465,18 @@ def test_timeline_panels_leave_room_for_their_titles(run):
     area = P.runs.PANEL_PX * 3 + 120 - 180
     for above, below in itertools.pairwise(tops):
         assert (above[0] - below[1]) * area == pytest.approx(P.runs.TITLE_GAP_PX)
+
+
+def test_collapse_timeline_alert_traces_in_the_alerts_order():
+    signals = pl.DataFrame({"step": range(21), "reward": [0.5] * 21})
+    alerts = pl.DataFrame(
+        {
+            "step": [5, 10, 15],
+            "signal": ["reward"] * 3,
+            "severity": ["warning", "critical", "info"],
+            "message": ["a", "b", "c"],
+        }
+    )
+    for _ in range(5):  # group_by's order is not stable across calls unless kept
+        names = [tr.name for tr in P.collapse_timeline(signals, alerts).data if tr.mode == "markers"]
+        assert names == ["warning alert", "critical alert", "info alert"]

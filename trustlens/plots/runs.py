@@ -127,7 +127,7 @@ def _add_alerts(
     """`collapse_timeline`'s alert markers: per severity and panel (`row_of`: signal -> row), one
     trace of the alerts at their signal's value, hover text the alert's message, in `legend`."""
     values = {p: dict(zip(signals["step"].to_list(), signals[p].to_list(), strict=True)) for p in row_of}
-    for sev, part in alerts.group_by("severity"):
+    for sev, part in alerts.group_by("severity", maintain_order=True):
         pts = [(row_of.get(a["signal"]), a) for a in part.iter_rows(named=True)]
         for row in sorted({r for r, _ in pts if r is not None}):
             mine = [a for r, a in pts if r == row]
