@@ -46,7 +46,8 @@ def test_planted_defect_is_named_first(planted, defect):
 
 def test_clean_run_is_ok_everywhere(planted):
     assert [(f.check, f.verdict) for f in planted["clean"] if f.verdict != "ok"] == []
-    assert {f.check for f in planted["clean"]} == set(bench.DEFECTS.values())
+    # every check but `routing` (a dense run here; its cases: tests/analysis/test_doctor_routing.py)
+    assert {f.check for f in planted["clean"]} == {*bench.DEFECTS.values(), "routing"}
 
 
 def _pairs_run(tmp_path, mu, old, *, pos=None, sample=None, entropy=None, token_id=None, manifest=None):

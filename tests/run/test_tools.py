@@ -45,7 +45,13 @@ def run(tmp_path_factory):
 
 
 # rows per rank of each table
-EXPECTED = {"tokens": [2 * B * T, 2 * B * T], "samples": [2 * B, 2 * (B + 1)], "metrics": [2, 2], "aggregates": [2, 2], "routing": [4, 4]}
+EXPECTED = {
+    "tokens": [2 * B * T, 2 * B * T],
+    "samples": [2 * B, 2 * (B + 1)],
+    "metrics": [2, 2],
+    "aggregates": [2, 2],
+    "routing": [4, 4],
+}
 
 
 def _check(frame: pd.DataFrame, table: str) -> None:

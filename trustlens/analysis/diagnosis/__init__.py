@@ -10,6 +10,7 @@ Each check (docs/doctor.md) reads the run's token rows lazily and returns a `Fin
     engine_drift  the mismatch grows while the policy does not change (1h)
     where         where the mismatch sits: first tokens, position, entropy, μ decade (1f)
     level         the mismatch against the published ranges for dense and MoE models (1g)
+    routing       how much of a mixture-of-experts run's mismatch its routing flips carry (issue 49)
 
 `doctor` lists them most severe first (`finding.ordered`); `trustlens doctor RUN` prints them.
 """
@@ -25,6 +26,7 @@ from trustlens.analysis.diagnosis.alignment import sentinel_check, shift_check, 
 from trustlens.analysis.diagnosis.finding import CHECKS, VERDICTS, Finding, note_consequences, ordered
 from trustlens.analysis.diagnosis.inputs import Inputs, Sampling, inputs_of, read_sampling
 from trustlens.analysis.diagnosis.level import engine_drift_check, level_check, per_step_mismatch, where_check
+from trustlens.analysis.diagnosis.routing import routing_check
 from trustlens.analysis.diagnosis.sampling import temperature_check, truncation_check
 from trustlens.analysis.inputs import lazy_rows
 from trustlens.core.values import check_names
@@ -53,6 +55,7 @@ def doctor(run: Any, checks: Sequence[str] | None = None) -> list[Finding]:
         "engine_drift": lambda: engine_drift_check(inp, per_step()),
         "where": lambda: where_check(inp),
         "level": lambda: level_check(inp, per_step()),
+        "routing": lambda: routing_check(inp),
     }
     return note_consequences(ordered([run_check[c]() for c in CHECKS if c in wanted]))
 

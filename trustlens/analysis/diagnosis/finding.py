@@ -11,7 +11,7 @@ VERDICTS = ("ok", "warning", "problem")  # in increasing severity
 # (a near-certain neighbour's log μ = 0 reads as a sentinel, and μ > π_old as truncation), a
 # wrong token id gives π_old ≈ 0 — then those that describe the mismatch, which a cause raises too
 CAUSES = ("shift", "token_ids", "sentinel", "temperature", "truncation")
-SYMPTOMS = ("engine_drift", "where", "level")
+SYMPTOMS = ("engine_drift", "where", "level", "routing")
 CHECKS = CAUSES + SYMPTOMS
 
 
