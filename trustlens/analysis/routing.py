@@ -1,5 +1,5 @@
-"""Mismatch by routing (issue 49.4; public in trustlens.routing): how much of a mixture-of-experts run's
-engine and the trainer routed differently (issue 49.4).
+"""Mismatch by routing (issue 49.4; public in trustlens.routing): how much of a mixture-of-experts
+run's training–inference mismatch sits on the tokens the engine and the trainer routed differently.
 
 The rows read are the token rows with routing (`route_flips` not null), log μ and the trainer's
 log-probability π_old (log π at update 0 where π_old was not recorded: trustlens.analysis.mismatch
