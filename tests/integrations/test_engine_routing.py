@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
+from test_engines import Logprob
 
 from trustlens import TokenRecorder, load_run
 from trustlens.integrations.engines import from_sglang, from_vllm
@@ -37,13 +38,6 @@ def positions(first: int, end: int) -> np.ndarray:
 
 def expected(n: int) -> list:
     return [[[-1, -1], [(P - 1 + t) * 10, (P - 1 + t) * 10 + 1]] for t in range(n)]
-
-
-@dataclass
-class Logprob:  # vllm.logprobs.Logprob
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
 
 
 @dataclass
