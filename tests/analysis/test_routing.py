@@ -10,9 +10,10 @@ import math
 import pytest
 import torch
 
-from trustlens import TokenRecorder, load_run
+from trustlens import TokenRecorder, load_run, plots
 from trustlens.routing import (
     flipped_layers,
+    flipped_tokens,
     flips_per_layer,
     mismatch_by_first_flip,
     mismatch_by_flips,
@@ -112,16 +113,7 @@ def test_weighted_rows_of_a_sampled_run(tmp_path):
 
 
 def test_dense_run(tmp_path):
-    with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
-        rec.record(
-            0,
-            token_ids=torch.tensor([[1, 2]]),
-            response_mask=torch.ones(1, 2),
-            pi_logp=torch.tensor([[-1.0, -2.0]]),
-            mu_logp=torch.tensor([[-1.5, -1.0]]),
-            advantages=torch.ones(1),
-        )
-    run = load_run(tmp_path / "run")
+    run = _dense(tmp_path)
     assert routing_share(run) is None
     assert mismatch_by_flips(run).is_empty() and flips_per_layer(run).is_empty()
     assert flipped_layers(run) == []
@@ -130,3 +122,30 @@ def test_dense_run(tmp_path):
 def test_flips_per_layer_needs_a_run(run):
     with pytest.raises(TypeError, match="flips_per_layer: run must be a Run"):
         flips_per_layer(run.tokens)
+
+
+def test_flipped_tokens_of_a_response(run):
+    got = flipped_tokens(run.tokens.filter(step=0, update=0).sort("pos").collect())
+    assert got["pos"].to_list() == [0, 1]
+    assert got["route_flips"].to_list() == [1, 2]
+    assert got["experts"].to_list() == ["2: μ [2, 3] → π [2, 4]", "1: μ [0, 1] → π [2, 3]; 2: μ [4, 5] → π [5, 6]"]
+
+
+def test_flips_heatmap(run, tmp_path):
+    fig = plots.routing_flips_heatmap(flips_per_layer(run))
+    (heat,) = fig.data
+    assert list(heat.y) == [1, 2] and [list(z) for z in heat.z] == [[0.25], [0.5]]
+    assert "no routing recorded" in str(plots.routing_flips_heatmap(flips_per_layer(_dense(tmp_path))).layout)
+
+
+def _dense(tmp_path):
+    with TokenRecorder(tmp_path / "dense", rules=["ppo"]) as rec:
+        rec.record(
+            0,
+            token_ids=torch.tensor([[1]]),
+            response_mask=torch.ones(1, 1),
+            pi_logp=torch.tensor([[-1.0]]),
+            mu_logp=torch.tensor([[-1.5]]),
+            advantages=torch.ones(1),
+        )
+    return load_run(tmp_path / "dense")

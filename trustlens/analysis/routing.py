@@ -180,3 +180,24 @@ def flipped_layers(run: Run, top: int = 3) -> list[dict[str, Any]]:
         .head(top)
     )
     return layers.to_dicts()
+
+
+def flipped_tokens(tokens: pl.DataFrame) -> pl.DataFrame:
+    """The tokens of `tokens` (rows of one response, with the route columns) that flipped
+    somewhere: pos, token (untrusted text), route_flips, route_overlap and `experts`, per flipped
+    layer "layer: μ [ids] → π [ids]"; no rows without routing or flips."""
+    if "route_layers" not in tokens.columns:
+        return pl.DataFrame()
+    rows = tokens.filter(pl.col("route_flips") > 0)
+    text = []
+    for layers, mu, pi in rows.select("route_layers", "route_mu_experts", "route_pi_experts").iter_rows():
+        k = len(mu) // len(layers)
+        text.append(
+            "; ".join(
+                f"{layer}: μ {mu[i * k : (i + 1) * k]} → π {pi[i * k : (i + 1) * k]}" for i, layer in enumerate(layers)
+            )
+        )
+    token = pl.col("token").cast(pl.String) if "token" in rows.columns else pl.lit(None, pl.String)
+    return rows.select("pos", token.alias("token"), "route_flips", "route_overlap").with_columns(
+        pl.Series("experts", text, pl.String)
+    )
