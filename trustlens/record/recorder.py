@@ -23,7 +23,7 @@ import torch
 
 from trustlens.core.checks import check_mask
 from trustlens.record.args import check_tokenizer_answer, int_arg
-from trustlens.record.call_inputs import checked_inputs, snapshot_call
+from trustlens.record.call_inputs import CallSnapshot, checked_inputs, snapshot_call
 from trustlens.record.calls import RecorderCalls
 from trustlens.record.columns import RecordedColumns
 from trustlens.record.options import live_taps, open_writer, recorder_options
@@ -236,6 +236,11 @@ class TokenRecorder(RecorderCalls):
         records the step's samples in the order they were logged: a loop that shuffles or
         subsamples minibatches between updates must pass `sample_ids`.
 
+        A mixture-of-experts model's routing: `mu_routed_experts` and `pi_routed_experts` (both
+        or neither; ids below `num_experts`) give each row route_flips, route_first_flip,
+        route_overlap and its flipped layers' expert sets, and the run's routing table exact
+        per-layer counts (trustlens.run.routes; docs/run-format.md).
+
         Precomputed values (computed once by the trainer, e.g. for its loss) skip the recorder's
         own computation: `topk_tv`/`topk_kl` (both or neither) replace the top-K divergence
         from `logits`; `blocked[rule]` replaces the evaluation of that rule (rules not in it are
@@ -294,17 +299,8 @@ class TokenRecorder(RecorderCalls):
             buffers=self._buffers,
             staged=staged,
         )
-        rows, flags, explain = call.rows, call.flags, call.explain
         evaluable, recorded = self._columns.evaluable(call.columns, tuple(decided))
-        if staged:  # checked here in one host synchronisation, copied to the host without waiting
-            on_host, n_rows = stage_rows(rows, flags, explain, self._host)
-            job = functools.partial(derive_staged, step, update, on_host, self.rules, evaluable, *self._keep_args)
-        else:  # checked, taken and derived by the writer thread (same device, off the training step's path)
-            if flags and bool(torch.stack([f.any() for f in flags]).any()):
-                for check in explain:
-                    check()
-            n_rows = int(mask.count_nonzero())
-            job = functools.partial(derive_rows, step, update, rows, self.rules, evaluable, *self._keep_args)
+        job, n_rows = self._job(step, update, call, evaluable, staged)
         manifest_update = self._columns.note_anchor("mu" if mu_logp is not None else "old", recorded)
         if manifest_update is not None:
             self._writer.put_manifest(manifest_update)
@@ -313,6 +309,22 @@ class TokenRecorder(RecorderCalls):
         self._ids.note(id_key, samples, shape[0], live)
         self._writer.raise_rejected()  # an earlier call's bad input, found by the writer thread
         return n_rows
+
+    def _job(self, step: int, update: int, call: CallSnapshot, evaluable: list, staged: bool) -> tuple[Any, int]:
+        """(the writer thread's job that makes the call's TokenBatch, the call's row count). An
+        accelerator's call is checked here in one host synchronisation and copied to the host
+        without waiting (`stage_rows`); a CPU call's flags are read at once, and its values
+        checked, taken and derived by the writer thread (off the training step's path)."""
+        rows, flags, explain = call.rows, call.flags, call.explain
+        if staged:
+            on_host, n_rows = stage_rows(rows, flags, explain, self._host)
+            job = functools.partial(derive_staged, step, update, on_host, self.rules, evaluable, *self._keep_args)
+            return job, n_rows
+        if flags and bool(torch.stack([f.any() for f in flags]).any()):
+            for check in explain:
+                check()
+        job = functools.partial(derive_rows, step, update, rows, self.rules, evaluable, *self._keep_args)
+        return job, int(rows.mask.count_nonzero())
 
     def __enter__(self) -> TokenRecorder:
         return self
