@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from trustlens.plots.common import empty, safe_text
-from trustlens.plots.numbers import plain_figure
+from trustlens.plots.numbers import RATE_FORMAT, plain_figure
 
 
 @plain_figure
@@ -26,8 +26,8 @@ def routing_flips_heatmap(per_layer: pl.DataFrame, *, title: str = "Routing flip
             z=[wide[c].to_list() for c in layers],
             zmin=0.0,
             colorscale="Reds",
-            colorbar={"title": {"text": "flipped"}, "tickformat": ".0%"},
-            hovertemplate="step %{x} · layer %{y}: %{z:.1%} of the tokens flipped<extra></extra>",
+            colorbar={"title": {"text": "flipped share"}, "tickformat": RATE_FORMAT},
+            hovertemplate=f"step %{{x}} · layer %{{y}}: %{{z:{RATE_FORMAT}}} of the tokens flipped<extra></extra>",
         )
     )
     return fig.update_layout(
