@@ -35,6 +35,7 @@ from trustlens.analysis import (
 from trustlens.analysis import tokens as tq
 from trustlens.analysis.agreement import default_rule_pair
 from trustlens.analysis.seeds import accuracy_per_step
+from trustlens.routing import flips_per_layer, mismatch_by_flips, routing_share
 
 _LOG = logging.getLogger(__name__)
 _warmed: set[tuple] = set()  # (path, signature, query) already warmed in this process
@@ -116,6 +117,20 @@ def mismatch(ctx: Context) -> tuple[str | None, pl.DataFrame | None, pl.DataFram
 def mismatch_staleness(ctx: Context) -> pl.DataFrame:
     """The mismatch per staleness of the filtered tokens (empty without the staleness column)."""
     return on_tokens(mismatch_by_staleness, ctx)
+
+
+@st.cache_data(ttl=RUN_TTL, max_entries=32, show_spinner=False)
+def _routing(path: str, signature: tuple):
+    run = run_at(path, signature)
+    if not run.files.get("routing"):  # a dense run: no routing table, no scan of its token rows
+        return pl.DataFrame(), pl.DataFrame(), None
+    return flips_per_layer(run), mismatch_by_flips(run), routing_share(run)
+
+
+def routing(ctx: Context):
+    """(flips per layer and step, mismatch by number of flipped layers, the RoutingShare) of a
+    mixture-of-experts run, over the whole run; empty frames and None on a dense run."""
+    return _routing(*ctx.key)
 
 
 def _warm(ctx: Context) -> None:

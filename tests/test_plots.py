@@ -360,6 +360,10 @@ def _every_figure(run) -> dict[str, go.Figure]:
         "collapse_timeline": P.collapse_timeline(signals, alerts),
         "overlay_runs": P.overlay_runs({"a": signals, "b": signals}, ["entropy", "blocked_ppo", "k3_kl"]),
         "accuracy_curve": P.accuracy_curve([(0, 0.5), (10, 0.4), (20, 0.2)]),
+        # the run is dense: flips per layer as trustlens.routing.flips_per_layer gives them for an MoE run
+        "routing_flips_heatmap": P.routing_flips_heatmap(
+            pl.DataFrame({"step": [0, 0, 1, 1], "layer": [1, 2, 1, 2], "flip_rate": [0.1, 0.2, 0.3, 0.0]})
+        ),
     }
 
 
@@ -428,6 +432,7 @@ def test_block_rates_are_percentages(run):
         "confusion_lines": ["yaxis"],
         "collapse_timeline": [f"yaxis{len(_every_figure(run)['collapse_timeline'].layout.annotations)}"],
         "overlay_runs": ["yaxis2"],
+        "routing_flips_heatmap": ["trace 0.colorbar"],
     }
     for name, fig in _every_figure(run).items():
         axes = _axes(fig)

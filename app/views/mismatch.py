@@ -105,6 +105,17 @@ if not by_staleness.is_empty():  # the engine's weight versions were recorded (t
         "level check judges the engine on the 0 row."
     )
     dataframe(by_staleness)
+per_layer, by_flips, share = page_data.routing(ctx)
+if share is not None:  # a mixture-of-experts run: the engine's and the trainer's experts were recorded
+    st.subheader("By routing")
+    st.caption(
+        f"{share.flipped_share:.1%} of the tokens were routed to other experts by the trainer than by the engine "
+        "in at least one layer. The map: per step and MoE layer, the share of tokens whose expert sets differ "
+        "(exact, from every token). The table: k3 and |Δ log p| on the tokens with 0, 1 and 2+ flipped layers "
+        "(update 0, weighted by the sampling weights of a sampled run), and the share of the run's k3 each carries."
+    )
+    chart(plots.routing_flips_heatmap(per_layer), "mm_routing")
+    dataframe(by_flips, percent=["token_share", "k3_share", "dlogp_share"])
 with st.expander("Per-step mismatch table"):
     st.caption(sources(ctx, per_step))
     dataframe(per_step)

@@ -37,7 +37,8 @@ tokens = int(summary["tokens"].sum())
 # tokens with A ≠ 0 per step: the denominators of the block rates
 live = summary["tokens"].cast(pl.Float64) * (1 - summary["zero_adv_frac"].fill_null(0.0))
 
-tiles = Tiles(8 if accuracy else 7)
+routed = page_data.routing(ctx)[2]  # a mixture-of-experts run's RoutingShare, None on a dense run
+tiles = Tiles((8 if accuracy else 7) + (routed is not None))
 tiles.add(
     "Steps", f"{summary.height:,}", scope=run_scope, help=f"steps {summary['step'][0]}–{last['step']} in the filters"
 )
@@ -112,6 +113,17 @@ tiles.add(
     help="share of the (filtered) tokens of these steps with advantage 0: no gradient, not in block rates "
     "(a group whose responses all got the same reward has A = 0).",
 )
+if routed is not None:
+    tiles.add(
+        "Flipped tokens",
+        percent(routed.flipped_share),
+        exact=f"{routed.flipped_share:.6%}",
+        scope="run",
+        help="share of the run's tokens the trainer routed to other experts than the engine in at least one MoE "
+        "layer (weighted in a sampled run); they carry "
+        + ("—" if routed.k3_share is None else f"{routed.k3_share:.1%}")
+        + " of the run's k3 (the Mismatch page: by routing; the doctor's routing check).",
+    )
 if accuracy:
     (first_step, first), (last_step, final) = accuracy[0], accuracy[-1]
     # the evaluation after the last trained step is logged at the next step, which has no tokens:

@@ -11,6 +11,7 @@ from token_reasons import block_reasons, sequence_reasons
 
 from trustlens.analysis import tokens as tq
 from trustlens.core.render import colored_tokens_html, legend_html
+from trustlens.routing import flipped_tokens
 from trustlens.run import blocked_column, column_doc
 
 # Quantities a response can be coloured by, when the run holds them.
@@ -25,6 +26,8 @@ COLOUR_BY = (
     "pi_logp",
     "mu_logp",
     "old_logp",
+    "route_flips",
+    "route_overlap",
 )
 
 
@@ -108,10 +111,12 @@ step, sample = st.selectbox(
 )
 
 names = ctx.table.collect_schema().names()
+routed = bool(ctx.run.files.get("routing"))  # a mixture-of-experts run: its route columns hold values
+quantities = [c for c in COLOUR_BY if c in names and (routed or not c.startswith("route_"))]
 c1, c2 = st.columns(2)
 quantity = c1.selectbox(
     "Colour by",
-    [c for c in COLOUR_BY if c in names],
+    quantities,
     key="tl_colour_by",
     help="Blue above the centre (1 for the ratio, 0 otherwise), red below; "
     "saturation relative to this response's largest deviation",
@@ -139,7 +144,7 @@ st.html(
         tokens[quantity].to_list(),
         quantity=quantity,
         blocked={r: tokens[blocked_column(r)].to_list() for r in rules},
-        hover={c: tokens[c].to_list() for c in COLOUR_BY if c in tokens.columns and c != quantity},
+        hover={c: tokens[c].to_list() for c in quantities if c in tokens.columns and c != quantity},
         positions=tokens["pos"].to_list(),
     )
 )
@@ -148,6 +153,15 @@ st.caption(
     "that many rules, named on hover); ␣ is a space; … marks positions with no recorded row (a sampled run "
     "keeps every token that matters and a share of the rest)."
 )
+if routed and tokens["route_flips"].is_not_null().any():
+    flipped = flipped_tokens(tokens)
+    st.markdown(
+        f"**Routing** · {flipped.height} of these tokens were routed to other experts by the trainer (π) than by "
+        "the engine (μ) in at least one layer"
+    )
+    if not flipped.is_empty():
+        st.caption("Per token its flipped layers, with the engine's and the trainer's expert sets there.")
+        dataframe(flipped, height=min(240, 38 + 35 * flipped.height))
 responses = sequence_reasons(tokens, ctx.run.rules)  # the rows of one response in one update
 if not responses.is_empty():
     st.markdown("**The response as a whole** · the sequence rules decide every token of it from one ratio s")

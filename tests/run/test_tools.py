@@ -19,7 +19,8 @@ WRITTEN = [t for t in TABLES if t != "alerts"]
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """Ranks 0 and 1 (both in this process), 2 steps each; rank 1 logs one more sample per step.
-    Recorded with Keep(rate=1): every token kept, and the aggregates table written too."""
+    Recorded with Keep(rate=1): every token kept, and the aggregates table written too; with routed
+    experts: the routing table too."""
     path = tmp_path_factory.mktemp("tools") / "run"
     recorders = [TokenRecorder(path, rules=["ppo"], rank=r, world_size=2, keep=Keep(rate=1.0)) for r in (0, 1)]
     g = torch.Generator().manual_seed(0)
@@ -33,6 +34,8 @@ def run(tmp_path_factory):
                 pi_logp=mu,
                 mu_logp=mu,
                 advantages=torch.ones(B),
+                mu_routed_experts=torch.randint(0, 4, (B, T, 2, 1), generator=g),  # 2 MoE layers, top-1
+                pi_routed_experts=torch.randint(0, 4, (B, T, 2, 1), generator=g),
             )
             rec.log_samples(step, rewards=[1.0] * (B + rank))
             rec.log_metrics(step, {"loss": float(rank)})
@@ -42,7 +45,13 @@ def run(tmp_path_factory):
 
 
 # rows per rank of each table
-EXPECTED = {"tokens": [2 * B * T, 2 * B * T], "samples": [2 * B, 2 * (B + 1)], "metrics": [2, 2], "aggregates": [2, 2]}
+EXPECTED = {
+    "tokens": [2 * B * T, 2 * B * T],
+    "samples": [2 * B, 2 * (B + 1)],
+    "metrics": [2, 2],
+    "aggregates": [2, 2],
+    "routing": [4, 4],
+}
 
 
 def _check(frame: pd.DataFrame, table: str) -> None:
@@ -52,7 +61,7 @@ def _check(frame: pd.DataFrame, table: str) -> None:
         assert ((frame["sample"] % SAMPLE_STEP) // SAMPLE_RANK == frame["rank"]).all()
     elif table == "metrics":
         assert (frame["value"] == frame["rank"]).all()
-    else:  # one aggregate row per record call: B·T tokens each
+    else:  # one aggregate row per record call (a routing row per call and layer): B·T tokens each
         assert (frame["tokens"] == B * T).all()
 
 

@@ -44,6 +44,12 @@ SAMPLE_TOKEN_COLUMNS = (
     "seq_logratio_mu",  # the response's statistics, which the sequence rules decide from
     "seq_logratio_old",
     "seq_tokens",
+    "route_flips",  # a mixture-of-experts run's routing (trustlens.run.routes)
+    "route_first_flip",
+    "route_overlap",
+    "route_layers",
+    "route_mu_experts",
+    "route_pi_experts",
 )
 
 

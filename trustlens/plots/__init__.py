@@ -12,6 +12,7 @@ Modules:
                blocked fraction by μ bucket and per step, and two rules' masks compared
     mismatch   training-inference mismatch (μ vs π_old) per step and per μ bucket
     runs       a run's collapse signals and alerts, its held-out accuracy, and runs overlaid
+    routing    a mixture-of-experts run's routing flips per layer over steps
     numbers    the one number format of figures, tiles, tables and the report: plain decimals or
                1.6e-4 (never SI prefixes), rates in percent, float noise as 0; every figure
                function here returns its figure through plain_numbers
@@ -46,6 +47,7 @@ from trustlens.plots.common import (
 )
 from trustlens.plots.mismatch import MISMATCH_CURVES, mismatch_by_bucket_bar, mismatch_curves
 from trustlens.plots.numbers import RATE_FORMAT, plain_figure, plain_numbers, rate_columns, scale_of, zero_noise
+from trustlens.plots.routing import routing_flips_heatmap
 from trustlens.plots.runs import TIMELINE_SIGNALS, accuracy_curve, collapse_timeline, overlay_runs
 
 __all__ = [
@@ -78,6 +80,7 @@ __all__ = [
     "plain_figure",
     "plain_numbers",
     "rate_columns",
+    "routing_flips_heatmap",
     "safe_text",
     "scale_of",
     "signed",

@@ -14,7 +14,6 @@ trustlens.record.sample_ids (sample and group ids), trustlens.record.logged_rows
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,32 +21,21 @@ from typing import Any, ClassVar
 
 import torch
 
-from trustlens.core.argument_checks import check_bool, check_path
-from trustlens.core.tensor_checks import check_mask, check_same_device, check_tensor
-from trustlens.record.args import (
-    check_arguments,
-    check_tokenizer,
-    check_tokenizer_answer,
-    checked_advantages,
-    config_dict,
-    distributed_rank,
-    int_arg,
-    positive_seconds,
-)
+from trustlens.core.tensor_checks import check_mask
+from trustlens.record.args import check_tokenizer_answer, int_arg
+from trustlens.record.call_inputs import CallSnapshot, checked_inputs, snapshot_call
 from trustlens.record.calls import RecorderCalls
-from trustlens.record.logit_quantities import pending_logit_quantities
+from trustlens.record.options import live_taps, open_writer, recorder_options
 from trustlens.record.recorded_columns import RecordedColumns
 from trustlens.record.sample_ids import SampleIds
 from trustlens.record.staged_rows import derive_staged, stage_rows
-from trustlens.record.token_rows import Buffers, TokenRows, derive_rows, snapshot_token_ids, snapshot_values
-from trustlens.rules import RULES, RuleSpec, resolve_rules
+from trustlens.record.token_rows import Buffers, derive_rows, snapshot_token_ids
+from trustlens.rules import RuleSpec
 from trustlens.run import interrupts
-from trustlens.run.aggregates import Keep, check_kept_rules
-from trustlens.run.background import BackgroundWriter
-from trustlens.run.manifest import new_manifest
+from trustlens.run.aggregates import Keep
 from trustlens.run.parts import check_resumed_rules
 from trustlens.run.storage import Remote
-from trustlens.run.writer import RankWriter, WriterStats
+from trustlens.run.writer import WriterStats
 
 
 class TokenRecorder(RecorderCalls):
@@ -141,80 +129,47 @@ class TokenRecorder(RecorderCalls):
         on_alert: Any | None = None,
         planned_steps: int | None = None,
     ) -> None:
-        check_path("run_dir", run_dir)
-        for name, flag in (("enabled", enabled), ("resume", resume), ("overwrite", overwrite)):
-            check_bool(name, flag)
-        live = alerts is not False or on_alert is not None  # the live alerts are on
-        flush_steps = live if flush_steps is None else check_bool("flush_steps", flush_steps)
-        check_tokenizer(tokenizer)
-        if keep is not None and not isinstance(keep, Keep):
-            raise ValueError(f"keep must be a trustlens.Keep or None, got {keep!r}")
-        self.keep = keep
-        self.rules = resolve_rules(list(RULES) if rules is None else rules)
-        self._columns = RecordedColumns(self.rules, given=rules is not None)
-        names = [r.name for r in self.rules]
-        if active_rule is not None and active_rule not in names:
-            raise ValueError(f"active_rule {active_rule!r} is not among the evaluated rules {names}")
-        check_kept_rules(keep, names)
-        int_arg("rows_per_file", rows_per_file, 1, 2**31)
-        queue_size = int_arg("queue_size", queue_size, 1, 2**31)
-        # the copies of record calls, reused once their rows are taken: as many sets as can be in
-        # flight (the queue's and the one the writer works on), so none is allocated again
-        self._buffers = Buffers(keep=queue_size + 1)
-        self._host = Buffers(keep=queue_size + 1, pin=True)  # host copies of an accelerator's rows
-        flush_seconds = positive_seconds("flush_seconds", flush_seconds)
-        writer_timeout = positive_seconds("writer_timeout", writer_timeout)
-        self.rank, self.world_size = distributed_rank(rank, world_size)
-        self._keep_args = (keep, self.rank, active_rule)  # how the writer thread samples the rows (keep_rows)
-        manifest = new_manifest(
-            rules={r.name: r.manifest_entry() for r in self.rules},
-            active_rule=active_rule,
-            config=config_dict(config),
-            world_size=self.world_size,
-            flush={"rows_per_file": rows_per_file, "flush_seconds": flush_seconds, "flush_steps": flush_steps},
-            sampling=sampling,
-            model_kind=model_kind,
-            planned_steps=None if planned_steps is None else int_arg("planned_steps", planned_steps, 1, 2**31),
-        )
-        tap = None  # made first: a bad mirror or alerts argument fails before the run is opened
-        if mirror is not None:
-            from trustlens.export.mirror import make_mirror
-
-            tap = make_mirror(mirror)
-        self._live = None
-        if live:
-            from trustlens.live.tap import live_tap
-
-            self._live = live_tap(alerts, on_alert, mirror=tap)
-        if resume:
-            check_resumed_rules(run_dir, self.rank, names)
-        rank_writer = RankWriter(
+        opts = recorder_options(
             run_dir,
-            rank=self.rank,
-            world_size=self.world_size,
-            rules=names,
-            manifest=manifest if self.rank == 0 else None,
-            rows_per_file=rows_per_file,
+            rules=rules,
+            active_rule=active_rule,
             tokenizer=tokenizer,
+            config=config,
+            rows_per_file=rows_per_file,
+            flush_seconds=flush_seconds,
+            flush_steps=flush_steps,
+            queue_size=queue_size,
+            rank=rank,
+            world_size=world_size,
+            enabled=enabled,
             resume=resume,
             overwrite=overwrite,
-            flush_steps=flush_steps,
+            writer_timeout=writer_timeout,
+            keep=keep,
+            sampling=sampling,
+            model_kind=model_kind,
+            alerts=alerts,
+            on_alert=on_alert,
+            planned_steps=planned_steps,
         )
-        self.path: Path | Remote = rank_writer.path  # a local Path, or an object-store location
+        self.keep, self.rules = keep, opts.rules
+        self._columns = RecordedColumns(self.rules, given=rules is not None)
+        names = [r.name for r in self.rules]
+        # the copies of record calls, reused once their rows are taken: as many sets as can be in
+        # flight (the queue's and the one the writer works on), so none is allocated again
+        self._buffers = Buffers(keep=opts.queue_size + 1)
+        self._host = Buffers(keep=opts.queue_size + 1, pin=True)  # host copies of an accelerator's rows
+        self.rank, self.world_size = opts.rank, opts.world_size
+        self._keep_args = (keep, self.rank, active_rule)  # how the writer thread samples the rows (keep_rows)
+        taps = live_taps(mirror, alerts, on_alert, opts.live)
+        self._live = taps[1]
+        if resume:
+            check_resumed_rules(run_dir, self.rank, names)
+        self._writer = open_writer(run_dir, opts, tokenizer=tokenizer, resume=resume, overwrite=overwrite, taps=taps)
+        self.path: Path | Remote = self._writer.path  # a local Path, or an object-store location
         # steps a resumed run may still record: after its last recorded one
-        self._first_step = 0 if rank_writer.last_step is None else rank_writer.last_step + 1
-        if self._live is not None:
-            self._live.start(rank_writer, manifest, self.rank)
-        taps = [t for t in (tap, self._live) if t is not None]
-        self._writer = BackgroundWriter(
-            rank_writer, flush_seconds=flush_seconds, queue_size=queue_size, writer_timeout=writer_timeout, taps=taps
-        )
-        kept = rank_writer.manifest or {}  # a resumed run keeps how μ was made; an older run gains it
-        gained = {key: manifest[key] for key in ("sampling", "model_kind") if key not in kept}
-        if gained:
-            self._writer.put_manifest(gained)
-        if keep is not None:  # run.json says the token rows are a sample, and how it was drawn
-            self._writer.put_manifest({"keep": dataclasses.asdict(keep)})
+        last = self._writer.writer.last_step
+        self._first_step = 0 if last is None else last + 1
         self._ids = SampleIds(self.rank)
         self._tokenizer_unchecked = tokenizer is not None  # until a call's first token is decoded
         self._closed = False
@@ -258,6 +213,9 @@ class TokenRecorder(RecorderCalls):
         topk_tv: torch.Tensor | None = None,  # (B, T) top-K TV already computed (then not from logits)
         topk_kl: torch.Tensor | None = None,  # (B, T) top-K KL(μ‖π) already computed, nats
         blocked: Mapping[str, torch.Tensor] | None = None,  # rule -> (B, T) bool decisions already made
+        mu_routed_experts: torch.Tensor | None = None,  # (B, T, L, k) int: the engine's experts, −1 on dense layers
+        pi_routed_experts: torch.Tensor | None = None,  # (B, T, L, k) int: the trainer's, from π's forward
+        num_experts: int | None = None,  # experts per MoE layer: ids must be below it (None: < 2¹⁵)
     ) -> int:
         """Record the valid tokens of one batch; returns the number of rows recorded.
 
@@ -278,6 +236,11 @@ class TokenRecorder(RecorderCalls):
         records the step's samples in the order they were logged: a loop that shuffles or
         subsamples minibatches between updates must pass `sample_ids`.
 
+        A mixture-of-experts model's routing: `mu_routed_experts` and `pi_routed_experts` (both
+        or neither; ids below `num_experts`) give each row route_flips, route_first_flip,
+        route_overlap and its flipped layers' expert sets, and the run's routing table exact
+        per-layer counts (trustlens.run.routes; docs/run-format.md).
+
         Precomputed values (computed once by the trainer, e.g. for its loss) skip the recorder's
         own computation: `topk_tv`/`topk_kl` (both or neither) replace the top-K divergence
         from `logits`; `blocked[rule]` replaces the evaluation of that rule (rules not in it are
@@ -287,34 +250,28 @@ class TokenRecorder(RecorderCalls):
         self._check_open()
         step = self._step("step", step)
         update = int_arg("update", update, 0, 2**15)
-        per_token = {
-            "pi_logp": pi_logp,
-            "mu_logp": mu_logp,
-            "old_logp": old_logp,
-            "entropy": entropy,
-            "topk_tv": topk_tv,
-            "topk_kl": topk_kl,
-            "support_size": support_size,
-            "pi_support_mass": pi_support_mass,
-            "staleness": staleness,
-        }
-        check_same_device(
+        inputs = checked_inputs(
             token_ids=token_ids,
             response_mask=response_mask,
             advantages=advantages,
             logits=logits,
             mu_topk_ids=mu_topk_ids,
             mu_topk_logp=mu_topk_logp,
-            **per_token,
+            temperature=temperature,
+            per_token={
+                "pi_logp": pi_logp,
+                "mu_logp": mu_logp,
+                "old_logp": old_logp,
+                "entropy": entropy,
+                "topk_tv": topk_tv,
+                "topk_kl": topk_kl,
+                "support_size": support_size,
+                "pi_support_mass": pi_support_mass,
+                "staleness": staleness,
+            },
+            routed=(mu_routed_experts, pi_routed_experts, num_experts),
         )
-        shape = check_arguments(token_ids, per_token, mu_topk_ids, mu_topk_logp, temperature)
-        if (topk_tv is None) != (topk_kl is None):
-            raise ValueError("topk_tv and topk_kl must be given together")
-        if mu_topk_ids is not None and logits is None and topk_tv is None:
-            raise ValueError(
-                "mu_topk_ids and mu_topk_logp were given without logits: the top-K TV and KL also need "
-                "π's logits (logits=, (B, T, V)), or pass them precomputed as topk_tv and topk_kl"
-            )
+        shape = inputs.shape
         decided = self._columns.check_blocked(blocked, shape)
         device = pi_logp.device
         given_mask = check_mask("response_mask", response_mask, token_ids)
@@ -329,61 +286,21 @@ class TokenRecorder(RecorderCalls):
         if self._tokenizer_unchecked and bool(mask.any()):  # a bad tokenizer fails here, not in the writer
             self._tokenizer_unchecked = False
             check_tokenizer_answer(self._writer, int(token_ids[mask][0]), self.close)
-        columns = {k: v for k, v in per_token.items() if v is not None}
         # an accelerator's inputs are checked on the device and read back once (`stage_rows`):
         # flags (bool tensors, True: a check failed) and the checks that name the bad value
         staged = device.type != "cpu" or self._staged_on_cpu
-        flags: list[torch.Tensor] = []
-        explain: list = []
-        per_sequence = None  # (B,) advantages per sequence, checked and copied (not per token: no (B, T) copy)
-        if checked_advantages(advantages, shape).dim() == 2:
-            columns["advantages"] = advantages
-        else:
-            per_sequence = advantages.detach().to(device, copy=True)
-            if staged:
-                flags.append(~torch.isfinite(per_sequence).all())
-                explain.append(functools.partial(check_tensor, "advantages", per_sequence))
-            else:
-                check_tensor("advantages", per_sequence)
-        if logits is not None:
-            given_topk = topk_tv is not None
-            pending = pending_logit_quantities(
-                logits,
-                mask,
-                ids,
-                None if given_topk else mu_topk_ids,
-                None if given_topk else mu_topk_logp,
-                mu_logp,
-                temperature,
-                want_entropy=entropy is None,
-            )
-            if pending.bad is not None:
-                flags.append(pending.bad)
-                explain.append(pending.explain)
-            columns.update(pending.columns)
-        evaluable, recorded = self._columns.evaluable(tuple(columns), tuple(decided))
-        rows = TokenRows(
+        call = snapshot_call(
+            inputs,
             mask=mask,
             token_ids=ids,
             samples=samples,
             groups=groups,
-            names=list(columns),
-            values=snapshot_values(columns, mask, self._buffers),
-            sequence_advantages=per_sequence,
-            decided_rules=list(decided),
-            decided=torch.stack([d.to(device) for d in decided.values()]) if decided else None,
+            decided=decided,
             buffers=self._buffers,
-            checked=False,
+            staged=staged,
         )
-        if staged:  # checked here in one host synchronisation, copied to the host without waiting
-            on_host, n_rows = stage_rows(rows, flags, explain, self._host)
-            job = functools.partial(derive_staged, step, update, on_host, self.rules, evaluable, *self._keep_args)
-        else:  # checked, taken and derived by the writer thread (same device, off the training step's path)
-            if flags and bool(torch.stack([f.any() for f in flags]).any()):
-                for check in explain:
-                    check()
-            n_rows = int(mask.count_nonzero())
-            job = functools.partial(derive_rows, step, update, rows, self.rules, evaluable, *self._keep_args)
+        evaluable, recorded = self._columns.evaluable(call.columns, tuple(decided))
+        job, n_rows = self._job(step, update, call, evaluable, staged)
         manifest_update = self._columns.note_anchor("mu" if mu_logp is not None else "old", recorded)
         if manifest_update is not None:
             self._writer.put_manifest(manifest_update)
@@ -392,6 +309,22 @@ class TokenRecorder(RecorderCalls):
         self._ids.note(id_key, samples, shape[0], live)
         self._writer.raise_rejected()  # an earlier call's bad input, found by the writer thread
         return n_rows
+
+    def _job(self, step: int, update: int, call: CallSnapshot, evaluable: list, staged: bool) -> tuple[Any, int]:
+        """(the writer thread's job that makes the call's TokenBatch, the call's row count). An
+        accelerator's call is checked here in one host synchronisation and copied to the host
+        without waiting (`stage_rows`); a CPU call's flags are read at once, and its values
+        checked, taken and derived by the writer thread (off the training step's path)."""
+        rows, flags, explain = call.rows, call.flags, call.explain
+        if staged:
+            on_host, n_rows = stage_rows(rows, flags, explain, self._host)
+            job = functools.partial(derive_staged, step, update, on_host, self.rules, evaluable, *self._keep_args)
+            return job, n_rows
+        if flags and bool(torch.stack([f.any() for f in flags]).any()):
+            for check in explain:
+                check()
+        job = functools.partial(derive_rows, step, update, rows, self.rules, evaluable, *self._keep_args)
+        return job, int(rows.mask.count_nonzero())
 
     def __enter__(self) -> TokenRecorder:
         return self

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from trustlens.record.routing import RouteEntries, RouteSnapshot
 from trustlens.record.token_rows import (
     DIVERGENCE_INPUTS,
     LOGP_INPUTS,
@@ -81,7 +82,10 @@ def stage_rows(
         outside |= ids >= 2**31
     checks = [value_flags(rows.names, rows.values, rows.mask), (rows.mask & outside).reshape(-1)]
     bad = torch.cat([*checks, *(f.reshape(-1) for f in flags)]).any()
-    n_rows, failed = torch.stack([rows.mask.count_nonzero(), bad.long()]).tolist()  # the one host synchronisation
+    counts = [rows.mask.count_nonzero(), bad.long()]
+    if isinstance(rows.routes, RouteSnapshot):  # and the flipped (token, layer) pairs to copy
+        counts.append(rows.routes.flipped.count_nonzero())
+    n_rows, failed, *flipped = torch.stack(counts).tolist()  # the one host synchronisation
     if failed:
         try:
             for check in explain:
@@ -107,6 +111,9 @@ def stage_rows(
         return held[-1]
 
     samples = held_copy(rows.samples)
+    routes = rows.routes
+    if isinstance(routes, RouteSnapshot):  # only the flipped pairs leave the device
+        routes = RouteEntries(*(held_copy(t) for t in routes.entries(flipped[0]).tensors()))
     host_rows = replace(
         rows,
         mask=to_host(rows.mask),
@@ -116,6 +123,7 @@ def stage_rows(
         groups=samples if rows.groups is rows.samples else held_copy(rows.groups),
         decided=held_copy(rows.decided),
         sequence_advantages=held_copy(rows.sequence_advantages),
+        routes=routes,
         buffers=host,
         checked=True,
     )

@@ -41,12 +41,14 @@ from trustlens.core.tensor_checks import (
     check_tensor,
     check_tv,
 )
+from trustlens.record.routing import RouteEntries, RouteSnapshot
 from trustlens.record.sequence_stats import sequence_statistics
 from trustlens.rules import Rule
 from trustlens.rules.columns import decide_columns
 from trustlens.run.aggregates import Keep, keep_rows
 from trustlens.run.errors import RejectedInputError
 from trustlens.run.parts import TokenBatch
+from trustlens.run.routes import ROUTE_SCALARS
 
 LOGP_INPUTS = ("pi_logp", "mu_logp", "old_logp", "pi_logp_raw")
 # the inputs that are ≥ 0: divergences, masses and the engine's per-token counts
@@ -77,6 +79,8 @@ def value_bounds(name: str, finite: float) -> tuple[float, float]:
         return -finite, finite
     if name in MASS_INPUTS:
         return -LOGP_TOLERANCE, 1 + LOGP_TOLERANCE
+    if name in ROUTE_SCALARS:  # derived by the recorder (trustlens.record.routing); −1: none
+        return -1.0, finite
     return -LOGP_TOLERANCE, math.inf if name == "topk_kl" else finite
 
 
@@ -98,6 +102,7 @@ _CHECKS: dict[str, Callable[..., torch.Tensor]] = {
     "support_size": check_nonnegative,
     "pi_support_mass": check_tv,
     "staleness": check_nonnegative,
+    **dict.fromkeys(ROUTE_SCALARS, lambda name, t: t),  # derived by the recorder from checked ids
 }
 
 
@@ -153,6 +158,7 @@ class TokenRows:
     sequence_advantages: torch.Tensor | None  # (B,) per-sequence advantages; None: "advantages" in `values`
     buffers: Buffers | None = None  # where mask, token_ids and values go back once their rows are taken
     checked: bool = True  # False: values and token_ids not checked yet (`check_rows`, in the writer thread)
+    routes: RouteSnapshot | RouteEntries | None = None  # the routing of a call given routed experts
 
 
 def snapshot_values(
@@ -276,8 +282,12 @@ def take_rows(step: int, update: int, rows: TokenRows, rules: list[Rule]) -> Tok
         rows.token_ids.reshape(-1)[index].long(),
     ]
     names = ("mu_logp", "old_logp", "pi_logp", "topk_tv", "topk_kl", "entropy", *_LOGIT_COLUMNS, *ENGINE_INPUTS)
-    floats = {**{k: values.get(k) for k in names}, "advantage": values["advantages"]}
+    floats = {**{k: values.get(k) for k in (*names, *ROUTE_SCALARS)}, "advantage": values["advantages"]}
     batch = _to_cpu(step, update, ints, floats, {r.name: decisions.get(r.name) for r in rules})
+    if rows.routes is not None:  # the expert sets of the rows' flipped layers, and the per-layer counts
+        entries = rows.routes.entries() if isinstance(rows.routes, RouteSnapshot) else rows.routes
+        lists, counts = entries.lists(index)
+        batch = replace(batch, routes=lists, routing=counts)
     if rows.buffers is not None:  # every row is taken (copied) from them now
         rows.buffers.give_back(rows.mask, rows.token_ids, rows.values)
     return batch

@@ -296,6 +296,7 @@ def sampled(batch, kept: np.ndarray, weight: np.ndarray):
         token_id=batch.token_id[kept],
         floats=floats,
         blocked={k: None if v is None else v[kept] for k, v in batch.blocked.items()},
+        routes=None if batch.routes is None else batch.routes.take(kept),
     )
 
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from trustlens.run.routes import ROUTE_SCALARS, RouteLists, route_scalar_array
 from trustlens.run.schema import META_WORLD_SIZE, RANK_DIR_PREFIX, TABLES, blocked_column, part_index, part_name
 from trustlens.run.storage import Remote, write_local_atomic
 
@@ -90,6 +91,8 @@ class TokenBatch:
     floats: dict[str, np.ndarray | None]  # float column -> (N,) float32; None = null column
     blocked: dict[str, np.ndarray | None]  # rule -> (N,) bool; None = rule not evaluable
     aggregates: dict[str, Any] | None = None  # a sampled recording: the aggregates of all the call's rows
+    routes: RouteLists | None = None  # a call with routed experts: the expert sets at each row's flipped layers
+    routing: np.ndarray | None = None  # (3, L) int64 per layer: MoE tokens, flipped, shared experts (all rows)
 
     def __len__(self) -> int:
         return len(self.pos)
@@ -109,12 +112,20 @@ def token_record_batch(batch: TokenBatch, schema: pa.Schema) -> pa.RecordBatch:
         **batch.floats,
         **{blocked_column(rule): v for rule, v in batch.blocked.items()},
     }
+    lists = batch.routes.arrays() if batch.routes is not None else {}
     arrays, fields = [], []
     for field in schema:
         if field.name == "token":
             continue
         value = given.get(field.name)
-        arrays.append(pa.nulls(n, field.type) if value is None else pa.array(value, field.type))
+        if field.name in lists:
+            arrays.append(lists[field.name])
+        elif value is None:
+            arrays.append(pa.nulls(n, field.type))
+        elif field.name in ROUTE_SCALARS:
+            arrays.append(route_scalar_array(value, field.type))
+        else:
+            arrays.append(pa.array(value, field.type))
         fields.append(field)
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 

@@ -164,6 +164,12 @@ class Run:
         return self._scan("alerts")
 
     @property
+    def routing(self) -> pl.LazyFrame:
+        """Exact per-(step, update, rank, layer) routing counts of a mixture-of-experts run
+        (trustlens.run.routes; docs/run-format.md): empty for a dense run."""
+        return self._scan("routing")
+
+    @property
     def sampled(self) -> bool:
         """Whether the token rows are a sample (recorded with `Keep`; weights in `weight`)."""
         return bool(self.parts.get("aggregates"))

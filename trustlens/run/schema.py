@@ -5,6 +5,7 @@ One table per kind of row, each written as part files per rank:
     samples  one row per (step, sample)
     metrics  long format: one row per (step, name)
     alerts   one row per alert raised live, or changed, while the run was written (trustlens.live)
+    routing  one row per (step, update, MoE layer) of a mixture-of-experts run (trustlens.run.routes)
 The column docs are used for validation, for the docs and for the dashboard's tooltips.
 
 Schema 2 stores the rank only in the folder name (`<table>/rank=R/`, Hive partitioning), so that
@@ -89,6 +90,12 @@ TOKEN_COLUMNS: tuple[Column, ...] = (
     Column("seq_logratio_mu", pa.float64(), True, "Σ log(π/μ) over the token's response, nats (π/π_old without μ)"),
     Column("seq_logratio_old", pa.float64(), True, "Σ log(π/π_old) over the token's response, nats"),
     Column("seq_tokens", pa.int32(), True, "token count of the token's response (in its record call)"),
+    Column("route_flips", pa.int16(), True, "MoE layers whose expert sets differ between μ and π; null: no routing"),
+    Column("route_first_flip", pa.int16(), True, "the first MoE layer whose expert sets differ; null: none"),
+    Column("route_overlap", _F, True, "mean over MoE layers of |S_μ ∩ S_π| / k; null: no routing"),
+    Column("route_layers", pa.list_(pa.int16()), True, "the MoE layers whose expert sets differ, in order"),
+    Column("route_mu_experts", pa.list_(pa.int16()), True, "μ's k experts (sorted) at each of route_layers"),
+    Column("route_pi_experts", pa.list_(pa.int16()), True, "π's k experts (sorted) at each of route_layers"),
 )
 
 SAMPLE_COLUMNS: tuple[Column, ...] = (
@@ -140,6 +147,15 @@ ALERT_COLUMNS: tuple[Column, ...] = (
     ),
 )
 
+ROUTING_COLUMNS: tuple[Column, ...] = (
+    Column("step", pa.int32(), False, "training step"),
+    Column("update", pa.int16(), False, "minibatch update within the step"),
+    Column("layer", pa.int16(), False, "MoE layer, 0-based (dense layers have no row)"),
+    Column("tokens", pa.int64(), False, "tokens of the record call routed at this layer (all of them, kept or not)"),
+    Column("flips", pa.int64(), False, "of them, those whose expert sets differ between μ and π"),
+    Column("overlap", pa.float64(), False, "Σ over them of |S_μ ∩ S_π| / k (mean: overlap / tokens)"),
+)
+
 AGGREGATE_KEYS: tuple[Column, ...] = (
     Column("step", pa.int32(), False, "training step"),
     Column("update", pa.int16(), False, "minibatch update within the step"),
@@ -151,9 +167,10 @@ TABLES: dict[str, tuple[Column, ...]] = {
     "metrics": METRIC_COLUMNS,
     "aggregates": AGGREGATE_KEYS,  # plus aggregate_columns(rules): trustlens.run.aggregates
     "alerts": ALERT_COLUMNS,
+    "routing": ROUTING_COLUMNS,
 }
 # the tables whose rank column goes after `update` (the others: after `step`)
-UPDATE_TABLES = ("tokens", "aggregates")
+UPDATE_TABLES = ("tokens", "aggregates", "routing")
 
 
 def blocked_column(rule: str) -> str:

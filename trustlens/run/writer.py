@@ -40,6 +40,7 @@ from trustlens.run.parts import (
     token_record_batch,
     written_world_size,
 )
+from trustlens.run.routes import routing_batch
 from trustlens.run.schema import META_WORLD_SIZE, TABLES, part_index, table_schema
 from trustlens.run.storage import Remote, is_url, local_path
 
@@ -240,12 +241,17 @@ class RankWriter:
             self.write_manifest()
 
     def token_batches(self, batch: TokenBatch) -> list[tuple[str, pa.RecordBatch]]:
-        """The (table, rows) a `record` call's TokenBatch becomes: its token rows and, for a
-        sampled recording, its row of the aggregates table. Append each with `append`."""
+        """The (table, rows) a `record` call's TokenBatch becomes: its token rows, for a sampled
+        recording its row of the aggregates table, and with routed experts its rows of the
+        routing table (sampled or not). Append each with `append`."""
         out = []
         if batch.aggregates is not None:
             schema = self._parts["aggregates"].schema
             out.append(("aggregates", aggregates_batch(batch.aggregates, batch.step, batch.update, schema)))
+        if batch.routing is not None and batch.routes is not None:
+            k = batch.routes.mu.shape[1]
+            schema = self._parts["routing"].schema
+            out.append(("routing", routing_batch(batch.routing, k, batch.step, batch.update, schema)))
         out.append(("tokens", token_record_batch(batch, self._parts["tokens"].schema)))
         return out
 

@@ -10,6 +10,7 @@ findings most severe first (`finding.ordered`); `trustlens doctor RUN` prints th
     support    a truncated sampling support (top-p, top-k, min-p)
     level      the mismatch itself (where it sits, its level, its growth without training)
     exact      log μ = log π_old bit for bit, or nearly (`trustlens certify`)
+    routing    how much of a mixture-of-experts run's mismatch its routing flips carry
 
 A new check is one decorated function in one of them (or in a new module imported below).
 """
@@ -20,7 +21,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from trustlens.analysis.diagnosis import alignment, exact, level, sampling, support  # noqa: F401  (they register their checks)
+from trustlens.analysis.diagnosis import alignment, exact, level, routing, sampling, support  # noqa: F401  (they register their checks)
 from trustlens.analysis.diagnosis.finding import VERDICTS, Finding, note_consequences, ordered
 from trustlens.analysis.diagnosis.inputs import Inputs, Sampling, inputs_of, read_sampling
 from trustlens.analysis.diagnosis.registry import Check, check, names, registered

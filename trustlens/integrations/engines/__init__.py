@@ -25,12 +25,17 @@
   flat arrays of `return_flat_raw_output_top_logprobs` (plain or base64). `processed=True` reads
   log μ from `output_token_sampling_logprobs` (`return_sampling_mask`). Also read where present:
   `output_token_sampling_mask`, `weight_versions` / `weight_version`.
+- Routed experts of a mixture-of-experts model (both engines' `--enable-return-routed-experts`):
+  vLLM's `CompletionOutput.routed_experts`, SGLang's `meta_info["routed_experts"]` (base64 with
+  `routed_experts_shape=(layers, top_k)`, and the request's `routed_experts_start_len`), as
+  `mu_routed_experts` (B, T, L, k): the experts of the position that predicted each output token
+  (`routing`).
 
 Both return `EngineTokens` (this package's `tokens`: shapes and pad values; the sampling masks'
 support sizes and the weight versions are in it; `fields`: how they are read). The log-probs are
 the engine's, of the kind its settings made them (raw, tempered or processed: `sampling`);
 `vllm_sampling` and `sglang_sampling` give TokenRecorder's `sampling` from the engines' settings.
-The code: `vllm` (`from_vllm`), `sglang` (`from_sglang`), `tokens`, `fields` and `sampling`.
+The code: `vllm` (`from_vllm`), `sglang` (`from_sglang`), `tokens`, `fields`, `routing` and `sampling`.
 """
 
 from __future__ import annotations

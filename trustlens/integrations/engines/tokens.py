@@ -15,6 +15,9 @@ into it).
     support_ids     (B, T, S) int64 those ids, S the largest support; −1 after them
     weight_version  (B, T) int64    where the engine returned weight versions: the version of the
                                     weights that sampled the token; −1 where not known and on padding
+    mu_routed_experts (B, T, L, k) int64  a mixture-of-experts model's routed experts where the engine
+                                    returned them (trustlens.integrations.engines.routing); −1 on
+                                    dense layers and padding
 
 What `TokenRecorder.record` takes of the last three: `support_size`, `pi_support_mass(logits, τ)`
 (Σ π over each support) and `staleness(version)`; `record_args(logits=…, temperature=…,
@@ -49,18 +52,22 @@ class EngineTokens:
     support_size: torch.Tensor | None = None  # (B, T) int64
     support_ids: torch.Tensor | None = None  # (B, T, S) int64
     weight_version: torch.Tensor | None = None  # (B, T) int64
+    mu_routed_experts: torch.Tensor | None = None  # (B, T, L, k) int64, −1 on dense layers and padding
 
     def record_args(
         self, *, logits: torch.Tensor | None = None, temperature: float = 1.0, trainer_version: int | None = None
     ) -> dict[str, torch.Tensor]:
         """The keyword arguments of `TokenRecorder.record` these tensors fill: the ids, mask,
-        log μ and μ's top-K; with a sampling mask `support_size` (and with π's `logits`, (B, T, V)
+        log μ and μ's top-K; with routed experts `mu_routed_experts` (pass the trainer's
+        `pi_routed_experts` to `record` too); with a sampling mask `support_size` (and with π's `logits`, (B, T, V)
         before the temperature, `pi_support_mass`); with weight versions and `trainer_version`
         (the version of the weights π is computed with) `staleness`. Pass `logits` and
         `temperature` to `record` as well: the recorder takes them for its own columns."""
         args = {"token_ids": self.token_ids, "response_mask": self.response_mask, "mu_logp": self.mu_logp}
         if self.mu_topk_ids is not None and self.mu_topk_logp is not None:
             args.update(mu_topk_ids=self.mu_topk_ids, mu_topk_logp=self.mu_topk_logp)
+        if self.mu_routed_experts is not None:  # record needs pi_routed_experts beside it
+            args["mu_routed_experts"] = self.mu_routed_experts
         if self.support_size is not None:
             args["support_size"] = self.support_size.float()
             if logits is not None:

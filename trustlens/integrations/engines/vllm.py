@@ -10,6 +10,7 @@ from typing import Any
 
 from trustlens.core.argument_checks import check_optional_int
 from trustlens.integrations.engines.fields import supports, weight_versions
+from trustlens.integrations.engines.routing import routed_tensor, vllm_routed
 from trustlens.integrations.engines.sampling import check_vllm_logprobs_mode
 from trustlens.integrations.engines.tokens import EngineTokens, Response, log_prob, padded, token_id
 
@@ -41,6 +42,7 @@ def from_vllm(
             "chosen ids, not μ's top-K; ask SamplingParams(logprobs=K) for the top-K, or pass topk=None"
         )
     responses: list[Response] = []
+    routed = []  # per response its [n, L, k] routed experts, or None
     for b, (completion, request) in enumerate(_vllm_completions(outputs)):
         ids = [token_id(f"outputs[{b}].token_ids", i) for i in completion.token_ids]
         positions = completion.logprobs
@@ -69,7 +71,10 @@ def from_vllm(
         sizes = supports(f"response {b}", getattr(completion, "sampling_mask", None), ids)
         versions = weight_versions(f"response {b}", _vllm_versions(completion, request), len(ids))
         responses.append((ids, logps, candidates, sizes, versions))
-    return padded(responses, topk=topk, pad_id=pad_id, length=length)
+        routed.append(vllm_routed(f"response {b}", completion, request, len(ids)))
+    tokens = padded(responses, topk=topk, pad_id=pad_id, length=length)
+    tokens.mu_routed_experts = routed_tensor(routed, tokens.token_ids.shape[1])
+    return tokens
 
 
 def _vllm_versions(completion: Any, request: Any) -> Any:

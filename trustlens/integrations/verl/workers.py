@@ -25,6 +25,7 @@ from trustlens.integrations._ray_hooks import (
     padded_sequences,
     run_dir_from_env,
 )
+from trustlens.integrations.verl.routing import routing_args
 from trustlens.integrations.verl.rules import verl_active_rule, verl_cov_fields
 from trustlens.integrations.verl.state import STATE
 
@@ -213,6 +214,7 @@ def patch_dp_actor() -> None:
                 mu_logp=_float(rollout),
                 advantages=micro_batch["advantages"].float(),
                 entropy=_float(entropy),
+                **routing_args(micro_batch, self.config, micro_batch["responses"].shape[1]),
             )
         return outputs
 
