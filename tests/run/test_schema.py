@@ -53,7 +53,10 @@ def test_token_schema_is_the_contract():
     assert schema.names[7:24] == floats and all(schema.field(n).type == pa.float32() for n in floats)
     assert schema.names[24:27] == ["seq_logratio_mu", "seq_logratio_old", "seq_tokens"]  # per response
     assert schema.field("seq_logratio_mu").type == pa.float64() and schema.field("seq_tokens").type == pa.int32()
-    assert schema.names[27:] == ["blocked_ppo", "blocked_dppo_binary_tv"]
+    assert (
+        schema.names[27] == "seq_weight" and schema.field("seq_weight").type == pa.float32()
+    )  # as the trainer made it
+    assert schema.names[28:] == ["blocked_ppo", "blocked_dppo_binary_tv"]
     assert schema.field("blocked_ppo").type == pa.bool_()
     assert not schema.field("pi_logp").nullable and schema.field("mu_logp").nullable
     assert schema.metadata[META_SCHEMA_VERSION] == str(SCHEMA_VERSION).encode()

@@ -89,6 +89,13 @@ TOKEN_COLUMNS: tuple[Column, ...] = (
     Column("seq_logratio_mu", pa.float64(), True, "Σ log(π/μ) over the token's response, nats (π/π_old without μ)"),
     Column("seq_logratio_old", pa.float64(), True, "Σ log(π/π_old) over the token's response, nats"),
     Column("seq_tokens", pa.int32(), True, "token count of the token's response (in its record call)"),
+    Column(
+        "seq_weight",
+        _F,
+        True,
+        "the sequence-level importance weight the trainer applied to the token's response, as it computed it; "
+        "null when not given",
+    ),
 )
 
 SAMPLE_COLUMNS: tuple[Column, ...] = (

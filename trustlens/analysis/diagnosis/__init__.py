@@ -7,7 +7,9 @@ findings most severe first (`finding.ordered`); `trustlens doctor RUN` prints th
 
     alignment  log μ and log π_old describe the same token at the same place (shift, sentinel, ids)
     sampling   μ's sampling temperature
-    support    a truncated sampling support (top-p, top-k, min-p)
+    support    a truncated sampling support (top-p, top-k, min-p) and its bias of the ratio
+    sequence_weight  a recorded sequence weight made with the sum of the log-ratios
+    engine_weights   the engine serving other weights than the trainer's (frozen policy, resume)
     level      the mismatch itself (where it sits, its level, its growth without training)
 
 A new check is one decorated function in one of them (or in a new module imported below).
@@ -19,7 +21,14 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from trustlens.analysis.diagnosis import alignment, level, sampling, support  # noqa: F401  (they register their checks)
+from trustlens.analysis.diagnosis import (  # noqa: F401  (they register their checks)
+    alignment,
+    engine_weights,
+    level,
+    sampling,
+    sequence_weight,
+    support,
+)
 from trustlens.analysis.diagnosis.finding import VERDICTS, Finding, note_consequences, ordered
 from trustlens.analysis.diagnosis.inputs import Inputs, Sampling, inputs_of, read_sampling
 from trustlens.analysis.diagnosis.registry import Check, check, names, registered
