@@ -2,6 +2,7 @@
 something on clean runs (issue 30, point 5; the table of docs/doctor.md).
 
     python benchmarks/doctor_detection.py [--seeds 20] [--trained-seeds 20] [--jobs 2]
+        [--defects frozen_policy,resume] [--no-clean]
 
 Planted runs (synthetic, `--seeds` seeds per defect): responses of `SEQ_LEN` tokens over a
 vocabulary of `VOCAB` ids, each position's logits drawn so that π's entropy ranges from near 0
@@ -95,14 +96,18 @@ DEFECTS = {
     "sequence_sum": "sequence_sum",
     "truncation_bias": "truncation_bias",
 }
-# the defects `trustlens train --engine` plants (issue 30, point 4)
+# the defects `trustlens train --engine` plants (issue 30, point 4; frozen_policy: issue 50)
 TRAINED = {
     "raw_logprobs": "temperature",
     "top_p": "truncation",
     "shifted": "shift",
     "sentinel": "sentinel",
     "token_ids": "token_ids",
+    "frozen_policy": "frozen_policy",
 }
+# a trained defect's own settings: frozen_policy needs the steps a drift shows over (its check
+# reads ≥ 6) and a learning rate too small to move π (the trainer refuses lr 0)
+TRAINED_SETTINGS: dict[str, dict] = {"frozen_policy": {"steps": 8, "lr": 1e-9}}
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -277,16 +282,17 @@ def without_logit_columns(run_path: Path) -> Path:
     return out
 
 
-def planted_table(seeds: int, folder: Path) -> tuple[list[str], list[dict]]:
+def planted_table(seeds: int, folder: Path, clean: bool = True) -> tuple[list[str], list[dict]]:
     """Per defect and form (with the logit columns, without) over `seeds` seeds: problem (its
     check's verdict is problem), first (its check is the first finding) and detected (both), and
-    the defect's measured size; and the clean synthetic runs' findings."""
+    the defect's measured size; and the clean synthetic runs' findings (with `clean`)."""
     import polars as pl
 
     from trustlens import load_run
 
-    lines, clean = [], []
-    for defect, check in {"clean": None, **DEFECTS}.items():
+    lines, clean_runs = [], []
+    planted: dict[str, str | None] = {"clean": None} if clean else {}
+    for defect, check in (planted | DEFECTS).items():
         for form in FORMS:
             problem = first = detected = 0
             sizes = []
@@ -294,7 +300,7 @@ def planted_table(seeds: int, folder: Path) -> tuple[list[str], list[dict]]:
                 path = write_planted(folder / f"{defect}-{form}-{seed}", defect, seed, form == "logits")
                 found = verdicts(path)
                 if check is None:
-                    clean.append({"run": f"synthetic clean seed {seed} ({form})", "findings": found})
+                    clean_runs.append({"run": f"synthetic clean seed {seed} ({form})", "findings": found})
                     continue
                 mine = dict(found)[check]
                 problem += mine == "problem"
@@ -317,7 +323,7 @@ def planted_table(seeds: int, folder: Path) -> tuple[list[str], list[dict]]:
                 )
                 row = f"| {problem}/{seeds} | {first}/{seeds} | {detected}/{seeds}{size} |"
                 lines.append(f"| {defect} | {check} | synthetic, {form} {row}")
-    return lines, clean
+    return lines, clean_runs
 
 
 def _train(job: tuple) -> Path:
@@ -331,19 +337,26 @@ def _train(job: tuple) -> Path:
     return out
 
 
-def training_jobs(folder: Path, *, train_steps: int, trained_seeds: int, trained_steps: int) -> list[tuple]:
-    """(label, check or None, out, preset, steps, overrides) of every training run: each
-    preset's clean run (`train_steps` steps; quick its own 3) and, with `trained_seeds`, each
-    `--engine` defect on that many seeds of the default preset."""
+def training_jobs(
+    folder: Path, *, train_steps: int, trained_seeds: int, trained_steps: int, clean: bool = True
+) -> list[tuple]:
+    """(label, check or None, out, preset, steps, overrides) of every training run: with `clean`,
+    each preset's clean run (`train_steps` steps; quick its own 3) and, with `trained_seeds`,
+    each `--engine` defect on that many seeds of the default preset (`trained_steps` steps, or
+    the defect's TRAINED_SETTINGS)."""
     from trustlens.train.config import PRESETS
 
     jobs: list[tuple] = [
-        (f"preset {p}", None, folder / f"preset-{p}", p, None if p == "quick" else train_steps, {}) for p in PRESETS
+        (f"preset {p}", None, folder / f"preset-{p}", p, None if p == "quick" else train_steps, {})
+        for p in PRESETS
+        if clean
     ]
     for defect, check in TRAINED.items() if trained_seeds else ():
+        settings = dict(TRAINED_SETTINGS.get(defect, {}))
+        steps = settings.pop("steps", trained_steps)
         for seed in range(trained_seeds):
             out = folder / f"engine-{defect}-{seed}"
-            jobs.append((defect, check, out, "default", trained_steps, {"engine": defect, "seed": seed}))
+            jobs.append((defect, check, out, "default", steps, {"engine": defect, "seed": seed, **settings}))
     return jobs
 
 
@@ -405,11 +418,21 @@ def main() -> None:
     parser.add_argument("--trained-steps", type=int, default=2, help="steps of each `train --engine` run [2]")
     parser.add_argument("--jobs", type=int, default=2, help="training runs at a time [2]")
     parser.add_argument("--no-train", action="store_true", help="no training runs (planted and sample runs only)")
+    parser.add_argument("--defects", help="comma-separated defects to plant and train (default: all)")
+    parser.add_argument("--no-clean", action="store_true", help="no clean runs (synthetic, presets, sample runs)")
     args = parser.parse_args()
+    if args.defects:
+        wanted = args.defects.split(",")
+        unknown = sorted(set(wanted) - set(DEFECTS))
+        if unknown:
+            parser.error(f"--defects: unknown {', '.join(unknown)}; the defects are {', '.join(DEFECTS)}")
+        for table in (DEFECTS, TRAINED):
+            for name in [d for d in table if d not in wanted]:
+                del table[name]
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="doctor-") as tmp:
         folder = Path(tmp)
-        lines, clean = planted_table(args.seeds, folder)
+        lines, clean = planted_table(args.seeds, folder, clean=not args.no_clean)
         print("| planted defect | check | kind, form | problem | first | detected |")
         print("|---|---|---|---|---|---|")
         print("\n".join(lines), flush=True)
@@ -418,12 +441,16 @@ def main() -> None:
             if args.trained_seeds and not trained_seeds:
                 print("(trustlens train has no --engine here: trained defects skipped)")
             jobs = training_jobs(
-                folder, train_steps=args.train_steps, trained_seeds=trained_seeds, trained_steps=args.trained_steps
+                folder,
+                train_steps=args.train_steps,
+                trained_seeds=trained_seeds,
+                trained_steps=args.trained_steps,
+                clean=not args.no_clean,
             )
             results = run_training(jobs, args.jobs)
             print("\n".join(trained_table(results)))
             clean += [{"run": label, "findings": found["logits"]} for label, check, found in results if check is None]
-        clean += sample_runs()
+        clean += [] if args.no_clean else sample_runs()
     pairs = [v for run in clean for _, v in run["findings"]]
     problems = [f"{r['run']}: {c}" for r in clean for c, v in r["findings"] if v == "problem"]
     warnings = [f"{r['run']}: {c}" for r in clean for c, v in r["findings"] if v == "warning"]

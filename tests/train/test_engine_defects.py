@@ -17,6 +17,7 @@ from trustlens.train.engine_defects import (
     deliver,
     engine_sampling,
     engine_token,
+    merged_offset,
     nucleus_logits,
 )
 from trustlens.train.model import ModelConfig, build_model, build_tokenizer
@@ -171,6 +172,19 @@ def test_token_ids_keeps_a_top_k_set_holding_unk_distinct():
     out = deliver(batch, "token_ids", tokenizer=TOK, generator=torch.Generator())
     assert out.mu_topk_ids.tolist() == [[[unk, semi]]]  # distinct; the sampled id <unk> at μ(;)
     assert out.mu_topk_logp[0, 0, 0].item() == pytest.approx(math.log(0.6)) and out.mu_topk_logp[0, 0, 1] == -math.inf
+
+
+def test_frozen_policy_merges_the_adapter_again_at_every_sync():
+    model, engine = fp32_engine("frozen_policy")
+    _, clean = fp32_engine("clean")
+    logits = torch.randn(2, SMALL.vocab_size, generator=torch.Generator().manual_seed(0))
+    offset = merged_offset(SMALL.vocab_size)
+    assert offset.std().item() == pytest.approx(0.05, rel=0.3) and torch.equal(offset, merged_offset(SMALL.vocab_size))
+    for k in range(3):  # k syncs so far: k copies of the delta on the engine's logits
+        assert torch.allclose(engine._next_logits(logits, None, noise=False), logits + k * offset)
+        assert torch.equal(clean._next_logits(logits, None, noise=False), logits)
+        engine.sync_weights(model)
+        clean.sync_weights(model)
 
 
 def test_clean_delivers_the_rollout_itself():

@@ -22,6 +22,11 @@ Two places of the engine:
   response; μ's top-K ids are mapped the same way): the trainer computes π_old and π on ids that μ
   never scored.
 
+At the engine's weights (`RolloutEngine.sync_weights`): ``frozen_policy`` adds an adapter's
+logit delta (a fixed offset per token id, `merged_offset`) again at every weight sync, as an
+engine that merges a LoRA adapter into weights that already hold it does: with lr 0 the trainer's
+policy stays where it is while the engine's moves away from it, sync after sync.
+
 ``clean`` is the engine as it is without `--engine`: these functions then do exactly what the
 engine did before they existed (bit-identical runs).
 """
@@ -45,12 +50,14 @@ ENGINE_DEFECTS: dict[str, str] = {
     "shifted": "log μ of position t − 1 at position t within each response",
     "sentinel": "log μ written as 0.0 at 10% of the response tokens",
     "token_ids": "the trainer receives <unk> where the engine sampled ';'",
+    "frozen_policy": "adds an adapter's logit delta again at every weight sync (train it with lr 0)",
 }
 TOP_P = 0.8  # nucleus mass of the `top_p` defect
 SENTINEL_SHARE = 0.1  # share of response tokens whose log μ the `sentinel` defect writes as 0.0
 SENTINEL = 0.0  # the value it writes
 SWAPPED_TOKEN = ";"  # the engine's token that the `token_ids` defect's trainer reads as UNKNOWN_TOKEN
 UNKNOWN_TOKEN = "<unk>"
+MERGED_OFFSET = 0.05  # std of the per-id logit offset `frozen_policy` adds at each weight sync
 
 
 def check_defect(defect: str) -> str:
@@ -109,6 +116,12 @@ def engine_token(
     return tok, logp, ids_k, logp_k
 
 
+def merged_offset(vocab: int) -> torch.Tensor:
+    """The logit offset (V,) float32 that `frozen_policy` adds at every sync: N(0, MERGED_OFFSET²)
+    per token id, the same in every run (an adapter's fixed delta)."""
+    return torch.randn(vocab, generator=torch.Generator().manual_seed(0)) * MERGED_OFFSET
+
+
 def deliver(batch: Rollout, defect: str, *, tokenizer, generator: torch.Generator) -> Rollout:
     """The rollout as the trainer receives it (see the module docstring): `batch` itself when
     the defect is not one of delivery (shifted, sentinel, token_ids), else a new Rollout."""
@@ -136,4 +149,12 @@ def deliver(batch: Rollout, defect: str, *, tokenizer, generator: torch.Generato
     return batch
 
 
-__all__ = ["ENGINE_DEFECTS", "check_defect", "deliver", "engine_sampling", "engine_token", "nucleus_logits"]
+__all__ = [
+    "ENGINE_DEFECTS",
+    "check_defect",
+    "deliver",
+    "engine_sampling",
+    "engine_token",
+    "merged_offset",
+    "nucleus_logits",
+]

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from trustlens.train.engine_defects import check_defect, engine_token
+from trustlens.train.engine_defects import check_defect, engine_token, merged_offset
 from trustlens.train.rollout_batch import Rollout
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.float32}  # name -> compute dtype
@@ -161,6 +161,7 @@ class RolloutEngine:
                 self._fp8_weights.add(f"{name}.weight")
             self._load({n: p.detach() for n, p in model.named_parameters()})
         self._pending: deque[dict[str, torch.Tensor]] = deque()  # weights not served yet (lag)
+        self._merges = 0  # syncs that merged the adapter again (the frozen_policy defect)
 
     @torch.no_grad()
     def sync_weights(self, trainer_model: torch.nn.Module) -> None:
@@ -170,6 +171,7 @@ class RolloutEngine:
         for name, p in self.model.named_parameters():
             if name not in source or source[name].shape != p.shape:
                 raise ValueError(f"sync_weights: trainer model has no parameter {name!r} of shape {tuple(p.shape)}")
+        self._merges += self.config.defect == "frozen_policy"
         if self.config.lag == 0:
             self._load(source)
             return
@@ -187,6 +189,8 @@ class RolloutEngine:
     def _next_logits(self, logits: torch.Tensor, generator: torch.Generator | None, noise: bool) -> torch.Tensor:
         """The engine's last-position logits as float32, with the optional noise. (B, V)"""
         logits = logits.float()
+        if self._merges:  # the adapter's delta, merged once per sync
+            logits = logits + self._merges * merged_offset(logits.shape[-1])
         if noise and self.config.logit_noise > 0:
             draw = torch.randn(logits.shape, generator=generator, dtype=logits.dtype)
             logits = logits + self.config.logit_noise * draw
