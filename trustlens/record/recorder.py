@@ -251,6 +251,7 @@ class TokenRecorder(RecorderCalls):
         support_size: torch.Tensor | None = None,  # (B, T) ids in the engine's sampling support (its mask)
         pi_support_mass: torch.Tensor | None = None,  # (B, T) Σ π over that support, probability mass
         staleness: torch.Tensor | None = None,  # (B, T) weight updates between a_t's engine weights and π's
+        seq_weight: torch.Tensor | None = None,  # (B, T) the sequence importance weight the trainer applied
         sample_ids: torch.Tensor | Sequence[int] | None = None,  # (B,) unique sample ids
         group_ids: torch.Tensor | Sequence[int] | None = None,  # (B,) prompt-group ids
         update: int = 0,  # minibatch update within the step
@@ -297,6 +298,7 @@ class TokenRecorder(RecorderCalls):
             "support_size": support_size,
             "pi_support_mass": pi_support_mass,
             "staleness": staleness,
+            "seq_weight": seq_weight,
         }
         check_same_device(
             token_ids=token_ids,

@@ -132,3 +132,33 @@ def test_truncation_bias_moves_tokens_across_the_rule_by_hand(tmp_path):
     f = truncation_bias_check(inp)
     assert f.verdict == "problem" and f.evidence["mean_log_mass"] == pytest.approx(-math.log(0.7), abs=1e-6)
     assert "log S = -0.3567" in f.summary and "50.00% of the 100 A ≠ 0 tokens across ppo's threshold" in f.summary
+
+
+def test_a_sequence_weight_recorded_by_the_recorder_is_checked(tmp_path):
+    # record(seq_weight=) stores the trainer's weight per token; summed over the response it is
+    # named, averaged it is ok
+    import torch
+
+    from trustlens import TokenRecorder
+
+    for how in ("sum", "mean"):
+        path = tmp_path / how
+        with TokenRecorder(path, rules=["ppo"]) as rec:
+            for step in range(2):
+                g = torch.Generator().manual_seed(step)
+                old = torch.log(torch.rand(32, 10, generator=g) * 0.8 + 0.1)
+                mu = torch.clamp(old + 0.02 * torch.randn(32, 10, generator=g), max=-1e-4)
+                log_ratio = (old - mu).sum(1, keepdim=True) / (1 if how == "sum" else 10)
+                rec.record(
+                    step,
+                    token_ids=torch.randint(0, 9, (32, 10), generator=g),
+                    response_mask=torch.ones(32, 10),
+                    pi_logp=old,
+                    old_logp=old,
+                    mu_logp=mu,
+                    advantages=torch.linspace(-1, 1, 32),
+                    seq_weight=log_ratio.exp().expand(32, 10),
+                )
+        f = {f.check: f for f in doctor(path)}["sequence_sum"]
+        assert f.verdict == ("problem" if how == "sum" else "ok")
+        assert f.evidence["median_log_weight_over_mean"] == pytest.approx(10.0 if how == "sum" else 1.0, rel=1e-3)
