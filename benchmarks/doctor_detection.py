@@ -104,6 +104,7 @@ TRAINED = {
     "sentinel": "sentinel",
     "token_ids": "token_ids",
     "frozen_policy": "frozen_policy",
+    "top_p_mask": "truncation_bias",
 }
 # a trained defect's own settings: frozen_policy needs the steps a drift shows over (its check
 # reads ≥ 6) and a learning rate too small to move π (the trainer refuses lr 0)
@@ -315,7 +316,7 @@ def planted_table(seeds: int, folder: Path, clean: bool = True) -> tuple[list[st
                         .collect()["a"]
                     )
                     sizes.append((per_step[0], per_step[-1]))
-            if check is not None:
+            if check is not None and seeds:
                 size = (
                     f"; mean \\|Δ log p\\| {np.mean([a for a, _ in sizes]):.3f} → {np.mean([b for _, b in sizes]):.3f}"
                     if sizes
@@ -423,9 +424,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.defects:
         wanted = args.defects.split(",")
-        unknown = sorted(set(wanted) - set(DEFECTS))
+        unknown = sorted(set(wanted) - set(DEFECTS) - set(TRAINED))
         if unknown:
-            parser.error(f"--defects: unknown {', '.join(unknown)}; the defects are {', '.join(DEFECTS)}")
+            parser.error(
+                f"--defects: unknown {', '.join(unknown)}; the defects are {', '.join({**DEFECTS, **TRAINED})}"
+            )
         for table in (DEFECTS, TRAINED):
             for name in [d for d in table if d not in wanted]:
                 del table[name]

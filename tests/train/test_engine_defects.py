@@ -5,6 +5,7 @@ import json
 import math
 from dataclasses import replace
 
+import numpy as np
 import polars as pl
 import pytest
 import torch
@@ -185,6 +186,26 @@ def test_frozen_policy_merges_the_adapter_again_at_every_sync():
         assert torch.equal(clean._next_logits(logits, None, noise=False), logits)
         engine.sync_weights(model)
         clean.sync_weights(model)
+
+
+def test_top_p_mask_hands_the_trainer_the_nucleus_it_sampled_from(tmp_path):
+    _, engine = fp32_engine("top_p_mask", temperature=1.0)
+    batch = engine.generate(PROMPTS, generator=torch.Generator().manual_seed(0))
+    support = batch.support  # (B, T, V)
+    assert support is not None and support.shape[:2] == batch.response_ids.shape
+    valid = batch.response_mask
+    sampled_in = support.gather(-1, batch.response_ids[..., None])[..., 0]
+    assert bool(sampled_in[valid].all())  # every sampled id lies in its support
+    assert fp32_engine("top_p")[1].generate(PROMPTS, generator=torch.Generator().manual_seed(0)).support is None
+    cfg = TrainConfig(engine="top_p_mask", **TINY)
+    train(cfg, tmp_path / "run", progress=False)
+    rows = trustlens.load_run(tmp_path / "run").tokens.collect()
+    mass = rows["pi_support_mass"]
+    assert mass.null_count() == 0 and mass.min() > 0 and mass.max() <= 1 and mass.mean() < 0.99
+    assert rows["support_size"].min() >= 1
+    # the recorded μ is renormalised over the support, π is not: d ≈ −log S on average
+    d = (rows["mu_logp"] - rows["old_logp"]).mean()
+    assert d == pytest.approx(-np.log(mass.to_numpy()).mean(), abs=0.03)
 
 
 def test_clean_delivers_the_rollout_itself():

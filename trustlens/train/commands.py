@@ -105,7 +105,7 @@ _CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
         "engine",
         choice_arg(_engines),
         "plant a log-probability bug of the rollout engine (docs/train.md): clean, raw_logprobs, top_p, "
-        "shifted, sentinel, token_ids or frozen_policy",
+        "top_p_mask, shifted, sentinel, token_ids or frozen_policy",
     ),
     ("eval_every", int, "evaluate held-out accuracy every this many steps"),
     ("eval_size", int, "held-out problems per evaluation (0 = no evaluation)"),

@@ -12,7 +12,9 @@ Two places of the engine:
   ``raw_logprobs`` samples at τ but reports log μ = log softmax(logits), the log-probs before the
   temperature (vLLM V1's default `logprobs_mode="raw_logprobs"`); ``top_p`` samples with nucleus
   sampling at p = TOP_P and reports μ renormalised over the kept tokens (μ of a dropped id is 0:
-  log μ = −inf in the top-K);
+  log μ = −inf in the top-K); ``top_p_mask`` does the same and hands the trainer the engine's
+  sampling masks (vLLM's `return_sampling_mask`), which the trainer records as π's mass on the
+  support (`pi_support_mass`) without applying them to π: the ratio carries log S exactly;
 - when the rollout reaches the trainer (`deliver`, after the rewards were computed on the
   engine's own text): ``shifted`` gives position t the log μ of position t − 1 within each
   response (the first keeps its own); ``sentinel`` writes log μ = 0.0 at a share SENTINEL_SHARE of
@@ -47,12 +49,14 @@ ENGINE_DEFECTS: dict[str, str] = {
     "clean": "no defect: μ is the distribution the tokens were sampled from",
     "raw_logprobs": "samples at τ, reports log μ from the logits before the division by τ",
     "top_p": "samples with top-p 0.8, reports μ renormalised over the kept tokens",
+    "top_p_mask": "as top_p, and returns its sampling masks, which the trainer records but does not apply to π",
     "shifted": "log μ of position t − 1 at position t within each response",
     "sentinel": "log μ written as 0.0 at 10% of the response tokens",
     "token_ids": "the trainer receives <unk> where the engine sampled ';'",
     "frozen_policy": "adds an adapter's logit delta again at every weight sync (train it with lr 0)",
 }
-TOP_P = 0.8  # nucleus mass of the `top_p` defect
+TOP_P = 0.8  # nucleus mass of the `top_p` and `top_p_mask` defects
+TRUNCATING = ("top_p", "top_p_mask")  # the defects that sample from the top-p nucleus
 SENTINEL_SHARE = 0.1  # share of response tokens whose log μ the `sentinel` defect writes as 0.0
 SENTINEL = 0.0  # the value it writes
 SWAPPED_TOKEN = ";"  # the engine's token that the `token_ids` defect's trainer reads as UNKNOWN_TOKEN
@@ -74,7 +78,7 @@ def engine_sampling(defect: str, temperature: float) -> dict[str, Any]:
     settings."""
     return {
         "temperature": temperature,
-        "top_p": TOP_P if defect == "top_p" else None,
+        "top_p": TOP_P if defect in TRUNCATING else None,
         "top_k": None,
         "min_p": None,
         "logprobs": "raw" if defect == "raw_logprobs" else "processed",
@@ -105,7 +109,7 @@ def engine_token(
     top-p filtered for the `top_p` defect; reports log-probs of softmax(logits / τ), of
     softmax(logits) for `raw_logprobs`, of the renormalised nucleus for `top_p`."""
     scaled = logits / temperature  # (B, V)
-    sampled_from = nucleus_logits(scaled, TOP_P) if defect == "top_p" else scaled
+    sampled_from = nucleus_logits(scaled, TOP_P) if defect in TRUNCATING else scaled
     if greedy:
         tok = scaled.argmax(-1)
     else:
@@ -114,6 +118,25 @@ def engine_token(
     logp = reported.gather(-1, tok[:, None]).squeeze(-1) - reported.logsumexp(-1)
     ids_k, logp_k = topk_from_logits(reported, tok, topk, 1.0)
     return tok, logp, ids_k, logp_k
+
+
+def sampling_support(logits: torch.Tensor, *, temperature: float, defect: str) -> torch.Tensor | None:
+    """The engine's sampling mask at a position, (B, V) bool (True on the ids it could sample):
+    the top-p nucleus of softmax(logits / τ), as `engine_token` samples from it, for `top_p_mask`;
+    None for the other defects (no mask returned)."""
+    if defect != "top_p_mask":
+        return None
+    return nucleus_logits(logits / temperature, TOP_P).isfinite()
+
+
+def support_of(logits: torch.Tensor, support: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """`record`'s support_size and pi_support_mass (Σ π over the support, probability mass) from
+    π's logits / τ (B, T, V) and the engine's sampling masks `support` (B, T, V) bool; {} without
+    masks."""
+    if support is None:
+        return {}
+    mass = (logits.float().softmax(-1) * support).sum(-1).clamp(max=1.0)  # (B, T)
+    return {"support_size": support.sum(-1).float(), "pi_support_mass": mass}
 
 
 def merged_offset(vocab: int) -> torch.Tensor:
@@ -157,4 +180,6 @@ __all__ = [
     "engine_token",
     "merged_offset",
     "nucleus_logits",
+    "sampling_support",
+    "support_of",
 ]

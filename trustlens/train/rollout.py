@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from trustlens.train.engine_defects import check_defect, engine_token, merged_offset
+from trustlens.train.engine_defects import check_defect, engine_token, merged_offset, sampling_support
 from trustlens.train.rollout_batch import Rollout
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.float32}  # name -> compute dtype
@@ -226,7 +226,7 @@ class RolloutEngine:
         )
         pos = pos[:, -1:]
         finished = torch.zeros(B, dtype=torch.bool)
-        tokens, alive, logps, top_ids, top_logps = [], [], [], [], []
+        tokens, alive, logps, top_ids, top_logps, supports = [], [], [], [], [], []
         for _ in range(cfg.max_new_tokens):
             logits = self._next_logits(out.logits[:, -1], generator, noise=not greedy)  # (B, V)
             tok, logp, ids_k, logp_k = engine_token(
@@ -237,6 +237,7 @@ class RolloutEngine:
                 generator=generator,
                 greedy=greedy,
             )
+            supports.append(sampling_support(logits, temperature=cfg.temperature, defect=cfg.defect))
             tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
             tokens.append(tok)
             alive.append(~finished)
@@ -260,4 +261,5 @@ class RolloutEngine:
             mu_logp=torch.stack(logps, 1),
             mu_topk_ids=torch.stack(top_ids, 1),
             mu_topk_logp=torch.stack(top_logps, 1).float(),
+            support=None if supports[0] is None else torch.stack(supports, 1),  # type: ignore[arg-type]
         )
