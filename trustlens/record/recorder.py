@@ -96,8 +96,7 @@ class TokenRecorder(RecorderCalls):
         The scalars are those of this rank's rows. None: no mirror.
     alerts: True (default thresholds) or a `CollapseConfig`: raise the collapse alerts and the
         doctor's findings live, from this rank's rows, on the writer thread (trustlens.live);
-        they go to the run's `alerts` table, the mirror, `on_alert` and `live_alerts`. False:
-        none.
+        they go to the run's `alerts` table, the mirror, `on_alert` and `live_alerts` (False: none).
     on_alert: a callable given each `LiveAlert` of severity warning or above when it is raised
         or turns more severe, on a thread of its own; an exception in it is warned once.
     planned_steps: the training steps the run plans, for run.json (the live alerts' baseline
@@ -272,12 +271,11 @@ class TokenRecorder(RecorderCalls):
         after the call returned: that call's rows are dropped (its default sample ids stay
         used) and the next `record`, `log_*`, `flush` or `close` raises `RejectedInputError`
         (a ValueError naming the call's step and update, the argument and the (b, t) index), after
-        doing its own work. Default sample ids
-        number the samples of (step, update) on this rank in call order:
-        step · 10⁹ + rank · 10⁶ + index; default group ids equal the sample ids. They join the
-        samples table (`log_samples`, numbered the same way per step) only while every update
-        records the step's samples in the order they were logged: a loop that shuffles or
-        subsamples minibatches between updates must pass `sample_ids`.
+        doing its own work. Default sample ids number the samples of (step, update) on this rank
+        in call order: step · 10⁹ + rank · 10⁶ + index; default group ids equal the sample ids.
+        They join the samples table (`log_samples`, numbered the same way per step) only while
+        every update records the step's samples in the order they were logged: a loop that
+        shuffles or subsamples minibatches between updates must pass `sample_ids`.
 
         Precomputed values (computed once by the trainer, e.g. for its loss) skip the recorder's
         own computation: `topk_tv`/`topk_kl` (both or neither) replace the top-K divergence
