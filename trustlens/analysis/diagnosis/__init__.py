@@ -30,20 +30,13 @@ from trustlens.analysis.diagnosis import (  # noqa: F401  (they register their c
     support,
 )
 from trustlens.analysis.diagnosis.finding import VERDICTS, Finding, note_consequences, ordered
+from trustlens.analysis.diagnosis.finding import (
+    __getattr__ as __getattr__,
+)  # CHECKS, CAUSES, SYMPTOMS: the registry's views
 from trustlens.analysis.diagnosis.inputs import Inputs, Sampling, inputs_of, read_sampling
 from trustlens.analysis.diagnosis.registry import Check, check, names, registered
 from trustlens.analysis.inputs import lazy_rows
 from trustlens.core.values import check_names
-
-# views of the registry kept for readers of earlier versions, read when asked for
-_VIEWS = {"CHECKS": {}, "CAUSES": {"kind": "cause"}, "SYMPTOMS": {"kind": "symptom"}}
-
-
-def __getattr__(name: str) -> tuple[str, ...]:
-    """CHECKS, CAUSES, SYMPTOMS: the registered checks' names (all, the causes, the symptoms)."""
-    if name in _VIEWS:
-        return names(**_VIEWS[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def doctor(run: Any, checks: Sequence[str] | None = None) -> list[Finding]:
