@@ -2,6 +2,7 @@
 something on clean runs (issue 30, point 5; the table of docs/doctor.md).
 
     python benchmarks/doctor_detection.py [--seeds 20] [--trained-seeds 20] [--jobs 2]
+        [--defects frozen_policy,resume] [--no-clean]
 
 Planted runs (synthetic, `--seeds` seeds per defect): responses of `SEQ_LEN` tokens over a
 vocabulary of `VOCAB` ids, each position's logits drawn so that π's entropy ranges from near 0
@@ -20,6 +21,22 @@ rollout reaches the trainer, at the magnitudes issue 30 quotes:
     level          an engine 10× noisier (k3 ≈ 1e-2, dense model)             -> level
     engine_drift   lr = 0 and the engine's noise grows so that mean |Δ log p|
                    goes 0.011 → 0.036 over the run (vime #64)                -> engine_drift
+    frozen_policy  lr = 0 and the engine's weights move away from the trainer's
+                   at every sync: a fixed logit offset per token id, growing
+                   with the step (an adapter merged again at each sync, a stale
+                   weight sync; open-instruct #1473)                          -> frozen_policy
+    resume         the run is resumed after step 3 (run.json `resumed_after`)
+                   and the engine serves other weights from then on: a fixed
+                   logit offset per token id (slime #1695)                    -> resume
+    sequence_sum   the recorded sequence weight is exp(Σ log(π_old/μ)) over the
+                   response instead of exp(mean) (trl #5814)                  -> sequence_sum
+    truncation_bias  top-p 0.8 with μ renormalised over the kept tokens, the
+                   sampling masks recorded (`pi_support_mass`), π not masked
+                   (trl #6789)                                                -> truncation_bias
+
+Every planted run records the per-response statistics and a sequence weight (the mean's, but for
+sequence_sum) and trains with `ppo` as its active rule; the clean and resume runs record a resume
+point after step RESUME_AT − 1 (for the clean run, a resume that went well).
 
 A defect counts as detected when its check's verdict is "problem" and it is the first finding.
 Each synthetic run is written twice: with the columns `record` derives from π's logits and μ's
@@ -62,6 +79,8 @@ FIRST_RATIO = 2.0
 LEVEL_NOISE = 10 * NOISE
 DRIFT_FROM, DRIFT_TO = 0.011, 0.036  # mean |Δ log p| at the first and last step of engine_drift
 ABS_PER_NOISE = 0.207  # this generator's mean |Δ log p| per unit of logit-noise std (measured: 0.0083 at 0.04)
+WEIGHT_OFFSET = 0.5  # std of the per-id logit offset of frozen_policy's engine at the last step, and of resume's
+RESUME_AT = 4  # first step after the resume (run.json resumed_after = [RESUME_AT − 1])
 # defect -> the check that should name it
 DEFECTS = {
     "raw_logprobs": "temperature",
@@ -72,15 +91,24 @@ DEFECTS = {
     "first_token": "where",
     "level": "level",
     "engine_drift": "engine_drift",
+    "frozen_policy": "frozen_policy",
+    "resume": "resume",
+    "sequence_sum": "sequence_sum",
+    "truncation_bias": "truncation_bias",
 }
-# the defects `trustlens train --engine` plants (issue 30, point 4)
+# the defects `trustlens train --engine` plants (issue 30, point 4; frozen_policy: issue 50)
 TRAINED = {
     "raw_logprobs": "temperature",
     "top_p": "truncation",
     "shifted": "shift",
     "sentinel": "sentinel",
     "token_ids": "token_ids",
+    "frozen_policy": "frozen_policy",
+    "top_p_mask": "truncation_bias",
 }
+# a trained defect's own settings: frozen_policy needs the steps a drift shows over (its check
+# reads ≥ 6) and a learning rate too small to move π (the trainer refuses lr 0)
+TRAINED_SETTINGS: dict[str, dict] = {"frozen_policy": {"steps": 8, "lr": 1e-9}}
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -132,9 +160,11 @@ def planted_tokens(defect: str, seed: int, logit_columns: bool = False) -> tuple
         # mean |Δ log p| grows about linearly with the noise's std: DRIFT_FROM → DRIFT_TO
         noise = np.linspace(DRIFT_FROM, DRIFT_TO, STEPS) / ABS_PER_NOISE
     engine = scaled + rng.normal(0.0, 1.0, scaled.shape) * noise[:, None, None, None]
+    engine = engine + _weight_offset(defect, seed)  # other weights than the trainer's (frozen_policy, resume)
     old = _log_softmax(scaled)  # (S, B, T, V)
     engine_logp = _log_softmax(engine)
-    sampling = _top_p(engine_logp, TOP_P) if defect == "top_p" else engine_logp
+    truncated = defect in ("top_p", "truncation_bias")
+    sampling = _top_p(engine_logp, TOP_P) if truncated else engine_logp
     ids = _sample(rng, sampling)  # (S, B, T)
     reported = _log_softmax(engine * TAU) if defect == "raw_logprobs" else sampling
     mu = np.take_along_axis(reported, ids[..., None], axis=-1)[..., 0]
@@ -153,7 +183,7 @@ def planted_tokens(defect: str, seed: int, logit_columns: bool = False) -> tuple
     entropy = -(p_old * old).sum(axis=-1)
     # two updates per step (minibatches): samples of update 1 see a policy that moved (lr > 0)
     update = np.broadcast_to((np.arange(SAMPLES) % 2)[None, :, None], shape)
-    lr = 0.0 if defect == "engine_drift" else 3e-5
+    lr = 0.0 if defect in ("engine_drift", "frozen_policy") else 3e-5
     move = 0.0 if lr == 0 else 0.01
     pi_logp = np.minimum(old_logp + update * rng.normal(0.0, move, shape), 0.0)
     step = np.broadcast_to(np.arange(STEPS)[:, None, None], shape)
@@ -171,6 +201,11 @@ def planted_tokens(defect: str, seed: int, logit_columns: bool = False) -> tuple
         "entropy": entropy,
         "advantage": np.broadcast_to(rng.normal(0.0, 1.0, (STEPS, SAMPLES, 1)), shape),
     }
+    cols |= _sequence_columns(defect, np.minimum(mu, 0.0), old_logp, pi_logp)
+    if defect == "truncation_bias":  # Σ π_old over the kept ids: the engine's sampling mask
+        kept = np.isfinite(np.take_along_axis(sampling, ids[..., None], axis=-1)[..., 0])
+        assert kept.all()
+        cols["pi_support_mass"] = np.minimum(np.where(np.isfinite(sampling), p_old, 0.0).sum(axis=-1), 1.0)
     if logit_columns:  # π's raw logits are scaled·τ; π moves at update 1 as pi_logp does
         raw = np.take_along_axis(_log_softmax(scaled * TAU), trainer_ids[..., None], axis=-1)[..., 0]
         cols["pi_logp_raw"] = np.minimum(raw + (pi_logp - old_logp), 0.0)
@@ -180,15 +215,45 @@ def planted_tokens(defect: str, seed: int, logit_columns: bool = False) -> tuple
     return out, config
 
 
+def _weight_offset(defect: str, seed: int) -> np.ndarray | float:
+    """The engine's logit offset (STEPS, 1, 1, VOCAB) when it serves other weights than the
+    trainer's: a fixed offset per token id (from its own generator, so that the other defects'
+    draws stay as they were) growing linearly to WEIGHT_OFFSET at the last step (frozen_policy),
+    or WEIGHT_OFFSET from step RESUME_AT on (resume); 0 otherwise."""
+    if defect not in ("frozen_policy", "resume"):
+        return 0.0
+    offset = np.random.default_rng([seed, 1]).normal(0.0, WEIGHT_OFFSET, VOCAB)
+    steps = np.arange(STEPS)
+    size = (steps + 1) / STEPS if defect == "frozen_policy" else (steps >= RESUME_AT).astype(float)
+    return size[:, None, None, None] * offset[None, None, None, :]
+
+
+def _sequence_columns(defect: str, mu: np.ndarray, old: np.ndarray, pi: np.ndarray) -> dict[str, np.ndarray]:
+    """The per-response statistics of (S, B, T) log-probs, as `record` stores them, and the
+    sequence weight the trainer applied: exp(mean log(π_old/μ)) over the response, exp(Σ) for
+    sequence_sum."""
+    s_mu, s_old = (np.broadcast_to(x.sum(-1, keepdims=True), x.shape) for x in (pi - mu, pi - old))
+    log_w = (old - mu).sum(-1, keepdims=True) / (1 if defect == "sequence_sum" else mu.shape[-1])
+    return {
+        "seq_logratio_mu": s_mu,
+        "seq_logratio_old": s_old,
+        "seq_tokens": np.full(mu.shape, mu.shape[-1]),
+        "seq_weight": np.broadcast_to(np.exp(log_w), mu.shape),
+    }
+
+
 def write_planted(path: Path, defect: str, seed: int, logit_columns: bool = False) -> Path:
     """A planted run at `path` (run.json with the sampling the engine claims: τ, processed)."""
     from trustlens.run.tables import write_run
 
     tokens, config = planted_tokens(defect, seed, logit_columns)
-    write_run(path, tokens=tokens, rules=[], config=config)
+    write_run(path, tokens=tokens, rules=["ppo"], config=config)
     manifest = json.loads((path / "run.json").read_text())
     manifest["sampling"] = {"temperature": TAU, "top_p": None, "top_k": None, "min_p": None, "logprobs": None}
     manifest["model_kind"] = "dense"
+    manifest["active_rule"] = "ppo"
+    if defect in ("clean", "resume"):
+        manifest["resumed_after"] = [RESUME_AT - 1]
     (path / "run.json").write_text(json.dumps(manifest))
     return path
 
@@ -218,16 +283,17 @@ def without_logit_columns(run_path: Path) -> Path:
     return out
 
 
-def planted_table(seeds: int, folder: Path) -> tuple[list[str], list[dict]]:
+def planted_table(seeds: int, folder: Path, clean: bool = True) -> tuple[list[str], list[dict]]:
     """Per defect and form (with the logit columns, without) over `seeds` seeds: problem (its
     check's verdict is problem), first (its check is the first finding) and detected (both), and
-    the defect's measured size; and the clean synthetic runs' findings."""
+    the defect's measured size; and the clean synthetic runs' findings (with `clean`)."""
     import polars as pl
 
     from trustlens import load_run
 
-    lines, clean = [], []
-    for defect, check in {"clean": None, **DEFECTS}.items():
+    lines, clean_runs = [], []
+    planted: dict[str, str | None] = {"clean": None} if clean else {}
+    for defect, check in (planted | DEFECTS).items():
         for form in FORMS:
             problem = first = detected = 0
             sizes = []
@@ -235,7 +301,7 @@ def planted_table(seeds: int, folder: Path) -> tuple[list[str], list[dict]]:
                 path = write_planted(folder / f"{defect}-{form}-{seed}", defect, seed, form == "logits")
                 found = verdicts(path)
                 if check is None:
-                    clean.append({"run": f"synthetic clean seed {seed} ({form})", "findings": found})
+                    clean_runs.append({"run": f"synthetic clean seed {seed} ({form})", "findings": found})
                     continue
                 mine = dict(found)[check]
                 problem += mine == "problem"
@@ -250,7 +316,7 @@ def planted_table(seeds: int, folder: Path) -> tuple[list[str], list[dict]]:
                         .collect()["a"]
                     )
                     sizes.append((per_step[0], per_step[-1]))
-            if check is not None:
+            if check is not None and seeds:
                 size = (
                     f"; mean \\|Δ log p\\| {np.mean([a for a, _ in sizes]):.3f} → {np.mean([b for _, b in sizes]):.3f}"
                     if sizes
@@ -258,7 +324,7 @@ def planted_table(seeds: int, folder: Path) -> tuple[list[str], list[dict]]:
                 )
                 row = f"| {problem}/{seeds} | {first}/{seeds} | {detected}/{seeds}{size} |"
                 lines.append(f"| {defect} | {check} | synthetic, {form} {row}")
-    return lines, clean
+    return lines, clean_runs
 
 
 def _train(job: tuple) -> Path:
@@ -272,19 +338,26 @@ def _train(job: tuple) -> Path:
     return out
 
 
-def training_jobs(folder: Path, *, train_steps: int, trained_seeds: int, trained_steps: int) -> list[tuple]:
-    """(label, check or None, out, preset, steps, overrides) of every training run: each
-    preset's clean run (`train_steps` steps; quick its own 3) and, with `trained_seeds`, each
-    `--engine` defect on that many seeds of the default preset."""
+def training_jobs(
+    folder: Path, *, train_steps: int, trained_seeds: int, trained_steps: int, clean: bool = True
+) -> list[tuple]:
+    """(label, check or None, out, preset, steps, overrides) of every training run: with `clean`,
+    each preset's clean run (`train_steps` steps; quick its own 3) and, with `trained_seeds`,
+    each `--engine` defect on that many seeds of the default preset (`trained_steps` steps, or
+    the defect's TRAINED_SETTINGS)."""
     from trustlens.train.config import PRESETS
 
     jobs: list[tuple] = [
-        (f"preset {p}", None, folder / f"preset-{p}", p, None if p == "quick" else train_steps, {}) for p in PRESETS
+        (f"preset {p}", None, folder / f"preset-{p}", p, None if p == "quick" else train_steps, {})
+        for p in PRESETS
+        if clean
     ]
     for defect, check in TRAINED.items() if trained_seeds else ():
+        settings = dict(TRAINED_SETTINGS.get(defect, {}))
+        steps = settings.pop("steps", trained_steps)
         for seed in range(trained_seeds):
             out = folder / f"engine-{defect}-{seed}"
-            jobs.append((defect, check, out, "default", trained_steps, {"engine": defect, "seed": seed}))
+            jobs.append((defect, check, out, "default", steps, {"engine": defect, "seed": seed, **settings}))
     return jobs
 
 
@@ -346,11 +419,23 @@ def main() -> None:
     parser.add_argument("--trained-steps", type=int, default=2, help="steps of each `train --engine` run [2]")
     parser.add_argument("--jobs", type=int, default=2, help="training runs at a time [2]")
     parser.add_argument("--no-train", action="store_true", help="no training runs (planted and sample runs only)")
+    parser.add_argument("--defects", help="comma-separated defects to plant and train (default: all)")
+    parser.add_argument("--no-clean", action="store_true", help="no clean runs (synthetic, presets, sample runs)")
     args = parser.parse_args()
+    if args.defects:
+        wanted = args.defects.split(",")
+        unknown = sorted(set(wanted) - set(DEFECTS) - set(TRAINED))
+        if unknown:
+            parser.error(
+                f"--defects: unknown {', '.join(unknown)}; the defects are {', '.join({**DEFECTS, **TRAINED})}"
+            )
+        for table in (DEFECTS, TRAINED):
+            for name in [d for d in table if d not in wanted]:
+                del table[name]
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="doctor-") as tmp:
         folder = Path(tmp)
-        lines, clean = planted_table(args.seeds, folder)
+        lines, clean = planted_table(args.seeds, folder, clean=not args.no_clean)
         print("| planted defect | check | kind, form | problem | first | detected |")
         print("|---|---|---|---|---|---|")
         print("\n".join(lines), flush=True)
@@ -359,12 +444,16 @@ def main() -> None:
             if args.trained_seeds and not trained_seeds:
                 print("(trustlens train has no --engine here: trained defects skipped)")
             jobs = training_jobs(
-                folder, train_steps=args.train_steps, trained_seeds=trained_seeds, trained_steps=args.trained_steps
+                folder,
+                train_steps=args.train_steps,
+                trained_seeds=trained_seeds,
+                trained_steps=args.trained_steps,
+                clean=not args.no_clean,
             )
             results = run_training(jobs, args.jobs)
             print("\n".join(trained_table(results)))
             clean += [{"run": label, "findings": found["logits"]} for label, check, found in results if check is None]
-        clean += sample_runs()
+        clean += [] if args.no_clean else sample_runs()
     pairs = [v for run in clean for _, v in run["findings"]]
     problems = [f"{r['run']}: {c}" for r in clean for c, v in r["findings"] if v == "problem"]
     warnings = [f"{r['run']}: {c}" for r in clean for c, v in r["findings"] if v == "warning"]

@@ -16,7 +16,7 @@ from trustlens.analysis.diagnosis import inputs as doctor_inputs
 from trustlens.analysis.diagnosis import inputs_of, note_consequences, ordered, read_sampling
 from trustlens.analysis.diagnosis.alignment import sentinel_check, shift_check, token_ids_check
 from trustlens.analysis.diagnosis.sampling import raw_share, temperature_check, temperature_ratio
-from trustlens.analysis.diagnosis.support import moved_mass, truncation_check
+from trustlens.analysis.diagnosis.support import moved_mass, truncation_bias_check, truncation_check
 from trustlens.run.tables import write_run
 
 bench = load("doctor_detection")
@@ -213,7 +213,9 @@ def test_with_logit_columns_each_defect_is_named_first(planted_with_columns, def
     first = planted_with_columns[defect][0]
     assert (first.check, first.verdict) == (bench.DEFECTS[defect], "problem")
     found = {f.check: f for f in planted_with_columns[defect]}
-    assert found["temperature"].evidence["form"] == "logits" and found["truncation"].evidence["form"] == "top-K"
+    masked = defect == "truncation_bias"  # its run holds the sampling masks: truncation defers to truncation_bias
+    assert found["temperature"].evidence["form"] == "logits"
+    assert found["truncation"].evidence["form"] == ("sampling mask" if masked else "top-K")
 
 
 def test_with_logit_columns_the_clean_run_is_ok(planted_with_columns):
@@ -357,18 +359,22 @@ def test_level_below_the_range_says_below(tmp_path):
 
 def test_truncation_is_exact_with_the_sampling_masks(tmp_path):
     # μ renormalised over a support holding m = 0.8 of π_old: d = −log 0.8 on every token, and 0
-    # once π_old is renormalised over the support (log π_old − log m)
+    # once π_old is renormalised over the support (log π_old − log m). The masks make it
+    # truncation_bias's to judge, in closed form; the truncation check says so and stays ok
     n = 80
     old = [math.log(0.4)] * n
     mu = [math.log(0.4 / 0.8)] * n
     columns = {"mu_logp": mu, "old_logp": old, "pi_logp": old, "pi_support_mass": [0.8] * n}
-    f = truncation_check(_columns_run(tmp_path, columns))
-    assert f.evidence["form"] == "sampling mask" and f.verdict == "problem"
+    inp = _columns_run(tmp_path, columns)
+    f = truncation_bias_check(inp)
+    assert f.verdict == "problem" and f.fix
     assert f.evidence["mean_d"] == pytest.approx(-math.log(0.8), abs=1e-6)
     assert f.evidence["mean_d_on_support"] == pytest.approx(0.0, abs=1e-6)
+    plain = truncation_check(inp)
+    assert (plain.evidence["form"], plain.verdict) == ("sampling mask", "ok") and "truncation_bias" in plain.summary
     # π_old renormalised on the same support by the trainer: d = 0, nothing left to explain
     same = {**columns, "old_logp": mu, "pi_logp": mu}
-    assert truncation_check(_columns_run(tmp_path / "same", same)).verdict == "ok"
+    assert truncation_bias_check(_columns_run(tmp_path / "same", same)).verdict == "ok"
 
 
 def test_level_judges_the_fresh_tokens_when_staleness_is_recorded(tmp_path):

@@ -128,6 +128,7 @@ def test_a_finished_run_is_only_reopened_by_resume_or_overwrite(tmp_path):
         rec.record(3, **batch(3))
     manifest = manifest_of(path)
     assert manifest["run_id"] == run_id and manifest["status"] == "finished" and len(manifest["resumed"]) == 1
+    assert manifest["resumed_after"] == [2]  # the resume point: the doctor's resume check reads it
     assert sorted(set(rows(path)["step"])) == [0, 1, 2, 3]
     names = sorted(p.name for p in (path / "tokens" / "rank=0").iterdir())
     assert names == ["part-000000.parquet", "part-000001.parquet"]  # numbering continues

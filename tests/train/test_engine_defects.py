@@ -5,6 +5,7 @@ import json
 import math
 from dataclasses import replace
 
+import numpy as np
 import polars as pl
 import pytest
 import torch
@@ -17,6 +18,7 @@ from trustlens.train.engine_defects import (
     deliver,
     engine_sampling,
     engine_token,
+    merged_offset,
     nucleus_logits,
 )
 from trustlens.train.model import ModelConfig, build_model, build_tokenizer
@@ -171,6 +173,39 @@ def test_token_ids_keeps_a_top_k_set_holding_unk_distinct():
     out = deliver(batch, "token_ids", tokenizer=TOK, generator=torch.Generator())
     assert out.mu_topk_ids.tolist() == [[[unk, semi]]]  # distinct; the sampled id <unk> at μ(;)
     assert out.mu_topk_logp[0, 0, 0].item() == pytest.approx(math.log(0.6)) and out.mu_topk_logp[0, 0, 1] == -math.inf
+
+
+def test_frozen_policy_merges_the_adapter_again_at_every_sync():
+    model, engine = fp32_engine("frozen_policy")
+    _, clean = fp32_engine("clean")
+    logits = torch.randn(2, SMALL.vocab_size, generator=torch.Generator().manual_seed(0))
+    offset = merged_offset(SMALL.vocab_size)
+    assert offset.std().item() == pytest.approx(0.05, rel=0.3) and torch.equal(offset, merged_offset(SMALL.vocab_size))
+    for k in range(3):  # k syncs so far: k copies of the delta on the engine's logits
+        assert torch.allclose(engine._next_logits(logits, None, noise=False), logits + k * offset)
+        assert torch.equal(clean._next_logits(logits, None, noise=False), logits)
+        engine.sync_weights(model)
+        clean.sync_weights(model)
+
+
+def test_top_p_mask_hands_the_trainer_the_nucleus_it_sampled_from(tmp_path):
+    _, engine = fp32_engine("top_p_mask", temperature=1.0)
+    batch = engine.generate(PROMPTS, generator=torch.Generator().manual_seed(0))
+    support = batch.support  # (B, T, V)
+    assert support is not None and support.shape[:2] == batch.response_ids.shape
+    valid = batch.response_mask
+    sampled_in = support.gather(-1, batch.response_ids[..., None])[..., 0]
+    assert bool(sampled_in[valid].all())  # every sampled id lies in its support
+    assert fp32_engine("top_p")[1].generate(PROMPTS, generator=torch.Generator().manual_seed(0)).support is None
+    cfg = TrainConfig(engine="top_p_mask", **TINY)
+    train(cfg, tmp_path / "run", progress=False)
+    rows = trustlens.load_run(tmp_path / "run").tokens.collect()
+    mass = rows["pi_support_mass"]
+    assert mass.null_count() == 0 and mass.min() > 0 and mass.max() <= 1 and mass.mean() < 0.99
+    assert rows["support_size"].min() >= 1
+    # the recorded μ is renormalised over the support, π is not: d ≈ −log S on average
+    d = (rows["mu_logp"] - rows["old_logp"]).mean()
+    assert d == pytest.approx(-np.log(mass.to_numpy()).mean(), abs=0.03)
 
 
 def test_clean_delivers_the_rollout_itself():

@@ -84,8 +84,7 @@ class TokenRecorder(RecorderCalls):
         The scalars are those of this rank's rows. None: no mirror.
     alerts: True (default thresholds) or a `CollapseConfig`: raise the collapse alerts and the
         doctor's findings live, from this rank's rows, on the writer thread (trustlens.live);
-        they go to the run's `alerts` table, the mirror, `on_alert` and `live_alerts`. False:
-        none.
+        they go to the run's `alerts` table, the mirror, `on_alert` and `live_alerts` (False: none).
     on_alert: a callable given each `LiveAlert` of severity warning or above when it is raised
         or turns more severe, on a thread of its own; an exception in it is warned once.
     planned_steps: the training steps the run plans, for run.json (the live alerts' baseline
@@ -206,6 +205,7 @@ class TokenRecorder(RecorderCalls):
         support_size: torch.Tensor | None = None,  # (B, T) ids in the engine's sampling support (its mask)
         pi_support_mass: torch.Tensor | None = None,  # (B, T) Σ π over that support, probability mass
         staleness: torch.Tensor | None = None,  # (B, T) weight updates between a_t's engine weights and π's
+        seq_weight: torch.Tensor | None = None,  # (B, T) the sequence importance weight the trainer applied
         sample_ids: torch.Tensor | Sequence[int] | None = None,  # (B,) unique sample ids
         group_ids: torch.Tensor | Sequence[int] | None = None,  # (B,) prompt-group ids
         update: int = 0,  # minibatch update within the step
@@ -229,12 +229,11 @@ class TokenRecorder(RecorderCalls):
         after the call returned: that call's rows are dropped (its default sample ids stay
         used) and the next `record`, `log_*`, `flush` or `close` raises `RejectedInputError`
         (a ValueError naming the call's step and update, the argument and the (b, t) index), after
-        doing its own work. Default sample ids
-        number the samples of (step, update) on this rank in call order:
-        step · 10⁹ + rank · 10⁶ + index; default group ids equal the sample ids. They join the
-        samples table (`log_samples`, numbered the same way per step) only while every update
-        records the step's samples in the order they were logged: a loop that shuffles or
-        subsamples minibatches between updates must pass `sample_ids`.
+        doing its own work. Default sample ids number the samples of (step, update) on this rank
+        in call order: step · 10⁹ + rank · 10⁶ + index; default group ids equal the sample ids.
+        They join the samples table (`log_samples`, numbered the same way per step) only while
+        every update records the step's samples in the order they were logged: a loop that
+        shuffles or subsamples minibatches between updates must pass `sample_ids`.
 
         A mixture-of-experts model's routing: `mu_routed_experts` and `pi_routed_experts` (both
         or neither; ids below `num_experts`) give each row route_flips, route_first_flip,
@@ -268,6 +267,7 @@ class TokenRecorder(RecorderCalls):
                 "support_size": support_size,
                 "pi_support_mass": pi_support_mass,
                 "staleness": staleness,
+                "seq_weight": seq_weight,
             },
             routed=(mu_routed_experts, pi_routed_experts, num_experts),
         )

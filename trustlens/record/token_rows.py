@@ -61,9 +61,11 @@ DIVERGENCE_INPUTS = (
     "support_size",
     "pi_support_mass",
     "staleness",
+    "seq_weight",
 )
 MASS_INPUTS = ("topk_tv", "mu_topk_mass", "pi_topk_mass", "pi_support_mass")  # probability masses: in [0, 1]
 ENGINE_INPUTS = ("support_size", "pi_support_mass", "staleness")  # from the engine's mask and weight versions
+TRAINER_INPUTS = ("seq_weight",)  # what the trainer applied: its sequence importance weight
 # columns only record's logit pass derives (trustlens.record.logit_quantities): null without logits
 _LOGIT_COLUMNS = ("pi_logp_raw", "mu_topk_mass", "pi_topk_mass")
 
@@ -103,6 +105,7 @@ _CHECKS: dict[str, Callable[..., torch.Tensor]] = {
     "pi_support_mass": check_tv,
     "staleness": check_nonnegative,
     **dict.fromkeys(ROUTE_SCALARS, lambda name, t: t),  # derived by the recorder from checked ids
+    "seq_weight": check_nonnegative,
 }
 
 
@@ -281,7 +284,10 @@ def take_rows(step: int, update: int, rows: TokenRows, rules: list[Rule]) -> Tok
         t,
         rows.token_ids.reshape(-1)[index].long(),
     ]
-    names = ("mu_logp", "old_logp", "pi_logp", "topk_tv", "topk_kl", "entropy", *_LOGIT_COLUMNS, *ENGINE_INPUTS)
+    names = (
+        *("mu_logp", "old_logp", "pi_logp", "topk_tv", "topk_kl", "entropy"),
+        *(*_LOGIT_COLUMNS, *ENGINE_INPUTS, *TRAINER_INPUTS),
+    )
     floats = {**{k: values.get(k) for k in (*names, *ROUTE_SCALARS)}, "advantage": values["advantages"]}
     batch = _to_cpu(step, update, ints, floats, {r.name: decisions.get(r.name) for r in rules})
     if rows.routes is not None:  # the expert sets of the rows' flipped layers, and the per-layer counts

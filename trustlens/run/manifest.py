@@ -42,6 +42,8 @@ MANIFEST_FIELDS: dict[str, str] = {
     "created": "UTC time the run was first opened, ISO 8601",
     "updated": "UTC time of the last part file or status change, ISO 8601",
     "resumed": "UTC times the run was reopened with resume=True",
+    "resumed_after": "the last step recorded before each reopen with resume=True (null: none yet), in "
+    "`resumed`'s order: the run's resume points",
     "config": "the training configuration passed to the recorder (free-form JSON)",
     "rules": "every evaluated rule: {name: {low, high, anchor, measure, weight, tis_cap, description}}",
     "active_rule": "the rule the run trains with (null when unknown)",
@@ -124,6 +126,7 @@ def new_manifest(
         "created": now,
         "updated": now,
         "resumed": [],
+        "resumed_after": [],
         "config": config,
         "rules": rules,
         "active_rule": active_rule,

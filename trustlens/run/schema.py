@@ -96,6 +96,13 @@ TOKEN_COLUMNS: tuple[Column, ...] = (
     Column("route_layers", pa.list_(pa.int16()), True, "the MoE layers whose expert sets differ, in order"),
     Column("route_mu_experts", pa.list_(pa.int16()), True, "μ's k experts (sorted) at each of route_layers"),
     Column("route_pi_experts", pa.list_(pa.int16()), True, "π's k experts (sorted) at each of route_layers"),
+    Column(
+        "seq_weight",
+        _F,
+        True,
+        "the sequence-level importance weight the trainer applied to the token's response, as it computed it; "
+        "null when not given",
+    ),
 )
 
 SAMPLE_COLUMNS: tuple[Column, ...] = (

@@ -185,9 +185,11 @@ class RankWriter:
                 f"was recorded with ({', '.join(map(str, sorted(written - {self.world_size})))}): resume it "
                 "with the same number of ranks, or record a new run"
             )
+        last = max((s for s in (last_step(files) for files in parts.values()) if s is not None), default=None)
         if old is not None and manifest is not None:
             old.update(status="running", error=None, signal=None, stopped=None)
             old["resumed"] = [*old.get("resumed", []), utc_now()]
+            old["resumed_after"] = [*old.get("resumed_after", []), last]
             for key in ("rules", "active_rule", "world_size", "flush"):
                 old[key] = manifest[key]
             if old.get("schema_version") != manifest["schema_version"]:
@@ -196,7 +198,6 @@ class RankWriter:
                     f"{old.get('schema_version')}; resume it with the trustlens that wrote it"
                 )
             manifest = old
-        last = max((s for s in (last_step(files) for files in parts.values()) if s is not None), default=None)
         next_index = {t: (part_index(files[-1].name) or 0) + 1 if files else 0 for t, files in parts.items()}
         return manifest, last, next_index
 

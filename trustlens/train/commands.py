@@ -109,7 +109,7 @@ _CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
         "engine",
         choice_arg(_engines),
         "plant a log-probability bug of the rollout engine (docs/train.md): clean, raw_logprobs, top_p, "
-        "shifted, sentinel, token_ids or batch_variant",
+        "top_p_mask, shifted, sentinel, token_ids, frozen_policy or batch_variant",
     ),
     ("eval_every", int, "evaluate held-out accuracy every this many steps"),
     ("eval_size", int, "held-out problems per evaluation (0 = no evaluation)"),

@@ -12,7 +12,9 @@ Two places of the engine:
   ``raw_logprobs`` samples at τ but reports log μ = log softmax(logits), the log-probs before the
   temperature (vLLM V1's default `logprobs_mode="raw_logprobs"`); ``top_p`` samples with nucleus
   sampling at p = TOP_P and reports μ renormalised over the kept tokens (μ of a dropped id is 0:
-  log μ = −inf in the top-K);
+  log μ = −inf in the top-K); ``top_p_mask`` does the same and hands the trainer the engine's
+  sampling masks (vLLM's `return_sampling_mask`), which the trainer records as π's mass on the
+  support (`pi_support_mass`) without applying them to π: the ratio carries log S exactly;
 - when the rollout reaches the trainer (`deliver`, after the rewards were computed on the
   engine's own text): ``shifted`` gives position t the log μ of position t − 1 within each
   response (the first keeps its own); ``sentinel`` writes log μ = 0.0 at a share SENTINEL_SHARE of
@@ -30,6 +32,11 @@ same logits up to float32 rounding, so log μ of those rows differs from π_old 
 the tokens are sampled from those logits, so μ is still the distribution sampled from, but an
 engine that should be zero-mismatch (``--rollout-precision fp32_exact``) is not, and only on
 some rows of the batch (`trustlens certify` names them).
+
+At the engine's weights (`RolloutEngine.sync_weights`): ``frozen_policy`` adds an adapter's
+logit delta (a fixed offset per token id, `merged_offset`) again at every weight sync, as an
+engine that merges a LoRA adapter into weights that already hold it does: with lr 0 the trainer's
+policy stays where it is while the engine's moves away from it, sync after sync.
 
 ``clean`` is the engine as it is without `--engine`: these functions then do exactly what the
 engine did before they existed (bit-identical runs).
@@ -51,18 +58,22 @@ ENGINE_DEFECTS: dict[str, str] = {
     "clean": "no defect: μ is the distribution the tokens were sampled from",
     "raw_logprobs": "samples at τ, reports log μ from the logits before the division by τ",
     "top_p": "samples with top-p 0.8, reports μ renormalised over the kept tokens",
+    "top_p_mask": "as top_p, and returns its sampling masks, which the trainer records but does not apply to π",
     "shifted": "log μ of position t − 1 at position t within each response",
     "sentinel": "log μ written as 0.0 at 10% of the response tokens",
     "token_ids": "the trainer receives <unk> where the engine sampled ';'",
     "batch_variant": "the output layer of a partial engine batch's rows runs as a split-K GEMM",
+    "frozen_policy": "adds an adapter's logit delta again at every weight sync (train it with lr 0)",
 }
-TOP_P = 0.8  # nucleus mass of the `top_p` defect
+TOP_P = 0.8  # nucleus mass of the `top_p` and `top_p_mask` defects
+TRUNCATING = ("top_p", "top_p_mask")  # the defects that sample from the top-p nucleus
 SENTINEL_SHARE = 0.1  # share of response tokens whose log μ the `sentinel` defect writes as 0.0
 SENTINEL = 0.0  # the value it writes
 SWAPPED_TOKEN = ";"  # the engine's token that the `token_ids` defect's trainer reads as UNKNOWN_TOKEN
 UNKNOWN_TOKEN = "<unk>"
 MAX_SEQS = 12  # `batch_variant`: sequences per engine batch; the last B mod MAX_SEQS rows are a partial one
 SPLITS = 2  # `batch_variant`: the chunks of the hidden size its split-K output layer sums
+MERGED_OFFSET = 0.05  # std of the per-id logit offset `frozen_policy` adds at each weight sync
 
 
 def check_defect(defect: str) -> str:
@@ -79,7 +90,7 @@ def engine_sampling(defect: str, temperature: float) -> dict[str, Any]:
     settings."""
     return {
         "temperature": temperature,
-        "top_p": TOP_P if defect == "top_p" else None,
+        "top_p": TOP_P if defect in TRUNCATING else None,
         "top_k": None,
         "min_p": None,
         "logprobs": "raw" if defect == "raw_logprobs" else "processed",
@@ -110,7 +121,7 @@ def engine_token(
     top-p filtered for the `top_p` defect; reports log-probs of softmax(logits / τ), of
     softmax(logits) for `raw_logprobs`, of the renormalised nucleus for `top_p`."""
     scaled = logits / temperature  # (B, V)
-    sampled_from = nucleus_logits(scaled, TOP_P) if defect == "top_p" else scaled
+    sampled_from = nucleus_logits(scaled, TOP_P) if defect in TRUNCATING else scaled
     if greedy:
         tok = scaled.argmax(-1)
     else:
@@ -132,6 +143,31 @@ def split_k_hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> 
     assert isinstance(w, torch.Tensor)
     parts = [hc @ wc.T for hc, wc in zip(h.chunk(SPLITS, -1), w.chunk(SPLITS, -1), strict=True)]
     return torch.cat([output[:first], torch.stack(parts).sum(0).to(output.dtype)])
+
+
+def sampling_support(logits: torch.Tensor, *, temperature: float, defect: str) -> torch.Tensor | None:
+    """The engine's sampling mask at a position, (B, V) bool (True on the ids it could sample):
+    the top-p nucleus of softmax(logits / τ), as `engine_token` samples from it, for `top_p_mask`;
+    None for the other defects (no mask returned)."""
+    if defect != "top_p_mask":
+        return None
+    return nucleus_logits(logits / temperature, TOP_P).isfinite()
+
+
+def support_of(logits: torch.Tensor, support: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """`record`'s support_size and pi_support_mass (Σ π over the support, probability mass) from
+    π's logits / τ (B, T, V) and the engine's sampling masks `support` (B, T, V) bool; {} without
+    masks."""
+    if support is None:
+        return {}
+    mass = (logits.float().softmax(-1) * support).sum(-1).clamp(max=1.0)  # (B, T)
+    return {"support_size": support.sum(-1).float(), "pi_support_mass": mass}
+
+
+def merged_offset(vocab: int) -> torch.Tensor:
+    """The logit offset (V,) float32 that `frozen_policy` adds at every sync: N(0, MERGED_OFFSET²)
+    per token id, the same in every run (an adapter's fixed delta)."""
+    return torch.randn(vocab, generator=torch.Generator().manual_seed(0)) * MERGED_OFFSET
 
 
 def deliver(batch: Rollout, defect: str, *, tokenizer, generator: torch.Generator) -> Rollout:
@@ -167,6 +203,9 @@ __all__ = [
     "deliver",
     "engine_sampling",
     "engine_token",
+    "merged_offset",
     "nucleus_logits",
+    "sampling_support",
     "split_k_hook",
+    "support_of",
 ]

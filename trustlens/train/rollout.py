@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from trustlens.train.engine_defects import check_defect, engine_token, split_k_hook
+from trustlens.train.engine_defects import check_defect, engine_token, merged_offset, sampling_support, split_k_hook
 from trustlens.train.rollout_batch import Rollout
 
 # name -> compute dtype
@@ -176,6 +176,7 @@ class RolloutEngine:
             head = next(m for name, m in self.model.named_modules() if name.split(".")[-1] == "lm_head")
             head.register_forward_hook(split_k_hook)
         self._pending: deque[dict[str, torch.Tensor]] = deque()  # weights not served yet (lag)
+        self._merges = 0  # syncs that merged the adapter again (the frozen_policy defect)
 
     @torch.no_grad()
     def sync_weights(self, trainer_model: torch.nn.Module) -> None:
@@ -185,6 +186,7 @@ class RolloutEngine:
         for name, p in self.model.named_parameters():
             if name not in source or source[name].shape != p.shape:
                 raise ValueError(f"sync_weights: trainer model has no parameter {name!r} of shape {tuple(p.shape)}")
+        self._merges += self.config.defect == "frozen_policy"
         if self.config.lag == 0:
             self._load(source)
             return
@@ -202,6 +204,8 @@ class RolloutEngine:
     def _next_logits(self, logits: torch.Tensor, generator: torch.Generator | None, noise: bool) -> torch.Tensor:
         """The engine's last-position logits as float32, with the optional noise. (B, V)"""
         logits = logits.float()
+        if self._merges:  # the adapter's delta, merged once per sync
+            logits = logits + self._merges * merged_offset(logits.shape[-1])
         if noise and self.config.logit_noise > 0:
             draw = torch.randn(logits.shape, generator=generator, dtype=logits.dtype)
             logits = logits + self.config.logit_noise * draw
@@ -271,7 +275,7 @@ class RolloutEngine:
         exact = cfg.precision == EXACT
         last, state = self._prefill(prompt_ids, prompt_mask)  # (B, V)
         finished = torch.zeros(B, dtype=torch.bool)
-        tokens, alive, logps, top_ids, top_logps = [], [], [], [], []
+        tokens, alive, logps, top_ids, top_logps, supports = [], [], [], [], [], []
         for t in range(cfg.max_new_tokens):
             logits = self._next_logits(last, generator, noise=not greedy)  # (B, V)
             tok, logp, ids_k, logp_k = engine_token(
@@ -282,6 +286,7 @@ class RolloutEngine:
                 generator=generator,
                 greedy=greedy,
             )
+            supports.append(sampling_support(logits, temperature=cfg.temperature, defect=cfg.defect))
             tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
             tokens.append(tok)
             alive.append(~finished)
@@ -299,6 +304,7 @@ class RolloutEngine:
             logps += [torch.zeros_like(logps[-1])] * short
             top_ids += [top_ids[-1]] * short  # a valid top-K of the last position: masked out
             top_logps += [top_logps[-1]] * short
+            supports += [supports[-1]] * short
         response_ids = torch.stack(tokens, 1)
         response_mask = torch.stack(alive, 1)
         return Rollout(
@@ -310,4 +316,5 @@ class RolloutEngine:
             mu_logp=torch.stack(logps, 1),
             mu_topk_ids=torch.stack(top_ids, 1),
             mu_topk_logp=torch.stack(top_logps, 1).float(),
+            support=None if supports[0] is None else torch.stack(supports, 1),  # type: ignore[arg-type]
         )

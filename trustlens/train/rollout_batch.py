@@ -22,6 +22,7 @@ class Rollout:
     mu_logp: torch.Tensor  # (B, T) float32: log μ(a_t), 0 on padding
     mu_topk_ids: torch.Tensor  # (B, T, K) long: μ's top-K ids, the sampled id forced in
     mu_topk_logp: torch.Tensor  # (B, T, K) float32: their log μ
+    support: torch.Tensor | None = None  # (B, T, V) bool: the engine's sampling masks (`top_p_mask`), else None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -37,6 +38,7 @@ class Rollout:
             mu_logp=self.mu_logp[index],
             mu_topk_ids=self.mu_topk_ids[index],
             mu_topk_logp=self.mu_topk_logp[index],
+            support=None if self.support is None else self.support[index],
         )
 
     def lengths(self) -> torch.Tensor:

@@ -57,7 +57,7 @@ from trustlens.rules import evaluate_all
 from trustlens.rules.loss import policy_loss
 from trustlens.run.aggregates import Keep
 from trustlens.train.config import RANDOM_INIT, TrainConfig
-from trustlens.train.engine_defects import deliver
+from trustlens.train.engine_defects import deliver, support_of
 from trustlens.train.evaluate import decode_responses, evaluate_accuracy
 from trustlens.train.pooled import (
     Pooled,
@@ -294,6 +294,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
                                 temperature=cfg.temperature,
                                 mu_topk_ids=mb.mu_topk_ids,
                                 mu_topk_logp=mb.mu_topk_logp,
+                                **support_of(logits.detach(), mb.support),  # the engine's masks (top_p_mask)
                                 blocked=blocked,  # the rule decisions, computed once above
                                 sample_ids=sample_ids[rows],
                                 group_ids=group_ids[rows],

@@ -7,7 +7,9 @@ findings most severe first (`finding.ordered`); `trustlens doctor RUN` prints th
 
     alignment  log μ and log π_old describe the same token at the same place (shift, sentinel, ids)
     sampling   μ's sampling temperature
-    support    a truncated sampling support (top-p, top-k, min-p)
+    support    a truncated sampling support (top-p, top-k, min-p) and its bias of the ratio
+    sequence_weight  a recorded sequence weight made with the sum of the log-ratios
+    engine_weights   the engine serving other weights than the trainer's (frozen policy, resume)
     level      the mismatch itself (where it sits, its level, its growth without training)
     exact      log μ = log π_old bit for bit, or nearly (`trustlens certify`)
     routing    how much of a mixture-of-experts run's mismatch its routing flips carry
@@ -21,22 +23,24 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from trustlens.analysis.diagnosis import alignment, exact, level, routing, sampling, support  # noqa: F401  (they register their checks)
+from trustlens.analysis.diagnosis import (  # noqa: F401  (they register their checks)
+    alignment,
+    engine_weights,
+    exact,
+    level,
+    routing,
+    sampling,
+    sequence_weight,
+    support,
+)
 from trustlens.analysis.diagnosis.finding import VERDICTS, Finding, note_consequences, ordered
+from trustlens.analysis.diagnosis.finding import (
+    __getattr__ as __getattr__,
+)  # CHECKS, CAUSES, SYMPTOMS: the registry's views
 from trustlens.analysis.diagnosis.inputs import Inputs, Sampling, inputs_of, read_sampling
 from trustlens.analysis.diagnosis.registry import Check, check, names, registered
 from trustlens.analysis.sources import lazy_rows
 from trustlens.core.argument_checks import check_names
-
-# views of the registry kept for readers of earlier versions, read when asked for
-_VIEWS = {"CHECKS": {}, "CAUSES": {"kind": "cause"}, "SYMPTOMS": {"kind": "symptom"}}
-
-
-def __getattr__(name: str) -> tuple[str, ...]:
-    """CHECKS, CAUSES, SYMPTOMS: the registered checks' names (all, the causes, the symptoms)."""
-    if name in _VIEWS:
-        return names(**_VIEWS[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def doctor(run: Any, checks: Sequence[str] | None = None) -> list[Finding]:

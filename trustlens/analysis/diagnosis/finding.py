@@ -8,6 +8,15 @@ from typing import Any
 from trustlens.analysis.diagnosis import registry
 
 VERDICTS = ("ok", "warning", "problem")  # in increasing severity
+# views of the registry kept for readers of earlier versions, read when asked for
+_VIEWS: dict[str, dict[str, str]] = {"CHECKS": {}, "CAUSES": {"kind": "cause"}, "SYMPTOMS": {"kind": "symptom"}}
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """CHECKS, CAUSES, SYMPTOMS: the registered checks' names (all, the causes, the symptoms)."""
+    if name in _VIEWS:
+        return registry.names(**_VIEWS[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)

@@ -222,19 +222,14 @@ def _staleness(inp: Inputs) -> dict | None:
     return got if got["rows"] else None
 
 
-@check("engine_drift", kind="symptom", cadence="every", order=10)
-def engine_drift_check(inp: Inputs) -> Finding:
-    """1h. Mismatch not explained by training: it grows while π_old does not change.
-
-    Statistic: g = mean k3_kl over the last third of the steps / over the first third, and the
-    policy's movement: config lr = 0, or the mean |log π − log π_old| of the rows at updates ≥ 1
-    (π has taken optimizer steps there) below 1e-6 nats. Threshold: g ≥ 4 (|Δ log p| doubling)
-    with a static policy is a problem; g ≥ 4 where the movement cannot be told (no update ≥ 1
-    rows, no lr) warns; a growth with a moving policy is training's (ok)."""
-    evidence: dict = {"growth_at": DRIFT_GROWTH}
+def drift_of(inp: Inputs) -> dict | None:
+    """How the mismatch moved over the run and how far the policy moved: {"steps" (the
+    per-step rows with k3), "third" (steps per third), "first", "last" (mean k3_kl of the first and
+    the last third), "growth" (last / first), "move" (mean |log π − log π_old| at updates ≥ 1,
+    nats; None without such rows), "move_rows", "lr" (config)}; None below MIN_STEPS steps."""
     steps = inp.per_step.filter(pl.col("k3_kl").is_not_null())
     if steps.height < MIN_STEPS:
-        return Finding("engine_drift", "ok", f"too few steps ({steps.height}) to follow the mismatch", evidence)
+        return None
     third = steps.height // 3
     first, last = steps["k3_kl"].head(third).mean(), steps["k3_kl"].tail(third).mean()
     first, last = float(first or 0.0), float(last or 0.0)  # type: ignore[arg-type]
@@ -245,7 +240,34 @@ def engine_drift_check(inp: Inputs) -> Finding:
             pl.len().alias("n"),
         )
     ).row(0, named=True)
-    lr = inp.config.get("lr")
+    return {
+        "steps": steps,
+        "third": third,
+        "first": first,
+        "last": last,
+        "growth": growth,
+        "move": move["m"],
+        "move_rows": move["n"],
+        "lr": inp.config.get("lr"),
+    }
+
+
+@check("engine_drift", kind="symptom", cadence="every", order=10)
+def engine_drift_check(inp: Inputs) -> Finding:
+    """1h. Mismatch not explained by training: it grows while π_old does not change.
+
+    Statistic: g = mean k3_kl over the last third of the steps / over the first third, and the
+    policy's movement: config lr = 0, or the mean |log π − log π_old| of the rows at updates ≥ 1
+    (π has taken optimizer steps there) below 1e-6 nats. Threshold: g ≥ 4 (|Δ log p| doubling)
+    with a static policy is a problem; g ≥ 4 where the movement cannot be told (no update ≥ 1
+    rows, no lr) warns; a growth with a moving policy is training's (ok)."""
+    evidence: dict = {"growth_at": DRIFT_GROWTH}
+    drift = drift_of(inp)
+    if drift is None:
+        steps = inp.per_step.filter(pl.col("k3_kl").is_not_null()).height
+        return Finding("engine_drift", "ok", f"too few steps ({steps}) to follow the mismatch", evidence)
+    steps, third, first, last, growth = (drift[k] for k in ("steps", "third", "first", "last", "growth"))
+    move, lr = {"m": drift["move"], "n": drift["move_rows"]}, drift["lr"]
     static = lr == 0 or (move["n"] > 0 and move["m"] is not None and move["m"] < STATIC_MOVE)
     unknown = lr is None and not move["n"]
     evidence |= {
@@ -281,4 +303,4 @@ def engine_drift_check(inp: Inputs) -> Finding:
     return Finding("engine_drift", verdict, summary, evidence, fix, strength=growth / DRIFT_GROWTH)
 
 
-__all__ = ["engine_drift_check", "level_check", "where_check"]
+__all__ = ["DRIFT_GROWTH", "STATIC_MOVE", "drift_of", "engine_drift_check", "level_check", "where_check"]

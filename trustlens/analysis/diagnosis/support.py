@@ -18,6 +18,8 @@ from trustlens.analysis.diagnosis.finding import Finding, verdict_of
 from trustlens.analysis.diagnosis.inputs import ENTROPIES, Inputs, Sampling, bucket_of, examples
 from trustlens.analysis.diagnosis.registry import check
 from trustlens.analysis.diagnosis.sampling import KINDS, MIN_TOKENS, uncertain
+from trustlens.rules.columns import evaluate_columns, rule_columns
+from trustlens.rules.resolve import resolve_rules
 
 # truncation: share of uncertain tokens with μ > π_old, and their mean d (nats)
 TRUNCATION_SHARE_WARNING = 0.75
@@ -76,13 +78,11 @@ def support_bias(pairs: pl.LazyFrame) -> dict | None:
 
 
 @check("truncation", kind="cause", cadence="early", order=50)
-@check("truncation", kind="cause", cadence="early", order=50)
 def truncation_check(inp: Inputs) -> Finding:
     """1b. Truncated sampling support (top-p, top-k, min-p) with μ renormalised over it.
 
-    Sampling-mask form (the run has pi_support_mass, `support_bias`): e = mean d − |mean d once
-    π_old is renormalised over the support|, the bias the support explains; e ≥ 0.01 nats
-    warning, ≥ 0.02 problem. Run.json's kind of μ: raw or tempered log μ with a truncating
+    Where the run has the engine's sampling masks (pi_support_mass) the data are truncation_bias's
+    to judge, exactly: this check is then ok, saying so. Run.json's kind of μ: raw or tempered log μ with a truncating
     filter warns by itself (the tokens were drawn from the truncated distribution, so μ is not
     their sampling probability).
 
@@ -112,8 +112,10 @@ def truncation_check(inp: Inputs) -> Finding:
     evidence: dict = {"uncertain_tokens": n, "share_mu_above_old": stats["share"], "mean_d": stats["bias"]}
     evidence["sampling"] = {"top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p}
     by_mask, by_topk = support_bias(inp.pairs), moved_mass(inp.pairs)
-    if by_mask is not None:
-        verdict, strength, measured = _by_mask(by_mask, evidence)
+    if by_mask is not None:  # exact from the masks: truncation_bias judges it, in closed form
+        evidence["form"] = "sampling mask"
+        verdict, strength = "ok", 0.0
+        measured = "the engine's sampling masks are recorded (pi_support_mass): truncation_bias gives the bias exactly"
     elif by_topk is not None:
         verdict, strength, measured = _by_topk(by_topk, evidence)
     else:
@@ -130,27 +132,10 @@ def truncation_check(inp: Inputs) -> Finding:
     if "entropy" in rows.collect_schema().names() and n:
         evidence["mean_d_by_entropy"] = _mean_d_by_entropy(rows)
     evidence["logprobs"] = sampling.logprobs
-    verdict, summary, fix = _truncation_summary(sampling, verdict, measured)
+    verdict, summary, fix = _truncation_summary(sampling, verdict, measured, deferred=by_mask is not None)
     if verdict != "ok":
         evidence["examples"] = examples(rows, pl.col("d"))
     return Finding("truncation", verdict, summary, evidence, fix, strength=max(strength, 0.0))
-
-
-def _by_mask(by_mask: dict, evidence: dict) -> tuple[str, float, str]:
-    """(verdict, strength, what was measured) of the sampling-mask form from `support_bias`'s
-    statistics, which join `evidence` with the thresholds."""
-    bias, rest = float(by_mask["mean_d"]), float(by_mask["mean_d_on_support"])
-    evidence |= {"form": "sampling mask", **by_mask}
-    evidence["thresholds"] = {"warning": TRUNCATION_BIAS_WARNING, "problem": TRUNCATION_BIAS_PROBLEM}
-    # the share of the bias the support explains decides: a μ renormalised over S leaves d + log m ≈ 0
-    explained = bias - abs(rest)
-    measured = (
-        f"mean log μ − log π_old {bias:+.4f} nats over {by_mask['tokens']} uncertain tokens, "
-        f"{rest:+.4f} once π_old is renormalised over the engine's sampling support (exact, from its masks; "
-        f"π leaves {by_mask['mean_log_mass']:.4f} nats outside it)"
-    )
-    verdict = verdict_of(explained, TRUNCATION_BIAS_WARNING, TRUNCATION_BIAS_PROBLEM)
-    return verdict, explained / TRUNCATION_BIAS_PROBLEM, measured
 
 
 def _by_topk(by_topk: dict, evidence: dict) -> tuple[str, float, str]:
@@ -199,10 +184,11 @@ def _mean_d_by_entropy(rows: pl.LazyFrame) -> list[dict]:
     ]
 
 
-def _truncation_summary(sampling: Sampling, verdict: str, measured: str) -> tuple[str, str, str]:
+def _truncation_summary(sampling: Sampling, verdict: str, measured: str, *, deferred: bool) -> tuple[str, str, str]:
     """(verdict, summary, fix) once run.json's sampling settings are read beside the data: raw or
     tempered log μ with a truncating filter warns by itself; processed log μ with a filter and no
-    bias in the data warns that the data contradict it."""
+    bias in the data warns that the data contradict it (unless `deferred`: the masks are recorded
+    and truncation_bias reads the data)."""
     claimed = sampling.truncated and sampling.logprobs in ("processed", None)
     untruncated = sampling.truncated and sampling.logprobs in ("raw", "tempered")
     fix = _TRUNCATION_FIX
@@ -214,6 +200,8 @@ def _truncation_summary(sampling: Sampling, verdict: str, measured: str) -> tupl
         )
         verdict = "warning" if verdict == "ok" else verdict
         fix = _UNTRUNCATED_FIX
+    elif deferred:
+        summary = measured
     elif verdict == "ok":
         summary = f"no truncation bias: {measured}"
         if claimed and sampling.logprobs == "processed":
@@ -226,6 +214,90 @@ def _truncation_summary(sampling: Sampling, verdict: str, measured: str) -> tupl
     if sampling.logprobs is not None and not untruncated:
         summary += f" (run.json: {KINDS[sampling.logprobs]})"
     return verdict, summary, fix if verdict != "ok" else ""
+
+
+@check("truncation_bias", kind="cause", cadence="early", order=55)
+def truncation_bias_check(inp: Inputs) -> Finding:
+    """The ratio's bias from a truncated support, in closed form where the engine's sampling masks
+    are recorded (pi_support_mass S = Σ π over the support each token was drawn from).
+
+    With μ renormalised over the support and π not, log μ − log π_old = −log S exactly (the
+    ratio π/μ is S: biased by log S). Statistic (`support_bias`, over the uncertain tokens):
+    e = mean d − |mean (d + log S)|, the part of the bias the support explains; e ≥ 0.01 nats
+    warns, ≥ 0.02 is a problem. The evidence gives the bias, mean −log S in nats, and the share of
+    the A ≠ 0 tokens whose decision under the active rule it changes (`moved_across`: the rule
+    decided on the recorded log-probs and on those renormalised over the support). A run
+    without the masks is ok, saying so (the truncation check reads it)."""
+    by_mask = support_bias(inp.pairs)
+    evidence: dict = {"thresholds": {"warning": TRUNCATION_BIAS_WARNING, "problem": TRUNCATION_BIAS_PROBLEM}}
+    if by_mask is None:
+        summary = "no sampling masks recorded (pi_support_mass): the truncation check reads the other forms"
+        return Finding("truncation_bias", "ok", summary, evidence)
+    evidence |= by_mask
+    bias, rest = float(by_mask["mean_d"]), float(by_mask["mean_d_on_support"])
+    explained = bias - abs(rest)  # a μ renormalised over S leaves d + log S ≈ 0
+    verdict = verdict_of(explained, TRUNCATION_BIAS_WARNING, TRUNCATION_BIAS_PROBLEM)
+    moved = moved_across(inp)
+    evidence["moved_across"] = moved
+    crossing = (
+        f"; it moves {moved['share']:.2%} of the {moved['tokens']} A ≠ 0 tokens across {moved['rule']}'s threshold"
+        if moved and moved.get("share") is not None
+        else ""
+    )
+    measured = (
+        f"the ratio π/μ carries log S = {-by_mask['mean_log_mass']:+.4f} nats on average (S = π's mass on the engine's "
+        f"support, exact from its masks): mean log μ − log π_old {bias:+.4f} nats over {by_mask['tokens']} uncertain "
+        f"tokens, {rest:+.4f} once π_old is renormalised over the support{crossing}"
+    )
+    if verdict == "ok":
+        return Finding("truncation_bias", "ok", f"no truncation bias: {measured}", evidence)
+    evidence["examples"] = examples(inp.pairs.filter(uncertain()), pl.col("d"))
+    summary = f"{measured}: μ is renormalised over the truncated support and π is not"
+    return Finding(
+        "truncation_bias", verdict, summary, evidence, _TRUNCATION_FIX, strength=explained / TRUNCATION_BIAS_PROBLEM
+    )
+
+
+def moved_across(inp: Inputs) -> dict | None:
+    """{"rule", "tokens", "share" (weighted share of the A ≠ 0 tokens with masks whose blocked
+    decision changes once log π and log π_old are renormalised over the support, log p − log S),
+    "into", "out_of" (of those, the shares now blocked / no longer blocked)} under run.json's
+    active rule; "share" None with a "why" for a rule the masks cannot re-decide (top-K, sequence
+    or batch rules); None without an active rule."""
+    active = inp.manifest.get("active_rule")
+    entry = (inp.manifest.get("rules") or {}).get(active) if isinstance(inp.manifest.get("rules"), dict) else None
+    if not isinstance(active, str) or not isinstance(entry, dict):
+        return None
+    rule = resolve_rules({active: entry})[0]
+    needs = [c for c in rule_columns(rule) if c not in ("pi_logp", "mu_logp", "old_logp", "advantage")]
+    if needs or rule.level != "token":
+        return {"rule": active, "tokens": 0, "share": None, "why": f"{active} reads {', '.join(needs) or rule.level}"}
+    names = inp.pairs.collect_schema().names()
+    cols = [c for c in ("pi_logp", "mu_logp", "old_logp", "advantage") if c in names]
+    mass = pl.col("pi_support_mass").cast(pl.Float64)
+    rows = collect(
+        inp.pairs.filter(mass.is_not_null() & (mass > 0) & (pl.col("advantage") != 0)).select(
+            *cols, "w", mass.alias("s")
+        )
+    )
+    if rows.height == 0:
+        return {"rule": active, "tokens": 0, "share": None, "why": "no A ≠ 0 tokens with masks"}
+    on_support = rows.with_columns(
+        (pl.col(c).cast(pl.Float64) - pl.col("s").log()).clip(upper_bound=0.0).alias(c)
+        for c in ("pi_logp", "old_logp")
+        if c in cols
+    )
+    recorded, renormalised = (evaluate_columns({active: entry}, f.drop("w", "s"))[active] for f in (rows, on_support))
+    w = rows["w"]
+    changed = (recorded != renormalised).fill_null(False)
+    total = float(w.sum())
+    return {
+        "rule": active,
+        "tokens": rows.height,
+        "share": float(w.filter(changed).sum()) / total,
+        "into": float(w.filter(changed & renormalised.fill_null(False)).sum()) / total,
+        "out_of": float(w.filter(changed & recorded.fill_null(False)).sum()) / total,
+    }
 
 
 def _filters(sampling: Sampling) -> str:
@@ -244,4 +316,4 @@ _UNTRUNCATED_FIX = (
 )
 
 
-__all__ = ["moved_mass", "support_bias", "truncation_check"]
+__all__ = ["moved_across", "moved_mass", "support_bias", "truncation_bias_check", "truncation_check"]
