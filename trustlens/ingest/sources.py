@@ -121,32 +121,21 @@ def _events(log: Log, files: list[Path], progress: Progress | None) -> Log:
     total = sum(f.stat().st_size for f in files)
     done = 0
     for f in files:
-        steps, names, values = [], [], []
-        texts: dict[str, list[tuple[int, str]]] = {}
-        reader = EventFile(f)
         try:
-            for n, (step, _wall, tag, value) in enumerate(reader.read()):
-                if isinstance(value, str):
-                    texts.setdefault(tag, []).append((step, value))
-                    continue
-                steps.append(step)
-                names.append(tag)
-                values.append(value)
-                if progress is not None and n % 100_000 == 0:
-                    progress(f"{f.name}: {len(log.steps) + len(steps):,} values read")
+            got = EventFile(f).read()
         except (CorruptEventFile, OSError) as err:
             warnings.warn(
                 f"skipping corrupt event file {f}: {err}; the other files are imported", ImportWarning, stacklevel=2
             )
-            done += f.stat().st_size
             continue
-        log.steps += steps
-        log.names += names
-        log.values += values
-        for tag, items in texts.items():
+        finally:
+            done += f.stat().st_size
+        log.steps += got.steps
+        log.names += got.names
+        log.values += got.values
+        for tag, items in got.texts.items():
             log.texts.setdefault(tag, []).extend(items)
         log.files.append(f)
-        done += f.stat().st_size
         if progress is not None:
             progress(f"read {done / 2**20:.1f} MiB of {total / 2**20:.1f} MiB ({len(log.steps):,} values)")
     if not log.files:
