@@ -62,6 +62,35 @@ def _exported_settings(log: Log) -> dict[str, Any]:
     return {}
 
 
+def check_model_kind(model_kind: str | None) -> None:
+    from trustlens.run.manifest import MODEL_KINDS
+
+    if model_kind is not None and model_kind not in MODEL_KINDS:
+        raise ValueError(f"--model-kind must be one of {', '.join(MODEL_KINDS)}, got {model_kind!r}")
+
+
+def imported_manifest(log: Log, framework: str | None, model_kind: str | None) -> dict[str, Any]:
+    """run.json of the run imported from `log` with `framework`'s names: a new run's, with
+    `source` and `framework`, and the settings of an exported run (RUN_SETTINGS) restored."""
+    from trustlens.run.manifest import new_manifest
+
+    settings = _exported_settings(log) if framework == "trustlens" else {}
+    manifest = new_manifest(
+        rules=settings.get("rules") or {},
+        active_rule=settings.get("active_rule"),
+        config=settings.get("config"),
+        world_size=1,
+        model_kind=model_kind or settings.get("model_kind") or "dense",
+        planned_steps=settings.get("planned_steps"),
+        sampling=settings.get("sampling"),
+    )
+    if settings.get("warmup_steps"):
+        manifest["warmup_steps"] = settings["warmup_steps"]
+    manifest["source"] = {"kind": log.kind, "path": str(log.path.resolve()), "files": [str(f) for f in log.files]}
+    manifest["framework"] = framework
+    return manifest
+
+
 def import_log(
     src: str | os.PathLike,
     out: str | os.PathLike,
@@ -74,31 +103,16 @@ def import_log(
     """Read the log at `src` and write it as the run `out` (module docstring). `framework`: whose
     names the log holds (default: told from the names); `model_kind`: dense or moe (the
     mismatch's normal range; default: the exported run's, else dense)."""
-    from trustlens.run.manifest import MODEL_KINDS, new_manifest
     from trustlens.run.schema import table_schema
     from trustlens.run.writer import RankWriter
 
-    if model_kind is not None and model_kind not in MODEL_KINDS:
-        raise ValueError(f"--model-kind must be one of {', '.join(MODEL_KINDS)}, got {model_kind!r}")
+    check_model_kind(model_kind)
     log = read_log(Path(src), progress)
     chosen = framework_of(log, framework)
     table = metrics_table(log, chosen)
     if table.metrics.is_empty():
         raise ValueError(f"{log.path}: no numeric metrics in it to import")
-    settings = _exported_settings(log) if chosen == "trustlens" else {}
-    manifest = new_manifest(
-        rules=settings.get("rules") or {},
-        active_rule=settings.get("active_rule"),
-        config=settings.get("config"),
-        world_size=1,
-        model_kind=model_kind or settings.get("model_kind") or "dense",
-        planned_steps=settings.get("planned_steps"),
-        sampling=settings.get("sampling"),
-    )
-    if settings.get("warmup_steps"):
-        manifest["warmup_steps"] = settings["warmup_steps"]
-    manifest["source"] = {"kind": log.kind, "path": str(Path(src).resolve()), "files": [str(f) for f in log.files]}
-    manifest["framework"] = chosen
+    manifest = imported_manifest(log, chosen, model_kind)
     if progress is not None:
         progress(f"writing {table.metrics.height:,} values of {table.metrics['name'].n_unique()} metrics to {out}")
     writer = RankWriter(
@@ -114,4 +128,4 @@ def import_log(
     return Imported(Path(out), log, table, chosen)
 
 
-__all__ = ["Imported", "framework_of", "import_log"]
+__all__ = ["Imported", "check_model_kind", "framework_of", "import_log", "imported_manifest"]

@@ -7,6 +7,10 @@ written since the last one, never one being written) and each completed step is 
 raised alerts live (`TokenRecorder(alerts=...)`: the run's `alerts` table) has those printed,
 marked "live", instead: they are the alerts the training job saw.
 
+A TensorBoard log dir (event files, no run.json) is followed too (`watch_events`): its new event
+records only, judged as `trustlens import` judges the finished dir; it has no status, so one not
+written for `--stale` seconds is taken as finished.
+
 Exit codes:
 
     0  the run closed (status finished)
@@ -63,7 +67,15 @@ def _seconds(text: str) -> float:
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
     """Flags of `trustlens watch`."""
-    parser.add_argument("run", metavar="RUN", help="a run being written (folder or object-store URL)")
+    parser.add_argument(
+        "run", metavar="RUN", help="a run being written (folder or object-store URL), or a TensorBoard log dir"
+    )
+    parser.add_argument(
+        "--framework",
+        default=None,
+        metavar="NAME",
+        help="a TensorBoard log dir's framework, when its names do not tell (as trustlens import --framework)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per line: each alert, finding and the end")
     parser.add_argument("--doctor", action="store_true", help="also the doctor's findings (docs/doctor.md)")
     parser.add_argument(
@@ -181,6 +193,7 @@ def watch(
     out: TextIO | None = None,
     status: TextIO | None = None,
     sleep: Callable[[float], object] = time.sleep,
+    framework: str | None = None,
 ) -> int:
     """Follow the run at `path` until it closes, printing to `out` (module docstring); the exit
     code. `status`: where the one-line status goes (a terminal), None for none. Raises
@@ -190,6 +203,20 @@ def watch(
     from trustlens.run.follow import RunFollower, updated_seconds_ago, writer_died
 
     out = sys.stdout if out is None else out
+    from trustlens.ingest.follow import is_event_dir
+
+    if is_event_dir(path):
+        return watch_events(
+            path,
+            every=every,
+            fail_on=fail_on,
+            stale=stale,
+            as_json=as_json,
+            out=out,
+            status=status,
+            sleep=sleep,
+            framework=framework,
+        )
     follower = RunFollower(path)
     state = follower.state
     name = str(follower.path)
@@ -250,6 +277,57 @@ def watch(
         sleep(every)
 
 
+def watch_events(
+    path: str | os.PathLike,
+    *,
+    every: float = DEFAULT_EVERY,
+    fail_on: str | None = None,
+    stale: float = DEFAULT_STALE,
+    as_json: bool = False,
+    out: TextIO | None = None,
+    status: TextIO | None = None,
+    sleep: Callable[[float], object] = time.sleep,
+    framework: str | None = None,
+) -> int:
+    """Follow a TensorBoard log dir while it is written (trustlens.ingest.follow): each complete
+    step's metrics judged as `trustlens import` judges the finished dir, each alert printed once.
+    A log has no status: one not written for `stale` seconds is taken as finished (exit 0)."""
+    from trustlens.ingest.follow import EventFollower
+    from trustlens.live.monitor import LiveMonitor
+
+    out = sys.stdout if out is None else out
+    follower = EventFollower(path, framework=framework)
+    printer = Printer(out, status, as_json=as_json, fail_on=fail_on)
+    monitor: LiveMonitor | None = None
+    name = str(path)
+    quiet_since = time.monotonic()
+    while True:
+        steps = follower.poll()
+        if steps:
+            quiet_since = time.monotonic()
+        idle = time.monotonic() - quiet_since >= stale
+        if idle:
+            steps += follower.poll(finish=True)
+        for step, rows in steps:
+            if monitor is None:
+                assert follower.manifest is not None
+                monitor = LiveMonitor(follower.manifest, doctor=None)
+            printer.alerts(monitor.update(step, metrics=rows))
+        if idle and monitor is not None:
+            printer.alerts(monitor.finish())
+        if printer.failed:
+            printer.line(f"log dir {name!r}: an alert reached --fail-on {fail_on}", exit=EXIT_FAIL_ON)
+            return EXIT_FAIL_ON
+        if idle:
+            printer.line(
+                f"log dir {name!r} not written for {stale:g} s, taken as finished: {printer.counts}", exit=EXIT_CLOSED
+            )
+            return EXIT_CLOSED
+        last = "no steps yet" if follower.last_step is None else f"step {follower.last_step}"
+        printer.show_status(f"{last} · {printer.counts}")
+        sleep(every)
+
+
 def stopped_text(why: dict[str, Any], run: str | None = None) -> str:
     """What run.json's `stopped` says, in words: 'stopped after step S on a critical KIND (evidence
     from step E); kept checkpoints/step-… (held-out accuracy A)', the folder under `run` if given."""
@@ -292,7 +370,8 @@ def _watch(args: argparse.Namespace) -> int:
         stale=args.stale,
         as_json=args.json,
         status=sys.stderr if sys.stderr.isatty() else None,
+        framework=args.framework,
     )
 
 
-__all__ = ["Printer", "alert_json", "alert_line", "configure", "judge", "stopped_text", "watch"]
+__all__ = ["Printer", "alert_json", "alert_line", "configure", "judge", "stopped_text", "watch", "watch_events"]
