@@ -33,6 +33,8 @@ SOURCES = {
     "prob_diff_mean": ("prob_diff_mean",),
     "reward": ("reward/mean",),
 }
+# what a page or command that needs per-token data says once about a metrics-only run
+NO_TOKENS = "recorded without per-token data: import shows scalars; attach the hook for tokens"
 CLIP_RULE = "ppo"  # the rule a framework's clip fraction is the block rate of
 _BLOCKED = "blocked_frac/"
 
@@ -93,4 +95,4 @@ def logged_signals(run, rules: str | Sequence[str] | None = None) -> pl.DataFram
     ).sort("step")
 
 
-__all__ = ["CLIP_RULE", "SOURCES", "logged_signals", "metric_per_step", "metrics_only"]
+__all__ = ["CLIP_RULE", "NO_TOKENS", "SOURCES", "logged_signals", "metric_per_step", "metrics_only"]
