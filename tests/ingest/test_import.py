@@ -265,3 +265,15 @@ def test_tf2_tensor_scalars_are_read(tmp_path):
     assert _metrics(load_run(tmp_path / "run")) == {(s, "entropy/mean"): 0.5 + s for s in range(3)}
     assert math.isfinite(0.5)
     shutil.rmtree(tmp_path / "run")
+
+
+def test_the_command_prints_the_mapping_and_alerts_and_progress_on_stderr(verl_tb, tmp_path, capsys):
+    from trustlens.cli import main
+
+    assert main(["import", str(verl_tb), "--out", str(tmp_path / "run")]) == 0
+    captured = capsys.readouterr()
+    assert "trustlens import: read" in captured.err and "MiB" in captured.err  # progress
+    assert "(framework verl)" in captured.out and "actor/entropy → entropy/mean" in captured.out
+    assert "CRITICAL reward_drop" in captured.out and "6 alerts (2 critical)" in captured.out
+    assert main(["import", str(verl_tb), "--out", str(tmp_path / "run")]) == 2  # not overwritten
+    assert "already holds a run" in capsys.readouterr().err
