@@ -277,3 +277,12 @@ def test_the_command_prints_the_mapping_and_alerts_and_progress_on_stderr(verl_t
     assert "CRITICAL reward_drop" in captured.out and "6 alerts (2 critical)" in captured.out
     assert main(["import", str(verl_tb), "--out", str(tmp_path / "run")]) == 2  # not overwritten
     assert "already holds a run" in capsys.readouterr().err
+
+
+def test_import_into_an_object_store(s3, verl_tb):
+    from s3_server import BUCKET
+
+    done = import_log(verl_tb, f"s3://{BUCKET}/runs/imported")
+    run = load_run(f"s3://{BUCKET}/runs/imported")
+    assert str(done.path) == str(run.path) and run.manifest["framework"] == "verl"
+    assert set(detect_collapse(run)["kind"]) >= {"reward_drop", "accuracy_drop"}

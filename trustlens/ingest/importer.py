@@ -27,7 +27,7 @@ from trustlens.metrics import FRAMEWORKS, detect_framework
 class Imported:
     """What `import_log` wrote."""
 
-    path: Path  # the run directory
+    path: Any  # the run directory: a Path, or a trustlens.run.storage.Remote for an object-store URL
     log: Log  # what was read
     table: Table  # the metrics and what became of their names
     framework: str | None  # whose names were mapped (None: none could be told; names kept)
@@ -125,7 +125,7 @@ def import_log(
         writer.end("failed", f"{type(err).__name__}: {err}")
         raise
     writer.close("finished")
-    return Imported(Path(out), log, table, chosen)
+    return Imported(writer.path, log, table, chosen)
 
 
 __all__ = ["Imported", "check_model_kind", "framework_of", "import_log", "imported_manifest"]
