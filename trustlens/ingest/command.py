@@ -14,7 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-FRAMEWORK_CHOICES = ("verl", "trl", "prime-rl", "nemo-rl", "openrlhf", "slime", "trustlens")
+from trustlens.metrics import FRAMEWORKS
+
+# --framework: a framework of the names table, or trustlens (a log `trustlens export` wrote)
+FRAMEWORK_CHOICES = (*FRAMEWORKS, "trustlens")
 
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:

@@ -41,9 +41,8 @@ def framework_of(log: Log, framework: str | None) -> str | None:
     """`framework` if given (checked), else the one the names tell, else the one the log's format
     implies (verl's file logger, HF Trainer's trainer_state.json); None when nothing tells."""
     if framework is not None:
-        known = (*FRAMEWORKS, "trustlens")
-        if framework not in known:
-            raise ValueError(f"--framework must be one of {', '.join(known)}, got {framework!r}")
+        if framework not in (*FRAMEWORKS, "trustlens"):
+            raise ValueError(f"--framework must be one of {', '.join((*FRAMEWORKS, 'trustlens'))}, got {framework!r}")
         return framework
     if _exported_settings(log):
         return "trustlens"
