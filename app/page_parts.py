@@ -16,6 +16,7 @@ from trustlens import plots
 from trustlens.analysis import tokens as tq
 from trustlens.analysis.agreement import default_rule_pair
 from trustlens.analysis.collapse import episode_span
+from trustlens.analysis.collapse.logged import NO_TOKENS, metrics_only
 
 # Session-state key of what the token inspector should open (see inspect_tokens).
 INSPECT_KEY = "tl_inspect"
@@ -73,12 +74,25 @@ def header(title: str, ctx: Context) -> None:
 
 
 def need_tokens(ctx: Context | None) -> Context:
-    """Stop the page with a message unless there is a run with token rows."""
+    """Stop the page with a message unless there is a run with token rows (an imported run,
+    which holds only metrics, says so: NO_TOKENS)."""
+    ctx = need_steps(ctx, note=False)
+    if metrics_only(ctx.run):
+        st.info(f"This run was {NO_TOKENS}.")
+        st.stop()
+    return ctx
+
+
+def need_steps(ctx: Context | None, *, note: bool = True) -> Context:
+    """Stop the page with a message unless there is a run with steps: token rows, or the logged
+    metrics of an imported run (said once, `note`: what needs its tokens is not shown)."""
     if ctx is None:
         st.stop()
     if ctx.steps is None:
         st.info("This run has no token rows yet.")
         st.stop()
+    if note and metrics_only(ctx.run):
+        st.info(f"This run was {NO_TOKENS}: the alerts come from its logged metrics, without driving tokens.")
     return ctx
 
 

@@ -12,6 +12,7 @@ import polars as pl
 import streamlit as st
 
 from trustlens.analysis import tokens as tq
+from trustlens.analysis.collapse.logged import metrics_only
 from trustlens.dashboard import RUNS_ENV
 from trustlens.live.watch import DEFAULT_STALE
 from trustlens.run import MANIFEST, PART_GLOB, NoRowsError, Run, load_run, load_runs
@@ -134,6 +135,9 @@ def run_shape(path: str, signature: tuple) -> tuple[str, tuple[int, int] | None]
     """The run's anchor column and step range (None: no token rows yet)."""
     run, _ = open_run(path, signature)
     tokens = tokens_of(run)
+    if tokens is None and metrics_only(run):  # imported: the steps it logged metrics at
+        lo, hi = run.metrics.select(pl.col("step").min(), pl.col("step").max().alias("hi")).collect().row(0)
+        return "mu_logp", None if lo is None else (int(lo), int(hi))
     if tokens is None:
         return "mu_logp", None
     mu = {"mu": True, "old": False}.get(str(run.manifest.get("anchor")), run.manifest.get("mu_recorded"))

@@ -121,6 +121,8 @@ def sidebar() -> Context | None:
     if steps is None:
         return ctx
     ctx.query = _filters(ctx)
+    if tokens is None:  # an imported run (metrics only): steps to pick, no token rows to download
+        return ctx
     with sb.expander("Download the filtered token rows"):
         download_buttons(tq.filter_tokens(ctx.table, ctx.query, anchor=anchor), f"{path.name}-tokens", "tl_rows")
     return ctx

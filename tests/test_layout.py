@@ -37,7 +37,7 @@ LAYERS = (
     ("run",),
     ("analysis", "synthetic"),
     ("live", "plots", "export"),
-    ("record", "report", "routing"),
+    ("record", "report", "routing", "ingest"),
     ("train",),
     ("integrations",),
 )

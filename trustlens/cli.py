@@ -43,10 +43,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("trustlens.train.commands", "the main job: the default training run, then the dashboard on it"),
     "make-sample": ("trustlens.train.commands", "regenerate the shipped sample runs (data/sample_run)"),
     "export": ("trustlens.export.exporters", "recorded runs to TensorBoard or W&B: per-step scalars and alerts"),
+    "import": (
+        "trustlens.ingest.command",
+        "a TensorBoard, W&B or JSON log of a finished run as a run of its metrics; its alerts",
+    ),
     "report": ("trustlens.report.page", "one self-contained HTML report of recorded runs (opens without a network)"),
     "doctor": ("trustlens.analysis.diagnosis.command", "log-probability bugs that fake a training–inference mismatch"),
     "certify": ("trustlens.analysis.certify.command", "certify a zero-mismatch engine: log μ = log π_old bit for bit"),
-    "watch": ("trustlens.live.watch", "follow a run being written: print each alert and doctor finding as it appears"),
+    "watch": (
+        "trustlens.ingest.watch",
+        "follow a run being written: print each alert and doctor finding as it appears",
+    ),
     "warmup": ("trustlens.train.warmup", "rebuild the warm-start checkpoint (supervised warm-up to mediocre accuracy)"),
 }
 

@@ -94,10 +94,23 @@ _ALL = (
     Metric("blocked/active", "fraction", "share of A ≠ 0 tokens the run's active rule blocked, mean over updates"),
     Metric("blocked_frac", "fraction", "blocked / count over A ≠ 0 tokens where the rule was evaluated (analysis)"),
     Metric("zero_adv_frac", "fraction", "share of tokens with A = 0: no gradient, never blocked, not in block rates"),
+    Metric("blocked_frac/<rule>", "fraction", "share of the step's A ≠ 0 tokens that <rule> blocks (both signs)"),
+    Metric(
+        "clip_frac",
+        "fraction",
+        "share of the step's response tokens where the trainer's ratio clip binds, as a framework logs it "
+        "(A = 0 tokens counted in the denominator)",
+    ),
+    # mismatch as other frameworks log it (docs/import.md)
+    Metric("logp_abs_diff_mean", "nats", "mean |log π_old − log μ| over the step's tokens"),
+    Metric("logp_abs_diff_max", "nats", "max |log π_old − log μ| over the step's tokens"),
+    Metric("is_ratio_mean", "ratio", "mean of the importance weight ρ = π_old/μ the trainer applies"),
+    Metric("is_ratio_min", "ratio", "min of the importance weight ρ = π_old/μ the trainer applies"),
+    Metric("is_ratio_max", "ratio", "max of the importance weight ρ = π_old/μ the trainer applies"),
     # policy and training
     Metric("entropy", "nats", "mean entropy of π over the step's recorded tokens (analysis)"),
     Metric("entropy/mean", "nats", "mean entropy of π_old over the step's response tokens (trainer)", "actor/entropy"),
-    Metric("reward/mean", "reward", "mean reward of the step's responses", "critic/rewards/mean"),
+    Metric("reward/mean", "reward", "mean reward of the step's responses", "critic/score/mean"),
     Metric("reward/std", "reward", "standard deviation of the step's rewards"),
     Metric("response_length/mean", "tokens", "mean response length", "response_length/mean"),
     Metric("grad_norm", "norm", "gradient norm before clipping, mean over the step's updates", "actor/grad_norm"),
@@ -128,7 +141,15 @@ SIGNS = ("pos", "neg")
 
 def _template(name: str) -> str:
     """The registry name of `name`: a filled-in template maps back to it."""
+    name = re.sub(r"^blocked_frac/[^/]+$", "blocked_frac/<rule>", name)
     return re.sub(r"^blocked/(?!active$)[^/]+/(pos|neg)$", "blocked/<rule>/<sign>", name)
+
+
+def blocked_frac(rule: str) -> str:
+    """The logged name of `rule`'s block rate among all A ≠ 0 tokens (the signal blocked_<rule>)."""
+    if not rule or "/" in rule:
+        raise ValueError(f"rule must be a non-empty name without '/', got {rule!r}")
+    return f"blocked_frac/{rule}"
 
 
 def blocked_rate(rule: str, sign: str) -> str:
@@ -155,4 +176,177 @@ def describe(name: str) -> str:
     return f"{m.doc} ({m.unit}{verl})"
 
 
-__all__ = ["METRICS", "MISMATCH_METRICS", "SIGNS", "Metric", "blocked_rate", "describe", "metric"]
+# ---- other frameworks' names (trustlens import, docs/metrics.md "Other frameworks' names") ----
+
+
+@dataclass(frozen=True)
+class FrameworkName:
+    """A name a framework logs, the trustlens metric it is, and how the framework aggregates it
+    where that differs from the trustlens definition (a max or sum under a name that reads as a
+    mean, another denominator, another step axis)."""
+
+    framework: str  # one of FRAMEWORKS
+    logged: str  # the name as logged; `*` stands for any text (a data source, an environment)
+    name: str  # the trustlens name (METRICS)
+    note: str = ""  # how it differs from `name`'s definition; "" where it does not
+
+
+# framework -> the release (or commit) whose source each of its names was read from
+FRAMEWORKS: dict[str, str] = {
+    "verl": "v0.7.0",
+    "trl": "v1.16.0",
+    "prime-rl": "559b447",
+    "nemo-rl": "7ea279a",
+    "openrlhf": "v0.11.0",
+    "slime": "v0.3.1",
+}
+
+# prefixes a framework's loggers put before the names it logs: HF Trainer's TensorBoard and W&B
+# callbacks write TRL's `reward` as `train/reward`
+FRAMEWORK_PREFIXES: dict[str, tuple[str, ...]] = {"trl": ("train/",)}
+
+_MEAN_OF_MICRO = "mean over the step's micro-batches of their token means"
+FRAMEWORK_NAMES: tuple[FrameworkName, ...] = (
+    FrameworkName("verl", "rollout_corr/kl", "mismatch_kl"),
+    FrameworkName("verl", "rollout_corr/k3_kl", "k3_kl"),
+    FrameworkName("verl", "rollout_corr/log_ppl_diff", "log_ppl_diff"),
+    FrameworkName("verl", "rollout_corr/log_ppl_abs_diff", "log_ppl_abs_diff"),
+    FrameworkName("verl", "rollout_corr/chi2_token", "chi2_token"),
+    FrameworkName("verl", "rollout_corr/chi2_seq", "chi2_seq"),
+    FrameworkName("verl", "training/rollout_probs_diff_mean", "prob_diff_mean"),
+    FrameworkName("verl", "training/rollout_probs_diff_max", "prob_diff_max"),
+    FrameworkName("verl", "training/rollout_actor_probs_pearson_corr", "prob_pearson"),
+    FrameworkName("verl", "actor/entropy", "entropy/mean", _MEAN_OF_MICRO),
+    FrameworkName("verl", "actor/pg_clipfrac", "clip_frac", _MEAN_OF_MICRO),
+    FrameworkName("verl", "actor/grad_norm", "grad_norm"),
+    FrameworkName("verl", "critic/score/mean", "reward/mean"),
+    FrameworkName("verl", "response_length/mean", "response_length/mean"),
+    FrameworkName("verl", "val-core/*/acc/mean@1", "eval/accuracy", "one name per data source: their mean is taken"),
+    FrameworkName("trl", "reward", "reward/mean"),
+    FrameworkName("trl", "reward_std", "reward/std"),
+    FrameworkName("trl", "entropy", "entropy/mean", "mean over the logging interval's gradient-accumulation steps"),
+    FrameworkName("trl", "grad_norm", "grad_norm", "HF Trainer's: the last optimizer step of the logging interval"),
+    FrameworkName("trl", "clip_ratio/region_mean", "clip_frac"),
+    FrameworkName("trl", "completions/mean_length", "response_length/mean"),
+    FrameworkName(
+        "trl", "sampling/sampling_logp_difference/mean", "logp_abs_diff_mean", "mean over ranks of each rank's mean"
+    ),
+    FrameworkName("trl", "sampling/sampling_logp_difference/max", "logp_abs_diff_max"),
+    FrameworkName(
+        "trl",
+        "sampling/importance_sampling_ratio/mean",
+        "is_ratio_mean",
+        "mean over ranks of each rank's mean, after TRL's truncation or masking of the ratio",
+    ),
+    FrameworkName("trl", "sampling/importance_sampling_ratio/min", "is_ratio_min"),
+    FrameworkName("trl", "sampling/importance_sampling_ratio/max", "is_ratio_max"),
+    FrameworkName(
+        "prime-rl",
+        "mismatch_kl/all/mean",
+        "k3_kl",
+        "prime-rl's `mismatch_kl` is the K3 estimate ρ − 1 − log ρ (trustlens' mismatch_kl is K1), ρ from the "
+        "trainer's current log-probabilities",
+    ),
+    FrameworkName("prime-rl", "entropy/all/mean", "entropy/mean"),
+    FrameworkName("prime-rl", "optim/grad_norm", "grad_norm"),
+    FrameworkName(
+        "nemo-rl",
+        "train/gen_kl_error",
+        "k3_kl",
+        "the estimator is `reference_policy_kl_type` (k3 by default); micro-batch values normalised by the "
+        "step's token count and summed",
+    ),
+    FrameworkName("nemo-rl", "train/reward", "reward/mean"),
+    FrameworkName("nemo-rl", "train/grad_norm", "grad_norm", "a sum over the step's optimizer updates, not their mean"),
+    FrameworkName("nemo-rl", "validation/accuracy", "eval/accuracy"),
+    FrameworkName("openrlhf", "train/vllm_kl", "mismatch_kl"),
+    FrameworkName("openrlhf", "train/ppo_clip_ratio", "clip_frac"),
+    FrameworkName(
+        "openrlhf", "train/actor_grad_norm", "grad_norm", "the last update's value in the step, not the mean"
+    ),
+    FrameworkName("openrlhf", "train/reward", "reward/mean"),
+    FrameworkName("openrlhf", "train/entropy_loss", "entropy/mean", "logged only when an entropy coefficient is set"),
+    FrameworkName(
+        "slime",
+        "train/train_rollout_logprob_abs_diff",
+        "logp_abs_diff_mean",
+        "mean over responses of each response's token mean, per optimizer step (slime's train/step)",
+    ),
+    FrameworkName("slime", "train/entropy_loss", "entropy/mean", "per optimizer step (slime's train/step)"),
+    FrameworkName("slime", "train/pg_clipfrac", "clip_frac", "per optimizer step (slime's train/step)"),
+    FrameworkName("slime", "train/grad_norm", "grad_norm", "per optimizer step (slime's train/step)"),
+)
+
+
+def _pattern(logged: str) -> re.Pattern[str]:
+    return re.compile("^" + ".+".join(re.escape(part) for part in logged.split("*")) + "$")
+
+
+_PATTERNS = {(e.framework, e.logged): _pattern(e.logged) for e in FRAMEWORK_NAMES if "*" in e.logged}
+
+
+def framework_entry(framework: str, logged: str) -> FrameworkName | None:
+    """The FRAMEWORK_NAMES entry of a name `framework` logged (its logger's prefix, if any,
+    removed first), None when the table has none."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+    candidates = [logged, *(logged[len(p) :] for p in FRAMEWORK_PREFIXES.get(framework, ()) if logged.startswith(p))]
+    for entry in FRAMEWORK_NAMES:
+        if entry.framework != framework:
+            continue
+        pattern = _PATTERNS.get((framework, entry.logged))
+        if any(c == entry.logged or (pattern is not None and pattern.match(c)) for c in candidates):
+            return entry
+    return None
+
+
+def trustlens_name(framework: str | None, logged: str) -> str:
+    """The trustlens name of a name `framework` logged; a name the table does not know is kept
+    as it is (so is every name of framework None or "trustlens")."""
+    if framework in (None, "trustlens"):
+        return logged
+    entry = framework_entry(framework, logged)
+    return logged if entry is None else entry.name
+
+
+def detect_framework(names) -> str | None:
+    """The framework whose table knows the most of `names` ("trustlens" when the registry's own
+    names are the most); None when none knows any, or two know as many."""
+    names = list(dict.fromkeys(names))
+    counts = {f: sum(framework_entry(f, n) is not None for n in names) for f in FRAMEWORKS}
+    counts["trustlens"] = sum(_template(n) in METRICS for n in names)
+    best = max(counts.values())
+    top = [f for f, n in counts.items() if n == best]
+    return top[0] if best > 0 and len(top) == 1 else None
+
+
+def framework_table() -> str:
+    """The Markdown table of FRAMEWORK_NAMES (docs/metrics.md holds it as written here)."""
+    lines = [
+        "| framework | logged name | trustlens name | how it is aggregated, where it differs |",
+        "|---|---|---|---|",
+    ]
+    for e in FRAMEWORK_NAMES:
+        note = e.note.replace("|", "\\|") or "–"
+        lines.append(f"| {e.framework} {FRAMEWORKS[e.framework]} | `{e.logged}` | `{e.name}` | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "FRAMEWORKS",
+    "FRAMEWORK_NAMES",
+    "FRAMEWORK_PREFIXES",
+    "METRICS",
+    "MISMATCH_METRICS",
+    "SIGNS",
+    "FrameworkName",
+    "Metric",
+    "blocked_frac",
+    "blocked_rate",
+    "describe",
+    "detect_framework",
+    "framework_entry",
+    "framework_table",
+    "metric",
+    "trustlens_name",
+]

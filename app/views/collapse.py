@@ -3,7 +3,7 @@ tokens behind each), the per-step signals and the alerts raised on them."""
 
 import polars as pl
 import streamlit as st
-from page_parts import alert_box, chart, header, in_steps, need_tokens, shown_rules
+from page_parts import alert_box, chart, header, in_steps, need_steps, shown_rules
 from run_cache import RUN_TTL, run_at
 from run_queries import signals_and_alerts
 from safe_display import dataframe, md
@@ -11,6 +11,7 @@ from sidebar import Context, context
 
 from trustlens import plots
 from trustlens.analysis import tokens as tq
+from trustlens.analysis.collapse.logged import metrics_only
 from trustlens.analysis.collapse.timeline import run_timeline
 from trustlens.core.render import quoted_token
 
@@ -27,8 +28,11 @@ def timeline(path: str, signature: tuple) -> pl.DataFrame:
 @st.cache_data(ttl=RUN_TTL, max_entries=256, show_spinner=False)
 def driving_tokens(path: str, signature: tuple, row: int) -> list[str]:
     """The text of the first DRIVERS_SHOWN driving tokens of alert `row`."""
+    run = run_at(path, signature)
+    if metrics_only(run):  # imported: no token rows to point at
+        return []
     alert = signals_and_alerts(path, signature)[1].row(row, named=True)
-    found = tq.alert_tokens(run_at(path, signature).tokens, alert)
+    found = tq.alert_tokens(run.tokens, alert)
     return [quoted_token(t) for t in found["token"].head(DRIVERS_SHOWN).to_list()] if "token" in found else []
 
 
@@ -48,7 +52,7 @@ def show_timeline(ctx: Context, alerts: pl.DataFrame) -> None:
         alert_box(alerts.row(event["alert"], named=True), f"cs_timeline_{i}", lead=lead, drivers=drivers)
 
 
-ctx = need_tokens(context())
+ctx = need_steps(context())
 header("Collapse signals", ctx)
 
 signals, alerts = signals_and_alerts(*ctx.key)

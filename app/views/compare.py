@@ -14,6 +14,7 @@ from sidebar import context
 from view_state import multiselect_in_address
 
 from trustlens import plots
+from trustlens.analysis.collapse.logged import NO_TOKENS, metrics_only
 from trustlens.analysis.collapse.timeline import run_timeline
 from trustlens.analysis.seeds import OUTCOME_SCHEMA, OUTCOMES, run_outcome, seed_table, settings_key
 
@@ -21,7 +22,7 @@ from trustlens.analysis.seeds import OUTCOME_SCHEMA, OUTCOMES, run_outcome, seed
 @st.cache_data(ttl=RUN_TTL, max_entries=64, show_spinner=False)
 def run_signals(path: str, signature: tuple):
     run = run_at(path, signature)
-    if tokens_of(run) is None:
+    if tokens_of(run) is None and not metrics_only(run):
         return None
     return signals_and_alerts(path, signature)[0]
 
@@ -29,7 +30,7 @@ def run_signals(path: str, signature: tuple):
 @st.cache_data(ttl=RUN_TTL, max_entries=256, show_spinner=False)
 def outcome(path: str, signature: tuple) -> dict | None:
     run = run_at(path, signature)
-    return None if tokens_of(run) is None else run_outcome(run)
+    return None if tokens_of(run) is None and not metrics_only(run) else run_outcome(run)
 
 
 @st.cache_data(ttl=RUN_TTL, max_entries=64, show_spinner=False)
@@ -97,6 +98,9 @@ for path in chosen:
         frames[names[path]] = signals
 if empty:
     st.info("No token rows yet in: " + ", ".join(md(n) for n in empty))
+imported = [names[p] for p in chosen if metrics_only(run_at(p, run_signature(Path(p))))]
+if imported:
+    st.info(f"{', '.join(md(n) for n in imported)}: {NO_TOKENS}.")
 if not frames:
     st.info("Pick runs with token rows to compare them.")
     st.stop()

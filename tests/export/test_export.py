@@ -12,7 +12,7 @@ from s3_server import BUCKET
 from wandb_log import history
 
 from trustlens import Keep, TokenRecorder, load_run
-from trustlens.analysis import detect_collapse, exact_aggregates, mismatch_per_step
+from trustlens.analysis import detect_collapse, exact_aggregates, mismatch_per_step, step_signals
 from trustlens.analysis.mismatch import SEQUENCE_LEVEL
 from trustlens.divergence import topk_divergence, topk_from_logits
 from trustlens.export import (
@@ -24,6 +24,7 @@ from trustlens.export import (
     step_scalars,
     token_scalars,
 )
+from trustlens.export.scalars import with_signals
 from trustlens.export.sinks import require
 from trustlens.run.aggregates import step_aggregates
 from trustlens.synthetic import write_synthetic_run
@@ -99,7 +100,8 @@ def test_tensorboard_export_reads_back_with_tensorboards_reader(tmp_path):
     assert done == {"pg_is": 250, "ppo": 250}
     for name in ("pg_is", "ppo"):
         read = scalars_of(tmp_path / "tb" / name)
-        expected = step_scalars(load_run(SAMPLE / name))
+        run = load_run(SAMPLE / name)
+        expected = with_signals(step_scalars(run), step_signals(run))  # and the alerts' signals
         assert set(read) == set(expected["name"].unique())
         for step, metric, v in expected.rows():
             assert read[metric][step] == pytest.approx(v, rel=1e-6, abs=1e-12), (metric, step)
@@ -376,7 +378,8 @@ def test_export_a_run_on_s3(s3, tmp_path):
     write_synthetic_run(url, steps=4, samples_per_step=8, seq_len=8, seed=3)
     export_tensorboard([url], tmp_path / "tb")
     read = scalars_of(tmp_path / "tb" / "exp")
-    expected = step_scalars(load_run(url))
+    run = load_run(url)
+    expected = with_signals(step_scalars(run), step_signals(run))
     assert {m for _, m, _ in expected.rows()} == set(read)
     assert all(math.isclose(read[m][s], v, rel_tol=1e-6, abs_tol=1e-12) for s, m, v in expected.rows())
 

@@ -56,9 +56,7 @@ def test_token_schema_is_the_contract():
     route = ["route_flips", "route_first_flip", "route_overlap", "route_layers", "route_mu_experts"]
     assert schema.names[27:33] == [*route, "route_pi_experts"]  # mixture-of-experts routing (issue 49)
     assert schema.field("route_flips").type == pa.int16() and schema.field("route_layers").type == pa.list_(pa.int16())
-    assert (
-        schema.names[33] == "seq_weight" and schema.field("seq_weight").type == pa.float32()
-    )
+    assert schema.names[33] == "seq_weight" and schema.field("seq_weight").type == pa.float32()
     assert schema.names[34:] == ["blocked_ppo", "blocked_dppo_binary_tv"]
     assert schema.field("blocked_ppo").type == pa.bool_()
     assert not schema.field("pi_logp").nullable and schema.field("mu_logp").nullable

@@ -33,7 +33,10 @@ Per run (`run_outcome`), with steps numbered as recorded:
                                      LINE_MARGIN another draw of held-out problems could well turn
                                      the outcome (beyond it, less often)
     block_rate                       share of the A ≠ 0 tokens the run's active rule blocked (all
-                                     steps and updates)
+                                     steps and updates); of a run that holds only metrics
+                                     (imported), the mean over steps of its logged rate
+                                     (trustlens.analysis.collapse.logged), and block_rate_low_mu
+                                     null
     block_rate_low_mu                the same among A ≠ 0 tokens with μ < 0.1 (LOW_MU)
     k3_start, k3_end                 k3_kl (nats), mean over the first and the last `window` of
                                      the steps with token rows
@@ -70,6 +73,7 @@ import polars as pl
 from trustlens.analysis.buckets import anchor_column, collect, nonzero_advantage, weighted, weighted_mean
 from trustlens.analysis.clipping import blocked_per_step
 from trustlens.analysis.collapse import detect_collapse
+from trustlens.analysis.collapse.logged import CLIP_RULE, logged_signals, metrics_only
 from trustlens.analysis.collapse.onset import (
     accuracy_per_step,
     collapse_onset,
@@ -241,10 +245,17 @@ def run_outcome(run) -> dict:
     config = run.manifest.get("config") or {}
     rule, seed = rule_and_seed(run)
     acc = accuracy_per_step(run)
-    reward = reward_per_step(run)
+    if metrics_only(run):  # imported: its logged metrics (trustlens.analysis.collapse.logged)
+        logged = logged_signals(run)
+        reward = [(s, r) for s, r in logged.select("step", "reward").drop_nulls().rows() if math.isfinite(r)]
+        blocked = f"blocked_{rule or CLIP_RULE}"
+        block = logged[blocked].drop_nulls().mean() if blocked in logged.columns else None
+        block_low, mm = None, logged.filter(pl.col("k3_kl").is_not_null() | pl.col("prob_diff_mean").is_not_null())
+    else:
+        reward = reward_per_step(run)
+        block, block_low = _block_rates(run, rule)
+        mm = mismatch_per_step(run.tokens, aggregates=exact_aggregates(run)).sort("step")
     onset, cause = collapse_onset(acc, reward, collapse_window(len(reward)))
-    block, block_low = _block_rates(run, rule)
-    mm = mismatch_per_step(run.tokens, aggregates=exact_aggregates(run)).sort("step")
     # the ends are 10% of the steps with token rows, whatever the samples table holds
     w = collapse_window(mm.height)
     k3 = _ends(mm["k3_kl"].to_list(), w)

@@ -21,10 +21,10 @@ from typing import Any
 
 import polars as pl
 
-from trustlens.analysis.collapse import detect_collapse
+from trustlens.analysis.collapse import detect_collapse, step_signals
 from trustlens.analysis.sources import require_run
 from trustlens.core.argument_checks import check_choice, check_path, check_type
-from trustlens.export.scalars import step_scalars
+from trustlens.export.scalars import run_settings, step_scalars, with_signals
 from trustlens.export.sinks import TensorBoardSink, WandbSink
 from trustlens.run import NoRowsError, load_run
 
@@ -43,13 +43,16 @@ def export_run(run, sink) -> int:
     """Send `run`'s scalars and alerts to `sink`; the number of training steps sent, as the run
     counts its steps: a step holding only evaluation scalars (`EVALUATION_PREFIXES`, the
     evaluation after the last step) is sent but not counted, so a 160-step run gives 160."""
-    scalars = step_scalars(run)
+    signals = _signals(run)
+    scalars = step_scalars(run) if signals is None else with_signals(step_scalars(run), signals)
+    if hasattr(sink, "log_settings"):
+        sink.log_settings(run_settings(run))
     steps = 0
     for (step,), part in scalars.group_by("step", maintain_order=True):
         names = part["name"].to_list()
         sink.log_step(int(step), dict(zip(names, part["value"].to_list(), strict=True)))
         steps += not all(name.startswith(EVALUATION_PREFIXES) for name in names)
-    alerts = _alerts(run)
+    alerts = pl.DataFrame() if signals is None else detect_collapse(run, signals=signals)
     if alerts.height:
         sink.log_alerts(alerts)
         if hasattr(sink, "log_table"):
@@ -173,11 +176,12 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _alerts(run) -> pl.DataFrame:
+def _signals(run) -> pl.DataFrame | None:
+    """The run's collapse signals (step_signals), None without token rows yet."""
     try:
-        return detect_collapse(run)
+        return step_signals(run)
     except NoRowsError:
-        return pl.DataFrame()
+        return None
 
 
 def _runs(runs: Sequence[Any]):

@@ -42,7 +42,7 @@ from trustlens.analysis.buckets import zero_advantage_frac
 from trustlens.analysis.mismatch import logged_per_step, mismatch_per_step
 from trustlens.core.argument_checks import check_type
 from trustlens.core.render import escape_markdown
-from trustlens.metrics import MISMATCH_METRICS, blocked_rate
+from trustlens.metrics import MISMATCH_METRICS, blocked_frac, blocked_rate
 from trustlens.run import BLOCKED_PREFIX, NoRowsError
 from trustlens.run.aggregates import per_step_scalars
 
@@ -115,6 +115,41 @@ def step_scalars(run, *, shard: bool = False) -> pl.DataFrame:
     return _long([logged, computed])
 
 
+# the text tag run.json's settings are exported under (tensorboardX adds /text_summary), and those
+# settings: what the alerts of the run depend on, restored by `trustlens import`
+RUN_TAG = "trustlens/run"
+RUN_SETTINGS = ("rules", "active_rule", "model_kind", "planned_steps", "warmup_steps", "config", "sampling")
+
+
+def run_settings(run) -> dict:
+    """The RUN_SETTINGS of a run's run.json (those it has)."""
+    manifest = getattr(run, "manifest", None) or {}
+    return {k: manifest[k] for k in RUN_SETTINGS if k in manifest}
+
+
+def signal_scalars(signals: pl.DataFrame) -> pl.DataFrame:
+    """The collapse alerts' per-step signals (trustlens.analysis.step_signals) that no other
+    scalar carries, under their registry names: `entropy` (of π over the recorded tokens) and
+    `blocked_frac/<rule>` (the share of A ≠ 0 tokens each rule blocks, both signs). With them an
+    imported export gives the alerts of the run (trustlens.analysis.collapse.logged)."""
+    names = {"entropy": "entropy"} | {
+        c: blocked_frac(c.removeprefix("blocked_")) for c in signals.columns if c.startswith("blocked_")
+    }
+    present = [c for c in names if c in signals.columns]
+    if not present:
+        return pl.DataFrame(schema=SCHEMA)
+    long = signals.select("step", *present).unpivot(index="step", variable_name="name", value_name="value")
+    return _long([long.with_columns(pl.col("name").replace_strict(names, return_dtype=pl.String))]).filter(
+        pl.col("value").is_not_nan()
+    )
+
+
+def with_signals(scalars: pl.DataFrame, signals: pl.DataFrame) -> pl.DataFrame:
+    """`scalars` (step_scalars) and the signal_scalars of `signals` they lack: what an export sends."""
+    extra = signal_scalars(signals).join(scalars, on=["step", "name"], how="anti")
+    return pl.concat([scalars, extra]).sort("step", "name")
+
+
 def alert_text(alerts: pl.DataFrame) -> dict[int, str]:
     """The collapse alerts (trustlens.analysis.detect_collapse) as Markdown, one text per step.
     Alert messages name rules read from the run: escaped, so that they render as text."""
@@ -135,4 +170,14 @@ def _long(parts: list[pl.DataFrame]) -> pl.DataFrame:
     return out.filter(pl.col("value").is_not_null()).sort("step", "name")
 
 
-__all__ = ["SCHEMA", "alert_text", "step_scalars", "token_scalars"]
+__all__ = [
+    "RUN_SETTINGS",
+    "RUN_TAG",
+    "SCHEMA",
+    "alert_text",
+    "run_settings",
+    "signal_scalars",
+    "step_scalars",
+    "token_scalars",
+    "with_signals",
+]

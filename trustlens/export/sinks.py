@@ -10,6 +10,7 @@ optional extra; a missing one is named in the error.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -19,7 +20,7 @@ import polars as pl
 
 from trustlens.core.argument_checks import check_path
 from trustlens.core.render import escape_markdown
-from trustlens.export.scalars import alert_text
+from trustlens.export.scalars import RUN_TAG, alert_text
 
 EXTRAS = {"tensorboardX": "tensorboard", "wandb": "wandb"}
 
@@ -55,6 +56,11 @@ class TensorBoardSink:
         it under the tag `alerts/text_summary` (escaped: rule names and messages come from the run)."""
         for step, text in alert_text(alerts).items():
             self._writer.add_text("alerts", text, global_step=step)
+
+    def log_settings(self, settings: Mapping[str, Any]) -> None:
+        """run.json's settings the alerts depend on (trustlens.export.scalars.RUN_SETTINGS) as
+        JSON text under RUN_TAG at step 0, for `trustlens import` to restore."""
+        self._writer.add_text(RUN_TAG, json.dumps(dict(settings), default=str), global_step=0)
 
     def log_live_alert(self, alert: Any, counts: Mapping[str, int], raised: Sequence[Any]) -> None:
         """A live alert (trustlens.live.LiveAlert) as text under `trustlens/alerts` (escaped)

@@ -7,6 +7,9 @@ written since the last one, never one being written) and each completed step is 
 raised alerts live (`TokenRecorder(alerts=...)`: the run's `alerts` table) has those printed,
 marked "live", instead: they are the alerts the training job saw.
 
+`trustlens watch` on a TensorBoard log dir is trustlens.ingest.watch's, which adds it to this
+command.
+
 Exit codes:
 
     0  the run closed (status finished)
@@ -63,7 +66,9 @@ def _seconds(text: str) -> float:
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
     """Flags of `trustlens watch`."""
-    parser.add_argument("run", metavar="RUN", help="a run being written (folder or object-store URL)")
+    parser.add_argument(
+        "run", metavar="RUN", help="a run being written (folder or object-store URL), or a TensorBoard log dir"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per line: each alert, finding and the end")
     parser.add_argument("--doctor", action="store_true", help="also the doctor's findings (docs/doctor.md)")
     parser.add_argument(

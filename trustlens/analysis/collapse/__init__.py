@@ -4,6 +4,7 @@ that drove it (docs/alerts.md).
 Modules:
     config     CollapseConfig (one comment per threshold) and ALERT_SCHEMA
     signals    step_signals: the per-step signals the detectors watch
+    logged     the same signals of a run that holds only metrics (imported: trustlens import)
     levels     the level an alert needs besides its change (mismatch range, learning)
     detectors  the registry of detectors (DETECTORS: signal, test, message, next step, driver score)
                and the alert kinds it gives (ALERT_KINDS)

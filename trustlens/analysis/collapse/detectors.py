@@ -37,6 +37,7 @@ from trustlens.analysis.collapse.drivers import (
     scored_tokens,
     top_drivers,
 )
+from trustlens.analysis.collapse.logged import metrics_only
 
 Threshold = Callable[[CollapseConfig], float]
 
@@ -223,7 +224,9 @@ def driver_scores(run, step: int, kind: str, signal: str) -> pl.LazyFrame:
 def alert_drivers(run, ep: dict, top_tokens: int, top_samples: int) -> tuple[list[int], list[dict]]:
     """The ids of the `top_samples` samples and the (sample, update, pos) of the `top_tokens`
     tokens at the alert's first step that drove it, strongest first. `ep` has the alert's step,
-    kind and signal (ALERT_SCHEMA)."""
+    kind and signal (ALERT_SCHEMA); none for a run that holds only metrics (imported)."""
+    if metrics_only(run):
+        return [], []
     return top_drivers(driver_scores(run, ep["step"], ep["kind"], ep["signal"]), top_tokens, top_samples)
 
 

@@ -11,6 +11,9 @@
     grad_norm      the `grad_norm` metric (the mean over ranks of any metric named `grad_norm` or
                    ending in `/grad_norm`)
     blocked_<rule> fraction of the step's A ≠ 0 tokens each rule blocks
+
+A run that holds only metrics (imported: `trustlens import`) has them read from its logged
+metrics instead (trustlens.analysis.collapse.logged).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from trustlens.analysis.buckets import blocked_rate, checked_rules, collect, weighted_mean
+from trustlens.analysis.collapse.logged import logged_signals, metric_per_step, metrics_only
 from trustlens.analysis.collapse.onset import evaluations
 from trustlens.analysis.mismatch import mismatch_per_step, token_mismatch
 from trustlens.analysis.sources import require_run
@@ -28,15 +32,6 @@ from trustlens.analysis.summary import exact_aggregates, step_summary
 from trustlens.run import blocked_column
 
 _MISMATCH = ("k3_kl", "prob_diff_mean")  # the mismatch columns of the signals
-
-
-def _metric_per_step(metrics: pl.LazyFrame, name: str) -> pl.LazyFrame:
-    """Mean over ranks of the metric `name` (or any metric ending in `/name`) per step."""
-    return (
-        metrics.filter((pl.col("name") == name) | pl.col("name").str.ends_with("/" + name))
-        .group_by("step")
-        .agg(pl.col("value").mean().alias(name))
-    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -72,11 +67,13 @@ def step_signals(run, rules: str | Sequence[str] | None = None) -> pl.DataFrame:
     come from its exact aggregates. `rules`: the rules whose blocked_<rule> columns are computed
     (None: every rule the run evaluated; the live alerts watch only the active rule's)."""
     run = require_run("step_signals", run)
+    if metrics_only(run):  # imported from a log: its logged metrics (trustlens.analysis.collapse.logged)
+        return logged_signals(run, rules)
     tokens = run.tokens
     rules = checked_rules(tokens, rules)
     out = _token_per_step(run, tokens, rules).with_columns(pl.col("step").cast(pl.Int32))
     reward = run.samples.group_by("step").agg(pl.col("reward").mean().cast(pl.Float64))
-    for other in (reward, evaluations(run.metrics), _metric_per_step(run.metrics, "grad_norm")):
+    for other in (reward, evaluations(run.metrics), metric_per_step(run.metrics, "grad_norm")):
         out = out.join(other.with_columns(pl.col("step").cast(pl.Int32)), on="step", how="full", coalesce=True)
     cols = [
         "entropy",

@@ -56,14 +56,16 @@ def as_text(findings: list[Finding]) -> str:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    from trustlens.analysis.collapse.logged import NO_TOKENS, metrics_only
     from trustlens.analysis.diagnosis import doctor
     from trustlens.analysis.diagnosis.run_state import incomplete_note
+    from trustlens.analysis.scalar_doctor import scalar_findings
     from trustlens.core.render import visible_text
     from trustlens.run import load_run
 
     run = load_run(args.run)
-    findings = doctor(run)
-    note = incomplete_note(run)
+    findings = scalar_findings(run) if metrics_only(run) else doctor(run)  # imported: only its scalars
+    note = incomplete_note(run) if not metrics_only(run) else NO_TOKENS
     if args.json:
         if note is not None:  # stdout stays the JSON list of findings
             print(f"trustlens doctor: warning: {visible_text(note)}", file=sys.stderr)
