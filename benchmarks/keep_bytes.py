@@ -11,8 +11,9 @@ its own. Then checks that the sampled run's aggregates are exact: its per-step b
 every rule and its per-step scalars (block rates, zero-advantage share, token-level mismatch)
 equal those of the full run's rows. The goal of issue 46: ≤ 2 bytes per trained token at rate
 0.01 with all the rules evaluated. Each table gets a part file, with its footer, every
-`flush_seconds` (30 s): the footers are printed apart, as a slower (or loaded) machine writes
-more of them.
+`flush_seconds` (30 s), and a slower (or loaded) machine writes more of them: the footers are
+printed apart. A sampled run's parts are merged into one per table when it closes
+(trustlens.run.compact); the full run's are not.
 """
 
 from __future__ import annotations

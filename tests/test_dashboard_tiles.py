@@ -31,6 +31,8 @@ WIDTHS = (1280, 1920)
 LEGEND_REACH = 120
 # tallest full-page screenshot, px
 MAX_SHOT_HEIGHT = 6000
+# ms for the page to lay itself out again after the window is resized (plotly redraws its figures)
+RELAYOUT_MS = 1000
 
 pytestmark = [
     pytest.mark.browser,
@@ -187,12 +189,18 @@ def test_every_page_reads_at_a_glance(server):
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
         try:
-            for width in WIDTHS:
-                page = browser.new_page(viewport={"width": width, "height": 1200})
-                for url, title, shot in views:
+            page = browser.new_page(viewport={"width": WIDTHS[0], "height": 1200})
+            for url, title, shot in views:
+                page.set_viewport_size({"width": WIDTHS[0], "height": 1200})
+                page.goto(url)
+                _settle(page, title)
+                # each view is loaded once and checked at every width: the layout (columns, tiles,
+                # plotly's autosized figures and legends) follows the window, the script does not rerun
+                for width in WIDTHS:
                     where = f"{shot} at {width} px"
-                    page.goto(url)
-                    _settle(page, title)
+                    if width != WIDTHS[0]:
+                        page.set_viewport_size({"width": width, "height": 1200})
+                        page.wait_for_timeout(RELAYOUT_MS)
                     _no_error(page, where)
                     tiles += page.locator('[data-testid="stMetric"]').count()
                     inspect_buttons += page.get_by_role("button", name="Inspect tokens").count()
@@ -204,7 +212,7 @@ def test_every_page_reads_at_a_glance(server):
                     if found:
                         problems[where] = found
                     _full_page_shot(page, width, SHOTS / f"{shot}_{width}.png")
-                page.close()
+            page.close()
         finally:
             browser.close()
     assert tiles > 0 and legends > 0 and inspect_buttons > 0

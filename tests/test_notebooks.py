@@ -56,7 +56,20 @@ def test_committed_notebook_matches_its_source_and_has_outputs(name):
     json.loads(text)
 
 
-@pytest.mark.parametrize("name", NAMES)
+# The two slowest notebooks run in CI's slow pass (.ci/run); in the default run, the faster tests
+# each reason names cover their steps.
+SLOW_NOTEBOOKS = {
+    "04_attach_to_your_training_loop": "~60 s; its own loop: tests/test_examples.py::test_plain_loop_records_a_run, "
+    "its TRL trainer: tests/test_integrations_trl.py::test_trl_run_records_trl_batches",
+    "05_the_papers_claims": "~50 s; the claims on the shipped sample: "
+    "tests/test_cli.py::test_claims_no_train_on_the_sample_measures_its_collapse_runs_one_seed_each",
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow(reason=SLOW_NOTEBOOKS[n])) if n in SLOW_NOTEBOOKS else n for n in NAMES],
+)
 def test_notebook_runs_top_to_bottom(name, monkeypatch):
     """Executes the committed notebook on a fresh kernel of this Python (interactive figures
     only: the static copies need a browser and are made by notebooks/build.py)."""

@@ -33,7 +33,7 @@ def test_sample_run_was_made_by_make_sample_under_the_current_semantics(name):
     # settings added since the runs were made are at the defaults that reproduce the old trainer
     # bit for bit (`engine`: "clean", tests/train/test_engine_defects.py; the live alerts' `alerts`,
     # `stop_on`, `checkpoint_every` and `keep_checkpoints`: off, they only read the rows; `flush_seconds`:
-    # when rows are written, not which)
+    # when rows are written, not which; `keep_rules`: none, the rows the sample's Keep kept)
     added = {key: want.pop(key) for key in set(want) - set(recorded)}
     assert added == {k: v for k, v in asdict(TrainConfig()).items() if k in added}
     assert set(added) <= {
@@ -44,6 +44,7 @@ def test_sample_run_was_made_by_make_sample_under_the_current_semantics(name):
         "keep_checkpoints",
         "flush_seconds",
         "warmup_steps",
+        "keep_rules",
     }
     assert recorded == want
     assert run.sampled

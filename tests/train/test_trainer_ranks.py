@@ -1,6 +1,7 @@
-"""The built-in trainer under torchrun (2 processes, gloo): the metrics it logs are exact over
-ranks (block rates and token means pooled: Σ counts / Σ tokens, never a mean of the ranks'
-rates), and non-finite values survive the reduction (docs/metrics.md, "Under data parallelism")."""
+"""The built-in trainer under torchrun (2 processes, gloo; `trustlens train`): each rank records
+its own shard, the metrics it logs are exact over ranks (block rates and token means pooled:
+Σ counts / Σ tokens, never a mean of the ranks' rates), and non-finite values survive the
+reduction (docs/metrics.md, "Under data parallelism")."""
 
 from __future__ import annotations
 
@@ -40,15 +41,14 @@ def torchrun(*args: str, timeout: int = 300) -> None:
     assert proc.returncode == 0, stderr[-3000:]
 
 
-# One torchrun of 2 processes serves both tests: each rank reduces a few hand-made metrics with
-# `log_reduced` (its result to log-rank<R>.json), then trains a tiny run under the built-in trainer with
-# a TensorBoard mirror on rank 0.
+# One torchrun of 2 processes serves the three tests: each rank reduces a few hand-made metrics with
+# `log_reduced` (its result to log-rank<R>.json), then trains a tiny run with `trustlens train` (the
+# CLI's entry, as `torchrun -m trustlens.cli train` runs it) with a TensorBoard mirror on rank 0.
 WORKER = """
 import json, math, sys
 from pathlib import Path
-from trustlens.train.config import config_from_preset
+from trustlens.cli import main
 from trustlens.train.pooled import log_reduced, ratio
-from trustlens.train.trainer import train
 from trustlens.train.world import init_world
 
 out = Path(sys.argv[1])
@@ -73,12 +73,13 @@ reduced = log_reduced(Sink(), world, 7, metrics)
 (out / f"log-rank{r}.json").write_text(json.dumps({"reduced": reduced, "logged": logged}))
 
 # a warm start at τ = 1 with partial credit: groups of mixed rewards, so signed tokens, and a
-# large step so that the rules block some of them
-cfg = config_from_preset(
-    "quick", steps=2, eval_size=0, keep_rate=0.5, temperature=1.0, partial_credit=0.5, lr=1e-3,
-    rollout_precision="fp8", rule="pg_is", mirror=f"tensorboard:{out / 'tb'}",
-)
-train(cfg, out / "run", progress=False)
+# large step so that the rules block some of them; held-out accuracy at the start and the end
+code = main([
+    "train", "--preset", "quick", "--steps", "2", "--eval-size", "8", "--keep-rate", "0.5",
+    "--temperature", "1.0", "--partial-credit", "0.5", "--lr", "1e-3", "--rollout-precision", "fp8",
+    "--rule", "pg_is", "--mirror", f"tensorboard:{out / 'tb'}", "--out", str(out / "run"), "--quiet",
+])
+assert code == 0, code
 """
 
 
@@ -150,6 +151,22 @@ def test_torchrun_logs_block_rates_pooled_over_ranks(ranks):
     for key in checked:
         assert logged[key] == pytest.approx(sent[key], rel=1e-6, abs=1e-12), key
         assert mirrored[key] == pytest.approx(sent[key], rel=1e-5, abs=1e-9), key
+
+
+def test_torchrun_trains_disjoint_shards_through_the_cli(ranks):
+    """`trustlens train` under torchrun: each rank rolls out its own share of the prompts and
+    records its own shard; the metrics are logged once, reduced over the ranks."""
+    run = trustlens.load_run(ranks / "run")
+    tokens = run.tokens.collect()
+    assert sorted(tokens["rank"].unique().to_list()) == [0, 1]
+    assert tokens.select("step", "update", "sample", "pos").is_duplicated().sum() == 0
+    s0, s1 = (set(r) for r in tokens.group_by("rank").agg(pl.col("sample").unique()).sort("rank")["sample"])
+    assert s0 and s1 and not s0 & s1
+    samples = run.samples.collect()
+    assert samples.group_by("rank").len()["len"].to_list() == [2 * 4 * 4 // 2] * 2  # steps·prompts·G / ranks
+    metrics = run.metrics.collect()
+    assert metrics.select("step", "name").is_duplicated().sum() == 0
+    assert metrics.filter(pl.col("name") == "eval/accuracy").height == 2
 
 
 def test_log_pools_over_ranks_and_keeps_non_finite_values(ranks):

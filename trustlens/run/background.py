@@ -208,6 +208,7 @@ class BackgroundWriter:
                 if kind == "stop":
                     self._close_taps()
                     self._write_all()
+                    self.writer.compact_parts()
                     return
                 self._handle(kind, payload)
         except BaseException as err:  # kept and raised in the caller's thread

@@ -4,7 +4,10 @@ the last poll, reading only the part files written since then.
 What a poll reads. Part files are numbered from 0 per (table, rank) and never change once
 written (docs/run-format.md), so the follower keeps, per (table, rank), the number of the next
 part it expects and asks only for that file (and the ones after it, while they exist): one
-existence check per (table, rank) and poll, whatever the run's length, plus run.json. A part
+existence check per (table, rank) and poll, whatever the run's length, plus run.json (and a
+listing of the folder until its first part is read: a compacted run's parts start past 0). A
+compacted part (trustlens.run.compact, written as a sampled run closes) holds the rows of the
+parts it replaces again: only those of the parts not read before are taken. A part
 still being written has a hidden temporary name locally and does not exist yet on an object store
 (one upload of the whole object), so a poll never reads one. Each new part is read once, with its
 page checksums checked (`verify`); a part that does not read is skipped with a
@@ -36,9 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trustlens.core.argument_checks import check_bool, check_path
+from trustlens.run.compact import replaced_indices
 from trustlens.run.errors import CorruptPartWarning, NotARunError
 from trustlens.run.manifest import CLOSED, MANIFEST, read_manifest
 from trustlens.run.parts import Location, list_folder, rank_folder, source
@@ -182,6 +187,7 @@ class RunFollower:
         except NotARunError as err:
             raise naming_runs_inside(self.path, err) from None
         self._next: dict[tuple[str, int], int] = {}  # (table, rank) -> number of the next part
+        self._rows: dict[tuple[str, int], dict[int, int]] = {}  # (table, rank) -> {part read: its rows}
         self._watermark: dict[int, int] = {}  # rank -> largest step of its token rows read
         self._complete_before: int | None = None  # steps below it were complete at the last poll
         self._pending: dict[int, dict[str, list[pl.DataFrame]]] = {}  # step -> table -> rows
@@ -225,6 +231,9 @@ class RunFollower:
         """Read the parts of (table, rank) from the next expected number on, while they exist."""
         folder = rank_folder(self.path, table, rank)
         index = self._next.get((table, rank), 0)
+        if not self._rows.get((table, rank)) and not _exists(folder / part_name(index)):
+            # nothing read yet and no part 0: a compacted run's parts start later
+            index = min((i for f, d in list_folder(folder) if not d and (i := part_index(f)) is not None), default=0)
         while _exists(folder / part_name(index)):
             self._read_part(table, rank, folder / part_name(index))
             index += 1
@@ -254,6 +263,7 @@ class RunFollower:
         except (OSError, ValueError) as err:
             warnings.warn(f"skipping unreadable part file {path}: {err}", CorruptPartWarning, stacklevel=4)
             return
+        arrow = self._unread_rows(table, rank, path, arrow)
         frame = pl.from_arrow(arrow)
         assert isinstance(frame, pl.DataFrame)
         if RANK not in frame.columns:  # schema 2: the rank is the folder's
@@ -278,6 +288,22 @@ class RunFollower:
                 self.state.late_rows += rows.height
                 continue
             self._pending.setdefault(int(step), {}).setdefault(table, []).append(rows)
+
+    def _unread_rows(self, table: str, rank: int, path: Location, arrow: pa.Table) -> pa.Table:
+        """The rows of part `path` not read before: a compacted part (trustlens.run.compact) holds
+        the rows of the parts it replaces in part order, and those already read are left out."""
+        read = self._rows.setdefault((table, rank), {})
+        replaces = replaced_indices(arrow.schema.metadata)
+        kept, start = [], 0
+        for index, rows in replaces:
+            if index not in read:
+                kept.append(arrow.slice(start, rows))
+            read[index] = rows
+            start += rows
+        read[part_index(path.name) or 0] = arrow.num_rows
+        if not replaces:
+            return arrow
+        return pa.concat_tables([*kept, arrow.slice(start)]) if kept else arrow.slice(start)
 
     def _step_rows(self, step: int, tables: dict[str, list[pl.DataFrame]]) -> CompletedStep:
         def joined(table: str) -> pl.DataFrame:

@@ -301,3 +301,21 @@ def check_resumed_rules(run_dir: str | os.PathLike, rank: int, rules: list[str])
                 f"added {added or 'none'}, dropped {dropped or 'none'}; resume with rules={had!r} "
                 "or record a new run"
             )
+
+
+# part files whose pages passed the checksum check in this process: (path, size, mtime_ns)
+_verified: set[tuple[str, int, int]] = set()
+
+
+def verify_pages(path: Location) -> None:
+    """Read every page of `path` with its CRC checked, once per process and file version."""
+    if isinstance(path, Remote):
+        info = path.fs.info(path.path)
+        key = (path.url, int(info.get("size") or 0), hash(str(info.get("ETag") or info.get("mtime"))))
+    else:
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+    if key in _verified:
+        return
+    pq.ParquetFile(source(path), page_checksum_verification=True).read()
+    _verified.add(key)

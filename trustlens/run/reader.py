@@ -30,9 +30,10 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from trustlens.core.argument_checks import check_bool, check_path
+from trustlens.run.compact import replaced_indices
 from trustlens.run.errors import CorruptPartWarning, NoRowsError, NotARunError, RunWarning
 from trustlens.run.manifest import MANIFEST, NEEDED_FIELDS, read_manifest
-from trustlens.run.parts import Location, list_folder, source
+from trustlens.run.parts import Location, list_folder, source, verify_pages
 from trustlens.run.scan import column_key, conform, scan_files, warn, with_derived
 from trustlens.run.schema import (
     META_SCHEMA_VERSION,
@@ -59,9 +60,6 @@ __all__ = [
     "load_runs",
     "naming_runs_inside",
 ]
-
-# part files whose pages passed the checksum check in this process: (path, size, mtime_ns)
-_verified: set[tuple[str, int, int]] = set()
 
 
 class RecordedRules(dict):
@@ -212,23 +210,10 @@ class Run:
         return with_derived(out) if table == "tokens" and self.sampled else out
 
 
-def _verify_pages(path: Location) -> None:
-    """Read every page of `path` with its CRC checked, once per process and file version."""
-    if isinstance(path, Remote):
-        info = path.fs.info(path.path)
-        key = (path.url, int(info.get("size") or 0), hash(str(info.get("ETag") or info.get("mtime"))))
-    else:
-        st = path.stat()
-        key = (str(path), st.st_size, st.st_mtime_ns)
-    if key in _verified:
-        return
-    pq.ParquetFile(source(path), page_checksum_verification=True).read()
-    _verified.add(key)
-
-
 def _readable_parts(path: Location, table: str, verify: bool) -> tuple[tuple[Part, ...], tuple[Location, ...]]:
-    """The part files of `table` that read, in (rank, part) order, and those that did not (each
-    warned about)."""
+    """The part files of `table` that read, in (rank, part) order, but those that a compacted
+    part of their rank replaces (trustlens.run.compact), and those that did not read (each warned
+    about)."""
     folder = path / table
     found: list[tuple[int, int, Location]] = []
     for name, is_dir in list_folder(folder):
@@ -245,12 +230,13 @@ def _readable_parts(path: Location, table: str, verify: bool) -> tuple[tuple[Par
             elif not file.startswith("."):  # hidden: a part file being written
                 warn(f"skipping {folder / name / file}: not a part file (part-NNNNNN.parquet)")
     readable, unreadable = [], []
-    for rank, _, f in sorted(found, key=lambda x: x[:2]):
+    replaced: set[tuple[int, int]] = set()  # (rank, index) of parts a compacted part replaces
+    for rank, index, f in sorted(found, key=lambda x: x[:2]):
         try:
             meta = pq.read_metadata(source(f))
             version = int((meta.metadata or {}).get(META_SCHEMA_VERSION, b"0") or 0)
             if version <= SCHEMA_VERSION and verify:
-                _verify_pages(f)
+                verify_pages(f)
         except (OSError, ValueError) as err:
             warn(f"skipping unreadable part file {f}: {err}", CorruptPartWarning)
             unreadable.append(f)
@@ -263,8 +249,9 @@ def _readable_parts(path: Location, table: str, verify: bool) -> tuple[tuple[Par
         stamped = (meta.metadata or {}).get(META_WORLD_SIZE, b"")
         world_size = int(stamped) if stamped.isdigit() else None
         columns = column_key(meta.schema.to_arrow_schema())
-        readable.append(Part(f, rank, RANK in meta.schema.names, columns, world_size))
-    return tuple(readable), tuple(unreadable)
+        replaced.update((rank, i) for i, _ in replaced_indices(meta.metadata))
+        readable.append((rank, index, Part(f, rank, RANK in meta.schema.names, columns, world_size)))
+    return tuple(p for rank, index, p in readable if (rank, index) not in replaced), tuple(unreadable)
 
 
 def _stand_in_manifest(parts: dict[str, tuple[Part, ...]]) -> dict[str, Any]:

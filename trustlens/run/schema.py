@@ -31,6 +31,8 @@ META_SCHEMA_VERSION = b"trustlens.schema_version"
 META_TRUSTLENS_VERSION = b"trustlens.version"
 # the world size of the writer of a part file (the reader refuses a run whose parts disagree)
 META_WORLD_SIZE = b"trustlens.world_size"
+# the parts a compacted part file replaces: JSON [[part index, rows], ...] (trustlens.run.compact)
+META_REPLACES = b"trustlens.replaces"
 BLOCKED_PREFIX = "blocked_"
 # the column every table gets from its rank=R folder (a file column in schema 1)
 RANK = "rank"

@@ -73,6 +73,7 @@ def write_ranks(
             manifest=manifest if rank == 0 else None,
             rows_per_file=rows_per_part,
             tokenizer=tokenizer,
+            compact=False,  # the parts rows_per_part asks for, also in a sampled run
         )
         for rank in range(world_size)
     ]

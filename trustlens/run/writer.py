@@ -6,7 +6,8 @@ already holds this rank's rows unless `resume=True` (same run_id, steps continue
 `overwrite=True` (this rank's rows and, on rank 0, run.json are replaced), and on rank 0 writes
 run.json. It buffers rows per table and writes them as numbered part files of at most
 `rows_per_file` rows, or sooner once a table's buffer holds `PART_BYTES` (long sample texts),
-each written atomically (`trustlens.run.parts.write_part`).
+each written atomically (`trustlens.run.parts.write_part`). With `compact`, closing it merges its
+small part files (`trustlens.run.compact`).
 
 `trustlens.run.background.BackgroundWriter` runs a `RankWriter` in a thread. TokenRecorder, the
 synthetic generator and the sample-run builder all write through here.
@@ -26,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from trustlens.run.aggregates import aggregates_batch
+from trustlens.run.compact import compact_parts, remove_replaced
 from trustlens.run.errors import RunLockedError
 from trustlens.run.manifest import MANIFEST, STATUSES, read_manifest, utc_now, write_json_atomic
 from trustlens.run.parts import (
@@ -103,6 +105,9 @@ class RankWriter:
     tokenizer: decodes `token_id` to the `token` column when rows come without it.
     resume / overwrite: how to open a run that already holds rows of this rank.
     flush_steps: the buffered rows are written at each step's end (`BackgroundWriter.end_step`).
+    compact: when the run closes, merge each table's part files of this rank into as few as
+        `COMPACT_BYTES` allows (`compact_parts`); None: when the rank wrote an aggregates table
+        (a sampled run, whose parts are small).
     """
 
     def __init__(
@@ -118,6 +123,7 @@ class RankWriter:
         resume: bool = False,
         overwrite: bool = False,
         flush_steps: bool = False,
+        compact: bool | None = None,
     ) -> None:
         if resume and overwrite:
             raise ValueError("resume and overwrite are exclusive: continue the run or replace it")
@@ -129,7 +135,7 @@ class RankWriter:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock = RankLock(self.path, rank)
         self.rank, self.world_size, self.rows_per_file = rank, world_size, rows_per_file
-        self.flush_steps = flush_steps
+        self.flush_steps, self.compact = flush_steps, compact
         self.stats = WriterStats()
         self._decoder = TokenDecoder(tokenizer)
         try:
@@ -154,6 +160,8 @@ class RankWriter:
             folder = rank_folder(self.path, table, self.rank)
             for tmp in folder.glob(".part-*.tmp") if isinstance(folder, Path) and folder.is_dir() else ():
                 tmp.unlink()
+        if resume:  # parts a writer killed while compacting left beside the part that replaces them
+            remove_replaced(self.path, self.rank)
         parts = existing_parts(self.path, self.rank)
         held = [p for files in parts.values() for p in files]
         run_json = self.path / MANIFEST if manifest is not None and (self.path / MANIFEST).exists() else None
@@ -270,6 +278,20 @@ class RankWriter:
         if wrote:
             self.write_manifest()
 
+    def compact_parts(self) -> None:
+        """With `compact`, merge this rank's part files of each table (`trustlens.run.compact`);
+        call after `write_all`, when no more rows come."""
+        sampled = self._parts["aggregates"].next_index > 0  # an aggregates part was written (or resumed)
+        if not (sampled if self.compact is None else self.compact):
+            return
+        next_index = {t: p.next_index for t, p in self._parts.items()}
+        written = compact_parts(self.path, self.rank, {t: p.schema for t, p in self._parts.items()}, next_index)
+        for table, parts in self._parts.items():
+            parts.next_index = next_index[table]
+        if written:
+            self.stats.files_written += written
+            self.write_manifest()
+
     def _write(self, parts: PartFiles) -> None:
         rows = parts.rows
         parts.write(self._decoder)
@@ -306,6 +328,7 @@ class RankWriter:
         """Write every buffered row, then end the run with `status`."""
         try:
             self.write_all()
+            self.compact_parts()
         except BaseException as err:
             self.end("failed", describe_error(err))
             raise

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trustlens.core.argument_checks import EXIT_ALERT_STOP, STOP_ON, check_choice, choice_arg, mirror_arg, port_arg
-from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, TrainConfig
+from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, field_defaults
 from trustlens.train.runner import config, finish, is_main, print_inspect, run_one
 from trustlens.train.runsets import CLAIM_RULES, claims_command, compare_command
 from trustlens.train.sample import DEMO_SEED, demo_command, make_sample_command
@@ -122,6 +122,12 @@ _CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
         float,
         "sampled recording: every token that matters and this share of the rest, with exact aggregates",
     ),
+    (
+        "keep_rules",
+        lambda text: _rule_list(text),
+        "with --keep-rate: comma-separated rules whose blocked tokens are all kept too, for token-level views of "
+        "them (the trained rule's always are; the others' are sampled at the rate, counted exactly)",
+    ),
     ("mirror", mirror_arg, "stream each step's scalars live from rank 0: tensorboard:LOGDIR, wandb or wandb:PROJECT"),
     (
         "stop_on",
@@ -155,6 +161,7 @@ _SHOWN_DEFAULTS = {
     "tv_bound": "each rule's own (0.15)",
     "mirror": "none",
     "keep_rate": "every token",
+    "keep_rules": "none",
 }
 
 
@@ -262,13 +269,13 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
 def _add_config_flags(parser: argparse.ArgumentParser, skip: set[str], shown: dict[str, object]) -> None:
     """The TrainConfig flags but those in `skip`; `shown`: defaults --help shows in place of the
     default preset's."""
-    defaults = TrainConfig.__dataclass_fields__
+    defaults = field_defaults()
     group = parser.add_argument_group("training settings (default: the preset's value; shown: the default preset's)")
     for name, kind, text in _CONFIG_FLAGS:
         if name in skip:
             continue
         flag = "--" + name.replace("_", "-")
-        default = {**_SHOWN_DEFAULTS, **shown}.get(name, defaults[name].default)
+        default = {**_SHOWN_DEFAULTS, **shown}.get(name, defaults[name])
         group.add_argument(flag, dest=name, type=kind, default=None, help=f"{text} [{default}]")
     group.add_argument(
         "--no-scale-advantages",

@@ -6,7 +6,7 @@ the rule registry or torch import them when a config is built.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 RANDOM_INIT = "random"  # `checkpoint` value that starts from a random model instead of a warm start
 TV_MEASURES = ("binary_tv", "topk_tv")  # the measures `tv_bound` sets the bound of
@@ -48,6 +48,8 @@ class TrainConfig:
     record: bool = True  # False: NullRecorder (nothing written; for overhead measurements)
     sample_every: int = 1  # log prompts and responses every this many steps
     keep_rate: float | None = None  # record every token that matters and this share of the rest (Keep); None = all
+    # with keep_rate: rules whose blocked tokens are all kept too, besides the active rule's (Keep.rules)
+    keep_rules: list[str] = field(default_factory=list)
     mirror: str | None = None  # live scalars from rank 0: "tensorboard:LOGDIR", "wandb" or "wandb:PROJECT"
     alerts: bool = False  # raise the collapse alerts and doctor findings live on rank 0 (trustlens.live)
     stop_on: str = "never"  # stop on a live alert of this severity or above: critical, warning or never
@@ -121,6 +123,7 @@ class TrainConfig:
             raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}")
         if self.keep_rate is not None and not 0 < self.keep_rate <= 1:
             raise ValueError(f"keep_rate must be in (0, 1], got {self.keep_rate}")
+        self._check_keep_rules()
         from trustlens.train.rollout import PRECISIONS
 
         check_choice("rollout_precision", self.rollout_precision, sorted(PRECISIONS))  # named as the flag names it
@@ -128,6 +131,25 @@ class TrainConfig:
         if self.engine == "raw_logprobs" and self.temperature == 1:
             raise ValueError(
                 f"engine 'raw_logprobs' needs a temperature ≠ 1 (raw = processed there), got {self.temperature}"
+            )
+
+    def _check_keep_rules(self) -> None:
+        """ValueError unless `keep_rules` is a list of distinct registry names given with a keep_rate."""
+        from trustlens.rules import get_rule
+
+        rules = self.keep_rules
+        if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+            raise ValueError(f"keep_rules must be a list of rule names, e.g. ['ppo', 'rs_geo'], got {rules!r}")
+        if len(set(rules)) != len(rules):
+            raise ValueError(f"keep_rules lists a rule twice: {rules}")
+        for rule in rules:
+            try:
+                get_rule(rule)
+            except KeyError as err:
+                raise ValueError(f"keep_rules: {err.args[0]}") from None
+        if rules and self.keep_rate is None:
+            raise ValueError(
+                f"keep_rules {rules} need a keep_rate: without one every token is recorded (pass keep_rate=0.01)"
             )
 
     def lr_at(self, step: int) -> float:
@@ -220,6 +242,11 @@ PRESETS: dict[str, dict] = {
     # more updates per rollout batch and a larger step: π drifts far from μ, rules disagree most
     "offpolicy": dict(minibatches=8, epochs=2, lr=1e-4, temperature=1.0),
 }
+
+
+def field_defaults() -> dict[str, object]:
+    """{TrainConfig field: its default value} (a list field's default made anew)."""
+    return {f.name: f.default_factory() if f.default_factory is not MISSING else f.default for f in fields(TrainConfig)}
 
 
 def config_from_preset(preset: str = "default", **overrides) -> TrainConfig:

@@ -262,11 +262,9 @@ def describe_settings(values: dict) -> str:
     """How the settings `values` (a TrainConfig's fields but rule and seed) read: "preset
     `collapse`", with the settings that differ from the nearest preset ("preset `default` with
     keep_rate=0.03"), or that they were not those of `trustlens train`."""
-    from dataclasses import fields
+    from trustlens.train.config import PRESETS, field_defaults
 
-    from trustlens.train.config import PRESETS
-
-    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    defaults = field_defaults()
     if not values or not set(values) <= set(defaults):
         return "not trained by `trustlens train`"
     differ = {name: _differing_on(values, {**defaults, **PRESETS[name]}) for name in PRESETS}

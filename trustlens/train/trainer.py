@@ -133,7 +133,7 @@ def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict
         # rank 0 streams its shard of each step's rows and the metrics `log_reduced` reduced over all
         # ranks: under data parallelism those win over the same names computed from the shard
         mirror = make_mirror(cfg.mirror, shard=world_size > 1)
-    keep = None if cfg.keep_rate is None else Keep(rate=cfg.keep_rate, seed=cfg.seed)
+    keep = None if cfg.keep_rate is None else Keep(rate=cfg.keep_rate, seed=cfg.seed, rules=cfg.keep_rules)
     live = (cfg.alerts or cfg.stop_on != "never") and rank == 0  # rank 0 judges (trustlens.train.stopping)
     return TokenRecorder(
         run_dir,
