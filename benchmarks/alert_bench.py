@@ -241,9 +241,10 @@ def table(cache: Path, tree: Path | None) -> str:
             t = totals.setdefault(name, {"healthy": 0, "crit": 0, "warn": 0, "info": 0, "leads": [], "after": []})
             t["healthy"] += row["healthy"]
             k = row["healthy"] / 1000
-            t["crit"] += round((row["crit/1k"] or 0) * k)
-            t["warn"] += round((row["warn/1k"] or 0) * k) if row["healthy"] else 0
-            t["info"] += round((row["info/1k"] or 0) * k) if row["healthy"] else 0
+            if row["healthy"]:  # a run that collapsed during its warm-up has no healthy step to count
+                t["crit"] += round(row["crit/1k"] * k)
+                t["warn"] += round(row["warn/1k"] * k)
+                t["info"] += round(row["info/1k"] * k)
             if o["onset"] is not None:
                 t.setdefault("collapses", 0)
                 t["collapses"] += 1

@@ -39,8 +39,11 @@ def _signals(steps: int, accuracy: dict[int, float] | None = None, reward: list[
     return pl.DataFrame(columns, schema_overrides={"accuracy": pl.Float64}).with_columns(pl.col("step").cast(pl.Int32))
 
 
-def _alerts(tmp_path, steps: int, **signals) -> list[tuple]:
-    alerts = detect_collapse(_run(tmp_path, steps), CollapseConfig(eval_size=N), signals=_signals(steps, **signals))
+BINOMIAL = CollapseConfig(eval_size=N)
+
+
+def _alerts(tmp_path, steps: int, config: CollapseConfig = BINOMIAL, **signals) -> list[tuple]:
+    alerts = detect_collapse(_run(tmp_path, steps), config, signals=_signals(steps, **signals))
     return alerts.select("kind", "step", "end_step", "severity", "critical_step", "evidence_start_step").rows()
 
 
@@ -48,18 +51,21 @@ def _alerts(tmp_path, steps: int, **signals) -> list[tuple]:
 FALL = {0: 0.5, 10: 0.5, 20: 0.5, 30: 0.5, 40: 0.5, 50: 0.44, 60: 0.40, 70: 0.38}
 
 
-def test_a_fall_is_critical_at_its_second_evaluation_past_three_standard_errors(tmp_path):
+def test_a_fall_is_critical_once_the_cusum_passes_its_alarm_at_an_evaluation_below_the_line(tmp_path):
     # baseline m = 0.5 (the median of the last 5 unflagged), SE5 = 0.02563, the line
     # m − max(3·SE5, 0.1·m) = 0.5 − 0.0769:
     #   50: 0.44 is 2.34 SE below: not below the line (it joins the baseline: median still 0.5);
     #       the CUSUM g = 2.34 − 0.5 = 1.84 > 0: an excursion begins at 50
-    #   60: 0.40 is 3.90 SE below: below the line (the first); g = 5.24
-    #   70: 0.38 is 4.68 SE below: the second in a row, critical; the fall began at 50 (g's last 0 at 40)
-    assert _alerts(tmp_path, 80, accuracy=FALL) == [("accuracy_drop", 50, 70, "critical", 70, 50)]
+    #   60: 0.40 is 3.90 SE below: below the line, and g = 1.84 + 3.40 = 5.24 > h = 5: critical;
+    #       the fall began at 50 (g's last 0 at 40)
+    assert _alerts(tmp_path / "h5", 80, accuracy=FALL) == [("accuracy_drop", 50, 70, "critical", 60, 50)]
+    # without the CUSUM's alarm: the second evaluation below the line in a row (70: 0.38, 4.68 SE)
+    late = CollapseConfig(eval_size=N, cusum_alarm=100.0)
+    assert _alerts(tmp_path / "h100", 80, late, accuracy=FALL) == [("accuracy_drop", 50, 70, "critical", 70, 50)]
 
 
 def test_accuracy_fall_step_by_step():
-    fall = AccuracyFall(CollapseConfig(), N)
+    fall = AccuracyFall(CollapseConfig(cusum_alarm=100.0), N)
     got = [fall.push(s, a) for s, a in FALL.items()]
     assert got[:6] == [None] * 6 and fall.cusum == pytest.approx((0.06 + 0.1 + 0.12) / SE5 - 3 * 0.5)
     assert got[6] == (False, 50, 0.5) and got[7] == (True, 50, 0.5)

@@ -82,6 +82,7 @@ class CollapseConfig:
     z_accuracy: float = 3.0  # with eval_size: an evaluation fell by more than this many binomial standard errors
     accuracy_min_drop: float = 0.1  # ... and by at least this fraction of its baseline (the policy's own noise)
     cusum_slack: float = 0.5  # the lower CUSUM's allowance k (standard errors per evaluation): where a fall began
+    cusum_alarm: float = 5.0  # ... and its alarm h: an evaluation below the line with the CUSUM past h is critical
     accuracy_evals: int = 2  # ... an alert, critical, when this many evaluations in a row did
     accuracy_reference: int = 5  # evaluations whose median is the accuracy baseline (the latest unflagged ones)
     top_tokens: int = 10  # driving tokens listed per alert

@@ -13,7 +13,9 @@ Where the fall began: the lower CUSUM of Page (1954, *Continuous Inspection Sche
 g = max(0, g + (m − a)/se − k) with the allowance k = cusum_slack, accumulates the evaluations'
 fall; the change point it estimates is the first evaluation since g was last 0 (Hinkley 1971,
 *Inference about the change-point from cumulative sum tests*, Biometrika 58). A fall confirmed
-by `accuracy_evals` evaluations below the line in a row began there (or at the first below the
+by `accuracy_evals` evaluations below the line in a row, or by one below the line while g > h
+= cusum_alarm (Page's alarm: the evaluations before it fell too, each by less than the line),
+began there (or at the first below the
 line, if earlier), so its alert's evidence, and the checkpoint a stop keeps, reach back to the
 evaluation where the accuracy started falling. After a confirmed fall ends (an evaluation back
 above the line) the CUSUM restarts.
@@ -51,6 +53,7 @@ class AccuracyFall:
         self.first = -1  # the step of the first of them
         self.cusum = 0.0  # lower CUSUM of the standardised fall: max(0, g + (m − a)/se − k)
         self.since = -1  # the first evaluation since the CUSUM was last 0 (-1: it is 0)
+        self.confirmed = False  # the evaluations below the line since the last one above are a fall
 
     def _below(self, step: int, a: float, m: float) -> bool:
         """Whether evaluation `a` is below the line of baseline `m` (module docstring); with
@@ -72,7 +75,8 @@ class AccuracyFall:
         return min(starts) if starts else None
 
     def push(self, step: int, a: float) -> tuple[bool, int, float] | None:
-        """(confirmed: `accuracy_evals` evaluations in a row below the line, where the fall began,
+        """(confirmed: `accuracy_evals` evaluations in a row below the line or one with the CUSUM
+        past `cusum_alarm`, where the fall began,
         the baseline) of an evaluation; None before the first or while not below. The fall began
         at the first of the evaluations below the line, or with `eval_size` at the first
         evaluation of the CUSUM's excursion (Page's change-point estimate) if earlier."""
@@ -82,15 +86,16 @@ class AccuracyFall:
         m = float(np.median(np.asarray(self.reference)))
         if not self._below(step, a, m):  # a flagged evaluation never joins the baseline: it holds still during the fall
             self.reference.append(a)
-            if self.below >= self.cfg.accuracy_evals:  # a confirmed fall ended: the CUSUM restarts
-                self.cusum, self.since = 0.0, -1
+            if self.confirmed:  # a confirmed fall ended: the CUSUM restarts
+                self.cusum, self.since, self.confirmed = 0.0, -1, False
             self.below = 0
             return None
         self.below += 1
         if self.below == 1:
             self.first = step
         assert self.began is not None
-        return self.below >= self.cfg.accuracy_evals, self.began, m
+        self.confirmed = self.confirmed or self.below >= self.cfg.accuracy_evals or self.cusum > self.cfg.cusum_alarm
+        return self.confirmed, self.began, m
 
 
 __all__ = ["AccuracyFall", "eval_size"]
