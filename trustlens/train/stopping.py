@@ -7,12 +7,12 @@ evaluation, before that step's update, the weights as they are then (the weights
 evaluation measures), in RUN/checkpoints/step-NNNNNN/ (safetensors weights, config, tokenizer,
 meta: the folder format of `trustlens.train.model.save_checkpoint`, usable as a warm start with
 `--checkpoint`). Kept: the last `keep_checkpoints`, plus the ones a stop would keep now
-(`trustlens.live.stop.kept_checkpoint` for the earliest evidence start among the alerts that may
+(`trustlens.live.stop.kept_checkpoint` for the evidence start of each alert that may
 still reach `stop_on` or be the evidence of one — those still provisional, and collapse warnings
 that ended within the detectors' evidence rows — and of alerts not raised yet: `unconfirmed_start`, a held-out
 accuracy fall under way (`AccuracyFall.began`, which may be evaluations back), and the latest evaluated checkpoint
-for the next evaluation); the others are deleted, so that at most
-`keep_checkpoints` + 2 are on disk.
+for the next evaluation); the others are deleted, so that at most `keep_checkpoints` + 2 + one per
+such alert are on disk.
 
 After each step the trainer asks for the alerts the writer thread raised so far. On the first of
 severity `stop_on` or above (critical and doctor problems rank alike; `warning` stops on either),
@@ -120,8 +120,10 @@ class AlertStop:
             if a.provisional or a.level >= self.level or (a.source == "collapse" and a.end_step >= recent)
         ]
         began = [] if self.fall.began is None else [self.fall.began]  # a fall the CUSUM follows
-        earliest = min([*starts, *began, unconfirmed_start(judged, self.evaluated)])
-        kept = {kept_checkpoint(self.taken, self.evaluated, s) for s in (earliest, judged + 1)}
+        # each candidate's own checkpoint: the alert that stops the run keeps the one before its
+        # evidence, which is not the one before the earliest evidence among several
+        candidates = {*starts, *began, unconfirmed_start(judged, self.evaluated), judged + 1}
+        kept = {kept_checkpoint(self.taken, self.evaluated, s) for s in candidates}
         return {s for s in kept if s is not None}
 
     def _keep_only(self, needed: set[int]) -> None:
