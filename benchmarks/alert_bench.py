@@ -18,7 +18,10 @@ data/sample_run runs are, by `make`, as "shipped-*").
 
 `table` prints one row per run and detector set from the runs in CACHE: the new detectors
 (this tree) and, with --old-tree (a checkout of main bea0ccc's trustlens/), the old ones, run in
-a subprocess on the same runs and cached in CACHE/old.json. Columns:
+a subprocess on the same runs and cached in CACHE/old.json. The collapse is collapse_onset's (held-out
+accuracy below half the first evaluation, or the reward below half its first window's), or where it
+finds none the first evaluation below half the best one before it (a run that learned from a low start).
+Columns:
     healthy    steps before the collapse (the whole run without one) past the warm-up
     crit/1k    false critical alerts per 1,000 healthy steps: on a run that did not collapse, or
                more than HORIZON (500) steps before the collapse
@@ -149,9 +152,20 @@ def new_alerts(path: Path) -> list[dict]:
     return alerts.select("kind", "step", "end_step", "severity", "critical_step", "evidence_start_step").to_dicts()
 
 
+def after_peak(accuracy: list[tuple[int, float]]) -> int | None:
+    """The first evaluation below half the best one before it: the collapse of a run that learned
+    from a first evaluation too low for collapse_onset's half of it."""
+    best = -math.inf
+    for step, a in accuracy:
+        if a < 0.5 * best:
+            return step
+        best = max(best, a)
+    return None
+
+
 def outcome(path: Path) -> dict:
-    """The run's steps, warm-up, collapse (collapse_onset; where it finds none, a synthetic run's
-    injected `collapse_at`) and evaluations."""
+    """The run's steps, warm-up, collapse (collapse_onset; where it finds none, `after_peak`) and
+    evaluations."""
     from trustlens.analysis.collapse import accuracy_per_step, collapse_onset, collapse_window, reward_per_step
     from trustlens.analysis.collapse.steps import warmup_steps
     from trustlens.run import load_run
@@ -160,9 +174,8 @@ def outcome(path: Path) -> dict:
     reward = reward_per_step(run)
     accuracy = accuracy_per_step(run)
     onset, _ = collapse_onset(accuracy, reward, collapse_window(len(reward)))
-    injected = (run.manifest.get("config") or {}).get("collapse_at")
-    if onset is None and isinstance(injected, int):
-        onset = injected  # a synthetic collapse too shallow for collapse_onset: where it was made
+    if onset is None:
+        onset = after_peak(accuracy)
     return {"steps": len(reward), "warmup": warmup_steps(run.manifest), "onset": onset, "evals": accuracy}
 
 
@@ -228,9 +241,10 @@ def table(cache: Path, tree: Path | None) -> str:
             t = totals.setdefault(name, {"healthy": 0, "crit": 0, "warn": 0, "info": 0, "leads": [], "after": []})
             t["healthy"] += row["healthy"]
             k = row["healthy"] / 1000
-            t["crit"] += round((row["crit/1k"] or 0) * k)
-            t["warn"] += round((row["warn/1k"] or 0) * k) if row["healthy"] else 0
-            t["info"] += round((row["info/1k"] or 0) * k) if row["healthy"] else 0
+            if row["healthy"]:  # a run that collapsed during its warm-up has no healthy step to count
+                t["crit"] += round(row["crit/1k"] * k)
+                t["warn"] += round(row["warn/1k"] * k)
+                t["info"] += round(row["info/1k"] * k)
             if o["onset"] is not None:
                 t.setdefault("collapses", 0)
                 t["collapses"] += 1

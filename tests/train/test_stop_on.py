@@ -81,12 +81,37 @@ def test_rolling_checkpoints_are_the_last_n_plus_the_one_a_stop_would_keep(tmp_p
         accuracy = 0.5 if step % 4 == 0 else None  # evaluated every 4 steps
         stop.checkpoint(step, None, None, recorder, accuracy)
         on_disk.append(sorted(p.name for p in (tmp_path / "checkpoints").iterdir()))
-    assert max(len(names) for names in on_disk) == 4  # keep + 2
+    # keep + 2 (an alert not raised yet, the next evaluation's) + 1 (the warning's)
+    assert max(len(names) for names in on_disk) == 5
     assert on_disk[5] == [checkpoint_name(s) for s in (0, 4, 5)]  # 0: the kept one for evidence from 3 on
     # the open warning keeps 0; 4 is the last evaluated one, kept for a fall first seen at step 8
     assert on_disk[9] == [checkpoint_name(s) for s in (0, 4, 8, 9)]
-    # closed, the warning may still be a later critical's evidence (CollapseConfig.evidence_rows): 0 stays
-    assert on_disk[11] == [checkpoint_name(s) for s in (0, 8, 10, 11)]
+    # closed, the warning may still be a later critical's evidence (CollapseConfig.evidence_rows): 0 stays;
+    # 4 for an accuracy fall whose first evaluation below the line is 8's (judged, not confirmed yet)
+    assert on_disk[11] == [checkpoint_name(s) for s in (0, 4, 8, 10, 11)]
+
+
+def test_each_alert_that_may_stop_the_run_keeps_its_own_checkpoint(tmp_path, monkeypatch):
+    # measured on late_collapse seed 2 (docs/alerts.md): a provisional doctor warning from step 24
+    # and an accuracy fall from step 60 — only the checkpoint before the earliest (20) was kept,
+    # and the stop on the fall, which needs the one before 60 (50), kept 20
+    monkeypatch.setattr(
+        "trustlens.train.model.save_checkpoint", lambda model, tok, folder, meta: folder.mkdir(parents=True)
+    )
+    stop = AlertStop("critical", every=1, keep=2, run_dir=tmp_path, world=init_world(), eval_size=500)
+    recorder = _Recorder()
+    recorder.live_alerts.append(_alert("level", 1, "warning", provisional=True))
+    for step in range(12):
+        recorder.live_judged_step = step - 2 if step >= 2 else None
+        # 0.5, 0.5, then 0.44 at step 8: 2.0 standard errors below, the CUSUM's fall begins at 8
+        accuracy = {0: 0.5, 4: 0.5, 8: 0.44}.get(step)
+        stop.checkpoint(step, None, None, recorder, accuracy)
+    assert stop.fall.began == 8
+    # 0 for the warning from step 1, 4 for the fall from step 8, 8 for a fall first seen at the
+    # next evaluation, and the last 2
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        checkpoint_name(s) for s in (0, 4, 8, 10, 11)
+    ]
 
 
 def test_bounded_keep_is_a_setting_named_when_bad():

@@ -12,6 +12,7 @@ import polars as pl
 from trustlens.analysis.buckets import in_memory
 from trustlens.analysis.collapse.config import CollapseConfig
 from trustlens.analysis.collapse.detect import alert_row, episode_record, rollout_lag
+from trustlens.analysis.collapse.heldout import eval_size
 from trustlens.analysis.collapse.levels import model_kind
 from trustlens.analysis.collapse.signals import step_signals
 from trustlens.analysis.collapse.steps import CollapseSteps, Episode, planned_window, warmup_steps
@@ -128,6 +129,7 @@ class LiveMonitor:
                 model_kind(run),
                 window,
                 warmup=warmup_steps(self.manifest),
+                eval_size=eval_size(self.manifest),
                 keep=False,
             )
         row = signals.row(0, named=True)

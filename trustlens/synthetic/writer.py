@@ -81,7 +81,7 @@ def write_synthetic_run(
         `TokenRecorder(keep=...)` does (trustlens.run.aggregates); None keeps every row.
     drift: the slow healthy drift of a long run (trustlens.synthetic.drift.Drift: warm-up,
         entropy decline, grad-norm decay, mismatch drift, held-out evaluations); run.json records
-        its `warmup_steps` and config `drift`. None: none.
+        its `warmup_steps`, `eval_size` and config `drift`. None: none.
     on_step: called with each step once its rows are handed to the writer (in part files when
         `rows_per_part` is below a step's rows): e.g. a pause that makes the run one being
         trained, for following it live (trustlens.run.follow).
@@ -187,6 +187,7 @@ def _manifest(
             raise ValueError(f"drift must be a trustlens.synthetic.Drift or None, got {drift!r}")
         manifest["config"]["drift"] = dataclasses.asdict(drift)
         manifest["warmup_steps"] = drift.warmup_steps
+        manifest["eval_size"] = drift.eval_size
     return manifest
 
 

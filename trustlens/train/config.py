@@ -54,7 +54,7 @@ class TrainConfig:
     alerts: bool = False  # raise the collapse alerts and doctor findings live on rank 0 (trustlens.live)
     stop_on: str = "never"  # stop on a live alert of this severity or above: critical, warning or never
     checkpoint_every: int = 10  # with stop_on: a rolling checkpoint every this many steps (trustlens.train.stopping)
-    keep_checkpoints: int = 3  # with stop_on: rolling checkpoints kept, besides the (≤ 2) a stop would keep
+    keep_checkpoints: int = 3  # with stop_on: rolling checkpoints kept, besides the ones a stop would keep
     flush_seconds: float = 30.0  # the recorder writes rows older than this (with alerts: each step at its end)
 
     def __post_init__(self) -> None:

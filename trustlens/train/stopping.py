@@ -7,11 +7,12 @@ evaluation, before that step's update, the weights as they are then (the weights
 evaluation measures), in RUN/checkpoints/step-NNNNNN/ (safetensors weights, config, tokenizer,
 meta: the folder format of `trustlens.train.model.save_checkpoint`, usable as a warm start with
 `--checkpoint`). Kept: the last `keep_checkpoints`, plus the ones a stop would keep now
-(`trustlens.live.stop.kept_checkpoint` for the earliest evidence start among the alerts that may
+(`trustlens.live.stop.kept_checkpoint` for the evidence start of each alert that may
 still reach `stop_on` or be the evidence of one — those still provisional, and collapse warnings
-that ended within the detectors' evidence rows — and of alerts not raised yet: `unconfirmed_start`, and the
-latest evaluated checkpoint for the next evaluation); the others are deleted, so that at most
-`keep_checkpoints` + 2 are on disk.
+that ended within the detectors' evidence rows — and of alerts not raised yet: `unconfirmed_start`, a held-out
+accuracy fall under way (`AccuracyFall.began`, which may be evaluations back), and the latest evaluated checkpoint
+for the next evaluation); the others are deleted, so that at most `keep_checkpoints` + 2 + one per
+such alert are on disk.
 
 After each step the trainer asks for the alerts the writer thread raised so far. On the first of
 severity `stop_on` or above (critical and doctor problems rank alike; `warning` stops on either),
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 
 from trustlens.analysis.collapse.config import CollapseConfig
+from trustlens.analysis.collapse.heldout import AccuracyFall
 from trustlens.live.alert import LiveAlert
 from trustlens.live.stop import evidence_start, first_at, kept_checkpoint, stop_level, stopped_entry
 from trustlens.train.world import World, all_reduce_
@@ -66,13 +68,18 @@ class AlertStop:
     steps between rolling checkpoints; `keep`: rolling checkpoints kept besides the ones a stop
     would keep."""
 
-    def __init__(self, stop_on: str, every: int, keep: int, run_dir: Path | None, world: World) -> None:
+    def __init__(
+        self, stop_on: str, every: int, keep: int, run_dir: Path | None, world: World, eval_size: int | None = None
+    ) -> None:
         self.level = stop_level(stop_on)
         self.stop_on, self.every, self.keep, self.world = stop_on, every, keep, world
         self.folder = None if run_dir is None else run_dir / FOLDER
         self.taken: list[int] = []  # steps of the checkpoints on disk, oldest first
         self.evaluated: dict[int, float] = {}  # checkpoint step -> held-out accuracy of its weights
         self.found: LiveAlert | None = None  # the alert the run stops on (rank 0)
+        # the held-out accuracy's fall as accuracy_drop follows it (`eval_size` problems an
+        # evaluation): where a fall not confirmed yet began, which may be evaluations back
+        self.fall = AccuracyFall(COLLAPSE_CONFIG, eval_size)
 
     @property
     def active(self) -> bool:
@@ -92,6 +99,7 @@ class AlertStop:
         self.taken.append(step)
         if accuracy is not None:
             self.evaluated[step] = accuracy
+            self.fall.push(step, accuracy)
         self._keep_only({*self.taken[-self.keep :], *self._pending(recorder)})
 
     def _pending(self, recorder: Any) -> set[int]:
@@ -111,8 +119,11 @@ class AlertStop:
             for a in latest.values()
             if a.provisional or a.level >= self.level or (a.source == "collapse" and a.end_step >= recent)
         ]
-        earliest = min([*starts, unconfirmed_start(judged, self.evaluated)])
-        kept = {kept_checkpoint(self.taken, self.evaluated, s) for s in (earliest, judged + 1)}
+        began = [] if self.fall.began is None else [self.fall.began]  # a fall the CUSUM follows
+        # each candidate's own checkpoint: the alert that stops the run keeps the one before its
+        # evidence, which is not the one before the earliest evidence among several
+        candidates = {*starts, *began, unconfirmed_start(judged, self.evaluated), judged + 1}
+        kept = {kept_checkpoint(self.taken, self.evaluated, s) for s in candidates}
         return {s for s in kept if s is not None}
 
     def _keep_only(self, needed: set[int]) -> None:

@@ -188,7 +188,7 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
     n_rows = n_prompts * cfg.group_size  # responses per rank per step
     result = TrainResult(run_dir)
     bar = _progress_bar(cfg.steps, progress and world.main)
-    stopper = AlertStop(cfg.stop_on, cfg.checkpoint_every, cfg.keep_checkpoints, run_dir, world)
+    stopper = AlertStop(cfg.stop_on, cfg.checkpoint_every, cfg.keep_checkpoints, run_dir, world, cfg.eval_size)
     with make_recorder(cfg, run_dir, tokenizer, rules) as recorder:
         recording = not isinstance(recorder, NullRecorder)  # the entropy below is for the record only
         for step in range(cfg.steps + 1):

@@ -8,6 +8,7 @@ Modules:
     levels     the level an alert needs besides its change (mismatch range, learning)
     detectors  the registry of detectors (DETECTORS: signal, test, message, next step, driver score)
                and the alert kinds it gives (ALERT_KINDS)
+    heldout    held-out accuracy's fall (AccuracyFall): binomial noise, the CUSUM's change point
     steps      the detectors fed one step at a time (CollapseSteps): trailing baselines, warm-up,
                episodes and evidence, shared by detect_collapse and the live monitor (trustlens.live)
     detect     detect_collapse over a finished run, and each alert's message
@@ -32,6 +33,7 @@ from trustlens.analysis.collapse.detectors import (
     driver_scores,
     register,
 )
+from trustlens.analysis.collapse.heldout import AccuracyFall, eval_size
 from trustlens.analysis.collapse.levels import model_kind
 from trustlens.analysis.collapse.onset import (
     accuracy_per_step,
@@ -51,6 +53,7 @@ __all__ = [
     "DETECTORS",
     "REWARD_WINDOW_MAX",
     "TIMELINE_SCHEMA",
+    "AccuracyFall",
     "CollapseConfig",
     "CollapseSteps",
     "Detector",
@@ -65,6 +68,7 @@ __all__ = [
     "detect_collapse",
     "driver_scores",
     "episode_span",
+    "eval_size",
     "evaluations",
     "model_kind",
     "planned_window",

@@ -67,14 +67,19 @@ class CollapseConfig:
     reward_floor: float = 0.05  # a reward or accuracy fell by at least this (absolute); the least base of the fraction
     blocked_drift: float = 0.01  # blocked-rate drift: moved by at least this much (absolute; the least base)
     blocked_factor: float = 2.0  # ... and by this factor up or down (a warning)
-    accuracy_drop: float = 0.25  # accuracy drop: an evaluation fell by this fraction of its baseline
+    accuracy_drop: float = 0.25  # accuracy drop without eval_size: an evaluation fell by this fraction of its baseline
+    eval_size: int | None = None  # problems per held-out evaluation; None = run.json's `eval_size` (or config's)
+    z_accuracy: float = 3.0  # with eval_size: an evaluation fell by more than this many binomial standard errors
+    accuracy_min_drop: float = 0.1  # ... and by at least this fraction of its baseline (the policy's own noise)
+    cusum_slack: float = 0.5  # the lower CUSUM's allowance k (standard errors per evaluation): where a fall began
+    cusum_alarm: float = 5.0  # ... and its alarm h: an evaluation below the line with the CUSUM past h is critical
     accuracy_evals: int = 2  # ... an alert, critical, when this many evaluations in a row did
     accuracy_reference: int = 5  # evaluations whose median is the accuracy baseline (the latest unflagged ones)
     top_tokens: int = 10  # driving tokens listed per alert
     top_samples: int = 5  # driving samples listed per alert
 
     def __post_init__(self) -> None:
-        for name in ("baseline_steps", "merge_gap", "reward_window", "evidence_steps"):
+        for name in ("baseline_steps", "merge_gap", "reward_window", "evidence_steps", "eval_size"):
             check_optional_int(name, getattr(self, name), low=1)
         for name in ("baseline_start", "warmup_steps"):
             check_optional_int(name, getattr(self, name), low=0)
@@ -89,9 +94,17 @@ class CollapseConfig:
             check_int(name, getattr(self, name), low=1)
         for name in ("top_tokens", "top_samples"):
             check_int(name, getattr(self, name), low=0)
-        for name in ("z_warning", "z_critical", "rel_floor", "entropy_floor", "reward_floor"):
+        for name in (
+            "z_warning",
+            "z_critical",
+            "z_accuracy",
+            "cusum_slack",
+            "rel_floor",
+            "entropy_floor",
+            "reward_floor",
+        ):
             check_nonnegative_number(name, getattr(self, name))
-        for name in ("entropy_drop", "reward_drop", "reward_critical", "accuracy_drop"):
+        for name in ("entropy_drop", "reward_drop", "reward_critical", "accuracy_drop", "accuracy_min_drop"):
             check_fraction(name, getattr(self, name), zero=False, one=False)
         check_positive("entropy_surge", self.entropy_surge)
         if self.mismatch_k3_level is not None:

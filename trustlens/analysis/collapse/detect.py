@@ -12,12 +12,14 @@ episodes and evidence), and traces each alert back to the tokens and samples tha
     grad_norm_spike   grad_norm         x > grad_spike·m                                   never
     blocked_drift     blocked_<active>  x̄ ≥ f·m or x̄ ≤ m/f, |x̄ − m| > blocked_drift       never
     reward_drop       reward            x̄ < (1 − reward_drop)·m (m: its highest so far)    r̄ < (1 − reward_critical)·m,
-                                                                                           m − r̄ > z_critical·s/√w
+                                                                                           m − r̄ > z_critical·sd/√w
     accuracy_drop     accuracy          never alone                                        accuracy_evals evaluations
-                                                                                           in a row below (1 −
-                                                                                           accuracy_drop)·(median of
-                                                                                           the last accuracy_reference
-                                                                                           unflagged ones)
+                                                                                           in a row below m (median
+                                                                                           of the last accuracy_ref.
+                                                                                           unflagged) by z_accuracy
+                                                                                           binomial standard errors and
+                                                                                           accuracy_min_drop·m (without
+                                                                                           eval_size: accuracy_drop·m)
 
 and, for every x̄ test, |z| > z_warning with z = (x̄ − m)/s. An entropy alert all of whose steps
 came while held-out accuracy or reward rose is "info" (trustlens.analysis.collapse.levels).
@@ -45,6 +47,7 @@ from trustlens.analysis.collapse.config import (
     alert_window,
 )
 from trustlens.analysis.collapse.detectors import ALERT_KINDS, DETECTORS, alert_drivers
+from trustlens.analysis.collapse.heldout import eval_size
 from trustlens.analysis.collapse.levels import model_kind
 from trustlens.analysis.collapse.signals import step_signals
 from trustlens.analysis.collapse.steps import CollapseSteps, Episode, planned_window, warmup_steps
@@ -145,7 +148,14 @@ def detect_collapse(
     start = config.baseline_start if config.baseline_start is not None else rollout_lag(run)
     manifest = run.manifest
     detectors = CollapseSteps(
-        config, signals.columns, rule, start, model_kind(run), planned_window(manifest), warmup=warmup_steps(manifest)
+        config,
+        signals.columns,
+        rule,
+        start,
+        model_kind(run),
+        planned_window(manifest),
+        warmup=warmup_steps(manifest),
+        eval_size=eval_size(manifest),
     )
     for row in signals.iter_rows(named=True):
         detectors.push(row["step"], row)

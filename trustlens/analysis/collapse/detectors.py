@@ -10,12 +10,16 @@ Tests (`Detector.test`):
     "ratio"       a step signal x against its trailing robust baseline m (steps.py): flagged when
                   x̄ (the median of `smooth` steps) is past `factor(cfg)`·m in the detector's
                   direction, |z| > z_warning and |x̄ − m| > `min_abs(cfg)`; never critical
-    "outcome"     the same against the highest baseline so far, and critical when the mean r̄ over
-                  the reward window is past `critical(cfg)`·m and |r̄ − m| > z_critical · s/√w
-                  (its standard error): only an outcome is critical
-    "evaluations" held-out accuracy: each evaluation against the median of the last
-                  `accuracy_reference` unflagged ones; critical once `accuracy_evals` in a row
-                  are below the line (one alone raises nothing)
+    "outcome"     the same against the highest baseline so far, judged from the first step (a
+                  warm-up does not set it), and critical when the mean r̄ over the reward window
+                  is past `critical(cfg)`·m and |r̄ − m| > z_critical · sd/√w (its standard error:
+                  sd the baseline's spread, steps.py): only an outcome is critical
+    "evaluations" held-out accuracy: each evaluation against the median m of the last
+                  `accuracy_reference` unflagged ones; below the line when it fell by more than
+                  z_accuracy binomial standard errors (√(m(1 − m)/n), n = eval_size) and by
+                  accuracy_min_drop·m (by accuracy_drop·m where n is unknown); critical once
+                  `accuracy_evals` in a row are below it (one alone raises nothing), from where
+                  a lower CUSUM says the fall began (heldout.py `AccuracyFall`)
 """
 
 from __future__ import annotations
@@ -60,6 +64,14 @@ class Detector:
         cfg.smooth
     )  # steps whose median is x̄ (1: the step's own value)
     lagged: bool = False  # compares π with μ: judged from the engine's lag on (baseline_start)
+
+
+def past(d: Detector, v: float, m: float, ratio: float, floor: float) -> bool:
+    """x̄ past ratio·m in the detector's direction, m floored at `floor`, and |x̄ − m| > floor."""
+    if abs(v - m) <= floor:
+        return False
+    base = max(abs(m), floor)
+    return v > ratio * base if d.up else v < ratio * base
 
 
 DETECTORS: dict[str, Detector] = {}
@@ -239,5 +251,6 @@ __all__ = [
     "alert_kind",
     "detector_of",
     "driver_scores",
+    "past",
     "register",
 ]

@@ -11,8 +11,10 @@ that were judged healthy (a flagged row, or a row while its episode is open, nev
 the baseline holds still while a change lasts). The reward is measured from the highest
 baseline median it had (its peak level): a collapse after learning is a fall from what the run
 reached, however slowly it comes. Steps of the learning-rate warm-up
-(`warmup_steps`) never join a baseline and are not judged, and the π-vs-μ signals start at the
-engine's lag (`baseline_start`). A step is judged once `baseline_steps` values are in. So a slow
+(`warmup_steps`) never join the baseline of a signal the learning rate sets (entropy, mismatch,
+gradient norm, block rate) and are not judged there, and the π-vs-μ signals start at the
+engine's lag (`baseline_start`); the outcome (reward, held-out accuracy) is judged from the first
+step: a run can fall during its warm-up. A step is judged once `baseline_steps` values are in. So a slow
 healthy trend moves the baseline with it, and a change faster than the window is a change.
 
 A relative factor never has a zero base: x̄/m is taken with m floored at the detector's
@@ -24,11 +26,15 @@ row is not a change; the episode's step is the first of them, its alert is raise
 and lasts as long as its condition holds: it ends after
 `merge_gap` rows with none; held-out accuracy's episode lasts while its evaluations stay below
 the line, however far apart they are, and ends at the first one back above it. Only an outcome
-turns critical (a reward_drop whose r̄ fell, an accuracy_drop confirmed by `accuracy_evals`
-evaluations in a row, the first of which opens it: one evaluation below the line alone raises
-nothing); the other detectors warn, and the warnings that ended at most
-`evidence_steps` rows before an outcome alert opened are its evidence: `evidence` lists their
-kinds and `evidence_start_step` is the first flagged step among them and it.
+turns critical (a reward_drop whose r̄ fell, by z_critical standard errors of r̄; an
+accuracy_drop confirmed by `accuracy_evals` evaluations in a row below the line, which with
+`eval_size` is z_accuracy binomial standard errors and accuracy_min_drop below the baseline: one
+evaluation below it alone raises nothing). An accuracy_drop begins where its fall began: the
+first evaluation of the lower CUSUM's excursion (Page's change-point estimate, `AccuracyFall`)
+or of the evaluations below the line, whichever is earlier. The other detectors warn, and the
+warnings that ended at most `evidence_steps` rows before an outcome alert opened are its
+evidence: `evidence` lists their kinds and `evidence_start_step` is the first flagged step among
+them and it.
 
 State: each detector's trailing baseline and windows and the open episodes: bounded by the
 configuration's windows, never by the run's length.
@@ -43,7 +49,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trustlens.analysis.collapse.config import ALERT_WINDOW_MAX, REWARD_WINDOW_MAX, CollapseConfig, alert_window
-from trustlens.analysis.collapse.detectors import DETECTORS, Detector, alert_kind
+from trustlens.analysis.collapse.detectors import DETECTORS, Detector, alert_kind, past
+from trustlens.analysis.collapse.heldout import AccuracyFall
 from trustlens.analysis.collapse.levels import Learning, MismatchLevel, Trailing
 from trustlens.run import blocked_column
 
@@ -108,14 +115,6 @@ def _extremity(z: float, value: float, baseline: float) -> float:
     return abs(z) if math.isfinite(z) else abs(value - baseline)
 
 
-def _past(d: Detector, v: float, m: float, ratio: float, floor: float) -> bool:
-    """x̄ past ratio·m in the detector's direction, m floored at `floor`, and |x̄ − m| > floor."""
-    if abs(v - m) <= floor:
-        return False
-    base = max(abs(m), floor)
-    return v > ratio * base if d.up else v < ratio * base
-
-
 class _Judge:
     """One step detector's state: its trailing baseline values and its windows."""
 
@@ -155,6 +154,14 @@ class _Judge:
             self.reference.append(x)
         return judged
 
+    def _spread(self, s: float) -> float:
+        """The standard deviation of the baseline's values within 4·s of their median, at least
+        s: the MAD is coarse on a signal of a few levels (a reward of 16 0/1 samples a step
+        moves in steps of 1/16), and a value 4·s out is not the baseline's noise."""
+        ref = np.asarray(self.reference, dtype=np.float64)
+        inside = ref[np.abs(ref - np.median(ref)) <= 4 * s]
+        return max(s, float(np.std(inside)) if len(inside) else 0.0)
+
     def _judge(self, m: float, s: float) -> tuple[bool, bool, float, float] | None:
         d, cfg = self.d, self.cfg
         if not d.up and m < self.floor:  # nothing to fall from
@@ -162,44 +169,15 @@ class _Judge:
         self.base = m, s
         v = self.smoothed.stat(np.median)
         z = (v - m) / s
-        flagged = abs(z) > cfg.z_warning and _past(d, v, m, d.factor(cfg), self.floor)
+        flagged = abs(z) > cfg.z_warning and past(d, v, m, d.factor(cfg), self.floor)
         critical = False
         if d.critical is not None:  # r̄ past the critical factor, and |r̄ − m| > z_critical standard errors
             mean = self.window.stat(np.mean)
-            error = s / math.sqrt(max(1, len(self.window.values)))
-            critical = _past(d, mean, m, d.critical(cfg), self.floor) and abs(mean - m) > cfg.z_critical * error
+            error = self._spread(s) / math.sqrt(max(1, len(self.window.values)))
+            critical = past(d, mean, m, d.critical(cfg), self.floor) and abs(mean - m) > cfg.z_critical * error
             if critical:
                 v, z = mean, (mean - m) / s
         return flagged, critical, v, z
-
-
-class _Evaluations:
-    """accuracy_drop's state: the latest unflagged evaluations (their median is the baseline) and
-    the run of flagged ones."""
-
-    def __init__(self, cfg: CollapseConfig) -> None:
-        self.cfg, self.d = cfg, DETECTORS["accuracy_drop"]
-        self.floor = self.d.min_abs(cfg)
-        self.reference: deque[float] = deque(maxlen=cfg.accuracy_reference)
-        self.below = 0  # evaluations in a row below the line
-        self.first = -1  # the step of the first of them
-
-    def push(self, step: int, a: float) -> tuple[bool, int, float] | None:
-        """(confirmed: `accuracy_evals` evaluations in a row below the line, the first of their
-        steps, the baseline) of an evaluation; None before the first or while not below."""
-        if not self.reference:
-            self.reference.append(a)
-            return None
-        m = float(np.median(np.asarray(self.reference)))
-        below = m >= self.floor and _past(self.d, a, m, self.d.factor(self.cfg), self.floor)
-        if not below:  # a flagged evaluation never joins the baseline: it holds still during the fall
-            self.reference.append(a)
-            self.below = 0
-            return None
-        self.below += 1
-        if self.below == 1:
-            self.first = step
-        return self.below >= self.cfg.accuracy_evals, self.first, m
 
 
 class CollapseSteps:
@@ -221,6 +199,7 @@ class CollapseSteps:
         window: int,
         *,
         warmup: int = 0,
+        eval_size: int | None = None,
         keep: bool = True,
     ) -> None:
         self.cfg = cfg
@@ -240,7 +219,8 @@ class CollapseSteps:
                     self.judges.append(_Judge(d, signal, cfg, n_base, n_reward))
         self.mismatch = MismatchLevel(kind, cfg.smooth, cfg.mismatch_k3_level)
         self.learning = Learning(n_base, n_reward)
-        self.evaluations = _Evaluations(cfg) if "accuracy" in columns else None
+        n = cfg.eval_size if cfg.eval_size is not None else eval_size
+        self.evaluations = AccuracyFall(cfg, n) if "accuracy" in columns else None
         self.row = -1
         self.keep = keep
         self.episodes: list[Episode] = []  # with keep: every episode so far, in the order they opened
@@ -262,7 +242,8 @@ class CollapseSteps:
         flags: list[tuple[Detector, str, int, float, float, float, bool, bool]] = []
         for judge in self.judges:
             d = judge.d
-            counts = step >= (self.start if d.lagged else self.warmup)
+            # the outcome is judged from the start: a warm-up does not set its level, and a run may fall during it
+            counts = step >= (self.start if d.lagged else 0 if d.test == "outcome" else self.warmup)
             holding = (d.kind, judge.signal) in self.open
             judged = judge.push(value(judge.signal), counts, holding)
             if judged is None or (d.kind == "mismatch_growth" and not mismatch_level):
