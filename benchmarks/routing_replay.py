@@ -79,6 +79,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/replay"))
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated: fp8, collapse")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--fp8-steps", type=int, default=160)
     parser.add_argument("--collapse-steps", type=int, default=250)
@@ -91,7 +92,7 @@ def main() -> int:
     steps = {"fp8": args.fp8_steps, "collapse": args.collapse_steps}
     runs = {
         (setting, mode, seed): args.out / f"{setting}-{mode}-seed{seed}"
-        for setting in SETTINGS
+        for setting in args.settings.split(",")
         for mode in MODES
         for seed in seeds
     }
