@@ -1,6 +1,10 @@
-"""Mixture-of-experts routing: how much of the training–inference mismatch the tokens routed
-differently by the engine and the trainer carry (the queries: trustlens.analysis.routing; the recorded
-routing: trustlens.run.routes, docs/run-format.md).
+"""Mixture-of-experts routing: which experts the engine and the trainer chose for each token,
+and how much of the training–inference mismatch that explains.
+
+- the recorded routing's queries (trustlens.analysis.routing, re-exported here): how much of the
+  mismatch the tokens routed differently carry;
+- `trustlens.routing.replay`: read and force a model's routing (`routing`), and the shadow
+  forward under μ's routing that splits Δ log p into a routing and a residual part (`replay_split`).
 
     from trustlens.routing import mismatch_by_flips, routing_share
     share = routing_share(run)          # None on a dense run
@@ -18,15 +22,19 @@ from trustlens.analysis.routing import (
     routed_rows,
     routing_share,
 )
+from trustlens.routing.replay import RoutingSplit, replay_split, routing
 
 __all__ = [
     "FLIP_BUCKETS",
     "RoutingShare",
+    "RoutingSplit",
     "flipped_layers",
     "flipped_tokens",
     "flips_per_layer",
     "mismatch_by_first_flip",
     "mismatch_by_flips",
+    "replay_split",
     "routed_rows",
+    "routing",
     "routing_share",
 ]

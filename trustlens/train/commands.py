@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trustlens.core.argument_checks import EXIT_ALERT_STOP, STOP_ON, check_choice, choice_arg, mirror_arg, port_arg
-from trustlens.train.config import LOSS_AGG_MODES_HELP, PRESETS, field_defaults
+from trustlens.train.config import LOSS_AGG_MODES_HELP, MODEL_KINDS, PRESETS, field_defaults
 from trustlens.train.runner import config, finish, is_main, print_inspect, run_one
 from trustlens.train.runsets import CLAIM_RULES, claims_command, compare_command
 from trustlens.train.sample import DEMO_SEED, demo_command, make_sample_command
@@ -115,6 +115,18 @@ _CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("eval_size", int, "held-out problems per evaluation (0 = no evaluation)"),
     ("partial_credit", float, "reward share for right scratchpad steps when the final answer is wrong"),
     ("checkpoint", str, "warm-start checkpoint folder; 'random' starts from a random model"),
+    (
+        "model",
+        choice_arg(lambda: MODEL_KINDS),
+        "the policy and its shipped warm start: dense (Llama) or moe (Qwen3-MoE: 8 experts, top-2, the router's "
+        "load-balancing loss in the training loss)",
+    ),
+    (
+        "routing_split_every",
+        int,
+        "MoE: every this many steps a shadow forward under the engine's routing splits log π_old − log μ into a "
+        "routing and a residual part (routing/* metrics; 0 = never)",
+    ),
     ("threads", int, "torch CPU threads per process"),
     ("sample_every", int, "record prompts and responses every this many steps"),
     (
@@ -155,7 +167,7 @@ _CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
 
 # how --help shows the defaults that are not a value of their own
 _SHOWN_DEFAULTS = {
-    "checkpoint": "the shipped data/warmstart",
+    "checkpoint": "the shipped data/warmstart, data/warmstart_moe with --model moe",
     "low": "the rule's own",
     "high": "the rule's own",
     "tv_bound": "each rule's own (0.15)",
@@ -165,88 +177,108 @@ _SHOWN_DEFAULTS = {
 }
 
 
+def _train_flags(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (parser.epilog or "") + (
+        f". Exit codes: 0 the run finished, 2 bad input, {EXIT_ALERT_STOP} --stop-on stopped it (run.json "
+        "status stopped: `stopped` names the alert and the checkpoint kept)"
+    )
+    parser.add_argument("--rule", type=choice_arg(_rules), default="dppo_binary_tv", help=_rule_help())
+    parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<rule>)")
+    parser.set_defaults(func=_train)
+
+
+def _compare_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rules",
+        type=_rule_list,
+        default="ppo,dppo_binary_tv,pg_is",
+        help="comma-separated rules, each trained into its own run [ppo,dppo_binary_tv,pg_is]",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=_int_list,
+        default="0",
+        help="comma-separated seeds; several give OUT/<rule>-seed<S> runs [0]",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs"),
+        help="parent directory: one run per rule and seed, and the table OUT/compare.csv [runs]",
+    )
+    _add_run_set_options(parser)
+    parser.set_defaults(func=compare_command)
+
+
+def _claims_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rules",
+        type=_rule_list,
+        default=",".join(CLAIM_RULES),
+        help=f"rules trained, one run per seed each [{','.join(CLAIM_RULES)}]",
+    )
+    parser.add_argument("--seeds", type=_int_list, default="0,1,2", help="comma-separated seeds [0,1,2]")
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/claims"), help="runs, figures and claims.md go here [runs/claims]"
+    )
+    _add_run_set_options(parser)
+    parser.add_argument(
+        "--no-train",
+        action="store_true",
+        help="only measure the finished runs already in OUT that share their settings apart from rule and "
+        "seed: those of --preset and the training flags if given, else the largest such set (the others "
+        "are named and left out)",
+    )
+    parser.set_defaults(func=claims_command)
+
+
+def _demo_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rule", type=choice_arg(_rules), default="dppo_binary_tv", help=_rule_help())
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run directory (default: runs/demo, replacing an earlier demo run); the dashboard opens on its "
+        "parent folder, with a copy of the shipped sample runs in sample_run/ beside it",
+    )
+    parser.add_argument("--port", type=port_arg, default=8501, help="port of the dashboard [8501]")
+    parser.add_argument("--no-dashboard", action="store_true", help="only train; print how to inspect the run")
+    parser.set_defaults(func=demo_command)
+
+
+def _make_sample_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rules",
+        type=_rule_list,
+        default="ppo,dppo_binary_tv,pg_is",
+        help="rules of the sample, one run each [ppo,dppo_binary_tv,pg_is]",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where to write it (default: the shipped data/sample_run)"
+    )
+    _add_run_set_options(parser)
+    parser.set_defaults(func=make_sample_command)
+
+
+_COMMAND_FLAGS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "train": _train_flags,
+    "compare": _compare_flags,
+    "claims": _claims_flags,
+    "demo": _demo_flags,
+    "make-sample": _make_sample_flags,
+}
+
+
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
-    """Add the flags of command `name` (train, compare, demo or make-sample)."""
+    """Add the flags of command `name` (train, compare, claims, demo or make-sample)."""
+    if name not in _COMMAND_FLAGS:
+        raise ValueError(f"trustlens.train.commands has no command {name!r}")
     parser.epilog = "presets: " + "; ".join(
         f"{preset} = {', '.join(f'{k}={v}' for k, v in values.items()) or 'the defaults'}"
         for preset, values in PRESETS.items()
     )
     parser.formatter_class = _LineHelpFormatter
-    if name == "train":
-        parser.epilog += (
-            f". Exit codes: 0 the run finished, 2 bad input, {EXIT_ALERT_STOP} --stop-on stopped it (run.json "
-            "status stopped: `stopped` names the alert and the checkpoint kept)"
-        )
-        parser.add_argument("--rule", type=choice_arg(_rules), default="dppo_binary_tv", help=_rule_help())
-        parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<rule>)")
-        parser.set_defaults(func=_train)
-    elif name == "compare":
-        parser.add_argument(
-            "--rules",
-            type=_rule_list,
-            default="ppo,dppo_binary_tv,pg_is",
-            help="comma-separated rules, each trained into its own run [ppo,dppo_binary_tv,pg_is]",
-        )
-        parser.add_argument(
-            "--seeds",
-            type=_int_list,
-            default="0",
-            help="comma-separated seeds; several give OUT/<rule>-seed<S> runs [0]",
-        )
-        parser.add_argument(
-            "--out",
-            type=Path,
-            default=Path("runs"),
-            help="parent directory: one run per rule and seed, and the table OUT/compare.csv [runs]",
-        )
-        _add_run_set_options(parser)
-        parser.set_defaults(func=compare_command)
-    elif name == "claims":
-        parser.add_argument(
-            "--rules",
-            type=_rule_list,
-            default=",".join(CLAIM_RULES),
-            help=f"rules trained, one run per seed each [{','.join(CLAIM_RULES)}]",
-        )
-        parser.add_argument("--seeds", type=_int_list, default="0,1,2", help="comma-separated seeds [0,1,2]")
-        parser.add_argument(
-            "--out", type=Path, default=Path("runs/claims"), help="runs, figures and claims.md go here [runs/claims]"
-        )
-        _add_run_set_options(parser)
-        parser.add_argument(
-            "--no-train",
-            action="store_true",
-            help="only measure the finished runs already in OUT that share their settings apart from rule and "
-            "seed: those of --preset and the training flags if given, else the largest such set (the others "
-            "are named and left out)",
-        )
-        parser.set_defaults(func=claims_command)
-    elif name == "demo":
-        parser.add_argument("--rule", type=choice_arg(_rules), default="dppo_binary_tv", help=_rule_help())
-        parser.add_argument(
-            "--out",
-            type=Path,
-            default=None,
-            help="run directory (default: runs/demo, replacing an earlier demo run); the dashboard opens on its "
-            "parent folder, with a copy of the shipped sample runs in sample_run/ beside it",
-        )
-        parser.add_argument("--port", type=port_arg, default=8501, help="port of the dashboard [8501]")
-        parser.add_argument("--no-dashboard", action="store_true", help="only train; print how to inspect the run")
-        parser.set_defaults(func=demo_command)
-    elif name == "make-sample":
-        parser.add_argument(
-            "--rules",
-            type=_rule_list,
-            default="ppo,dppo_binary_tv,pg_is",
-            help="rules of the sample, one run each [ppo,dppo_binary_tv,pg_is]",
-        )
-        parser.add_argument(
-            "--out", type=Path, default=None, help="where to write it (default: the shipped data/sample_run)"
-        )
-        _add_run_set_options(parser)
-        parser.set_defaults(func=make_sample_command)
-    else:
-        raise ValueError(f"trustlens.train.commands has no command {name!r}")
+    _COMMAND_FLAGS[name](parser)
     if name != "make-sample":
         # claims: None is collapse when training, and with --no-train the largest set of runs
         preset = None if name == "claims" else "default"
@@ -284,6 +316,14 @@ def _add_config_flags(parser: argparse.ArgumentParser, skip: set[str], shown: di
         const=False,
         default=None,
         help="advantages r − mean(r) without dividing by the group std (Dr. GRPO)",
+    )
+    group.add_argument(
+        "--routing-replay",
+        dest="routing_replay",
+        action="store_const",
+        const=True,
+        default=None,
+        help="MoE: compute π_old and π with the engine's routing (router replay, R3)",
     )
     group.add_argument(
         "--alerts",

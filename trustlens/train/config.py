@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
 
+MODEL_KINDS = ("dense", "moe")  # `model` values: the Llama or the Qwen3-MoE (trustlens.train.model.MODELS)
 RANDOM_INIT = "random"  # `checkpoint` value that starts from a random model instead of a warm start
 TV_MEASURES = ("binary_tv", "topk_tv")  # the measures `tv_bound` sets the bound of
 # see trustlens.rules.loss.LOSS_AGG_MODES
@@ -43,6 +44,9 @@ class TrainConfig:
     eval_size: int = 500  # held-out problems in each evaluation (greedy decoding)
     partial_credit: float = 0.0  # reward share for right scratchpad steps when the answer is wrong
     checkpoint: str | None = None  # warm-start folder; None = the shipped one, "random" = no warm start
+    model: str = "dense"  # the policy: "dense" (Llama) or "moe" (Qwen3-MoE, 8 experts, top-2); its warm start
+    routing_replay: bool = False  # MoE: π_old and π computed with the engine's routing (R3)
+    routing_split_every: int = 0  # MoE: the shadow forward under μ's routing every this many steps; 0 = never
     seed: int = 0  # seeds the problems, the sampling and the minibatch order
     threads: int = 1  # torch CPU threads per process
     record: bool = True  # False: NullRecorder (nothing written; for overhead measurements)
@@ -107,9 +111,10 @@ class TrainConfig:
             raise ValueError(f"rollout_lag must be ≥ 0, got {self.rollout_lag}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be ≥ 0, got {self.warmup_steps}")
-        for name in ("scale_advantages", "record", "alerts"):
+        for name in ("scale_advantages", "record", "alerts", "routing_replay"):
             check_bool(name, getattr(self, name))
         check_stop_on("stop_on", self.stop_on)
+        self._check_routing()
         for name in ("checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
@@ -151,6 +156,19 @@ class TrainConfig:
             raise ValueError(
                 f"keep_rules {rules} need a keep_rate: without one every token is recorded (pass keep_rate=0.01)"
             )
+
+    def _check_routing(self) -> None:
+        """The model kind, and routing settings only on a mixture of experts (one line naming the fix)."""
+        from trustlens.core.argument_checks import check_choice
+
+        check_choice("model", self.model, MODEL_KINDS)
+        if self.routing_split_every < 0:
+            raise ValueError(f"routing_split_every must be ≥ 0, got {self.routing_split_every}")
+        asked = {"routing_replay": self.routing_replay, "routing_split_every": self.routing_split_every}
+        for name, on in asked.items():
+            if on and self.model == "dense":
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} needs a mixture-of-experts model, and this run's is dense: add --model moe")
 
     def lr_at(self, step: int) -> float:
         """The learning rate of `step`: lr · min(1, (step + 1) / warmup_steps), lr without a warm-up."""
@@ -210,6 +228,7 @@ _INTS = (
     "sample_every",
     "checkpoint_every",
     "keep_checkpoints",
+    "routing_split_every",
 )
 
 _COLLAPSE = dict(rollout_precision="fp8", rollout_lag=16, lr=6e-5, steps=250, eval_every=10, tv_bound=0.1)

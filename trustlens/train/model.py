@@ -4,10 +4,16 @@ Tokenizer: one token per integer 0..`max_number`, the operators, ``=``, ``;``, `
 special tokens ``<pad> <bos> <eos> <unk>``; words are whitespace-separated and encoding a text
 prepends ``<bos>``. It is built in code (nothing is downloaded) and is the same on every machine.
 
+Model: a transformers Llama (dense, the default), or with `ModelConfig.num_experts` > 0 a
+Qwen3-MoE: the same attention and sizes, each MoE layer's MLP replaced by `num_experts` SwiGLU
+experts of which a softmax router picks `experts_per_token` per token, trained with the router's
+load-balancing loss (`MOE`: 8 experts, top-2, the first layer dense).
+
 Checkpoint: a folder with ``model.safetensors`` (weights, float32), ``config.json`` (the
-transformers LlamaConfig), ``tokenizer.json`` and ``meta.json`` (how it was made, its held-out
-accuracy). `load_checkpoint()` without a path loads the shipped warm start, ``data/warmstart``,
-which ``trustlens warmup`` rebuilds.
+transformers LlamaConfig or Qwen3MoeConfig), ``tokenizer.json`` and ``meta.json`` (how it was
+made, its held-out accuracy). `load_checkpoint()` without a path loads the shipped warm start,
+``data/warmstart``, which ``trustlens warmup`` rebuilds (``data/warmstart_moe`` and
+``trustlens warmup --model moe`` for the MoE).
 """
 
 from __future__ import annotations
@@ -17,7 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from trustlens.paths import data_path
 
@@ -29,7 +43,13 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "meta.json"
-REBUILD_HINT = "rebuild it with `trustlens warmup --out {path}`"
+REBUILD_HINT = "rebuild it with `trustlens warmup{model} --out {path}`"
+WARM_STARTS = {"dense": "warmstart", "moe": "warmstart_moe"}  # model kind -> its shipped warm start in data/
+# model_type of config.json -> (config class, model class)
+ARCHITECTURES: dict[str, tuple[type[PreTrainedConfig], type[PreTrainedModel]]] = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+}
 
 
 def build_tokenizer(max_number: int = MAX_NUMBER) -> PreTrainedTokenizerFast:
@@ -64,7 +84,8 @@ def _wrap(tok) -> PreTrainedTokenizerFast:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Size of the policy model (a transformers Llama); the defaults give 1.11M parameters."""
+    """Size of the policy model (a transformers Llama, or a Qwen3-MoE when num_experts > 0); the
+    defaults give the dense 1.11M-parameter model, `MOE` the mixture of experts."""
 
     vocab_size: int = len(SPECIAL_TOKENS) + len(WORDS) + MAX_NUMBER + 1  # = len(build_tokenizer())
     hidden_size: int = 128  # residual stream width
@@ -76,6 +97,44 @@ class ModelConfig:
     tie_embeddings: bool = False  # share the input embedding with the output layer
     number_periods: tuple[float, ...] = (2, 5, 10, 20, 50, 100, 200, 500, 1000)  # see build_model
     number_scale: float = 0.05  # amplitude of the number features at init (0 = plain random init)
+    num_experts: int = 0  # experts per MoE layer; 0 = the dense Llama
+    experts_per_token: int = 2  # k: experts the router picks per token (top-k)
+    expert_intermediate_size: int = 128  # SwiGLU hidden width of each expert
+    dense_layers: tuple[int, ...] = (0,)  # with experts: the layers that keep a dense MLP (intermediate_size)
+    router_aux_loss_coef: float = 0.01  # weight of the router's load-balancing loss in the training loss
+
+    @property
+    def kind(self) -> str:
+        """ "moe" or "dense"."""
+        return "moe" if self.num_experts else "dense"
+
+    def to_transformers(self) -> PreTrainedConfig:
+        """The transformers config: `to_llama()`, or the Qwen3MoeConfig with experts."""
+        if not self.num_experts:
+            return self.to_llama()
+        return Qwen3MoeConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_heads,
+            intermediate_size=self.intermediate_size,
+            moe_intermediate_size=self.expert_intermediate_size,
+            num_experts=self.num_experts,
+            num_experts_per_tok=self.experts_per_token,
+            norm_topk_prob=True,
+            mlp_only_layers=list(self.dense_layers),
+            decoder_sparse_step=1,
+            router_aux_loss_coef=self.router_aux_loss_coef,
+            output_router_logits=False,
+            max_position_embeddings=self.max_positions,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            tie_word_embeddings=self.tie_embeddings,
+            pad_token_id=SPECIAL_TOKENS.index("<pad>"),
+            bos_token_id=SPECIAL_TOKENS.index("<bos>"),
+            eos_token_id=SPECIAL_TOKENS.index("<eos>"),
+            attention_dropout=0.0,
+        )
 
     def to_llama(self) -> LlamaConfig:
         """The equivalent transformers LlamaConfig (special-token ids of `build_tokenizer`)."""
@@ -96,7 +155,12 @@ class ModelConfig:
         )
 
 
-def build_model(cfg: ModelConfig = ModelConfig(), seed: int = 0) -> LlamaForCausalLM:
+# the built-in mixture of experts (`--model moe`): 8 experts, top-2, layer 0 dense
+MOE = ModelConfig(num_experts=8)
+MODELS = {"dense": ModelConfig(), "moe": MOE}  # `--model` choice -> its size
+
+
+def build_model(cfg: ModelConfig = ModelConfig(), seed: int = 0) -> PreTrainedModel:
     """A freshly initialised float32 model; the same weights for the same (cfg, seed).
 
     The input and output embedding rows of the number tokens start as random init plus
@@ -106,7 +170,8 @@ def build_model(cfg: ModelConfig = ModelConfig(), seed: int = 0) -> LlamaForCaus
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(cfg.to_llama())
+        config = cfg.to_transformers()
+        model = ARCHITECTURES[config.model_type][1](config)
     if cfg.number_scale:
         feats = number_features(cfg)  # (N, 2P)
         first = len(SPECIAL_TOKENS) + len(WORDS)
@@ -134,7 +199,7 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 def save_checkpoint(
-    model: LlamaForCausalLM,
+    model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerFast,
     path: str | Path,
     meta: dict | None = None,
@@ -153,30 +218,37 @@ def save_checkpoint(
 
 def load_checkpoint(
     path: str | Path | None = None,
-) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, dict]:
+    model: str = "dense",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, dict]:
     """(model in eval mode, tokenizer, meta) from a folder written by `save_checkpoint`.
 
-    `path` defaults to the shipped warm start ``data/warmstart``. A missing folder or file raises
-    FileNotFoundError and an unreadable one ValueError; both name the path and how to rebuild it.
+    `path` defaults to the shipped warm start of `model` ("dense": ``data/warmstart``, "moe":
+    ``data/warmstart_moe``); the architecture is config.json's `model_type` (Llama or
+    Qwen3-MoE). A missing folder or file raises FileNotFoundError and an unreadable one
+    ValueError; both name the path and how to rebuild it.
     """
     from safetensors.torch import load_model
     from tokenizers import Tokenizer
 
-    path = Path(path) if path is not None else data_path("warmstart")
-    hint = REBUILD_HINT.format(path=path)
+    path = Path(path) if path is not None else data_path(WARM_STARTS[model])
+    hint = REBUILD_HINT.format(path=path, model=" --model moe" if model == "moe" else "")
     for name in (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE, META_FILE):
         if not (path / name).is_file():
             raise FileNotFoundError(f"checkpoint {path}: {name} is missing; {hint}")
     try:
         meta = json.loads((path / META_FILE).read_text())
-        config = LlamaConfig.from_json_file(str(path / CONFIG_FILE))
+        model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
+        if model_type not in ARCHITECTURES:
+            raise ValueError(f"config.json model_type {model_type!r} is none of {', '.join(ARCHITECTURES)}")
+        config_class, model_class = ARCHITECTURES[model_type]
+        config = config_class.from_json_file(str(path / CONFIG_FILE))
         tokenizer = _wrap(Tokenizer.from_file(str(path / TOKENIZER_FILE)))
-        model = LlamaForCausalLM(config)
-        load_model(model, str(path / WEIGHTS_FILE), strict=True)
+        policy = model_class(config)
+        load_model(policy, str(path / WEIGHTS_FILE), strict=True)
     except Exception as err:  # json, tokenizers and safetensors each raise their own types
         raise ValueError(f"checkpoint {path} is unreadable ({type(err).__name__}: {err}); {hint}") from err
     if len(tokenizer) != config.vocab_size:
         raise ValueError(
             f"checkpoint {path}: tokenizer has {len(tokenizer)} tokens but the model {config.vocab_size}; {hint}"
         )
-    return model.float().eval(), tokenizer, meta
+    return policy.float().eval(), tokenizer, meta

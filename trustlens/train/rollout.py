@@ -13,11 +13,18 @@ describes the policy that really sampled the tokens, unless `defect` plants a lo
 
 - Precision (`precision`): ``fp32``; ``fp32_exact``, the trainer's own numerics (below);
   ``bf16`` weights (as vLLM or SGLang serve them); ``fp8``
-  W8A8 — every linear layer of the transformer blocks computes with weights rounded to
-  float8_e4m3fn (one scale per output channel, amax / 448, set at every weight sync) and inputs
-  rounded to float8_e4m3fn (one dynamic scale per call, amax / 448); embeddings, norms and the
-  output layer are not quantised (as in vLLM's fp8 checkpoints). This is simulated quantisation:
-  the float8 values and scales are exact, and the matmuls accumulate in float32 as fp8 GEMMs do.
+  W8A8 — every linear layer of the transformer blocks (a mixture of experts' experts too)
+  computes with weights rounded to float8_e4m3fn (one scale per output channel, amax / 448, set
+  at every weight sync) and inputs rounded to float8_e4m3fn (one dynamic scale per call, amax /
+  448); embeddings, norms and the output layer are not quantised (as in vLLM's fp8 checkpoints),
+  and an MoE router runs in bf16 (weights and inputs rounded to bfloat16, logits rounded to
+  bfloat16 before the top-k), as the unquantised gate of an fp8 checkpoint does. This is
+  simulated quantisation: the float8 values and scales are exact, and the matmuls accumulate in
+  float32 as fp8 GEMMs do. The bf16 engine's router computes in bf16 as well, so at both
+  precisions near-tied experts flip against the trainer's float32 router, as in real engines.
+- Routing (mixture-of-experts models): the engine reports the experts it routed every position
+  to (`Rollout.routed_experts`, trustlens.routing.replay), the input token's routing at each
+  position of prompt and response, as vLLM and SGLang return them.
 - Staleness (`lag` = k, asynchronous RL): the trainer calls `sync_weights` after every training
   step, and the engine serves the weights it received k syncs earlier (the starting weights
   until then), so rollouts of step t come from the policy of step t − k. The gap grows with how
@@ -52,6 +59,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from trustlens.routing.replay import DENSE, last_logits, position_ids, routers, routing
 from trustlens.train.engine_defects import check_defect, engine_token, merged_offset, sampling_support, split_k_hook
 from trustlens.train.rollout_batch import Rollout
 
@@ -88,24 +96,12 @@ class RolloutConfig:
         check_defect(self.defect)
 
 
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding: 0 at each row's first real token. (B, L) long."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
 def response_logits(model: torch.nn.Module, batch: Rollout, temperature: float) -> torch.Tensor:
     """The model's logits / τ at the positions that predict each response token. (B, T, V)
 
     One full forward pass without a cache: this is how the trainer computes π_old and π.
     """
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=position_ids(batch.attention_mask),
-        use_cache=False,
-    )
-    P = batch.prompt_len
-    return out.logits[:, P - 1 : -1] / temperature
+    return last_logits(model, batch.input_ids, batch.attention_mask, batch.response_ids.shape[1], temperature)
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,12 +129,17 @@ def _fp8_input_hook(module: torch.nn.Module, args: tuple) -> tuple:
     return (fp8_round(args[0]), *args[1:])
 
 
-def _quantised_linears(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
-    """The linear layers the fp8 engine quantises: those of the transformer blocks (not lm_head)."""
+def _bf16_input_hook(module: torch.nn.Module, args: tuple) -> tuple:
+    return (args[0].to(torch.bfloat16).to(args[0].dtype), *args[1:])
+
+
+def _quantised_linears(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The layers the fp8 engine quantises: the linear layers of the transformer blocks (not
+    lm_head), and the experts of a mixture of experts (their 3-d weights, (E, out, in))."""
     return {
         name: m
         for name, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and name.split(".")[-1] != "lm_head"
+        if (isinstance(m, torch.nn.Linear) and name.split(".")[-1] != "lm_head") or type(m).__name__.endswith("Experts")
     }
 
 
@@ -167,10 +168,15 @@ class RolloutEngine:
         for p in self.model.parameters():
             p.data = p.data.to(dtype)
         self._fp8_weights: set[str] = set()
+        self._bf16_weights: set[str] = set()
+        self._routed = bool(routers(self.model))  # a mixture of experts: report its routing
         if config.precision == "fp8":
-            for name, linear in _quantised_linears(self.model).items():
-                linear.register_forward_pre_hook(_fp8_input_hook)
-                self._fp8_weights.add(f"{name}.weight")
+            for name, layer in _quantised_linears(self.model).items():
+                layer.register_forward_pre_hook(_fp8_input_hook)
+                self._fp8_weights.update(f"{name}.{p}" for p, w in layer.named_parameters() if w.dim() >= 2)
+            for router in routers(self.model).values():
+                router.register_forward_pre_hook(_bf16_input_hook)
+                self._bf16_weights.update(n for n, p in self.model.named_parameters() if p is router.weight)
             self._load({n: p.detach() for n, p in model.named_parameters()})
         if config.defect == "batch_variant":
             head = next(m for name, m in self.model.named_modules() if name.split(".")[-1] == "lm_head")
@@ -199,7 +205,9 @@ class RolloutEngine:
         """Copy `weights` into the engine, cast to its precision (fp8-rounded where it quantises)."""
         for name, p in self.model.named_parameters():
             w = weights[name]
-            p.copy_(fp8_round(w.float(), dim=1) if name in self._fp8_weights else w)
+            if name in self._bf16_weights:
+                w = w.to(torch.bfloat16)
+            p.copy_(fp8_round(w.float(), dim=-1) if name in self._fp8_weights else w)
 
     def _next_logits(self, logits: torch.Tensor, generator: torch.Generator | None, noise: bool) -> torch.Tensor:
         """The engine's last-position logits as float32, with the optional noise. (B, V)"""
@@ -269,6 +277,19 @@ class RolloutEngine:
         the policy itself); μ is still reported at τ.
         Generation stops when every row has emitted eos or after max_new_tokens tokens.
         """
+        if not self._routed:
+            return self._generate(prompts, generator, greedy)
+        # the router's logits in bf16 at either reduced precision (bf16 computes them so already)
+        router_dtype = torch.bfloat16 if self.config.precision == "fp8" else None
+        with routing(self.model, router_dtype=router_dtype) as trace:
+            batch = self._generate(prompts, generator, greedy)
+        fed = trace.routed_experts(len(batch))  # (B, P + fed, L, k): the positions the engine fed
+        experts = torch.full((*batch.input_ids.shape, *fed.shape[2:]), DENSE, dtype=torch.long)
+        experts[:, : fed.shape[1]] = fed
+        batch.routed_experts = experts
+        return batch
+
+    def _generate(self, prompts: list[list[int]], generator: torch.Generator | None, greedy: bool) -> Rollout:
         cfg = self.config
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
         B, P = prompt_ids.shape

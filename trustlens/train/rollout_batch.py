@@ -23,6 +23,9 @@ class Rollout:
     mu_topk_ids: torch.Tensor  # (B, T, K) long: μ's top-K ids, the sampled id forced in
     mu_topk_logp: torch.Tensor  # (B, T, K) float32: their log μ
     support: torch.Tensor | None = None  # (B, T, V) bool: the engine's sampling masks (`top_p_mask`), else None
+    # (B, P + T, L, k) long: the engine's experts at every position (the input token's routing), −1 on
+    # dense layers and where the engine never fed the position (the last token); None for a dense model
+    routed_experts: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -39,6 +42,7 @@ class Rollout:
             mu_topk_ids=self.mu_topk_ids[index],
             mu_topk_logp=self.mu_topk_logp[index],
             support=None if self.support is None else self.support[index],
+            routed_experts=None if self.routed_experts is None else self.routed_experts[index],
         )
 
     def lengths(self) -> torch.Tensor:

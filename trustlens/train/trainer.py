@@ -45,18 +45,18 @@ Units: log-probabilities in nats, TV in probability mass, KL in nats, times in s
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from trustlens.divergence import entropy_from_logits, topk_divergence
-from trustlens.record import NullRecorder, TokenRecorder
-from trustlens.record.args import distributed_rank
+from trustlens.record import NullRecorder
+from trustlens.routing.replay import token_logp
 from trustlens.rules import evaluate_all
 from trustlens.rules.loss import policy_loss
-from trustlens.run.aggregates import Keep
-from trustlens.train.config import RANDOM_INIT, TrainConfig
+from trustlens.train.config import TrainConfig
 from trustlens.train.engine_defects import deliver, support_of
 from trustlens.train.evaluate import decode_responses, evaluate_accuracy
 from trustlens.train.pooled import (
@@ -67,11 +67,19 @@ from trustlens.train.pooled import (
     ratio,
     std,
 )
-from trustlens.train.rollout import RolloutEngine, response_logits
+from trustlens.train.rollout_batch import Rollout
+from trustlens.train.routed import (
+    RoutedPass,
+    flip_metrics,
+    policy_logits,
+    routing_record_kwargs,
+    shadow_split,
+    split_metrics,
+)
+from trustlens.train.run_setup import TrainRun, make_recorder, setup_run
 from trustlens.train.step_metrics import BlockedCounter, mismatch_metrics
 from trustlens.train.stopping import AlertStop, alert_postfix
-from trustlens.train.tasks import ArithmeticTask
-from trustlens.train.world import average_gradients, init_world
+from trustlens.train.world import average_gradients
 
 
 @dataclass
@@ -101,256 +109,271 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
     return adv.reshape(-1)
 
 
-def token_logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[ids] without materialising the log-softmax: (B, T, V), (B, T) -> (B, T)."""
-    return logits.gather(-1, ids[..., None]).squeeze(-1) - logits.logsumexp(-1)
-
-
-def load_policy(cfg: TrainConfig):
-    """(model, tokenizer, meta) of the warm start, or a random model when checkpoint == "random"."""
-    from trustlens.train.model import ModelConfig, build_model, build_tokenizer, load_checkpoint
-
-    if cfg.checkpoint == RANDOM_INIT:
-        return build_model(ModelConfig(), seed=cfg.seed), build_tokenizer(), {"checkpoint": RANDOM_INIT}
-    return load_checkpoint(cfg.checkpoint)
-
-
-def task_of(meta: dict, cfg: TrainConfig) -> ArithmeticTask:
-    """The task the warm start was trained on (its meta.json), with the run's partial credit."""
-    trained_on = meta.get("config", {}).get("task", {})
-    return ArithmeticTask(**{**trained_on, "partial_credit": cfg.partial_credit})
-
-
-def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict):
-    """The run's TokenRecorder, or a NullRecorder when nothing is to be written."""
-    if not cfg.record or run_dir is None:
-        return NullRecorder()
-    rank, world_size = distributed_rank()
-    mirror = None
-    if cfg.mirror is not None and rank == 0:
-        from trustlens.export.mirror import make_mirror
-
-        # rank 0 streams its shard of each step's rows and the metrics `log_reduced` reduced over all
-        # ranks: under data parallelism those win over the same names computed from the shard
-        mirror = make_mirror(cfg.mirror, shard=world_size > 1)
-    keep = None if cfg.keep_rate is None else Keep(rate=cfg.keep_rate, seed=cfg.seed, rules=cfg.keep_rules)
-    live = (cfg.alerts or cfg.stop_on != "never") and rank == 0  # rank 0 judges (trustlens.train.stopping)
-    return TokenRecorder(
-        run_dir,
-        rules=rules,
-        active_rule=cfg.rule,
-        tokenizer=tokenizer,
-        config=asdict(cfg),
-        mirror=mirror,
-        keep=keep,
-        sampling=cfg.sampling(),
-        alerts=live,
-        flush_seconds=cfg.flush_seconds,
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # The run.
 
 
+@dataclass
+class _Batch:
+    """One step's rollouts as the trainer uses them."""
+
+    batch: Rollout  # what the trainer receives (after a planted delivery defect)
+    responses: list[str]  # the engine's text
+    owners: list  # the problem of each response
+    rewards: torch.Tensor  # (B,)
+    advantages: torch.Tensor  # (B,)
+    sample_ids: torch.Tensor  # (B,) unique over ranks and steps
+    group_ids: torch.Tensor  # (B,)
+    t_rollout: float = 0.0  # seconds of the rollouts
+
+
 def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True) -> TrainResult:
     """Run `cfg` and record it into `run_dir` (see the module docstring). Returns the curves."""
-    world = init_world()
-    torch.set_num_threads(cfg.threads)
-    if cfg.prompts_per_step % world.size:
-        raise ValueError(
-            f"prompts_per_step ({cfg.prompts_per_step}) must be divisible by the world size ({world.size})"
-        )
+    run = setup_run(cfg)
     run_dir = Path(run_dir) if run_dir is not None and cfg.record else None
-    rng = torch.Generator().manual_seed(cfg.seed * 1_000_003 + world.rank)
-
-    model, tokenizer, meta = load_policy(cfg)
-    model.train()
-    rollout_cfg = cfg.rollout_config()
-    engine = RolloutEngine(model, rollout_cfg, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
-    # evaluation measures the current policy: the engine itself unless it lags
-    evaluator = engine
-    if rollout_cfg.lag:
-        evaluator = RolloutEngine(
-            model, replace(rollout_cfg, lag=0), eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id
-        )
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    task = task_of(meta, cfg)
-    eval_problems = task.eval_set(cfg.eval_size, seed=0)
-    # the active rule with its thresholds, every other rule at its defaults (counterfactual)
-    # but for the TV bound of the preset, if any
-    rules = cfg.rule_thresholds()
-    low, high = rules[cfg.rule]
-    rule_names = list(rules)
-
-    n_prompts = cfg.prompts_per_step // world.size
-    n_rows = n_prompts * cfg.group_size  # responses per rank per step
     result = TrainResult(run_dir)
-    bar = _progress_bar(cfg.steps, progress and world.main)
-    stopper = AlertStop(cfg.stop_on, cfg.checkpoint_every, cfg.keep_checkpoints, run_dir, world, cfg.eval_size)
-    with make_recorder(cfg, run_dir, tokenizer, rules) as recorder:
-        recording = not isinstance(recorder, NullRecorder)  # the entropy below is for the record only
+    bar = _progress_bar(cfg.steps, progress and run.world.main)
+    stopper = AlertStop(cfg.stop_on, cfg.checkpoint_every, cfg.keep_checkpoints, run_dir, run.world, cfg.eval_size)
+    with make_recorder(cfg, run_dir, run.tokenizer, run.rules) as recorder:
         for step in range(cfg.steps + 1):
             metrics: dict[str, float | Pooled] = {}
             if cfg.eval_size and (step % cfg.eval_every == 0 or step == cfg.steps):
-                t = time.perf_counter()
-                accuracy = evaluate_accuracy(evaluator, tokenizer, task, eval_problems, world)
-                result.eval_accuracy[step] = accuracy["eval/accuracy"]
-                result.eval_accuracy_sampled[step] = accuracy["eval/accuracy_sampled"]
-                metrics.update({**accuracy, "time/eval": time.perf_counter() - t})
+                _evaluate(run, step, metrics, result)
             if step == cfg.steps:  # the last pass only evaluates the final weights
-                log_reduced(recorder, world, step, metrics)
+                log_reduced(recorder, run.world, step, metrics)
                 break
-            stopper.checkpoint(step, model, tokenizer, recorder, result.eval_accuracy.get(step))
-            for group in optimizer.param_groups:  # the learning-rate warm-up (cfg.warmup_steps)
+            stopper.checkpoint(step, run.model, run.tokenizer, recorder, result.eval_accuracy.get(step))
+            for group in run.optimizer.param_groups:  # the learning-rate warm-up (cfg.warmup_steps)
                 group["lr"] = cfg.lr_at(step)
-            t_step = time.perf_counter()
-
-            # 1. rollouts: G responses per problem from the engine
-            problems = task.sample(n_prompts, rng)
-            prompts = [tokenizer(p.prompt).input_ids for p in problems]
-            batch = engine.generate([ids for ids in prompts for _ in range(cfg.group_size)], generator=rng)
-            t_rollout = time.perf_counter() - t_step
-
-            # 2. rewards and group advantages
-            responses = decode_responses(tokenizer, batch)  # the engine's text
-            batch = deliver(batch, cfg.engine, tokenizer=tokenizer, generator=rng)  # what the trainer receives
-            owners = [p for p in problems for _ in range(cfg.group_size)]
-            rewards = torch.tensor([task.reward(p, r) for p, r in zip(owners, responses, strict=True)])
-            advantages = group_advantages(rewards, cfg.group_size, cfg.scale_advantages)  # (B,)
-            first = (step * world.size + world.rank) * n_rows  # sample ids unique over ranks and steps
-            sample_ids = torch.arange(first, first + n_rows)
-            group_ids = sample_ids // cfg.group_size
-            mask = batch.response_mask
-
-            # 3. π_old: the trainer's recomputation at the same weights, logits / τ
-            with torch.no_grad():
-                old_logits = response_logits(model, batch, cfg.temperature).float()  # (B, T, V)
-                old_logp = token_logp(old_logits, batch.response_ids)
-                metrics.update(mismatch_metrics(batch, old_logits, old_logp))
-                metrics["entropy/mean"] = masked_mean(entropy_from_logits(old_logits), mask)
-                metrics["zero_adv_frac"] = ratio(int((mask & (advantages[:, None] == 0)).sum()), int(mask.sum()))
-            del old_logits
-
-            # 4.–5. minibatch updates under the rule, each recorded with every rule evaluated
-            counter = BlockedCounter(rule_names)
-            grad_norms: list[float] = []
-            active_blocked: list[float] = []  # per update: blocked, A ≠ 0 tokens
-            for epoch in range(cfg.epochs):
-                order = torch.randperm(n_rows, generator=rng)
-                for m, rows in enumerate(order.chunk(cfg.minibatches)):
-                    mb = batch.select(rows)
-                    logits = response_logits(model, mb, cfg.temperature).float()  # (b, T, V)
-                    pi_logp = token_logp(logits, mb.response_ids)
-                    with torch.no_grad():
-                        topk_tv, topk_kl = topk_divergence(logits.detach(), mb.mu_topk_ids, mb.mu_topk_logp)
-                        token_inputs = dict(
-                            mu_logp=mb.mu_logp,
-                            advantages=advantages[rows],
-                            old_logp=old_logp[rows],
-                            topk_tv=topk_tv,
-                            topk_kl=topk_kl,
-                        )
-                    seed = (step, epoch * cfg.minibatches + m)  # the batch rules' draw: the recorded update
-                    out = policy_loss(
-                        cfg.rule,
-                        seed=seed,
-                        pi_logp=pi_logp,
-                        response_mask=mb.response_mask,
-                        low=low,
-                        high=high,
-                        clip_ratio_c=cfg.clip_ratio_c,
-                        loss_agg_mode=cfg.loss_agg_mode,
-                        **token_inputs,
-                    )
-                    optimizer.zero_grad(set_to_none=True)
-                    out.loss.backward()
-                    average_gradients(params)
-                    grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)))
-                    optimizer.step()
-
-                    with torch.no_grad():
-                        pi_logp = pi_logp.detach()
-                        blocked = evaluate_all(
-                            rules, pi_logp=pi_logp, response_mask=mb.response_mask, seed=seed, **token_inputs
-                        )
-                        counter.add(blocked, advantages[rows][:, None], mb.response_mask)
-                        signed = mb.response_mask & (advantages[rows][:, None] != 0)
-                        active_blocked += [float((out.blocked & signed).sum()), float(signed.sum())]
-                        if recording:
-                            recorder.record(
-                                step,
-                                update=epoch * cfg.minibatches + m,
-                                token_ids=mb.response_ids,
-                                response_mask=mb.response_mask,
-                                pi_logp=pi_logp,
-                                advantages=advantages[rows],
-                                mu_logp=mb.mu_logp,
-                                old_logp=old_logp[rows],
-                                # π's logits before the temperature and μ's top-K, as users pass them:
-                                # the recorder derives entropy, top-K TV/KL, pi_logp_raw and the masses
-                                logits=logits.detach() * cfg.temperature,  # (b, T, V)
-                                temperature=cfg.temperature,
-                                mu_topk_ids=mb.mu_topk_ids,
-                                mu_topk_logp=mb.mu_topk_logp,
-                                **support_of(logits.detach(), mb.support),  # the engine's masks (top_p_mask)
-                                blocked=blocked,  # the rule decisions, computed once above
-                                sample_ids=sample_ids[rows],
-                                group_ids=group_ids[rows],
-                            )
-
-            # 6. the engine serves the new weights
-            engine.sync_weights(model)
-            if evaluator is not engine:
-                evaluator.sync_weights(model)
-
-            step_time = time.perf_counter() - t_step
-            lengths = batch.lengths().float()
-            metrics.update(counter.metrics())
-            metrics.update(
-                {
-                    "reward/mean": ratio(float(rewards.double().sum()), len(rewards)),
-                    "reward/std": Pooled(
-                        (len(rewards), float(rewards.double().sum()), float(rewards.double().square().sum())), std
-                    ),
-                    "response_length/mean": ratio(float(lengths.sum()), len(lengths)),
-                    "grad_norm": sum(grad_norms) / len(grad_norms),  # the same on every rank
-                    "blocked/active": Pooled(tuple(active_blocked), mean_of_ratios),
-                    "time/step": step_time,
-                    "time/rollout": t_rollout,
-                }
-            )
-            if step % cfg.sample_every == 0:
-                recorder.log_samples(
-                    step,
-                    prompts=[p.prompt for p in owners],
-                    responses=responses,
-                    rewards=rewards.tolist(),
-                    advantages=advantages.tolist(),
-                    lengths=lengths.long().tolist(),
-                    sample_ids=sample_ids.tolist(),
-                    group_ids=group_ids.tolist(),
-                )
-            logged = log_reduced(recorder, world, step, metrics)
-            recorder.end_step(step)  # the live alerts judge the step now
+            logged, step_time = _train_step(run, step, recorder, metrics)
             result.rewards.append(logged["reward/mean"])
             result.step_times.append(step_time)
             if bar is not None:
-                bar.update(1)
-                last = max(result.eval_accuracy, default=None)
-                bar.set_postfix(
-                    reward=f"{logged['reward/mean']:.2f}",
-                    acc=f"{result.eval_accuracy[last]:.2f}" if last is not None else "-",
-                    acc_sampled=f"{result.eval_accuracy_sampled[last]:.2f}" if last is not None else "-",
-                    **alert_postfix(recorder.live_alerts),
-                )
+                _show(bar, logged, result, recorder)
             if stopper.due(recorder):
                 result.stopped, result.stopped_step = stopper.stop(step, recorder), step
                 break
     if bar is not None:
         bar.close()
     return result
+
+
+def _evaluate(run: TrainRun, step: int, metrics: dict, result: TrainResult) -> None:
+    t = time.perf_counter()
+    accuracy = evaluate_accuracy(run.evaluator, run.tokenizer, run.task, run.eval_problems, run.world)
+    result.eval_accuracy[step] = accuracy["eval/accuracy"]
+    result.eval_accuracy_sampled[step] = accuracy["eval/accuracy_sampled"]
+    metrics.update({**accuracy, "time/eval": time.perf_counter() - t})
+
+
+def _train_step(run: TrainRun, step: int, recorder, metrics: dict) -> tuple[dict[str, float], float]:
+    """Steps 1–7 of the module docstring; returns the logged (reduced) metrics and the step's seconds."""
+    cfg = run.cfg
+    t_step = time.perf_counter()
+    data = _rollouts(run, step)
+    old_logp, mu_routes = _old_pass(run, step, data, metrics)
+
+    # 4.–5. minibatch updates under the rule, each recorded with every rule evaluated
+    counter = BlockedCounter(list(run.rules))
+    grad_norms: list[float] = []
+    active_blocked: list[float] = []  # per update: blocked, A ≠ 0 tokens
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(run.n_rows, generator=run.rng)
+        for m, rows in enumerate(order.chunk(cfg.minibatches)):
+            update = epoch * cfg.minibatches + m
+            blocked, signed, grad_norm = _update(run, step, update, data, rows, recorder, old_logp, mu_routes)
+            counter.add(blocked, data.advantages[rows][:, None], data.batch.response_mask[rows])
+            active_blocked += signed
+            grad_norms.append(grad_norm)
+
+    # 6. the engine serves the new weights
+    run.engine.sync_weights(run.model)
+    if run.evaluator is not run.engine:
+        run.evaluator.sync_weights(run.model)
+
+    step_time = time.perf_counter() - t_step
+    rewards = data.rewards
+    lengths = data.batch.lengths().float()
+    metrics.update(counter.metrics())
+    metrics.update(
+        {
+            "reward/mean": ratio(float(rewards.double().sum()), len(rewards)),
+            "reward/std": Pooled(
+                (len(rewards), float(rewards.double().sum()), float(rewards.double().square().sum())), std
+            ),
+            "response_length/mean": ratio(float(lengths.sum()), len(lengths)),
+            "grad_norm": sum(grad_norms) / len(grad_norms),  # the same on every rank
+            "blocked/active": Pooled(tuple(active_blocked), mean_of_ratios),
+            "time/step": step_time,
+            "time/rollout": data.t_rollout,
+        }
+    )
+    if step % cfg.sample_every == 0:
+        recorder.log_samples(
+            step,
+            prompts=[p.prompt for p in data.owners],
+            responses=data.responses,
+            rewards=rewards.tolist(),
+            advantages=data.advantages.tolist(),
+            lengths=lengths.long().tolist(),
+            sample_ids=data.sample_ids.tolist(),
+            group_ids=data.group_ids.tolist(),
+        )
+    logged = log_reduced(recorder, run.world, step, metrics)
+    recorder.end_step(step)  # the live alerts judge the step now
+    return logged, step_time
+
+
+def _rollouts(run: TrainRun, step: int) -> _Batch:
+    """Steps 1–2: G responses per problem from the engine, their rewards and group advantages."""
+    cfg, world = run.cfg, run.world
+    t = time.perf_counter()
+    problems = run.task.sample(run.n_prompts, run.rng)
+    prompts = [run.tokenizer(p.prompt).input_ids for p in problems]
+    batch = run.engine.generate([ids for ids in prompts for _ in range(cfg.group_size)], generator=run.rng)
+    t_rollout = time.perf_counter() - t
+    responses = decode_responses(run.tokenizer, batch)  # the engine's text
+    batch = deliver(batch, cfg.engine, tokenizer=run.tokenizer, generator=run.rng)  # what the trainer receives
+    owners = [p for p in problems for _ in range(cfg.group_size)]
+    rewards = torch.tensor([run.task.reward(p, r) for p, r in zip(owners, responses, strict=True)])
+    first = (step * world.size + world.rank) * run.n_rows  # sample ids unique over ranks and steps
+    sample_ids = torch.arange(first, first + run.n_rows)
+    return _Batch(
+        batch=batch,
+        responses=responses,
+        owners=owners,
+        rewards=rewards,
+        advantages=group_advantages(rewards, cfg.group_size, cfg.scale_advantages),  # (B,)
+        sample_ids=sample_ids,
+        group_ids=sample_ids // cfg.group_size,
+        t_rollout=t_rollout,
+    )
+
+
+@torch.no_grad()
+def _old_pass(run: TrainRun, step: int, data: _Batch, metrics: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Step 3, π_old: the trainer's recomputation at the same weights, logits / τ (with μ's routing
+    under --routing-replay), and the mismatch metrics; for a mixture of experts the routing
+    metrics, and every --routing-split-every steps the shadow forward's split. Returns
+    (log π_old (B, T), μ's (B, T, L, k) experts or None for a dense model)."""
+    cfg, batch = run.cfg, data.batch
+    mask = batch.response_mask
+    old_logits, routed = policy_logits(run.model, batch, cfg.temperature, replay=cfg.routing_replay)
+    old_logits = old_logits.float()  # (B, T, V)
+    old_logp = token_logp(old_logits, batch.response_ids)
+    metrics.update(mismatch_metrics(batch, old_logits, old_logp))
+    metrics["entropy/mean"] = masked_mean(entropy_from_logits(old_logits), mask)
+    metrics["zero_adv_frac"] = ratio(int((mask & (data.advantages[:, None] == 0)).sum()), int(mask.sum()))
+    del old_logits
+    if routed is None or batch.routed_experts is None:
+        return old_logp, None
+    mu_routes = batch.routed_experts[:, batch.prompt_len - 1 : -1]  # (B, T, L, k)
+    live = None if cfg.routing_replay else routed.experts
+    if cfg.routing_split_every and step % cfg.routing_split_every == 0:
+        split, shadow_live = shadow_split(run.model, batch, cfg.temperature, old_logp, replay=cfg.routing_replay)
+        live = routed.experts if shadow_live is None else shadow_live
+        metrics.update(split_metrics(split, mask))
+    if live is not None:
+        metrics.update(flip_metrics(mu_routes, live, mask))
+    return old_logp, mu_routes
+
+
+def _update(
+    run: TrainRun,
+    step: int,
+    update: int,
+    data: _Batch,
+    rows: torch.Tensor,
+    recorder,
+    old_logp: torch.Tensor,  # (B, T) log π_old of the whole batch
+    mu_routes: torch.Tensor | None,  # (B, T, L, k) the engine's experts, None for a dense model
+) -> tuple[dict[str, torch.Tensor], list[float], float]:
+    """One optimizer update on minibatch `rows`, recorded: (every rule's blocked (b, T) tokens,
+    [blocked A ≠ 0 tokens, A ≠ 0 tokens] of the active rule, the gradient norm)."""
+    cfg = run.cfg
+    low, high = run.rules[cfg.rule]
+    mb = data.batch.select(rows)
+    advantages = data.advantages[rows]
+    logits, routed = policy_logits(run.model, mb, cfg.temperature, replay=cfg.routing_replay)
+    logits = logits.float()  # (b, T, V)
+    pi_logp = token_logp(logits, mb.response_ids)
+    with torch.no_grad():
+        topk_tv, topk_kl = topk_divergence(logits.detach(), mb.mu_topk_ids, mb.mu_topk_logp)
+        token_inputs = dict(
+            mu_logp=mb.mu_logp,
+            advantages=advantages,
+            old_logp=old_logp[rows],
+            topk_tv=topk_tv,
+            topk_kl=topk_kl,
+        )
+    seed = (step, update)  # the batch rules' draw: the recorded update
+    out = policy_loss(
+        cfg.rule,
+        seed=seed,
+        pi_logp=pi_logp,
+        response_mask=mb.response_mask,
+        low=low,
+        high=high,
+        clip_ratio_c=cfg.clip_ratio_c,
+        loss_agg_mode=cfg.loss_agg_mode,
+        **token_inputs,
+    )
+    run.optimizer.zero_grad(set_to_none=True)
+    _loss(out.loss, routed, run.model).backward()
+    average_gradients(run.params)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, cfg.grad_clip))
+    run.optimizer.step()
+
+    with torch.no_grad():
+        pi_logp = pi_logp.detach()
+        blocked = evaluate_all(run.rules, pi_logp=pi_logp, response_mask=mb.response_mask, seed=seed, **token_inputs)
+        signed = mb.response_mask & (advantages[:, None] != 0)
+        if not isinstance(recorder, NullRecorder):
+            recorder.record(
+                step,
+                update=update,
+                token_ids=mb.response_ids,
+                response_mask=mb.response_mask,
+                pi_logp=pi_logp,
+                advantages=advantages,
+                mu_logp=mb.mu_logp,
+                old_logp=old_logp[rows],
+                # π's logits before the temperature and μ's top-K, as users pass them:
+                # the recorder derives entropy, top-K TV/KL, pi_logp_raw and the masses
+                logits=logits.detach() * cfg.temperature,  # (b, T, V)
+                temperature=cfg.temperature,
+                mu_topk_ids=mb.mu_topk_ids,
+                mu_topk_logp=mb.mu_topk_logp,
+                **support_of(logits.detach(), mb.support),  # the engine's masks (top_p_mask)
+                blocked=blocked,  # the rule decisions, computed once above
+                sample_ids=data.sample_ids[rows],
+                group_ids=data.group_ids[rows],
+                **routing_record_kwargs(
+                    None if mu_routes is None else mu_routes[rows],
+                    None if routed is None else routed.experts,
+                ),
+            )
+    return blocked, [float((out.blocked & signed).sum()), float(signed.sum())], grad_norm
+
+
+def _loss(policy: torch.Tensor, routed: RoutedPass | None, model: torch.nn.Module) -> torch.Tensor:
+    """The training loss: the policy loss, plus the router's load-balancing loss times the model's
+    router_aux_loss_coef for a mixture of experts."""
+    if routed is None:
+        return policy
+    config: Any = model.config
+    return policy + config.router_aux_loss_coef * routed.aux_loss
+
+
+def _show(bar, logged: dict[str, float], result: TrainResult, recorder) -> None:
+    bar.update(1)
+    last = max(result.eval_accuracy, default=None)
+    bar.set_postfix(
+        reward=f"{logged['reward/mean']:.2f}",
+        acc=f"{result.eval_accuracy[last]:.2f}" if last is not None else "-",
+        acc_sampled=f"{result.eval_accuracy_sampled[last]:.2f}" if last is not None else "-",
+        **alert_postfix(recorder.live_alerts),
+    )
 
 
 def _progress_bar(total: int, enabled: bool):

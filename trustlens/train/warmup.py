@@ -1,7 +1,9 @@
 """Supervised warm-up: teach the tiny model the task's format, then stop while it is still mediocre.
 
 The model is trained by next-token cross-entropy on the scratchpad targets (prompt tokens are
-not scored; the response and its ``<eos>`` are), on fresh training problems every step (never
+not scored; the response and its ``<eos>`` are), plus for a mixture of experts the router's
+load-balancing loss times `ModelConfig.router_aux_loss_coef` (transformers' Switch-style loss
+E · Σ_e f_e · P_e over the MoE layers), on fresh training problems every step (never
 from the eval pool). A share `alt_share` of the targets takes another valid path of the problem
 (`Problem.solutions`, uniformly among the non-canonical ones), the rest the prompt's own order:
 the other paths stay rare under the warm start, so RL meets low-μ tokens that are right.
@@ -30,7 +32,15 @@ from pathlib import Path
 
 import torch
 
-from trustlens.train.model import ModelConfig, build_model, build_tokenizer, count_parameters, save_checkpoint
+from trustlens.train.model import (
+    MODELS,
+    WARM_STARTS,
+    ModelConfig,
+    build_model,
+    build_tokenizer,
+    count_parameters,
+    save_checkpoint,
+)
 from trustlens.train.tasks import ArithmeticTask, Problem
 
 IGNORE = -100  # label value that cross-entropy skips
@@ -147,7 +157,8 @@ def warmup(cfg: WarmupConfig = WarmupConfig(), out: str | Path | None = None, pr
     while step < cfg.max_steps:
         problems = with_paths(cfg.task.sample(cfg.batch_size, draws), cfg.alt_share, draws, cfg.task.max_value)
         ids, mask, labels = batch_tensors(tokenizer, problems)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        routed = {"output_router_logits": True} if cfg.model.num_experts else {}  # adds the router's aux loss
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels, **routed).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -201,7 +212,18 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         "then write model.safetensors, config.json, tokenizer.json and meta.json to --out. "
         "Deterministic for a seed and --threads on one machine."
     )
-    parser.add_argument("--out", type=Path, default=None, help="output folder (default: the shipped data/warmstart)")
+    parser.add_argument(
+        "--model",
+        choices=list(MODELS),
+        default="dense",
+        help="the model trained: dense (Llama) or moe (Qwen3-MoE, 8 experts, top-2) (default dense)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default: the shipped data/warmstart, data/warmstart_moe with --model moe)",
+    )
     parser.add_argument(
         "--seed", type=int, default=d.seed, help=f"seed of model init, data and sampled eval (default {d.seed})"
     )
@@ -269,8 +291,9 @@ def _run(args: argparse.Namespace) -> int:
         eval_size=args.eval_size,
         final_eval_size=args.final_eval_size,
         threads=args.threads,
+        model=MODELS[args.model],
     )
-    out = args.out if args.out is not None else data_path("warmstart")
+    out = args.out if args.out is not None else data_path(WARM_STARTS[args.model])
     _, _, meta = warmup(cfg, out, progress=not args.quiet)
     print(
         f"warmup: {meta['steps']} steps in {meta['train_seconds']} s; held-out accuracy "

@@ -63,8 +63,13 @@ def routing_check(inp: Inputs) -> Finding:
         if carried >= CARRIED and excess >= PROBLEM_EXCESS
         else ("warning" if excess >= WARNING_EXCESS else "ok")
     )
+    beyond = (
+        f"{excess:.0%} above the unflipped tokens' mean"
+        if excess > 0
+        else "no more than the unflipped tokens' mean would give them"
+    )
     summary = (
-        f"{flipped}; they carry {carried:.0%} of the run's k3, {excess:.0%} above the unflipped tokens' mean "
+        f"{flipped}; they carry {carried:.0%} of the run's k3, {beyond} "
         f"(mean k3 {share.k3_flipped or 0:.3g} vs {share.k3_unflipped or 0:.3g} nats){at}"
     )
     if verdict == "problem":
