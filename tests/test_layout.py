@@ -22,11 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "trustlens"
 MAX_LINES = 400  # the longest a module of trustlens/ or app/ may be, in lines
 MAX_FUNCTION_LINES = 80  # the longest a function of trustlens/ or app/ may be, its `def` line to its last
-# functions being split now (issue 48.5), "path:qualified name": empty this once those splits land
+# the functions allowed past it, "path:qualified name", each with its reason: `record` is the
+# public entry point, whose 30 keyword arguments (one commented line each) and docstring take 62
+# lines; its body (62 lines) calls record/call_inputs.py and record/options.py for the checks
 LONG_FUNCTIONS_ALLOWED = {
     "trustlens/record/recorder.py:TokenRecorder.record",
-    "trustlens/train/commands.py:configure",
-    "trustlens/train/trainer.py:train",
 }
 # trustlens' packages (and root leaf modules) by layer, lowest first (docs/architecture.md): a
 # module imports its own package and the layers below it, nothing of its layer or above. An entry

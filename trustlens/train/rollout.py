@@ -219,7 +219,6 @@ class RolloutEngine:
             logits = logits + self.config.logit_noise * draw
         return logits
 
-    @torch.no_grad()
     def _prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The logits at each prompt's last position (B, V) and the decoding state `_advance`
         carries on: the exact precision keeps the whole buffer in the trainer's shape (prompt,
@@ -264,6 +263,7 @@ class RolloutEngine:
         )
         return out.logits[:, -1]
 
+    @torch.no_grad()
     def generate(
         self,
         prompts: list[list[int]],
