@@ -94,16 +94,7 @@ def watch_events(
 
 
 def _watch(args: argparse.Namespace) -> int:
-    return watch(
-        args.run,
-        framework=args.framework,
-        every=args.every,
-        doctor=args.doctor,
-        fail_on=args.fail_on,
-        stale=args.stale,
-        as_json=args.json,
-        status=sys.stderr if sys.stderr.isatty() else None,
-    )
+    return watch(args.run, framework=args.framework, **run_watch.watch_arguments(args))
 
 
 __all__ = ["configure", "watch", "watch_events"]

@@ -288,16 +288,20 @@ def judge(monitor: LiveMonitor, step: CompletedStep) -> list[LiveAlert]:
     )
 
 
+def watch_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """`watch`'s keywords from the parsed flags of `trustlens watch` (the status line on a terminal)."""
+    return {
+        "every": args.every,
+        "doctor": args.doctor,
+        "fail_on": args.fail_on,
+        "stale": args.stale,
+        "as_json": args.json,
+        "status": sys.stderr if sys.stderr.isatty() else None,
+    }
+
+
 def _watch(args: argparse.Namespace) -> int:
-    return watch(
-        args.run,
-        every=args.every,
-        doctor=args.doctor,
-        fail_on=args.fail_on,
-        stale=args.stale,
-        as_json=args.json,
-        status=sys.stderr if sys.stderr.isatty() else None,
-    )
+    return watch(args.run, **watch_arguments(args))
 
 
-__all__ = ["Printer", "alert_json", "alert_line", "configure", "judge", "stopped_text", "watch"]
+__all__ = ["Printer", "alert_json", "alert_line", "configure", "judge", "stopped_text", "watch", "watch_arguments"]

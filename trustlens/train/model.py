@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -108,17 +109,31 @@ class ModelConfig:
         """ "moe" or "dense"."""
         return "moe" if self.num_experts else "dense"
 
+    def _shared(self) -> dict[str, Any]:
+        """The keywords both transformers configs take: sizes, positions, the special-token ids of
+        `build_tokenizer`."""
+        return {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_heads,
+            "intermediate_size": self.intermediate_size,
+            "max_position_embeddings": self.max_positions,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "tie_word_embeddings": self.tie_embeddings,
+            "pad_token_id": SPECIAL_TOKENS.index("<pad>"),
+            "bos_token_id": SPECIAL_TOKENS.index("<bos>"),
+            "eos_token_id": SPECIAL_TOKENS.index("<eos>"),
+            "attention_dropout": 0.0,
+        }
+
     def to_transformers(self) -> PreTrainedConfig:
         """The transformers config: `to_llama()`, or the Qwen3MoeConfig with experts."""
         if not self.num_experts:
             return self.to_llama()
         return Qwen3MoeConfig(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_heads,
-            intermediate_size=self.intermediate_size,
+            **self._shared(),
             moe_intermediate_size=self.expert_intermediate_size,
             num_experts=self.num_experts,
             num_experts_per_tok=self.experts_per_token,
@@ -127,32 +142,11 @@ class ModelConfig:
             decoder_sparse_step=1,
             router_aux_loss_coef=self.router_aux_loss_coef,
             output_router_logits=False,
-            max_position_embeddings=self.max_positions,
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            tie_word_embeddings=self.tie_embeddings,
-            pad_token_id=SPECIAL_TOKENS.index("<pad>"),
-            bos_token_id=SPECIAL_TOKENS.index("<bos>"),
-            eos_token_id=SPECIAL_TOKENS.index("<eos>"),
-            attention_dropout=0.0,
         )
 
     def to_llama(self) -> LlamaConfig:
         """The equivalent transformers LlamaConfig (special-token ids of `build_tokenizer`)."""
-        return LlamaConfig(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_heads,
-            intermediate_size=self.intermediate_size,
-            max_position_embeddings=self.max_positions,
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            tie_word_embeddings=self.tie_embeddings,
-            pad_token_id=SPECIAL_TOKENS.index("<pad>"),
-            bos_token_id=SPECIAL_TOKENS.index("<bos>"),
-            eos_token_id=SPECIAL_TOKENS.index("<eos>"),
-            attention_dropout=0.0,
-        )
+        return LlamaConfig(**self._shared())
 
 
 # the built-in mixture of experts (`--model moe`): 8 experts, top-2, layer 0 dense
