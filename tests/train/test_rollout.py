@@ -224,4 +224,3 @@ def test_fp32_exact_mu_is_the_trainers_bits():
         old = token_logp(response_logits(model, exact, 0.5).float(), exact.response_ids)
     assert torch.equal(exact.mu_logp[m], old[m])
     assert (exact.response_ids[~m] == PAD).all()
-

@@ -22,7 +22,19 @@ from trustlens.analysis.routing import (
     routed_rows,
     routing_share,
 )
-from trustlens.routing.replay import RoutingSplit, replay_split, routing
+
+_REPLAY = ("RoutingSplit", "replay_split", "routing")  # need torch: imported when first asked for
+
+
+def __getattr__(name: str) -> object:
+    """`RoutingSplit`, `replay_split` and `routing` from trustlens.routing.replay (torch), so that
+    reading a run's routing needs no torch."""
+    if name in _REPLAY:
+        from trustlens.routing import replay
+
+        return getattr(replay, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "FLIP_BUCKETS",
