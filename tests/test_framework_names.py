@@ -76,12 +76,52 @@ def test_lookup_prefixes_patterns_and_unknown_names():
         trustlens_name("verll", "x")
 
 
+def test_eval_accuracy_templates_take_only_the_accuracy():
+    # one name per data source, environment or agent; the names logged beside it are kept
+    accuracy = {
+        "openrlhf": ["eval/eval_gsm8k_pass1", "eval/eval_openai/gsm8k_pass1"],
+        "slime": ["eval/aime", "eval/aime-2024"],
+        "prime-rl": ["eval/gsm8k/effective/default/avg@8", "eval/math-env/effective/solver/avg@1"],
+    }
+    others = {
+        "openrlhf": [
+            "eval/eval_gsm8k_pass4",
+            "eval/eval_gsm8k_pass16",
+            "eval/eval_gsm8k_response_length_mean",
+            "eval/eval_gsm8k_truncated_rate",
+            "eval/eval_num_samples",
+            "eval/global_step",
+        ],
+        "slime": [
+            "eval/step",
+            "eval/aime-truncated_ratio",
+            "eval/aime-pass@1",
+            "eval/aime-pass@16",
+            "eval/aime/response_len/mean",
+            "eval/aime/truncated_ratio",
+        ],
+        "prime-rl": [
+            "eval/gsm8k/all/default/avg@8",
+            "eval/gsm8k/effective/default/pass@8",
+            "eval/gsm8k/effective/default/reward/mean",
+            "eval/gsm8k/policy_version",
+        ],
+    }
+    for framework, names in accuracy.items():
+        assert [trustlens_name(framework, n) for n in names] == ["eval/accuracy"] * len(names), framework
+    for framework, names in others.items():
+        assert [trustlens_name(framework, n) for n in names] == names, framework
+
+
 def test_framework_told_from_the_names():
     assert detect_framework(["actor/entropy", "critic/score/mean", "timing_s/gen"]) == "verl"
     assert detect_framework(["train/gen_kl_error", "train/reward"]) == "nemo-rl"
     assert detect_framework(["k3_kl", "eval/accuracy", "blocked/ppo/pos"]) == "trustlens"
     assert detect_framework(["train/reward"]) is None  # TRL, NeMo-RL and OpenRLHF all log it
     assert detect_framework(["loss"]) is None
+    # slime's template eval/* takes OpenRLHF's eval names too, but counts as one entry
+    openrlhf = ["train/vllm_kl", "eval/eval_gsm8k_pass1", "eval/eval_gsm8k_pass4", "eval/eval_gsm8k_truncated_rate"]
+    assert detect_framework([*openrlhf, "eval/eval_num_samples", "eval/eval_response_length_mean"]) == "openrlhf"
 
 
 def test_docs_hold_the_generated_table():

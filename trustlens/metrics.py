@@ -189,6 +189,7 @@ class FrameworkName:
     logged: str  # the name as logged; `*` stands for any text (a data source, an environment)
     name: str  # the trustlens name (METRICS)
     note: str = ""  # how it differs from `name`'s definition; "" where it does not
+    unless: str = ""  # a regex: names `logged` matches that also match this one are other metrics
 
 
 # framework -> the release (or commit) whose source each of its names was read from
@@ -250,6 +251,13 @@ FRAMEWORK_NAMES: tuple[FrameworkName, ...] = (
     FrameworkName("prime-rl", "entropy/all/mean", "entropy/mean"),
     FrameworkName("prime-rl", "optim/grad_norm", "grad_norm"),
     FrameworkName(
+        "prime-rl",
+        "eval/*/effective/*/avg@*",
+        "eval/accuracy",
+        "mean reward (the accuracy where rewards are 0/1) of the eval's k samples per problem at its sampling "
+        "settings, over the traces without an error; one name per environment and agent: their mean is taken",
+    ),
+    FrameworkName(
         "nemo-rl",
         "train/gen_kl_error",
         "k3_kl",
@@ -267,6 +275,13 @@ FRAMEWORK_NAMES: tuple[FrameworkName, ...] = (
     FrameworkName("openrlhf", "train/reward", "reward/mean"),
     FrameworkName("openrlhf", "train/entropy_loss", "entropy/mean", "logged only when an entropy coefficient is set"),
     FrameworkName(
+        "openrlhf",
+        "eval/eval_*_pass1",
+        "eval/accuracy",
+        "mean reward (the accuracy where rewards are 0/1) of `--eval.n_samples_per_prompt` samples per prompt "
+        "at `--eval.temperature` (4 at 0.6 by default: not greedy); one name per data source: their mean is taken",
+    ),
+    FrameworkName(
         "slime",
         "train/train_rollout_logprob_abs_diff",
         "logp_abs_diff_mean",
@@ -275,6 +290,16 @@ FRAMEWORK_NAMES: tuple[FrameworkName, ...] = (
     FrameworkName("slime", "train/entropy_loss", "entropy/mean", "per optimizer step (slime's train/step)"),
     FrameworkName("slime", "train/pg_clipfrac", "clip_frac", "per optimizer step (slime's train/step)"),
     FrameworkName("slime", "train/grad_norm", "grad_norm", "per optimizer step (slime's train/step)"),
+    FrameworkName(
+        "slime",
+        "eval/*",
+        "eval/accuracy",
+        "mean reward (the accuracy where rewards are 0/1) of `--n-samples-per-eval-prompt` samples per prompt at "
+        "`--eval-temperature` (by default the rollout's, 1.0: not greedy); per rollout (slime's eval/step); "
+        "one name per eval dataset: their mean is taken; `eval/step` and the names slime logs beside it "
+        "(`eval/<dataset>/…`, `eval/<dataset>-truncated_ratio`, `eval/<dataset>-pass@<k>`) are not it",
+        r"eval/(step|.*/.*|.*-truncated_ratio|.*-pass@\d+)",
+    ),
 )
 
 
@@ -285,6 +310,17 @@ def _pattern(logged: str) -> re.Pattern[str]:
 _PATTERNS = {(e.framework, e.logged): _pattern(e.logged) for e in FRAMEWORK_NAMES if "*" in e.logged}
 
 
+def _matches(entry: FrameworkName, name: str) -> bool:
+    """Whether `name` (its logger's prefix removed) is `entry`'s logged name or fills in its `*`s
+    without being one of the other metrics `entry.unless` names."""
+    if name == entry.logged:
+        return True
+    pattern = _PATTERNS.get((entry.framework, entry.logged))
+    if pattern is None or pattern.match(name) is None:
+        return False
+    return not (entry.unless and re.fullmatch(entry.unless, name))
+
+
 def framework_entry(framework: str, logged: str) -> FrameworkName | None:
     """The FRAMEWORK_NAMES entry of a name `framework` logged (its logger's prefix, if any,
     removed first), None when the table has none."""
@@ -292,10 +328,7 @@ def framework_entry(framework: str, logged: str) -> FrameworkName | None:
         raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
     candidates = [logged, *(logged[len(p) :] for p in FRAMEWORK_PREFIXES.get(framework, ()) if logged.startswith(p))]
     for entry in FRAMEWORK_NAMES:
-        if entry.framework != framework:
-            continue
-        pattern = _PATTERNS.get((framework, entry.logged))
-        if any(c == entry.logged or (pattern is not None and pattern.match(c)) for c in candidates):
+        if entry.framework == framework and any(_matches(entry, c) for c in candidates):
             return entry
     return None
 
@@ -310,11 +343,12 @@ def trustlens_name(framework: str | None, logged: str) -> str:
 
 
 def detect_framework(names) -> str | None:
-    """The framework whose table knows the most of `names` ("trustlens" when the registry's own
-    names are the most); None when none knows any, or two know as many."""
+    """The framework with the most table entries among `names` ("trustlens" when the registry's
+    own entries are the most); None when none has any, or two have as many. Entries, not names,
+    are counted: one template (slime's `eval/*`) that takes many names counts once."""
     names = list(dict.fromkeys(names))
-    counts = {f: sum(framework_entry(f, n) is not None for n in names) for f in FRAMEWORKS}
-    counts["trustlens"] = sum(_template(n) in METRICS for n in names)
+    counts = {f: len({framework_entry(f, n) for n in names} - {None}) for f in FRAMEWORKS}
+    counts["trustlens"] = len({_template(n) for n in names} & METRICS.keys())
     best = max(counts.values())
     top = [f for f, n in counts.items() if n == best]
     return top[0] if best > 0 and len(top) == 1 else None

@@ -35,6 +35,10 @@ _ORL = "openrlhf/trainer/ray/ppo_actor.py"
 _ORL_LOG = "openrlhf/utils/logging_utils.py"
 _SLIME = "slime/backends/megatron_utils/loss.py"
 _SLIME_LOG = "slime/backends/megatron_utils/model.py"
+_SLIME_EVAL = "slime/ray/rollout.py"
+_PRL_MET = "src/prime_rl/orchestrator/metrics.py"
+_PRL_EVAL = "src/prime_rl/evals/evals.py"
+_ORL_PPO = "openrlhf/trainer/ppo_trainer.py"
 _PREFIX = 'metrics_scalar[f"rollout_corr/{key}"]'
 
 # (framework, logged name) -> [(file, the string that logs it)]
@@ -87,6 +91,13 @@ SOURCES: dict[tuple[str, str], list[tuple[str, str]]] = {
     ],
     ("prime-rl", "entropy/all/mean"): [(_PRL, 'tensors["entropy/all"].append(entropy)')],
     ("prime-rl", "optim/grad_norm"): [(_PRL, 'optim_metrics["optim/grad_norm"] = grad_norm.item()')],
+    ("prime-rl", "eval/*/effective/*/avg@*"): [
+        (_PRL_MET, 'out[f"{metric_prefix}/avg@{self.group_size}"] = traces.stats()["reward"].mean()'),
+        (_PRL_MET, "predicate=lambda record: not record.trace.has_error and record.trace.agent.trainable,"),
+        (_PRL_EVAL, 'for subset, pool in (("all", episodes), ("effective", effective)):'),
+        (_PRL_EVAL, 'metrics |= pool.metrics.to_wandb(prefix=f"eval/{batch.env_name}", subset=subset)'),
+        ("src/prime_rl/monitors/wandb/monitor.py", 'wandb.log({**metrics, "step": step})'),
+    ],
     ("nemo-rl", "train/gen_kl_error"): [
         (_NEMO_LOSS, '"gen_kl_error": gen_kl_error,'),
         (_NEMO, 'prefix="train"'),
@@ -110,6 +121,14 @@ SOURCES: dict[tuple[str, str], list[tuple[str, str]]] = {
     ],
     ("openrlhf", "train/reward"): [(_ORL, '"reward": merged_status.get("reward", 0),')],
     ("openrlhf", "train/entropy_loss"): [(_ORL, 'metrics["entropy_loss"] = entropy_loss.detach()')],
+    ("openrlhf", "eval/eval_*_pass1"): [
+        (_ORL_PPO, 'metrics[ds]["pass1"] += chunk.mean().float().item()'),
+        (_ORL_PPO, 'logs[f"eval_{ds}_pass1"] = m["pass1"] / m["count"]'),
+        (_ORL_PPO, 'eval_generate_kwargs["temperature"] = self.args.eval.temperature'),
+        ("openrlhf/cli/train_ppo_ray.py", '"--eval.temperature", type=float, default=0.6'),
+        ("openrlhf/cli/train_ppo_ray.py", '"--eval.n_samples_per_prompt", type=int, default=4'),
+        (_ORL_LOG, 'self.writer.add_scalar(f"eval/{k}", v, global_step)'),
+    ],
     ("slime", "train/train_rollout_logprob_abs_diff"): [
         (_SLIME, 'reported_loss["train_rollout_logprob_abs_diff"] = '),
         (_SLIME_LOG, 'f"train/{role_tag}{key}": val.mean().item()'),
@@ -117,6 +136,18 @@ SOURCES: dict[tuple[str, str], list[tuple[str, str]]] = {
     ("slime", "train/entropy_loss"): [(_SLIME, '"entropy_loss": entropy_loss.clone().detach(),')],
     ("slime", "train/pg_clipfrac"): [(_SLIME, '"pg_clipfrac": pg_clipfrac.clone().detach(),')],
     ("slime", "train/grad_norm"): [(_SLIME_LOG, 'log_dict[f"train/{role_tag}grad_norm"] = grad_norm')],
+    ("slime", "eval/*"): [
+        (_SLIME_EVAL, 'log_dict[f"eval/{key}"] = sum(rewards) / len(rewards)'),
+        ("slime/rollout/sglang_rollout.py", "dataset_cfg.name: {"),
+        ("slime/rollout/sglang_rollout.py", '"rewards": [sample.reward if not reward_key else'),
+        ("slime/utils/eval_config.py", '"arg_attrs": ("eval_temperature", "rollout_temperature"),'),
+        (_SLIME_EVAL, 'log_dict["eval/step"] = step'),
+        ("slime/utils/tensorboard_utils.py", "self._writer.add_scalar(key, data[key], step)"),
+        (_SLIME_EVAL, 'compute_metrics_from_samples(args, samples), f"eval/{key}/")'),
+        (_SLIME_EVAL, 'log_dict[f"eval/{key}-truncated_ratio"]'),
+        (_SLIME_EVAL, 'f"eval/{key}-",'),
+        ("slime/utils/metric_utils.py", 'log_dict[f"pass@{k}"] = pass_k'),
+    ],
 }
 
 # the logger lines that put `train/` before OpenRLHF's and slime's names
@@ -125,7 +156,7 @@ LOGGERS = {
     "slime": (_SLIME_LOG, 'f"train/{role_tag}{key}": val.mean().item()'),
 }
 for (_framework, _logged), _places in SOURCES.items():
-    if _framework in LOGGERS and LOGGERS[_framework] not in _places:
+    if _framework in LOGGERS and _logged.startswith("train/") and LOGGERS[_framework] not in _places:
         _places.append(LOGGERS[_framework])
 
 
