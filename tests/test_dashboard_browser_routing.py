@@ -64,7 +64,8 @@ def test_routing_views_of_an_moe_run(moe_server):
             page.goto(moe_server)
             _settle(page, "Overview")
             _no_error(page, "the Overview of an MoE run")
-            assert "Flipped tokens · run" in page.inner_text("body")
+            # the tile row can appear after the status widget has gone (a later rerun): wait for it
+            page.wait_for_function("() => document.body.innerText.includes('Flipped tokens · run')", timeout=60_000)
             page.goto(f"{moe_server}/mismatch")
             _settle(page, "Mismatch")
             _no_error(page, "the Mismatch page of an MoE run")
