@@ -20,7 +20,7 @@ import string
 import unicodedata
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import polars as pl
@@ -118,6 +118,18 @@ def quoted_token(text: str | None) -> str:
 def visible_token(text: str | None) -> str | None:
     """A token's text for a table cell (`token_text`); None stays None (a missing value)."""
     return None if text is None else token_text(text)
+
+
+def strict_json(value: Any) -> Any:
+    """`value` (dicts, lists, tuples, scalars) with non-finite floats as strings ("inf", "nan"),
+    so that `json.dumps(..., allow_nan=False)` writes strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value
 
 
 def csv_safe(table: pl.DataFrame) -> pl.DataFrame:

@@ -227,9 +227,9 @@ def test_json_is_strict(tmp_path):
     mu = _logp(N)
     old = mu.copy()
     old[0] = -np.inf  # π_old gives a token probability 0: |Δ| = inf
-    from trustlens.analysis.diagnosis.command import _plain
+    from trustlens.core.render import strict_json
 
-    out = json.dumps(_plain(certify(_run(tmp_path, mu, old)).to_json()), allow_nan=False)
+    out = json.dumps(strict_json(certify(_run(tmp_path, mu, old)).to_json()), allow_nan=False)
     assert json.loads(out)["tokens"]["max_abs_diff"] == "inf"
 
 

@@ -9,7 +9,7 @@ import json
 import sys
 
 from trustlens.analysis.certify.certificate import REQUIREMENTS, Certificate
-from trustlens.analysis.diagnosis.command import _plain  # the doctor's strict JSON: non-finite floats as strings
+from trustlens.core.render import strict_json
 
 CERTIFIED, NOT_CERTIFIED = 0, 1  # exit statuses (bad input: 2, as every command's errors)
 
@@ -88,7 +88,7 @@ def _certify(args: argparse.Namespace) -> int:
         print(f"trustlens certify: warning: {visible_text(note)}", file=sys.stderr)
     if args.json:
         out = {**cert.to_json(), "require": args.require, "certified": ok}
-        print(json.dumps(_plain(out), indent=1, allow_nan=False, ensure_ascii=True))
+        print(json.dumps(strict_json(out), indent=1, allow_nan=False, ensure_ascii=True))
     else:
         print(as_text(cert, args.require))
     return CERTIFIED if ok else NOT_CERTIFIED

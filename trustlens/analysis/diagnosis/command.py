@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from typing import Any
 
 from trustlens.analysis.diagnosis.finding import Finding
+from trustlens.core.render import strict_json
 
 MARKS = {"problem": "PROBLEM", "warning": "warning", "ok": "ok"}
 
@@ -23,17 +22,6 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.epilog = "The checks, their statistics and thresholds: docs/doctor.md"
     parser.set_defaults(func=_doctor)
-
-
-def _plain(value: Any) -> Any:
-    """`value` with non-finite floats as strings ("inf", "nan"): strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
 
 
 def as_text(findings: list[Finding]) -> str:
@@ -69,7 +57,7 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.json:
         if note is not None:  # stdout stays the JSON list of findings
             print(f"trustlens doctor: warning: {visible_text(note)}", file=sys.stderr)
-        print(json.dumps([_plain(f.to_json()) for f in findings], indent=1, allow_nan=False, ensure_ascii=False))
+        print(json.dumps([strict_json(f.to_json()) for f in findings], indent=1, allow_nan=False, ensure_ascii=False))
     else:
         if note is not None:
             print(visible_text(f"{MARKS['warning']:<8} {'run':<13} {note}"))
