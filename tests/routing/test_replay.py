@@ -5,8 +5,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from trustlens.divergence import token_logp
 from trustlens.routing import replay_split, routing
-from trustlens.routing.replay import DENSE, last_logits, routers, select_experts, split_dlogp, token_logp
+from trustlens.routing.replay import DENSE, last_logits, routers, select_experts, split_dlogp
 
 E, K, L = 4, 2, 3  # experts, top-k, layers (layer 0 dense)
 

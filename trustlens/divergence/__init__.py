@@ -12,6 +12,7 @@ from trustlens.divergence.full_vocab import (
     ENTROPY_CHUNK_ELEMENTS,
     entropy_from_logits,
     exact_divergence,
+    token_logp,
     topk_from_logits,
 )
 from trustlens.divergence.measures import (
@@ -35,6 +36,7 @@ __all__ = [
     "exact_divergence",
     "force_sampled",
     "log1mexp",
+    "token_logp",
     "topk_buckets",
     "topk_divergence",
     "topk_divergence_from_logp",

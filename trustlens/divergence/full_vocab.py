@@ -144,3 +144,10 @@ def topk_from_logits(
         logp = vocab_chunks.logp_on_ids("logits", logits, ids, temperature, dtype)[0].to(dtype)
     lead = logits.shape[:-1]
     return ids.reshape(*lead, k), logp.reshape(*lead, k)
+
+
+def token_logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[ids] in nats, without materialising the log-softmax: logits (..., V),
+    ids (...) -> (...). No argument checks: for tensors the caller made (the built-in trainer
+    and engine), not users' input."""
+    return logits.gather(-1, ids[..., None]).squeeze(-1) - logits.logsumexp(-1)

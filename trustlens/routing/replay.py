@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from trustlens.divergence import token_logp
+
 DENSE = -1  # the expert id of a dense layer (or of a position not routed)
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # the decoder layer index in a module's name
 
@@ -187,11 +189,6 @@ def split_dlogp(
     return RoutingSplit(logp_live=live, logp_replayed=replayed, routing=live - replayed, residual=replayed - mu)
 
 
-def token_logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[ids] without materialising the log-softmax: (B, T, V), (B, T) -> (B, T)."""
-    return logits.gather(-1, ids[..., None]).squeeze(-1) - logits.logsumexp(-1)
-
-
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding: 0 at each row's first real token. (B, S) long."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -256,6 +253,5 @@ __all__ = [
     "routing",
     "select_experts",
     "split_dlogp",
-    "token_logp",
     "top_k",
 ]

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from trustlens.divergence import topk_from_logits
+from trustlens.divergence import token_logp, topk_from_logits
 from trustlens.train.rollout_batch import Rollout
 
 # name -> what the engine does wrong (the `--engine` choices; "clean" is the default)
@@ -127,7 +127,7 @@ def engine_token(
     else:
         tok = torch.multinomial(torch.softmax(sampled_from, -1), 1, generator=generator).squeeze(-1)
     reported = logits if defect == "raw_logprobs" else sampled_from
-    logp = reported.gather(-1, tok[:, None]).squeeze(-1) - reported.logsumexp(-1)
+    logp = token_logp(reported, tok)  # (B,)
     ids_k, logp_k = topk_from_logits(reported, tok, topk, 1.0)
     return tok, logp, ids_k, logp_k
 

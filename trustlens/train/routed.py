@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from trustlens.routing.replay import RoutingSplit, RoutingTrace, routers, routing, split_dlogp, token_logp
+from trustlens.divergence import token_logp
+from trustlens.routing.replay import RoutingSplit, RoutingTrace, routers, routing, split_dlogp
 from trustlens.train.pooled import Pooled, masked_mean, ratio
 from trustlens.train.rollout import response_logits
 from trustlens.train.rollout_batch import Rollout

@@ -51,9 +51,8 @@ from typing import Any
 
 import torch
 
-from trustlens.divergence import entropy_from_logits, topk_divergence
+from trustlens.divergence import entropy_from_logits, token_logp, topk_divergence
 from trustlens.record import NullRecorder
-from trustlens.routing.replay import token_logp
 from trustlens.rules import evaluate_all
 from trustlens.rules.loss import policy_loss
 from trustlens.train.config import TrainConfig
