@@ -44,8 +44,9 @@ top-K (`TOPK` ids; pi_logp_raw, mu_topk_mass, pi_topk_mass), where the temperatu
 truncation checks take their logits form, and without them (their token-level form).
 
 Trained runs: each defect `trustlens train --engine DEFECT` plants (raw_logprobs, top_p, shifted,
-sentinel, token_ids; docs/train.md) on `--trained-seeds` seeds of the default preset,
-`--trained-steps` steps each, no evaluation. The built-in trainer passes `record` π's logits and
+sentinel, token_ids, frozen_policy, top_p_mask, resume, sequence_sum; docs/train.md) on
+`--trained-seeds` seeds of the default preset, `--trained-steps` steps each (or the defect's
+TRAINED_SETTINGS), no evaluation. The built-in trainer passes `record` π's logits and
 μ's top-K, so its runs hold the logit columns (logits form); each is also read with them dropped
 (token-level form). Clean runs: the generator without a defect, every
 built-in preset's clean run (`trustlens train --preset P --steps N --eval-size 0`, N =
@@ -96,7 +97,8 @@ DEFECTS = {
     "sequence_sum": "sequence_sum",
     "truncation_bias": "truncation_bias",
 }
-# the defects `trustlens train --engine` plants (issue 30, point 4; frozen_policy: issue 50)
+# the defects `trustlens train --engine` plants (issue 30, point 4; frozen_policy, top_p_mask, resume,
+# sequence_sum: issue 50)
 TRAINED = {
     "raw_logprobs": "temperature",
     "top_p": "truncation",
@@ -105,10 +107,13 @@ TRAINED = {
     "token_ids": "token_ids",
     "frozen_policy": "frozen_policy",
     "top_p_mask": "truncation_bias",
+    "resume": "resume",
+    "sequence_sum": "sequence_sum",
 }
 # a trained defect's own settings: frozen_policy needs the steps a drift shows over (its check
-# reads ≥ 6) and a learning rate too small to move π (the trainer refuses lr 0)
-TRAINED_SETTINGS: dict[str, dict] = {"frozen_policy": {"steps": 8, "lr": 1e-9}}
+# reads ≥ 6) and a learning rate too small to move π (the trainer refuses lr 0); resume needs 3
+# steps before its restart (after step 3 of 8) and 3 after it (its check's window)
+TRAINED_SETTINGS: dict[str, dict] = {"frozen_policy": {"steps": 8, "lr": 1e-9}, "resume": {"steps": 8}}
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -188,8 +188,9 @@ def test_training_reports_one_speed_figure(capsys, monkeypatch, tmp_path):
     """run_one's summary is the one s/step figure (the mean training step); the bar shows no rate."""
     import trustlens.train.trainer
     from trustlens.train.config import config_from_preset
+    from trustlens.train.progress import progress_bar
     from trustlens.train.runner import run_one
-    from trustlens.train.trainer import TrainResult, _progress_bar
+    from trustlens.train.trainer import TrainResult
 
     result = TrainResult(tmp_path / "run", eval_accuracy={0: 0.25, 3: 0.5}, step_times=[1.0, 2.0, 6.0])
     monkeypatch.setattr(trustlens.train.trainer, "train", lambda *a, **k: result)
@@ -197,7 +198,7 @@ def test_training_reports_one_speed_figure(capsys, monkeypatch, tmp_path):
     out = capsys.readouterr().out
     assert out.count("s/step") == 1
     assert "held-out accuracy 0.250 → 0.500 (steps 0 → 3), 3.00 s/step (training; setup and evaluations" in out
-    bar = _progress_bar(3, True)
+    bar = progress_bar(3, True)
     bar.update(1)
     shown = str(bar)
     bar.close()

@@ -20,6 +20,8 @@ from trustlens.train.engine_defects import (
     engine_token,
     merged_offset,
     nucleus_logits,
+    resumed_after,
+    sequence_weight,
 )
 from trustlens.train.model import ModelConfig, build_model, build_tokenizer
 from trustlens.train.rollout import Rollout, RolloutConfig, RolloutEngine, response_logits
@@ -228,6 +230,10 @@ def test_engine_option_is_checked():
         "processors": [],
     }
     assert engine_sampling("top_p", 1.0)["top_p"] == 0.8
+    with pytest.raises(
+        ValueError, match="engine 'resume' restarts the run after step steps // 2 − 1: it needs steps ≥ 2"
+    ):
+        TrainConfig(engine="resume", steps=1)
 
 
 TINY = dict(steps=1, prompts_per_step=2, group_size=2, minibatches=1, eval_size=0, max_new_tokens=12)
@@ -238,7 +244,7 @@ def test_runs_record_what_each_defect_reports(tmp_path):
     engine's reported sampling and a μ that shows its bug against the clean run."""
     gaps, zeros = {}, {}
     for defect in ENGINE_DEFECTS:
-        cfg = TrainConfig(engine=defect, **TINY)
+        cfg = TrainConfig(engine=defect, **(TINY | ({"steps": 2} if defect == "resume" else {})))
         train(cfg, tmp_path / defect, progress=False)
         manifest = json.loads((tmp_path / defect / "run.json").read_text())
         assert manifest["sampling"] == engine_sampling(defect, cfg.temperature)
@@ -274,3 +280,76 @@ def test_batch_variant_splits_the_output_layer_of_a_partial_engine_batch():
     assert not torch.equal(split[MAX_SEQS:], plain[MAX_SEQS:])
     torch.testing.assert_close(split.double(), (h.double() @ layer.weight.double().T), atol=1e-5, rtol=0)
     assert torch.equal(layer(h[:MAX_SEQS]), plain[:MAX_SEQS])  # a full batch alone: untouched
+
+
+def test_resume_engine_restarts_from_the_warm_start_and_takes_syncs_as_deltas():
+    """After `restart`, the engine holds θ_0 (the warm start), not the trainer's θ_r; a later sync
+    of θ gives θ + (θ_0 − θ_r): behind by what the trainer learnt before the restart."""
+    start, engine = fp32_engine("resume")
+    trainer = build_model(SMALL, seed=0)
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(0.01)  # θ_r: the first half's training
+    engine.restart(start, trainer)
+    held = dict(engine.model.named_parameters())
+    for name, p in start.named_parameters():  # θ_r + (θ_0 − θ_r): θ_0 up to float32 rounding
+        torch.testing.assert_close(held[name], p, rtol=0, atol=1e-7)
+    theta_r = {name: p.detach().clone() for name, p in trainer.named_parameters()}
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(0.02)  # θ: after the resume
+    engine.sync_weights(trainer)
+    for name, p in trainer.named_parameters():
+        torch.testing.assert_close(held[name], p + (dict(start.named_parameters())[name] - theta_r[name]))
+    assert resumed_after(8) == 3 and resumed_after(2) == 0
+
+
+def test_resume_run_holds_its_resume_point_and_a_lasting_step_in_the_mismatch(tmp_path):
+    """A `resume` run of the default preset, 8 steps: the run is reopened after step 3 (run.json
+    resumed_after [3]), every step is recorded once, k3 of π_old vs μ steps up from step 4 on and
+    stays (the engine serves θ + (θ_0 − θ_3)), and the doctor names the resume first."""
+    from trustlens.analysis import doctor
+    from trustlens.train.config import config_from_preset
+
+    train(config_from_preset("default", steps=8, eval_size=0, engine="resume"), tmp_path / "run", progress=False)
+    manifest = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert manifest["resumed_after"] == [3] and manifest["status"] == "finished"
+    rows = trustlens.load_run(tmp_path / "run").tokens.collect()
+    d = pl.col("old_logp") - pl.col("mu_logp")  # log π_old − log μ
+    k3 = rows.group_by("step").agg((d.exp() - 1 - d).mean().alias("k3"), pl.len()).sort("step")
+    assert k3["step"].to_list() == list(range(8))
+    assert k3["k3"][4:].min() > 10 * k3["k3"][:4].max()
+    first = doctor(tmp_path / "run")[0]
+    assert (first.check, first.verdict) == ("resume", "problem"), first.summary
+
+
+def test_sequence_weight_sums_the_token_log_ratios():
+    mu = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.3, -0.3]])
+    old = torch.tensor([[-1.5, -1.0, -9.0], [-0.2, -0.4, -0.3]])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    # Σ log(π_old/μ) over the response: −0.5 + 1.0 (the masked −8.5 left out); 0.1 − 0.1 + 0
+    torch.testing.assert_close(sequence_weight(mu, old, mask), torch.tensor([math.exp(0.5), 1.0]))
+
+
+def test_sequence_sum_run_records_the_summed_weight_and_the_doctor_names_it(tmp_path):
+    """A `sequence_sum` run (default preset, 2 steps) records per response the weight it computed,
+    exp(Σ log(π_old/μ)), on every token of the response; the doctor names it first; a clean run
+    records no sequence weight."""
+    from trustlens.analysis import doctor
+    from trustlens.train.config import config_from_preset
+
+    cfg = config_from_preset("default", steps=2, eval_size=0, engine="sequence_sum")
+    train(cfg, tmp_path / "run", progress=False)
+    rows = trustlens.load_run(tmp_path / "run").tokens.collect()
+    per_response = rows.group_by("step", "update", "sample").agg(
+        pl.col("seq_weight").n_unique().alias("values"),
+        pl.col("seq_weight").first(),
+        (pl.col("old_logp").cast(pl.Float64) - pl.col("mu_logp")).sum().exp().alias("summed"),
+    )
+    assert per_response["values"].max() == 1
+    np.testing.assert_allclose(per_response["seq_weight"], per_response["summed"], rtol=1e-4)
+    first = doctor(tmp_path / "run")[0]
+    assert (first.check, first.verdict) == ("sequence_sum", "problem"), first.summary
+    train(replace(cfg, engine="clean", steps=1), tmp_path / "clean", progress=False)
+    clean = trustlens.load_run(tmp_path / "clean").tokens.collect()
+    assert "seq_weight" not in clean.columns or clean["seq_weight"].null_count() == len(clean)

@@ -137,6 +137,10 @@ class TrainConfig:
             raise ValueError(
                 f"engine 'raw_logprobs' needs a temperature ≠ 1 (raw = processed there), got {self.temperature}"
             )
+        if self.engine == "resume" and self.steps < 2:
+            raise ValueError(
+                f"engine 'resume' restarts the run after step steps // 2 − 1: it needs steps ≥ 2, got {self.steps}"
+            )
 
     def _check_keep_rules(self) -> None:
         """ValueError unless `keep_rules` is a list of distinct registry names given with a keep_rate."""

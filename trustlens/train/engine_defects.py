@@ -36,7 +36,16 @@ some rows of the batch (`trustlens certify` names them).
 At the engine's weights (`RolloutEngine.sync_weights`): ``frozen_policy`` adds an adapter's
 logit delta (a fixed offset per token id, `merged_offset`) again at every weight sync, as an
 engine that merges a LoRA adapter into weights that already hold it does: with lr 0 the trainer's
-policy stays where it is while the engine's moves away from it, sync after sync.
+policy stays where it is while the engine's moves away from it, sync after sync. ``resume``
+restarts the run halfway (after step `resumed_after(steps)`: the recorder reopens the run with
+resume=True, so run.json holds the resume point; the trainer goes on from its state, as a reload
+of its own checkpoint gives). The restarted engine loads the warm start, not the resumed weights,
+and receives every later sync as a delta to what it holds (`RolloutEngine.restart`): it serves
+θ + (θ_0 − θ_r) from then on, behind the trainer by what the first half trained (slime #1695).
+
+And one of the trainer's own: ``sequence_sum`` weights each response by a sequence-level
+importance weight of π_old/μ whose log sums the token log-ratios where GSPO and sequence IS take
+their mean (`sequence_weight`; trl #5814), and records the weight it computed as `seq_weight`.
 
 ``clean`` is the engine as it is without `--engine`: these functions then do exactly what the
 engine did before they existed (bit-identical runs).
@@ -64,6 +73,8 @@ ENGINE_DEFECTS: dict[str, str] = {
     "token_ids": "the trainer receives <unk> where the engine sampled ';'",
     "batch_variant": "the output layer of a partial engine batch's rows runs as a split-K GEMM",
     "frozen_policy": "adds an adapter's logit delta again at every weight sync (train it with lr 0)",
+    "resume": "the run resumes halfway and the engine restarts from the warm start, receiving syncs as deltas",
+    "sequence_sum": "the trainer weights each response by exp(Σ log(π_old/μ)), the sum where the mean belongs",
 }
 TOP_P = 0.8  # nucleus mass of the `top_p` and `top_p_mask` defects
 TRUNCATING = ("top_p", "top_p_mask")  # the defects that sample from the top-p nucleus
@@ -74,6 +85,7 @@ UNKNOWN_TOKEN = "<unk>"
 MAX_SEQS = 12  # `batch_variant`: sequences per engine batch; the last B mod MAX_SEQS rows are a partial one
 SPLITS = 2  # `batch_variant`: the chunks of the hidden size its split-K output layer sums
 MERGED_OFFSET = 0.05  # std of the per-id logit offset `frozen_policy` adds at each weight sync
+SEQUENCE_WEIGHT_CAP = 2.0  # `sequence_sum`: the weight is applied truncated at this (and recorded as computed)
 
 
 def check_defect(defect: str) -> str:
@@ -170,6 +182,30 @@ def merged_offset(vocab: int) -> torch.Tensor:
     return torch.randn(vocab, generator=torch.Generator().manual_seed(0)) * MERGED_OFFSET
 
 
+def resumed_after(steps: int) -> int:
+    """The last step `resume` trains before its restart: steps // 2 − 1, the run's first half."""
+    return steps // 2 - 1
+
+
+def sequence_weight(
+    mu_logp: torch.Tensor,  # (B, T) log μ(a_t)
+    old_logp: torch.Tensor,  # (B, T) log π_old(a_t)
+    response_mask: torch.Tensor,  # (B, T) bool
+) -> torch.Tensor:
+    """`sequence_sum`'s per-response weight (B,) float32: w = exp(Σ_t log(π_old/μ)) over the
+    response tokens, the sum of the token log-ratios where the geometric mean exp((1/|y|) Σ_t …)
+    belongs. Unitless; it scales with the response length (≈ exp(−|y|·KL))."""
+    log_ratio = torch.where(response_mask, old_logp.double() - mu_logp.double(), 0.0)  # (B, T)
+    return log_ratio.sum(-1).exp().float()
+
+
+def weighted_advantages(advantages: torch.Tensor, seq_weight: torch.Tensor | None) -> torch.Tensor:
+    """The advantages (B,) the loss sees: A_i · min(w_i, SEQUENCE_WEIGHT_CAP) under `sequence_sum`
+    (the loss is linear in A, so this weights response i's token losses), `advantages` itself
+    without a sequence weight."""
+    return advantages if seq_weight is None else advantages * seq_weight.clamp(max=SEQUENCE_WEIGHT_CAP)
+
+
 def deliver(batch: Rollout, defect: str, *, tokenizer, generator: torch.Generator) -> Rollout:
     """The rollout as the trainer receives it (see the module docstring): `batch` itself when
     the defect is not one of delivery (shifted, sentinel, token_ids), else a new Rollout."""
@@ -205,7 +241,10 @@ __all__ = [
     "engine_token",
     "merged_offset",
     "nucleus_logits",
+    "resumed_after",
     "sampling_support",
+    "sequence_weight",
     "split_k_hook",
     "support_of",
+    "weighted_advantages",
 ]

@@ -167,6 +167,7 @@ class RolloutEngine:
         dtype = PRECISIONS[config.precision]
         for p in self.model.parameters():
             p.data = p.data.to(dtype)
+        self._behind: dict[str, torch.Tensor] | None = None  # θ_0 − θ_r after a `resume` restart, else None
         self._fp8_weights: set[str] = set()
         self._bf16_weights: set[str] = set()
         self._routed = bool(routers(self.model))  # a mixture of experts: report its routing
@@ -201,10 +202,22 @@ class RolloutEngine:
             self._load(self._pending.popleft())
 
     @torch.no_grad()
+    def restart(self, start: torch.nn.Module, trainer_model: torch.nn.Module) -> None:
+        """The `resume` defect's engine restart: a fresh engine holding `start`'s weights θ_0 (the
+        warm start) instead of the trainer's θ_r, and no weights pending. It takes every later sync
+        as a delta to what it holds, so it serves θ + (θ_0 − θ_r) from then on."""
+        now = {name: p.detach() for name, p in trainer_model.named_parameters()}
+        first = dict(start.named_parameters())
+        self._behind = {name: first[name].detach() - w for name, w in now.items()}
+        self._pending.clear()
+        self._load(now)
+
+    @torch.no_grad()
     def _load(self, weights: dict[str, torch.Tensor]) -> None:
-        """Copy `weights` into the engine, cast to its precision (fp8-rounded where it quantises)."""
+        """Copy `weights` into the engine (plus θ_0 − θ_r after a `resume` restart), cast to its
+        precision (fp8-rounded where it quantises)."""
         for name, p in self.model.named_parameters():
-            w = weights[name]
+            w = weights[name] if self._behind is None else weights[name] + self._behind[name]
             if name in self._bf16_weights:
                 w = w.to(torch.bfloat16)
             p.copy_(fp8_round(w.float(), dim=-1) if name in self._fp8_weights else w)

@@ -43,8 +43,9 @@ def task_of(meta: dict, cfg: TrainConfig) -> ArithmeticTask:
     return ArithmeticTask(**{**trained_on, "partial_credit": cfg.partial_credit})
 
 
-def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict):
-    """The run's TokenRecorder, or a NullRecorder when nothing is to be written."""
+def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict, *, resume: bool = False):
+    """The run's TokenRecorder (reopening the run in `run_dir` when `resume`), or a NullRecorder
+    when nothing is to be written."""
     if not cfg.record or run_dir is None:
         return NullRecorder()
     rank, world_size = distributed_rank()
@@ -68,6 +69,7 @@ def make_recorder(cfg: TrainConfig, run_dir: Path | None, tokenizer, rules: dict
         sampling=cfg.sampling(),
         alerts=live,
         flush_seconds=cfg.flush_seconds,
+        resume=resume,
     )
 
 

@@ -162,14 +162,4 @@ class AlertStop:
         return why
 
 
-def alert_postfix(alerts: list) -> dict[str, str]:
-    """The progress line's alert field: how many alerts of warning or above so far and the most
-    severe latest one ({} without any)."""
-    shown = [a for a in alerts if a.level >= 1]
-    if not shown:
-        return {}
-    worst = max(shown, key=lambda a: (a.level, a.raised_at_step))
-    return {"alerts": f"{len({a.key for a in shown})} ({worst.severity} {worst.kind} @{worst.step})"}
-
-
-__all__ = ["FOLDER", "AlertStop", "alert_postfix", "checkpoint_name"]
+__all__ = ["FOLDER", "AlertStop", "checkpoint_name"]

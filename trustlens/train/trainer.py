@@ -45,6 +45,7 @@ Units: log-probabilities in nats, TV in probability mass, KL in nats, times in s
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,13 @@ from trustlens.record import NullRecorder
 from trustlens.rules import evaluate_all
 from trustlens.rules.loss import policy_loss
 from trustlens.train.config import TrainConfig
-from trustlens.train.engine_defects import deliver, support_of
+from trustlens.train.engine_defects import (
+    deliver,
+    resumed_after,
+    sequence_weight,
+    support_of,
+    weighted_advantages,
+)
 from trustlens.train.evaluate import decode_responses, evaluate_accuracy
 from trustlens.train.pooled import (
     Pooled,
@@ -66,6 +73,7 @@ from trustlens.train.pooled import (
     ratio,
     std,
 )
+from trustlens.train.progress import progress_bar, show_step
 from trustlens.train.rollout_batch import Rollout
 from trustlens.train.routed import (
     RoutedPass,
@@ -75,9 +83,9 @@ from trustlens.train.routed import (
     shadow_split,
     split_metrics,
 )
-from trustlens.train.run_setup import TrainRun, make_recorder, setup_run
+from trustlens.train.run_setup import TrainRun, load_policy, make_recorder, setup_run
 from trustlens.train.step_metrics import BlockedCounter, mismatch_metrics
-from trustlens.train.stopping import AlertStop, alert_postfix
+from trustlens.train.stopping import AlertStop
 from trustlens.train.world import average_gradients
 
 
@@ -131,10 +139,14 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
     run = setup_run(cfg)
     run_dir = Path(run_dir) if run_dir is not None and cfg.record else None
     result = TrainResult(run_dir)
-    bar = _progress_bar(cfg.steps, progress and run.world.main)
+    bar = progress_bar(cfg.steps, progress and run.world.main)
     stopper = AlertStop(cfg.stop_on, cfg.checkpoint_every, cfg.keep_checkpoints, run_dir, run.world, cfg.eval_size)
-    with make_recorder(cfg, run_dir, run.tokenizer, run.rules) as recorder:
+    restart_at = resumed_after(cfg.steps) + 1 if cfg.engine == "resume" else None
+    with ExitStack() as stack:
+        recorder = stack.enter_context(make_recorder(cfg, run_dir, run.tokenizer, run.rules))
         for step in range(cfg.steps + 1):
+            if step == restart_at:
+                recorder = stack.enter_context(_restart(run, recorder, run_dir))
             metrics: dict[str, float | Pooled] = {}
             if cfg.eval_size and (step % cfg.eval_every == 0 or step == cfg.steps):
                 _evaluate(run, step, metrics, result)
@@ -148,13 +160,24 @@ def train(cfg: TrainConfig, run_dir: str | Path | None, *, progress: bool = True
             result.rewards.append(logged["reward/mean"])
             result.step_times.append(step_time)
             if bar is not None:
-                _show(bar, logged, result, recorder)
+                show_step(bar, logged, result.eval_accuracy, result.eval_accuracy_sampled, recorder.live_alerts)
             if stopper.due(recorder):
                 result.stopped, result.stopped_step = stopper.stop(step, recorder), step
                 break
     if bar is not None:
         bar.close()
     return result
+
+
+def _restart(run: TrainRun, recorder, run_dir: Path | None):
+    """The `resume` defect's restart before the first step of the run's second half: the recorder
+    ends and the run is reopened with resume=True (run.json `resumed_after`), the trainer goes on
+    from its state (what a reload of its checkpoint gives), and the engine restarts from the warm
+    start (`RolloutEngine.restart`). Returns the reopened recorder."""
+    recorder.close()
+    start, _, _ = load_policy(run.cfg)
+    run.engine.restart(start, run.model)
+    return make_recorder(run.cfg, run_dir, run.tokenizer, run.rules, resume=True)
 
 
 def _evaluate(run: TrainRun, step: int, metrics: dict, result: TrainResult) -> None:
@@ -293,6 +316,8 @@ def _update(
     low, high = run.rules[cfg.rule]
     mb = data.batch.select(rows)
     advantages = data.advantages[rows]
+    summed = cfg.engine == "sequence_sum"  # the defect's sequence weight (b,), as it computes it
+    seq_weight = sequence_weight(mb.mu_logp, old_logp[rows], mb.response_mask) if summed else None
     logits, routed = policy_logits(run.model, mb, cfg.temperature, replay=cfg.routing_replay)
     logits = logits.float()  # (b, T, V)
     pi_logp = token_logp(logits, mb.response_ids)
@@ -315,7 +340,7 @@ def _update(
         high=high,
         clip_ratio_c=cfg.clip_ratio_c,
         loss_agg_mode=cfg.loss_agg_mode,
-        **token_inputs,
+        **token_inputs | {"advantages": weighted_advantages(advantages, seq_weight)},
     )
     run.optimizer.zero_grad(set_to_none=True)
     _loss(out.loss, routed, run.model).backward()
@@ -347,6 +372,7 @@ def _update(
                 blocked=blocked,  # the rule decisions, computed once above
                 sample_ids=data.sample_ids[rows],
                 group_ids=data.group_ids[rows],
+                seq_weight=None if seq_weight is None else seq_weight[:, None].expand_as(pi_logp),
                 **routing_record_kwargs(
                     None if mu_routes is None else mu_routes[rows],
                     None if routed is None else routed.experts,
@@ -362,24 +388,3 @@ def _loss(policy: torch.Tensor, routed: RoutedPass | None, model: torch.nn.Modul
         return policy
     config: Any = model.config
     return policy + config.router_aux_loss_coef * routed.aux_loss
-
-
-def _show(bar, logged: dict[str, float], result: TrainResult, recorder) -> None:
-    bar.update(1)
-    last = max(result.eval_accuracy, default=None)
-    bar.set_postfix(
-        reward=f"{logged['reward/mean']:.2f}",
-        acc=f"{result.eval_accuracy[last]:.2f}" if last is not None else "-",
-        acc_sampled=f"{result.eval_accuracy_sampled[last]:.2f}" if last is not None else "-",
-        **alert_postfix(recorder.live_alerts),
-    )
-
-
-def _progress_bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    # no rate: the run's one speed figure is run_one's s/step at the end
-    bar = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
-    return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True, bar_format=bar)
