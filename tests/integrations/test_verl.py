@@ -106,7 +106,8 @@ def test_r3_routing_is_read_from_the_rows_that_predicted_each_token(verl_run):
     positions that predict an odd response token, −1 at the others) through verl's own
     left_right_2_no_padding, mini- and micro-batching into ppo_loss: under R3 both sides are
     read from them, 0 flips, route_overlap 1 at odd pos and null at even pos. verl 0.7's
-    DataParallelPPOActor does not replay (no router replay in verl 0.7's FSDP actor): no routing."""
+    DataParallelPPOActor (its config saying R3) has no router replay and drops routed_experts
+    from the batch: no routing."""
     run = load_run(verl_run[0])
     tokens = run.tokens.collect()
     if PATHS == ["dp_actor"]:

@@ -114,13 +114,18 @@ def batch_path(batches: str, step: int, rank: int) -> Path:
 
 
 def actor_config(strategy: str, router_replay: str = "disabled"):
-    """verl's FSDP actor config, its engine's `router_replay.mode` = `router_replay`."""
+    """verl's FSDP actor config, its engine's `router_replay.mode` = `router_replay` (and, on
+    verl 0.7, whose actor config has one too, the actor's)."""
     from omegaconf import OmegaConf
-    from verl.workers.config import EngineRouterReplayConfig, FSDPActorConfig, FSDPEngineConfig
+    from verl.workers import config as configs
 
-    return FSDPActorConfig(
+    legacy = {}
+    if "router_replay" in configs.FSDPActorConfig.__dataclass_fields__:  # verl 0.7
+        legacy["router_replay"] = configs.RouterReplayConfig(mode=router_replay)
+    return configs.FSDPActorConfig(
         strategy=strategy,
-        fsdp_config=FSDPEngineConfig(router_replay=EngineRouterReplayConfig(mode=router_replay)),
+        fsdp_config=configs.FSDPEngineConfig(router_replay=configs.EngineRouterReplayConfig(mode=router_replay)),
+        **legacy,
         ppo_mini_batch_size=MINI,
         ppo_micro_batch_size_per_gpu=MICRO,
         use_dynamic_bsz=False,
@@ -235,7 +240,7 @@ def run_dp_actor(model, rank: int, world: int, batches: str) -> None:
     from verl import DataProto
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
-    config = actor_config("fsdp")
+    config = actor_config("fsdp", router_replay="R3")  # which this actor does not apply
     actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=0.5))
     for step in range(1, STEPS + 1):
         actor.update_policy(DataProto.load_from_disk(batch_path(batches, step, rank)))

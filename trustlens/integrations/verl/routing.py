@@ -36,10 +36,11 @@ never replays.
   name, `routed_experts` (ray_trainer.py:1308-1320; the v1 trainer writes the worker's output to
   TransferQueue); the update replays it. A rollout's routing cannot ride along (ray_trainer.py:
   1602-1609 refuses both), so the batch holds π_old's routing and not μ's: nothing is recorded.
-- disabled, an unmarked batch (the FSDP engine), and verl 0.7's legacy FSDP
-  `DataParallelPPOActor` (which has no router replay: verl 0.7.1 replays only in its Megatron
-  actor, workers/actor/megatron_actor.py:182): the trainer routes natively and its routing is in
-  no batch; only μ's side is known, and nothing is recorded (`record` compares two sides).
+- disabled, or an unmarked batch (the FSDP engine): the trainer routes natively and its routing
+  is in no batch; only μ's side is known, and nothing is recorded (`record` compares two sides).
+- verl 0.7's legacy FSDP `DataParallelPPOActor` has no router replay (verl 0.7.1 replays only in
+  its Megatron actor, workers/actor/megatron_actor.py:182) and its `update_policy` keeps no
+  `routed_experts` (its select_keys, workers/actor/dp_actor.py:516-535): nothing is recorded.
 """
 
 from __future__ import annotations
