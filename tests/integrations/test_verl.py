@@ -101,6 +101,26 @@ def test_rows_are_the_tensors_verl_trained_on(verl_run):
     assert len(zero) > 0 and not zero["blocked_minirl"].any()  # A = 0 is never blocked
 
 
+def test_r3_routing_is_read_from_the_rows_that_predicted_each_token(verl_run):
+    """The rollout's `routed_experts` (verl_actor.routed_experts: experts on every layer at the
+    positions that predict an odd response token, −1 at the others) through verl's own
+    left_right_2_no_padding, mini- and micro-batching into ppo_loss: under R3 both sides are
+    read from them, 0 flips, route_overlap 1 at odd pos and null at even pos. verl 0.7's
+    DataParallelPPOActor (its config saying R3) has no router replay and drops routed_experts
+    from the batch: no routing."""
+    run = load_run(verl_run[0])
+    tokens = run.tokens.collect()
+    if PATHS == ["dp_actor"]:
+        assert tokens["route_overlap"].null_count() == len(tokens) and run.routing.collect().is_empty()
+        return
+    odd = tokens.filter(pl.col("pos") % 2 == 1)
+    assert len(odd) > 0 and odd["route_overlap"].to_list() == [1.0] * len(odd)
+    assert tokens.filter(pl.col("pos") % 2 == 0)["route_overlap"].null_count() == len(tokens) - len(odd)
+    assert tokens["route_flips"].fill_null(0).max() == 0 and tokens["route_first_flip"].null_count() == len(tokens)
+    table = run.routing.group_by("layer").agg(pl.col("tokens").sum(), pl.col("flips").sum()).sort("layer").collect()
+    assert table.rows() == [(layer, len(odd), 0) for layer in range(verl_actor.LAYERS)]
+
+
 def test_samples_and_metrics_join_the_tokens(verl_run):
     run = load_run(verl_run[0])
     tokens, samples, metrics = run.tokens.collect(), run.samples.collect(), run.metrics.collect()

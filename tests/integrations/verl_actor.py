@@ -31,6 +31,7 @@ import torch.distributed as dist
 from verl_cpu.data import TINY
 
 B, P, R, V = 8, 5, 6, 97  # samples per rank, prompt and response widths, vocabulary
+LAYERS, TOP_K = 2, 2  # the rollout's routed experts: MoE layers, experts per token
 STEPS, MINI, MICRO = 2, 4, 2  # training steps; mini- and micro-batch sizes per rank
 
 
@@ -43,11 +44,28 @@ def tiny_qwen2():
     return Qwen2ForCausalLM(cfg).float()
 
 
+def routed_experts(prompt_len: torch.Tensor, resp_len: torch.Tensor) -> torch.Tensor:
+    """(n, P + R, LAYERS, TOP_K) int16: the rollout's routed experts as verl's agent loop puts
+    them in the batch (verl/experimental/agent_loop/agent_loop.py:783-809): zero, the engine's
+    rows of positions 0 … p + r − 2 from column P − p. Position q's experts are q·10 + slot on
+    every layer where the response token it predicts (t = q − p + 1) is odd, −1 (dense) elsewhere:
+    a token's route_overlap is 1 at odd t and null at even t only if the hook reads row p − 1 + t."""
+    out = torch.zeros(len(prompt_len), P + R, LAYERS, TOP_K, dtype=torch.int16)
+    for i, (p, r) in enumerate(zip(prompt_len.tolist(), resp_len.tolist(), strict=True)):
+        q = torch.arange(p + r - 1)
+        rows = torch.full((p + r - 1, LAYERS, TOP_K), -1, dtype=torch.int16)
+        odd = (q - p + 1) % 2 == 1
+        rows[odd] = (q[odd, None, None] * 10 + torch.arange(TOP_K)).to(torch.int16).expand(-1, LAYERS, -1)
+        out[i, P - p : P - p + len(rows)] = rows
+    return out
+
+
 def make_batch(model, step: int, world: int):
     """The driver's batch of a step, `world` × B rows of left-padded prompts / right-padded
-    responses (B, P + R) with π_old from the model, μ = π_old + noise and per-sequence advantages
-    (the last two of each rank's share 0). Row 0's answer repeats, identical, at row 2 (the same
-    rank) and at row B (the next rank): GRPO samples that happen to agree."""
+    responses (B, P + R) with π_old from the model, μ = π_old + noise, per-sequence advantages
+    (the last two of each rank's share 0) and the rollout's routed experts (`routed_experts`).
+    Row 0's answer repeats, identical, at row 2 (the same rank) and at row B (the next rank): GRPO
+    samples that happen to agree."""
     from verl import DataProto
 
     n = world * B
@@ -84,6 +102,7 @@ def make_batch(model, step: int, world: int):
             "old_log_probs": old,
             "rollout_log_probs": mu,
             "advantages": adv[:, None] * response_mask,
+            "routed_experts": routed_experts(attention[:, :P].sum(1), attention[:, P:].sum(1)),
         },
         meta_info={"temperature": 1.0},
     )
@@ -94,12 +113,19 @@ def batch_path(batches: str, step: int, rank: int) -> Path:
     return Path(batches) / f"step{step}_rank{rank}.pkl"
 
 
-def actor_config(strategy: str):
+def actor_config(strategy: str, router_replay: str = "disabled"):
+    """verl's FSDP actor config, its engine's `router_replay.mode` = `router_replay` (and, on
+    verl 0.7, whose actor config has one too, the actor's)."""
     from omegaconf import OmegaConf
-    from verl.workers.config import FSDPActorConfig
+    from verl.workers import config as configs
 
-    return FSDPActorConfig(
+    legacy = {}
+    if "router_replay" in configs.FSDPActorConfig.__dataclass_fields__:  # verl 0.7
+        legacy["router_replay"] = configs.RouterReplayConfig(mode=router_replay)
+    return configs.FSDPActorConfig(
         strategy=strategy,
+        fsdp_config=configs.FSDPEngineConfig(router_replay=configs.EngineRouterReplayConfig(mode=router_replay)),
+        **legacy,
         ppo_mini_batch_size=MINI,
         ppo_micro_batch_size_per_gpu=MICRO,
         use_dynamic_bsz=False,
@@ -170,7 +196,11 @@ def run_engine(model, rank: int, world: int, batches: str) -> None:
             return 0.0
 
     use_cpu_platform()
-    config = actor_config("fsdp2")
+    # R3: the engine replays the rollout's routing, and its worker marks the batches it trains on
+    # (`enable_routing_replay`, below), as ActorRolloutRefWorker does for a Megatron or VeOmni actor
+    # (verl/workers/engine_workers.py:62-72, 496-503, 710-716). verl's FSDP engine here does not
+    # replay (the model is dense): what is checked is what reaches ppo_loss and what the hook reads.
+    config = actor_config("fsdp2", router_replay="R3")
     engine = CPUEngine(model, torch.optim.SGD(model.parameters(), lr=0.5))
     worker = object.__new__(engine_workers.TrainingWorker)
     worker.engine = engine
@@ -200,6 +230,7 @@ def run_engine(model, rank: int, world: int, batches: str) -> None:
             seed=1,
             dataloader_kwargs={"shuffle": True},
             compute_loss=True,
+            enable_routing_replay=True,
         )
         worker.train_mini_batch(td)
 
@@ -209,7 +240,7 @@ def run_dp_actor(model, rank: int, world: int, batches: str) -> None:
     from verl import DataProto
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
-    config = actor_config("fsdp")
+    config = actor_config("fsdp", router_replay="R3")  # which this actor does not apply
     actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=0.5))
     for step in range(1, STEPS + 1):
         actor.update_policy(DataProto.load_from_disk(batch_path(batches, step, rank)))

@@ -25,6 +25,14 @@ What is recorded, per response token verl trains on (response_mask):
     mu_logp       `rollout_log_probs` when the rollout engine returned them, else null (the run's
                   μ-anchored rules are then evaluated on π_old, and run.json says "anchor": "old")
     advantages    `advantages` (B, T); entropy when verl computes it
+    routing       route_flips, route_overlap and the routing table, from the batch's
+                  `routed_experts` (the rollout's, with rollout.enable_rollout_routing_replay)
+                  on the engine workers under router replay R3 (verl 0.9.1: a Megatron or
+                  VeOmni actor, `actor.<strategy>.router_replay.mode=R3`; 0.7.1: Megatron):
+                  π replays μ's routing, both sides are μ's, 0 flips. Nothing under R2
+                  (`routed_experts` is then the trainer's own π_old routing; μ's is in no
+                  batch), with replay disabled, on the FSDP engine, or on verl 0.7's legacy
+                  FSDP workers (no router replay). The `routing` module cites verl's lines.
 
 Every rule but the top-K ones is evaluated counterfactually. verl's loss is mapped to the rule
 that blocks the same tokens (`verl_active_rule`); where none does, run.json says so instead of
@@ -44,10 +52,11 @@ worker records a row under the id it came with, else under its content id
 (`trustlens.integrations._ray_hooks` says where that fallback falls short).
 
 Every name is importable from here; the code is in this package's `compat` (the verl releases
-supported, `UnsupportedVerlVersion`), `rules` (`verl_active_rule`), `sampling` (run.json's
-`sampling`), `state` (what the hooks of one process share), `workers` (the training workers'
-hooks), `driver` (the driver's hooks) and `stop` (TRUSTLENS_STOP_ON). This package and
-the modules that read verl's configs (`rules`, `sampling`, `stop`) import without verl installed;
+supported, `UnsupportedVerlVersion`), `rules` (`verl_active_rule`), `routing` (the routed
+experts verl carries, with verl's file:line), `sampling` (run.json's `sampling`), `state` (what
+the hooks of one process share), `workers` (the training workers' hooks), `driver` (the
+driver's hooks) and `stop` (TRUSTLENS_STOP_ON). This package and the modules that read verl's
+configs (`rules`, `routing`, `sampling`, `stop`) import without verl installed;
 importing the package patches verl where it is installed, and `setup` names the extra to install
 where it is not.
 """

@@ -1,13 +1,46 @@
 """The routed experts a verl rollout carries for router replay, as `record`'s routing arguments.
 
-verl's agent loop puts the engine's experts in the batch as `routed_experts` (B, prompt_length +
-response_length, L, k), aligned with `input_ids` (left-padded prompt, right-padded response):
-the engine's position i sits at column prompt_length − P + i (verl/experimental/agent_loop,
-`_InternalAgentLoopOutput.routed_experts`), so response token t, predicted at position P − 1 + t,
-reads column prompt_length − 1 + t whatever the prompt's length P. The trainer's own routing is
-not in the batch: with `actor.router_replay.mode = "R3"` the trainer routes with these experts
-(π's routing is μ's, 0 flips by construction: the record shows the replay at work); in any other
-mode the hook has only μ's side and records no routing (`record` compares two sides).
+Where they travel (verl 0.9.1's source; file:line in verl/):
+- The rollout returns them with `actor_rollout_ref.rollout.enable_rollout_routing_replay=True`
+  (vLLM: workers/rollout/vllm_rollout/vllm_async_server.py:437-451, 715-717; SGLang:
+  workers/rollout/sglang_rollout/async_sglang_server.py:404, 681-697): the engine's
+  [P + n − 1, L, k] experts of the positions that predicted a token, row i the position i.
+- The agent loop puts them in the batch as `routed_experts`, int16. `RayPPOTrainer`
+  (`trainer.use_v1=False`): (B, prompt_length + response_length, L, k) aligned with `input_ids`,
+  the engine's row i at column prompt_length − P + i, zero elsewhere
+  (experimental/agent_loop/agent_loop.py:783-809, 1074-1075); its `_update_actor` unpads the
+  batch by the attention mask with `left_right_2_no_padding` (trainer/ppo/ray_trainer.py:1333-1335,
+  workers/utils/padding.py:73-79). verl 0.9's default v1 `PPOTrainer`: per sample (P + n, L, k),
+  row i the position i, rows the engine did not record zero (agent_loop.py:129-141
+  `AgentLoopOutput.as_dict`, trainer/ppo/v1/agent_loop_tq.py:194), jagged across samples
+  (utils/tensordict_utils.py:933-946).
+- Either way `ppo_loss`'s micro-batch holds `routed_experts` jagged (B, P_b + n_b, L, k) in the
+  layout of its no-padding `input_ids`: sample b's row i is its position i, prompt then response
+  (the Megatron engine reads it from the very micro-batch the loss gets,
+  workers/engine/megatron/transformer_impl.py:1178, 1447). Response token t, predicted at
+  position P_b − 1 + t, reads row P_b − 1 + t: the rows verl reads log π from
+  (padding.py `no_padding_2_padding`).
+
+What the trainer does with them: the mode is the actor engine's `router_replay.mode`
+(`actor.megatron.router_replay` or `actor.veomni.router_replay`, the actor config's `engine`).
+Only those two engines replay: their worker marks the batches it trains on
+`enable_routing_replay` (workers/engine_workers.py:62-72, 496-503, 710-716); the FSDP engine
+never replays.
+- R3: the update routes with the rollout's experts at every position that predicts a response
+  token (Megatron: utils/megatron/router_replay_utils.py:380-431, transformer_impl.py:1306-1317,
+  the final row left native; VeOmni: workers/engine/veomni/transformer_impl.py:434-440, 906-921).
+  π's routing is μ's: both sides are recorded from `routed_experts`, 0 flips by construction (the
+  record shows the replay at work).
+- R2: the old-log-prob pass records the trainer's own routing (Megatron transformer_impl.py:923-
+  958, 1016-1019; VeOmni :436-438, 936-941) and the trainer puts it in the batch under the same
+  name, `routed_experts` (ray_trainer.py:1308-1320; the v1 trainer writes the worker's output to
+  TransferQueue); the update replays it. A rollout's routing cannot ride along (ray_trainer.py:
+  1602-1609 refuses both), so the batch holds π_old's routing and not μ's: nothing is recorded.
+- disabled, or an unmarked batch (the FSDP engine): the trainer routes natively and its routing
+  is in no batch; only μ's side is known, and nothing is recorded (`record` compares two sides).
+- verl 0.7's legacy FSDP `DataParallelPPOActor` has no router replay (verl 0.7.1 replays only in
+  its Megatron actor, workers/actor/megatron_actor.py:182) and its `update_policy` keeps no
+  `routed_experts` (its select_keys, workers/actor/dp_actor.py:516-535): nothing is recorded.
 """
 
 from __future__ import annotations
@@ -17,37 +50,57 @@ from typing import Any
 import torch
 
 
-def replays_rollout_routing(actor_config: Any) -> bool:
-    """Whether verl's actor replays the rollout's routing (`router_replay.mode` "R3")."""
-    replay = getattr(actor_config, "router_replay", None)
-    if replay is None and hasattr(actor_config, "get"):
-        replay = actor_config.get("router_replay")
-    mode = getattr(replay, "mode", None)
-    if mode is None and replay is not None and hasattr(replay, "get"):
-        mode = replay.get("mode")
-    return mode == "R3"
+def _field(config: Any, name: str) -> Any:
+    """`config.name` of a verl dataclass config or `config[name]` of a mapping; None if absent."""
+    value = getattr(config, name, None)
+    if value is None and hasattr(config, "get"):
+        value = config.get(name)
+    return value
 
 
-def response_routing(routed_experts: torch.Tensor, response_length: int) -> torch.Tensor:
-    """(B, R, L, k) int64: the columns of verl's (B, prompt_length + R, L, k) `routed_experts` that
-    predicted each response token (module docstring). ValueError for another shape."""
+def replay_mode(actor_config: Any, marked: bool) -> str:
+    """The router replay verl's engine applies to a training micro-batch: the actor engine's
+    `router_replay.mode` ("R2", "R3") where the worker `marked` the batch `enable_routing_replay`,
+    else "disabled" (module docstring)."""
+    engine = _field(actor_config, "engine")
+    if engine is None:  # an OmegaConf actor section: the engine config sits under the strategy
+        engine = _field(actor_config, str(_field(actor_config, "strategy")))
+    mode = _field(_field(engine, "router_replay"), "mode")
+    return str(mode) if marked and mode is not None else "disabled"
+
+
+def response_routing(
+    routed_experts: torch.Tensor, seq_lengths: list[int], prompt_lengths: list[int], width: int
+) -> torch.Tensor:
+    """(B, width, L, k) int64: the rows of an engine micro-batch's jagged (B, P_b + n_b, L, k)
+    `routed_experts` that predicted each response token (row P_b − 1 + t for token t < n_b, with
+    n_b = seq_lengths[b] − P_b; 0 beyond). A dense (B, S, L, k) tensor is read as S rows of every
+    sample. ValueError for another layout."""
+    layout = "verl's routed_experts must be (B, prompt + response positions, L, k)"
     if not isinstance(routed_experts, torch.Tensor) or routed_experts.dim() != 4:
         got = tuple(routed_experts.shape) if isinstance(routed_experts, torch.Tensor) else type(routed_experts).__name__
-        raise ValueError(f"verl's routed_experts must be (B, prompt_length + response_length, L, k), got {got}")
-    prompt_length = routed_experts.shape[1] - response_length
-    if prompt_length < 1:
-        raise ValueError(
-            f"verl's routed_experts has {routed_experts.shape[1]} positions, no prompt before the "
-            f"{response_length} response tokens"
-        )
-    return routed_experts[:, prompt_length - 1 : prompt_length - 1 + response_length].long()
+        raise ValueError(f"{layout}, got {got}")
+    rows = list(routed_experts.unbind())
+    if len(rows) != len(seq_lengths):
+        raise ValueError(f"{layout}: {len(rows)} samples for a micro-batch of {len(seq_lengths)}")
+    out = torch.zeros(len(rows), width, *rows[0].shape[1:], dtype=torch.long, device=rows[0].device)
+    for b, (sample, seq, prompt) in enumerate(zip(rows, seq_lengths, prompt_lengths, strict=True)):
+        if prompt < 1 or not seq - 1 <= sample.shape[0] <= seq:
+            raise ValueError(
+                f"{layout}: sample {b} has {sample.shape[0]} rows for {prompt} prompt and "
+                f"{seq - prompt} response tokens (verl replays {seq} or {seq - 1})"
+            )
+        out[b, : seq - prompt] = sample[prompt - 1 : seq - 1]
+    return out
 
 
-def routing_args(batch: Any, actor_config: Any, response_length: int) -> dict[str, torch.Tensor]:
-    """`record`'s mu_routed_experts and pi_routed_experts from a verl micro-batch that carries
-    `routed_experts` under R3 replay; {} otherwise."""
-    experts = batch.get("routed_experts") if hasattr(batch, "get") else None
-    if experts is None or not replays_rollout_routing(actor_config):
+def routing_args(data: Any, mode: str, prompt_lengths: list[int], width: int) -> dict[str, torch.Tensor]:
+    """`record`'s mu_routed_experts and pi_routed_experts, (B, width, L, k), from an engine
+    micro-batch `data` (no-padding `input_ids`, `routed_experts`) trained under R3 replay; {}
+    otherwise (module docstring)."""
+    experts = data.get("routed_experts", None) if hasattr(data, "get") else None
+    if experts is None or mode != "R3":
         return {}
-    mu = response_routing(experts, response_length)
+    seq_lengths = data["input_ids"].offsets().diff().tolist()
+    mu = response_routing(experts, seq_lengths, prompt_lengths, width)
     return {"mu_routed_experts": mu, "pi_routed_experts": mu}

@@ -25,7 +25,7 @@ from trustlens.integrations._ray_hooks import (
     padded_sequences,
     run_dir_from_env,
 )
-from trustlens.integrations.verl.routing import routing_args
+from trustlens.integrations.verl.routing import replay_mode, routing_args
 from trustlens.integrations.verl.rules import verl_active_rule, verl_cov_fields
 from trustlens.integrations.verl.state import STATE
 
@@ -51,6 +51,7 @@ def _record_micro_batch(sequences, prompt_lengths, ids, **tensors: Any) -> None:
 
 def _wrap_ppo_loss(ppo_loss):
     """verl ≥ 0.8: record each micro-batch where `losses.ppo_loss` meets model output and data."""
+    from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import no_padding_2_padding
 
     @functools.wraps(ppo_loss)
@@ -63,6 +64,7 @@ def _wrap_ppo_loss(ppo_loss):
                 padded = data.select(*[k for k in fields if k in data]).to_padded_tensor()
                 entropy = model_output.get("entropy")
                 seqs, prompt_lengths, responses = _engine_sequences(data, tuple(padded["response_mask"].shape))
+                mode = replay_mode(config, bool(tu.get_non_tensor_data(data, "enable_routing_replay", False)))
                 _record_micro_batch(
                     seqs,
                     prompt_lengths,
@@ -74,6 +76,7 @@ def _wrap_ppo_loss(ppo_loss):
                     mu_logp=_float(padded.get("rollout_log_probs", None)),
                     advantages=padded["advantages"].float(),
                     entropy=None if entropy is None else _float(no_padding_2_padding(entropy, data)),
+                    **routing_args(data, mode, prompt_lengths, responses.shape[1]),
                 )
         return out
 
@@ -214,7 +217,6 @@ def patch_dp_actor() -> None:
                 mu_logp=_float(rollout),
                 advantages=micro_batch["advantages"].float(),
                 entropy=_float(entropy),
-                **routing_args(micro_batch, self.config, micro_batch["responses"].shape[1]),
             )
         return outputs
 
