@@ -56,3 +56,12 @@ def rule_inputs(gen):
         )
 
     return make
+
+
+def pytest_collection_modifyitems(config, items):
+    """The test files that drive Chromium run first. They are the longest files and mostly wait on
+    the browser, so under the default run's two workers (pyproject addopts: -n 2 --dist loadfile)
+    the short CPU-bound files fill both workers' time after them instead of one worker finishing
+    a browser file alone at the end. The order within a file is kept."""
+    browser_files = {item.path for item in items if item.get_closest_marker("browser")}
+    items.sort(key=lambda item: item.path not in browser_files)
