@@ -47,8 +47,10 @@ def test_choice_flags_take_every_valid_value():
     from trustlens.train.engine_defects import ENGINE_DEFECTS
 
     parser = build_parser("train")
+    engine_help = next(a.help for a in parser.commands["train"]._actions if "--engine" in a.option_strings)
     for engine in ENGINE_DEFECTS:
         assert parser.parse_args(["train", "--engine", engine]).engine == engine
+        assert engine in engine_help  # the help lists every defect, as the registry does
     for rule in RULES:
         assert parser.parse_args(["train", "--rule", rule]).rule == rule
     args = parser.parse_args(["train", "--rollout-precision", "fp8", "--loss-agg-mode", "seq-mean-token-sum-norm"])

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from trustlens.core.argument_checks import EXIT_ALERT_STOP, STOP_ON, check_choice, choice_arg, mirror_arg, port_arg
 from trustlens.train.config import LOSS_AGG_MODES_HELP, MODEL_KINDS, PRESETS, field_defaults
+from trustlens.train.defect_names import defects_help
 from trustlens.train.runner import config, finish, is_main, print_inspect, run_one
 from trustlens.train.runsets import CLAIM_RULES, claims_command, compare_command
 from trustlens.train.sample import DEMO_SEED, demo_command, make_sample_command
@@ -61,7 +62,7 @@ def _rules() -> list[str]:
 
 
 def _engines() -> list[str]:
-    from trustlens.train.engine_defects import ENGINE_DEFECTS
+    from trustlens.train.defect_names import ENGINE_DEFECTS
 
     return list(ENGINE_DEFECTS)
 
@@ -108,8 +109,7 @@ _CONFIG_FLAGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     (
         "engine",
         choice_arg(_engines),
-        "plant a log-probability bug of the rollout engine (docs/train.md): clean, raw_logprobs, top_p, "
-        "top_p_mask, shifted, sentinel, token_ids, frozen_policy or batch_variant",
+        defects_help(),
     ),
     ("eval_every", int, "evaluate held-out accuracy every this many steps"),
     ("eval_size", int, "held-out problems per evaluation (0 = no evaluation)"),

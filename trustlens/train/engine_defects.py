@@ -60,22 +60,9 @@ from typing import Any
 import torch
 
 from trustlens.divergence import token_logp, topk_from_logits
+from trustlens.train.defect_names import ENGINE_DEFECTS, check_defect
 from trustlens.train.rollout_batch import Rollout
 
-# name -> what the engine does wrong (the `--engine` choices; "clean" is the default)
-ENGINE_DEFECTS: dict[str, str] = {
-    "clean": "no defect: μ is the distribution the tokens were sampled from",
-    "raw_logprobs": "samples at τ, reports log μ from the logits before the division by τ",
-    "top_p": "samples with top-p 0.8, reports μ renormalised over the kept tokens",
-    "top_p_mask": "as top_p, and returns its sampling masks, which the trainer records but does not apply to π",
-    "shifted": "log μ of position t − 1 at position t within each response",
-    "sentinel": "log μ written as 0.0 at 10% of the response tokens",
-    "token_ids": "the trainer receives <unk> where the engine sampled ';'",
-    "batch_variant": "the output layer of a partial engine batch's rows runs as a split-K GEMM",
-    "frozen_policy": "adds an adapter's logit delta again at every weight sync (train it with lr 0)",
-    "resume": "the run resumes halfway and the engine restarts from the warm start, receiving syncs as deltas",
-    "sequence_sum": "the trainer weights each response by exp(Σ log(π_old/μ)), the sum where the mean belongs",
-}
 TOP_P = 0.8  # nucleus mass of the `top_p` and `top_p_mask` defects
 TRUNCATING = ("top_p", "top_p_mask")  # the defects that sample from the top-p nucleus
 SENTINEL_SHARE = 0.1  # share of response tokens whose log μ the `sentinel` defect writes as 0.0
@@ -86,13 +73,6 @@ MAX_SEQS = 12  # `batch_variant`: sequences per engine batch; the last B mod MAX
 SPLITS = 2  # `batch_variant`: the chunks of the hidden size its split-K output layer sums
 MERGED_OFFSET = 0.05  # std of the per-id logit offset `frozen_policy` adds at each weight sync
 SEQUENCE_WEIGHT_CAP = 2.0  # `sequence_sum`: the weight is applied truncated at this (and recorded as computed)
-
-
-def check_defect(defect: str) -> str:
-    """`defect` when it names an ENGINE_DEFECTS entry, else ValueError."""
-    if defect not in ENGINE_DEFECTS:
-        raise ValueError(f"engine must be one of {', '.join(ENGINE_DEFECTS)}, got {defect!r}")
-    return defect
 
 
 def engine_sampling(defect: str, temperature: float) -> dict[str, Any]:
