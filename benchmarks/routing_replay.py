@@ -10,7 +10,11 @@ run with the shadow forward on (`--routing-split-every`), then prints one markdo
   routing, or μ's under replay);
 - k3 routing share: 1 − mean `routing/k3_replayed` / mean `routing/k3_live` (the share of the live
   K3 that forcing μ's routing removes, from the shadow forward);
-- |Δ log p| share: mean of `routing/share` = Σ|live − replayed| / (Σ|live − replayed| + Σ|replayed − μ|);
+- |Δ log p| share: Σ|live − replayed| / (Σ|live − replayed| + Σ|replayed − μ|) over the tokens of the
+  steps the shadow forward ran (its per-step means `routing/abs_dlogp_*` weighted by the step's tokens);
+- recorded share: the share of Σ|Δ log p| on the tokens with a flipped layer over the same tokens, as
+  the record and the doctor's `routing` check see it (trustlens.routing.routing_share): issue 49's
+  check is that it is within 0.05 of the |Δ log p| share;
 - flipped: mean `routing/flipped_tokens` (tokens with a layer whose expert sets differ);
 - held-out greedy accuracy at the start, the end and its best; collapse: the first evaluation below
   half the start (docs/train.md's definition), "–" if none.
@@ -30,7 +34,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import polars as pl
+
 import trustlens
+from trustlens.routing import routing_share
 
 SETTINGS = {"fp8": ("fp8", "dppo_binary_tv"), "collapse": ("collapse", "pg_is")}  # name -> (preset, rule)
 MODES = {"live": [], "replay": ["--routing-replay"]}
@@ -53,11 +60,23 @@ def finished(path: Path) -> bool:
 
 def summary(path: Path) -> dict[str, float | int | None]:
     """The row's numbers of one finished run (module docstring)."""
-    metrics = trustlens.load_run(path).metrics.collect()
+    run = trustlens.load_run(path)
+    metrics = run.metrics.collect()
 
     def series(name: str) -> list[float]:
         rows = metrics.filter(metrics["name"] == name).sort("step")
         return [float(v) for v in rows["value"] if v == v]
+
+    def at_split(name: str) -> dict[int, float]:
+        rows = metrics.filter(metrics["name"] == name)
+        return dict(zip(rows["step"].to_list(), rows["value"].to_list(), strict=True))
+
+    routing_abs, residual_abs = at_split("routing/abs_dlogp_routing"), at_split("routing/abs_dlogp_residual")
+    split_tokens = run.tokens.filter(pl.col("update") == 0, pl.col("step").is_in(list(routing_abs)))
+    tokens = dict(split_tokens.group_by("step").len().collect().iter_rows())
+    routing = sum(routing_abs[s] * n for s, n in tokens.items())
+    residual = sum(residual_abs[s] * n for s, n in tokens.items())
+    recorded = routing_share(split_tokens)
 
     acc = metrics.filter(metrics["name"] == "eval/accuracy").sort("step")
     steps, values = acc["step"].to_list(), acc["value"].to_list()
@@ -66,7 +85,8 @@ def summary(path: Path) -> dict[str, float | int | None]:
     return {
         "k3": statistics.mean(series("k3_kl")),
         "k3_share": 1 - k3_replayed / k3_live,
-        "abs_share": statistics.mean(series("routing/share")),
+        "abs_share": routing / (routing + residual),
+        "recorded_share": None if recorded is None else recorded.dlogp_share,
         "flipped": statistics.mean(series("routing/flipped_tokens")),
         "start": values[0],
         "final": values[-1],
@@ -105,14 +125,16 @@ def main() -> int:
         for code in pool.map(lambda cmd: subprocess.run(cmd, check=False).returncode, todo):
             if code:
                 print(f"a run failed with exit code {code}", file=sys.stderr)
-    columns = "setting routing seed k3 k3_routing_share abs_dlogp_share flipped_tokens start final best collapse"
+    columns = "setting routing seed k3 k3_routing_share abs_dlogp_share recorded_share flipped_tokens"
+    columns += " start final best collapse"
     print("| " + " | ".join(columns.split()) + " |")
     print("|---" * len(columns.split()) + "|")
     for (setting, mode, seed), path in runs.items():
         row = summary(path)
         collapse = "–" if row["collapse"] is None else str(row["collapse"])
         print(
-            f"| {setting} | {mode} | {seed} | {row['k3']:.2e} | {row['k3_share']:.2f} | {row['abs_share']:.2f} | "
+            f"| {setting} | {mode} | {seed} | {row['k3']:.2e} | {row['k3_share']:.2f} | {row['abs_share']:.3f} | "
+            f"{row['recorded_share']:.3f} | "
             f"{row['flipped']:.3f} | {row['start']:.3f} | {row['final']:.3f} | {row['best']:.3f} | {collapse} |"
         )
     return 0

@@ -4,6 +4,7 @@ refusals on a dense model."""
 
 import json
 
+import polars as pl
 import pytest
 import torch
 from transformers import Qwen3MoeForCausalLM
@@ -121,21 +122,32 @@ def test_routing_record_kwargs_on_a_mixture_of_experts_only():
 def test_the_recorded_routing_agrees_with_the_replay_split(tmp_path):
     """Issue 49's check: the share of Σ |Δ log p| the record attributes to the tokens with a
     flipped layer (trustlens.routing.routing_share, the doctor's `routing` check) is within 5 % of
-    the total of the shadow forward's routing part (routing/abs_dlogp_routing over routing +
-    residual), on the built-in MoE with the fp8 engine."""
-    cfg = config_from_preset("quick", model="moe", rollout_precision="fp8", steps=3, eval_size=0,
-                             routing_split_every=1)  # fmt: skip
+    the total of the shadow forward's routing part, Σ |live − replayed| / Σ (|live − replayed| +
+    |replayed − μ|) over the same tokens, on the built-in MoE with the fp8 engine at τ = 1 (the fp8
+    preset's numerics). Both are sums over many tokens (3 steps of 32 × 4 responses, ~2,900 tokens): on
+    one step of a few hundred they differ by up to 0.3, over a whole 160-step run by 0.01–0.04
+    (docs/claims.md). The routing part is a real share here (0.1–0.25 over seeds 0–2), so the 5 %
+    is a fraction of it, not of a share near 0."""
+    cfg = config_from_preset("quick", model="moe", rollout_precision="fp8", temperature=1.0, prompts_per_step=32,
+                             steps=3, eval_size=0, routing_split_every=1)  # fmt: skip
     train(cfg, tmp_path / "r", progress=False)
     run = trustlens.load_run(tmp_path / "r")
     m = _metrics(tmp_path / "r")
-    routing = sum(v for (_, n), v in m.items() if n == "routing/abs_dlogp_routing")
-    residual = sum(v for (_, n), v in m.items() if n == "routing/abs_dlogp_residual")
+    tokens = dict(run.tokens.filter(pl.col("update") == 0).group_by("step").len().collect().iter_rows())
+    # the split's per-step means, weighted by the step's response tokens: sums over the run's tokens
+    routing = sum(m[s, "routing/abs_dlogp_routing"] * n for s, n in tokens.items())
+    residual = sum(m[s, "routing/abs_dlogp_residual"] * n for s, n in tokens.items())
+    split = routing / (routing + residual)
     recorded = routing_share(run)
-    assert recorded is not None and 0 < recorded.flipped_share < 1
+    assert recorded is not None and 0 < recorded.flipped_share < 0.2
+    assert recorded.tokens == sum(tokens.values()) > 2500
     assert run.routing.collect()["flips"].sum() > 0  # the exact per-layer table
-    assert recorded.dlogp_share == pytest.approx(routing / (routing + residual), abs=0.05)
-    (finding,) = doctor(run, checks=["routing"])
-    assert finding.verdict == "ok" and "routed differently" in finding.summary
+    assert split > 0.08
+    assert recorded.dlogp_share == pytest.approx(split, abs=0.05)
+    (finding,) = doctor(run, checks=["routing"])  # the share it reports is the recorded one
+    assert finding.evidence["dlogp_share"] == recorded.dlogp_share and "routed differently" in finding.summary
+    # the flipped tokens carry well over their number's share of k3 at τ = 1: the doctor says so
+    assert finding.verdict in ("warning", "problem") and "router replay" in finding.fix
 
 
 def _metrics(run_dir):
