@@ -8,13 +8,15 @@ run with the shadow forward on (`--routing-split-every`), then prints one markdo
 
 - k3: mean over steps of `k3_kl`, the K3 estimate of π_old vs μ as the trainer computes π_old (live
   routing, or μ's under replay);
-- k3 routing share: 1 − mean `routing/k3_replayed` / mean `routing/k3_live` (the share of the live
-  K3 that forcing μ's routing removes, from the shadow forward);
-- |Δ log p| share: Σ|live − replayed| / (Σ|live − replayed| + Σ|replayed − μ|) over the tokens of the
-  steps the shadow forward ran (its per-step means `routing/abs_dlogp_*` weighted by the step's tokens);
+- k3 routing share: 1 − Σ k3 under μ's routing / Σ k3 under the trainer's own (the share of the live
+  K3 that forcing μ's routing removes) and |Δ log p| share: Σ|live − replayed| / (Σ|live − replayed| +
+  Σ|replayed − μ|), both over the tokens of the steps the shadow forward ran
+  (trustlens.routing.measured_split: its per-step means weighted by the step's tokens);
 - recorded share: the share of Σ|Δ log p| on the tokens with a flipped layer over the same tokens, as
   the record and the doctor's `routing` check see it (trustlens.routing.routing_share): issue 49's
-  check is that it is within 0.05 of the |Δ log p| share;
+  check is that it is within 0.05 of the |Δ log p| share ("–" under replay, where π uses μ's experts
+  and nothing flips);
+- doctor: the verdict of `trustlens doctor`'s `routing` check on the run;
 - flipped: mean `routing/flipped_tokens` (tokens with a layer whose expert sets differ);
 - held-out greedy accuracy at the start, the end and its best; collapse: the first evaluation below
   half the start (docs/train.md's definition), "–" if none.
@@ -37,7 +39,8 @@ from pathlib import Path
 import polars as pl
 
 import trustlens
-from trustlens.routing import routing_share
+from trustlens.analysis.diagnosis import doctor
+from trustlens.routing import measured_split, routing_share
 
 SETTINGS = {"fp8": ("fp8", "dppo_binary_tv"), "collapse": ("collapse", "pg_is")}  # name -> (preset, rule)
 MODES = {"live": [], "replay": ["--routing-replay"]}
@@ -67,26 +70,22 @@ def summary(path: Path) -> dict[str, float | int | None]:
         rows = metrics.filter(metrics["name"] == name).sort("step")
         return [float(v) for v in rows["value"] if v == v]
 
-    def at_split(name: str) -> dict[int, float]:
-        rows = metrics.filter(metrics["name"] == name)
-        return dict(zip(rows["step"].to_list(), rows["value"].to_list(), strict=True))
-
-    routing_abs, residual_abs = at_split("routing/abs_dlogp_routing"), at_split("routing/abs_dlogp_residual")
-    split_tokens = run.tokens.filter(pl.col("update") == 0, pl.col("step").is_in(list(routing_abs)))
-    tokens = dict(split_tokens.group_by("step").len().collect().iter_rows())
-    routing = sum(routing_abs[s] * n for s, n in tokens.items())
-    residual = sum(residual_abs[s] * n for s, n in tokens.items())
-    recorded = routing_share(split_tokens)
-
+    split = measured_split(run)
+    if split is None:
+        raise SystemExit(f"{path}: no shadow forward logged (routing/* metrics): train it with --routing-split-every")
+    split_steps = metrics.filter(metrics["name"] == "routing/k3_live")["step"].to_list()
+    recorded = routing_share(run.tokens.filter(pl.col("update") == 0, pl.col("step").is_in(split_steps)))
     acc = metrics.filter(metrics["name"] == "eval/accuracy").sort("step")
     steps, values = acc["step"].to_list(), acc["value"].to_list()
     fell = [s for s, v in zip(steps, values, strict=True) if v < values[0] / 2]
-    k3_live, k3_replayed = statistics.mean(series("routing/k3_live")), statistics.mean(series("routing/k3_replayed"))
     return {
         "k3": statistics.mean(series("k3_kl")),
-        "k3_share": 1 - k3_replayed / k3_live,
-        "abs_share": routing / (routing + residual),
-        "recorded_share": None if recorded is None else recorded.dlogp_share,
+        "k3_share": split.k3_share,
+        "abs_share": split.dlogp_share,
+        "recorded_share": None
+        if recorded is None or run.manifest["config"]["routing_replay"]
+        else recorded.dlogp_share,
+        "doctor": doctor(run, checks=["routing"])[0].verdict,
         "flipped": statistics.mean(series("routing/flipped_tokens")),
         "start": values[0],
         "final": values[-1],
@@ -125,7 +124,7 @@ def main() -> int:
         for code in pool.map(lambda cmd: subprocess.run(cmd, check=False).returncode, todo):
             if code:
                 print(f"a run failed with exit code {code}", file=sys.stderr)
-    columns = "setting routing seed k3 k3_routing_share abs_dlogp_share recorded_share flipped_tokens"
+    columns = "setting routing seed k3 k3_routing_share abs_dlogp_share recorded_share doctor flipped_tokens"
     columns += " start final best collapse"
     print("| " + " | ".join(columns.split()) + " |")
     print("|---" * len(columns.split()) + "|")
@@ -134,7 +133,7 @@ def main() -> int:
         collapse = "–" if row["collapse"] is None else str(row["collapse"])
         print(
             f"| {setting} | {mode} | {seed} | {row['k3']:.2e} | {row['k3_share']:.2f} | {row['abs_share']:.3f} | "
-            f"{row['recorded_share']:.3f} | "
+            f"{'–' if row['recorded_share'] is None else format(row['recorded_share'], '.3f')} | {row['doctor']} | "
             f"{row['flipped']:.3f} | {row['start']:.3f} | {row['final']:.3f} | {row['best']:.3f} | {collapse} |"
         )
     return 0

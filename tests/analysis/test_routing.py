@@ -15,6 +15,7 @@ from trustlens.routing import (
     flipped_layers,
     flipped_tokens,
     flips_per_layer,
+    measured_split,
     mismatch_by_first_flip,
     mismatch_by_flips,
     routing_share,
@@ -122,6 +123,41 @@ def test_dense_run(tmp_path):
 def test_flips_per_layer_needs_a_run(run):
     with pytest.raises(TypeError, match="flips_per_layer: run must be a Run"):
         flips_per_layer(run.tokens)
+
+
+def test_measured_split_weights_each_step_by_its_tokens(tmp_path):
+    """Two steps of the shadow forward's means, 4 and 1 response tokens: Σ|routing| = 4·0.2 + 0.6,
+    Σ|residual| = 4·0.2 + 0.2; k3 under the trainer's own routing 4·1 + 2, under μ's 4·0.5 + 2.
+    Step 2 logged only part of the four metrics and step 3 none: neither counts."""
+    split = {0: (0.2, 0.2, 1.0, 0.5), 1: (0.6, 0.2, 2.0, 2.0), 2: (0.1, 0.1, None, None)}
+    with TokenRecorder(tmp_path / "run", rules=["ppo"]) as rec:
+        for step, tokens in ((0, 4), (1, 1), (2, 2), (3, 2)):
+            rec.record(
+                step,
+                token_ids=torch.ones(1, tokens, dtype=torch.long),
+                response_mask=torch.ones(1, tokens),
+                pi_logp=torch.full((1, tokens), -1.0),
+                mu_logp=torch.full((1, tokens), -1.0),
+                advantages=torch.ones(1),
+            )
+            names = (
+                "routing/abs_dlogp_routing",
+                "routing/abs_dlogp_residual",
+                "routing/k3_live",
+                "routing/k3_replayed",
+            )
+            values = split.get(step, ())
+            rec.log_metrics(step, {n: v for n, v in zip(names, values, strict=False) if v is not None})
+    got = measured_split(load_run(tmp_path / "run"))
+    assert got is not None and (got.steps, got.tokens) == (2, 5.0)
+    assert got.dlogp_share == pytest.approx((0.8 + 0.6) / (0.8 + 0.6 + 0.8 + 0.2), rel=1e-12)
+    assert got.k3_share == pytest.approx(1 - 4.0 / 6.0, rel=1e-12)
+
+
+def test_measured_split_of_a_run_without_one(run):
+    assert measured_split(run) is None
+    with pytest.raises(TypeError, match="measured_split: run must be a Run"):
+        measured_split(run.tokens)
 
 
 def test_flipped_tokens_of_a_response(run):

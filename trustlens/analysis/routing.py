@@ -148,6 +148,53 @@ def routing_share(source: Any) -> RoutingShare | None:
     )
 
 
+# the shadow forward's per-step means (trustlens.train.routed.split_metrics), logged as metrics
+SPLIT_METRICS = ("routing/abs_dlogp_routing", "routing/abs_dlogp_residual", "routing/k3_live", "routing/k3_replayed")
+
+
+@dataclass(frozen=True)
+class MeasuredSplit:
+    """The shadow forward's split of Δ log p into routing (live − replayed) and residual
+    (replayed − log μ), measured on the steps it ran (the built-in trainer's
+    `--routing-split-every`, or a user logging `trustlens.routing.replay_split`'s means as the
+    `routing/*` metrics): each step's means weighted by its response tokens at update 0 (Σ w)."""
+
+    steps: int  # steps with the four split metrics
+    tokens: float  # their response tokens (Σ w)
+    dlogp_share: float | None  # Σ|routing| / (Σ|routing| + Σ|residual|) (None: no Δ log p at all)
+    k3_share: float | None  # 1 − Σ k3 under μ's routing / Σ k3 under the trainer's own (None: no k3)
+
+
+def measured_split(run: Run) -> MeasuredSplit | None:
+    """The `MeasuredSplit` of a run's logged shadow forward; None when no step logged all four
+    SPLIT_METRICS with tokens behind it."""
+    if not isinstance(run, Run):
+        raise TypeError(f"measured_split: run must be a Run (trustlens.load_run), got {type(run).__name__}")
+    means = collect(
+        run.metrics.filter(pl.col("name").is_in(SPLIT_METRICS))
+        .group_by("step")
+        .agg(*(pl.col("value").filter(pl.col("name") == n).mean().alias(n) for n in SPLIT_METRICS))
+        .drop_nulls()
+    )
+    if means.is_empty():
+        return None
+    tokens = run.tokens.filter(pl.col("step").is_in(means["step"].to_list()))
+    if "update" in tokens.collect_schema().names():
+        tokens = tokens.filter(pl.col("update") == 0)
+    counts = collect(tokens.group_by("step").agg(row_weight().sum().alias("n")))
+    rows = means.join(counts, on="step")
+    if rows.is_empty():
+        return None
+    n = rows["n"].cast(pl.Float64)
+    routing, residual, k3_live, k3_replayed = (float((rows[name] * n).sum()) for name in SPLIT_METRICS)
+    return MeasuredSplit(
+        steps=rows.height,
+        tokens=float(n.sum()),
+        dlogp_share=routing / (routing + residual) if routing + residual > 0 else None,
+        k3_share=1 - k3_replayed / k3_live if k3_live > 0 else None,
+    )
+
+
 def flips_per_layer(run: Run) -> pl.DataFrame:
     """Exact routing per (step, layer) from the run's `routing` table (all ranks and updates,
     every token, sampled run or not): tokens, flips, flip_rate (flips / tokens) and overlap_mean

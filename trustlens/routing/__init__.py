@@ -9,14 +9,17 @@ and how much of the training–inference mismatch that explains.
     from trustlens.routing import mismatch_by_flips, routing_share
     share = routing_share(run)          # None on a dense run
     mismatch_by_flips(run)              # k3 and |Δ log p| on tokens with 0, 1, 2+ flipped layers
+    measured_split(run)                 # the shadow forward's split, where the run logged it
 """
 
 from trustlens.analysis.routing import (
     FLIP_BUCKETS,
+    MeasuredSplit,
     RoutingShare,
     flipped_layers,
     flipped_tokens,
     flips_per_layer,
+    measured_split,
     mismatch_by_first_flip,
     mismatch_by_flips,
     routed_rows,
@@ -38,11 +41,13 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "FLIP_BUCKETS",
+    "MeasuredSplit",
     "RoutingShare",
     "RoutingSplit",
     "flipped_layers",
     "flipped_tokens",
     "flips_per_layer",
+    "measured_split",
     "mismatch_by_first_flip",
     "mismatch_by_flips",
     "replay_split",
