@@ -483,3 +483,26 @@ def test_checks_runs_only_those_checks(tmp_path):
     assert alone[0].verdict == "problem" and "may_follow_from" not in alone[0].evidence
     with pytest.raises(ValueError, match="checks"):
         doctor(load_run(tmp_path / "shifted"), ["levle"])
+
+
+def test_truncation_judges_the_fresh_tokens_of_a_stale_engine(tmp_path):
+    """An engine 3 updates stale is an older policy: on its 60 stale positions it holds all its
+    mass on its top-K set (Σ_S μ = 1) where π_old holds 0.8, which reads as μ renormalised over
+    a truncated support (moved = 0.5 over all 120). The 60 fresh positions have Σ_S μ = Σ_S π =
+    0.8: judged on them, nothing moved."""
+    logp = [-0.5] * 120
+    columns = {
+        "mu_logp": logp,
+        "old_logp": logp,
+        "pi_logp": logp,
+        "mu_topk_mass": [0.8] * 60 + [1.0] * 60,
+        "pi_topk_mass": [0.8] * 120,
+        "staleness": [0.0] * 60 + [3.0] * 60,
+    }
+    f = truncation_check(_columns_run(tmp_path / "fresh", columns))
+    assert f.verdict == "ok" and f.evidence["tokens"] == 60 and abs(f.evidence["moved"]) < 1e-6
+    assert f.evidence["stale"] == "the per-token staleness column"
+    assert "on the tokens sampled with π_old's weights (the per-token staleness column)" in f.summary
+    del columns["staleness"]
+    f = truncation_check(_columns_run(tmp_path / "bare", columns))
+    assert f.verdict == "warning" and f.evidence["moved"] == pytest.approx(0.5, abs=1e-6)
