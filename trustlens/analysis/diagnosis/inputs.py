@@ -107,6 +107,7 @@ class Inputs:
         every check that needs it."""
         return mismatch_per_step(self.run if self.run is not None else self.tokens)
 
+    @functools.cached_property
     def fresh(self) -> tuple[pl.LazyFrame, str | None]:
         """(the pairs sampled with π_old's weights, why μ is stale in words) when the run says μ
         may be an older policy than π_old (whose mismatch is then the staleness, not the
@@ -114,7 +115,7 @@ class Inputs:
         `staleness` column (weight updates between the engine's weights and π_old's), the tokens
         at 0. Else, with config `rollout_lag` k > 0 (the built-in trainer, whose engine serves the
         starting weights until k syncs have happened: step t's rollouts are min(t, k) steps
-        stale), the tokens of step 0."""
+        stale), the tokens of step 0. Read once for every check that needs it."""
         names = self.pairs.collect_schema().names()
         if "staleness" in names and collect(self.pairs.select(pl.col("staleness").is_not_null().any())).item():
             return self.pairs.filter(pl.col("staleness") == 0), "the per-token staleness column"

@@ -73,7 +73,7 @@ def routing_check(inp: Inputs) -> Finding:
             evidence,
         )
     flipped = f"{share.flipped_share:.1%} of the tokens were routed differently by the engine and the trainer"
-    fresh, stale = inp.fresh()
+    fresh, stale = inp.fresh
     on = ""
     if stale is not None:
         judged = routing_share(fresh)

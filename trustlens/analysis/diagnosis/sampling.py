@@ -116,7 +116,7 @@ def temperature_check(inp: Inputs) -> Finding:
     tau = sampling.temperature
     says_raw = sampling.logprobs == "raw" and tau is not None and tau != 1.0
     evidence: dict = {"temperature": tau, "logprobs": sampling.logprobs, "processors": list(sampling.processors)}
-    pairs, evidence["stale"] = inp.fresh()
+    pairs, evidence["stale"] = inp.fresh
     fresh_note = f" on the tokens sampled with π_old's weights ({evidence['stale']})" if evidence["stale"] else ""
     by_logits = raw_share(pairs)
     raw_note = (

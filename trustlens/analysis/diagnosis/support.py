@@ -98,7 +98,7 @@ def truncation_check(inp: Inputs) -> Finding:
     d ≥ 0.01 nats warning; s₊ ≥ 0.9 and mean d ≥ 0.02 problem. The evidence gives the mean d by
     entropy bucket (< 0.1, 0.1–1, ≥ 1 nats; growing with the entropy under truncation), in both
     forms."""
-    pairs, stale = inp.fresh()  # a stale μ is an older policy, sharper or flatter than π_old by chance
+    pairs, stale = inp.fresh  # a stale μ is an older policy, sharper or flatter than π_old by chance
     fresh_note = f" on the tokens sampled with π_old's weights ({stale})" if stale else ""
     rows = pairs.filter(uncertain())
     w = pl.col("w")
@@ -118,7 +118,8 @@ def truncation_check(inp: Inputs) -> Finding:
         "stale": stale,
     }
     evidence["sampling"] = {"top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p}
-    by_mask, by_topk = support_bias(pairs), moved_mass(pairs)
+    # whether the masks are recorded decides the deferral to truncation_bias, which reads every token
+    by_mask, by_topk = support_bias(inp.pairs), moved_mass(pairs)
     if by_mask is not None:  # exact from the masks: truncation_bias judges it, in closed form
         evidence["form"] = "sampling mask"
         verdict, strength = "ok", 0.0
@@ -139,7 +140,8 @@ def truncation_check(inp: Inputs) -> Finding:
                 evidence,
             )
         verdict, strength, measured = _by_tokens(float(stats["share"]), float(stats["bias"]))
-    measured += fresh_note
+    if by_mask is None:  # the forms judged here read the fresh tokens only
+        measured += fresh_note
     if "entropy" in rows.collect_schema().names() and n:
         evidence["mean_d_by_entropy"] = _mean_d_by_entropy(rows)
     evidence["logprobs"] = sampling.logprobs
