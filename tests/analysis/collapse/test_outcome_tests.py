@@ -90,10 +90,27 @@ def test_a_healthy_dip_and_a_slow_decline_are_not_a_fall(tmp_path):
 
 def test_without_eval_size_an_evaluation_falls_by_a_quarter():
     # the relative line (1 − accuracy_drop)·m = 0.375 without the binomial noise: 0.44, 0.40 and
-    # 0.38 are above it and join the baseline (median 0.44 after them, the line 0.33)
+    # 0.38 are above it and join the reference (median 0.44 after them), but the baseline is still
+    # the level 0.5 of the evaluations before them (within accuracy_memory), the line 0.375
     fall = AccuracyFall(CollapseConfig(), None)
     assert [fall.push(s, a) for s, a in FALL.items()] == [None] * 8
-    assert [fall.push(s, a) for s, a in {80: 0.30, 90: 0.30}.items()] == [(False, 80, 0.44), (True, 80, 0.44)]
+    assert [fall.push(s, a) for s, a in {80: 0.30, 90: 0.30}.items()] == [(False, 80, 0.5), (True, 80, 0.5)]
+
+
+def test_a_fall_at_the_first_evaluations_is_judged_from_the_level_before_it():
+    # a run that falls at its first evaluations and sits low (a collapse-preset cispo run): 0.436,
+    # then 0.334 (0.102 below, under 3 SE of a one-evaluation baseline: √(0.436·0.564/500·(1 + π/2))
+    # = 0.0356, so it joins the reference), then 0.31: 0.126 below the baseline 0.436, which is
+    # still the highest level; the CUSUM g = (0.102 + 0.126)/0.0356 − 2·0.5 = 5.41 is past 5, so it
+    # is critical at once, and the fall began at step 10 (a stop keeps step 0's weights)
+    early = {0: 0.436, 10: 0.334, 20: 0.31, 30: 0.30}
+    fall = AccuracyFall(CollapseConfig(), N)
+    assert [fall.push(s, a) for s, a in early.items()][:3] == [None, None, (True, 10, 0.436)]
+    # 0.30 too is below the line: the CUSUM has grown by its 0.136
+    assert fall.cusum == pytest.approx(0.364 / math.sqrt(0.436 * 0.564 / N * (1 + math.pi / 2)) - 1.5)
+    # a baseline that is only the latest level follows the fall down: nothing is below its line
+    follows = AccuracyFall(CollapseConfig(accuracy_memory=1), N)
+    assert [follows.push(s, a) for s, a in early.items()] == [None] * 4
 
 
 def test_eval_size_from_run_json():

@@ -74,7 +74,8 @@ class CollapseConfig:
     cusum_slack: float = 0.5  # the lower CUSUM's allowance k (standard errors per evaluation): where a fall began
     cusum_alarm: float = 5.0  # ... and its alarm h: an evaluation below the line with the CUSUM past h is critical
     accuracy_evals: int = 2  # ... an alert, critical, when this many evaluations in a row did
-    accuracy_reference: int = 5  # evaluations whose median is the accuracy baseline (the latest unflagged ones)
+    accuracy_reference: int = 5  # evaluations whose median is an accuracy level (the latest unflagged ones)
+    accuracy_memory: int = 10  # the accuracy baseline is the highest level of this many latest evaluations
     top_tokens: int = 10  # driving tokens listed per alert
     top_samples: int = 5  # driving samples listed per alert
 
@@ -89,6 +90,7 @@ class CollapseConfig:
             "confirm_steps",
             "accuracy_evals",
             "accuracy_reference",
+            "accuracy_memory",
             "reference_steps",
         ):
             check_int(name, getattr(self, name), low=1)

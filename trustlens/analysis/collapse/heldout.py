@@ -1,13 +1,17 @@
 """Held-out accuracy's fall (`AccuracyFall`), the state of the accuracy_drop detector: each
-evaluation a against the median m of the latest `accuracy_reference` evaluations that were not
-below the line.
+evaluation a against the baseline m, the highest level of the latest `accuracy_memory`
+evaluations, a level being the median of the latest `accuracy_reference` evaluations that were
+not below the line. A fall within those evaluations is judged from the level before it, even
+after the median has followed it down (a run that falls at its first evaluations and sits low);
+a drift slower than the line over `accuracy_memory` evaluations is followed.
 
 With the evaluation's size n (problems, `eval_size`: run.json's or CollapseConfig's) the noise
 is binomial: a − m has the standard error se = √(m(1 − m)/n · (1 + π/(2k))), the evaluation's and
-that of the median of k (π/2k of a variance; the median of k evaluations is about as noisy as a
-mean of 2k/π). An evaluation is below the line when m − a > z_accuracy · se and m − a >
-accuracy_min_drop · m (the policy moves between evaluations too: a fall of 3 standard errors of
-a few percent is its own noise). Without n it is below when a < (1 − accuracy_drop) · m.
+that of the median of the k evaluations m is the median of (π/2k of a variance; the median of k
+evaluations is about as noisy as a mean of 2k/π). An evaluation is below the line when
+m − a > z_accuracy · se and m − a > accuracy_min_drop · m (the policy moves between evaluations
+too: a fall of 3 standard errors of a few percent is its own noise). Without n it is below when
+a < (1 − accuracy_drop) · m.
 
 Where the fall began: the lower CUSUM of Page (1954, *Continuous Inspection Schemes*),
 g = max(0, g + (m − a)/se − k) with the allowance k = cusum_slack, accumulates the evaluations'
@@ -42,13 +46,17 @@ def eval_size(manifest: dict | None) -> int | None:
 
 class AccuracyFall:
     """accuracy_drop's state, fed one evaluation at a time (`push`): the latest unflagged
-    evaluations (their median is the baseline), the run of flagged ones, and the lower CUSUM of
-    the evaluations' fall (with `eval_size`)."""
+    evaluations, the highest of their medians over the latest
+    `accuracy_memory` evaluations (the baseline), the run of flagged ones, and
+    the lower CUSUM of the evaluations' fall (with `eval_size`)."""
 
     def __init__(self, cfg: CollapseConfig, eval_size: int | None) -> None:
         self.cfg, self.d, self.n = cfg, DETECTORS["accuracy_drop"], eval_size
         self.floor = self.d.min_abs(cfg)
         self.reference: deque[float] = deque(maxlen=cfg.accuracy_reference)
+        # (median of `reference`, its evaluations) at each of the latest `accuracy_memory` evaluations
+        self.levels: deque[tuple[float, int]] = deque(maxlen=cfg.accuracy_memory)
+        self.best_k = 0  # evaluations the baseline (the highest of `levels`) is the median of
         self.below = 0  # evaluations in a row below the line
         self.first = -1  # the step of the first of them
         self.cusum = 0.0  # lower CUSUM of the standardised fall: max(0, g + (m − a)/se − k)
@@ -61,7 +69,7 @@ class AccuracyFall:
         if self.n is None:
             return m >= self.floor and past(self.d, a, m, self.d.factor(self.cfg), self.floor)
         # the binomial standard error of a − m: the evaluation's and its baseline median's (π/2k of it)
-        se = math.sqrt(max(m * (1 - m), 1e-12) / self.n * (1 + math.pi / (2 * len(self.reference))))
+        se = math.sqrt(max(m * (1 - m), 1e-12) / self.n * (1 + math.pi / (2 * self.best_k)))
         self.cusum = max(0.0, self.cusum + (m - a) / se - self.cfg.cusum_slack)
         self.since = -1 if self.cusum == 0 else step if self.since < 0 else self.since
         fall = m - a
@@ -83,7 +91,8 @@ class AccuracyFall:
         if not self.reference:
             self.reference.append(a)
             return None
-        m = float(np.median(np.asarray(self.reference)))
+        self.levels.append((float(np.median(np.asarray(self.reference))), len(self.reference)))
+        m, self.best_k = max(self.levels)
         if not self._below(step, a, m):  # a flagged evaluation never joins the baseline: it holds still during the fall
             self.reference.append(a)
             if self.confirmed:  # a confirmed fall ended: the CUSUM restarts
