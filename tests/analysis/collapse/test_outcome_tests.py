@@ -78,12 +78,13 @@ def test_accuracy_fall_step_by_step():
 
 
 def test_a_healthy_dip_and_a_slow_decline_are_not_a_fall(tmp_path):
-    # the shipped healthy dppo_binary_tv run's evaluations: a dip from a median of 0.42 to 0.37,
-    # 0.36, 0.36 is 2.0–2.4 standard errors (√(0.42·0.58/500·(1 + π/10)) = 0.0253), not 3
+    # the shipped healthy dppo_binary_tv run's evaluations: against the highest level, 0.44 (the
+    # first evaluation alone), the dip to 0.37, 0.36, 0.36 is 2.0–2.3 standard errors
+    # (√(0.44·0.56/500·(1 + π/2)) = 0.0356), not 3
     dip = [0.44, 0.42, 0.40, 0.42, 0.45, 0.42, 0.37, 0.36, 0.36, 0.45, 0.41, 0.46]
     assert _alerts(tmp_path / "dip", 120, accuracy={10 * i: a for i, a in enumerate(dip)}) == []
     # a slow decline, 0.5 to 0.4 over 40 evaluations with ±0.02 of noise: each evaluation is
-    # within 0.04 of the median of the 5 before it (3 SE ≈ 0.077)
+    # at most 0.0625 below the highest level of the 10 evaluations before it (3 SE ≈ 0.077)
     slow = {10 * i: 0.5 - 0.0025 * i + (0.02 if i % 2 else -0.02) for i in range(41)}
     assert _alerts(tmp_path / "slow", 410, accuracy=slow) == []
 

@@ -46,30 +46,30 @@ def eval_size(manifest: dict | None) -> int | None:
 
 class AccuracyFall:
     """accuracy_drop's state, fed one evaluation at a time (`push`): the latest unflagged
-    evaluations, the highest of their medians over the latest
-    `accuracy_memory` evaluations (the baseline), the run of flagged ones, and
-    the lower CUSUM of the evaluations' fall (with `eval_size`)."""
+    evaluations, their medians at the latest `accuracy_memory` evaluations (the highest is the
+    baseline), the run of flagged ones, and the lower CUSUM of the evaluations' fall (with
+    `eval_size`)."""
 
     def __init__(self, cfg: CollapseConfig, eval_size: int | None) -> None:
         self.cfg, self.d, self.n = cfg, DETECTORS["accuracy_drop"], eval_size
         self.floor = self.d.min_abs(cfg)
         self.reference: deque[float] = deque(maxlen=cfg.accuracy_reference)
-        # (median of `reference`, its evaluations) at each of the latest `accuracy_memory` evaluations
+        # (median of `reference`, its evaluations) at each of the latest `accuracy_memory` evaluations;
+        # of equal medians the one of more evaluations is the baseline (the less noisy)
         self.levels: deque[tuple[float, int]] = deque(maxlen=cfg.accuracy_memory)
-        self.best_k = 0  # evaluations the baseline (the highest of `levels`) is the median of
         self.below = 0  # evaluations in a row below the line
         self.first = -1  # the step of the first of them
         self.cusum = 0.0  # lower CUSUM of the standardised fall: max(0, g + (m − a)/se − k)
         self.since = -1  # the first evaluation since the CUSUM was last 0 (-1: it is 0)
         self.confirmed = False  # the evaluations below the line since the last one above are a fall
 
-    def _below(self, step: int, a: float, m: float) -> bool:
-        """Whether evaluation `a` is below the line of baseline `m` (module docstring); with
-        `eval_size` it also moves the CUSUM."""
+    def _below(self, step: int, a: float, m: float, k: int) -> bool:
+        """Whether evaluation `a` is below the line of baseline `m`, the median of `k`
+        evaluations (module docstring); with `eval_size` it also moves the CUSUM."""
         if self.n is None:
             return m >= self.floor and past(self.d, a, m, self.d.factor(self.cfg), self.floor)
         # the binomial standard error of a − m: the evaluation's and its baseline median's (π/2k of it)
-        se = math.sqrt(max(m * (1 - m), 1e-12) / self.n * (1 + math.pi / (2 * self.best_k)))
+        se = math.sqrt(max(m * (1 - m), 1e-12) / self.n * (1 + math.pi / (2 * k)))
         self.cusum = max(0.0, self.cusum + (m - a) / se - self.cfg.cusum_slack)
         self.since = -1 if self.cusum == 0 else step if self.since < 0 else self.since
         fall = m - a
@@ -92,8 +92,9 @@ class AccuracyFall:
             self.reference.append(a)
             return None
         self.levels.append((float(np.median(np.asarray(self.reference))), len(self.reference)))
-        m, self.best_k = max(self.levels)
-        if not self._below(step, a, m):  # a flagged evaluation never joins the baseline: it holds still during the fall
+        m, k = max(self.levels)
+        # a flagged evaluation never joins the reference: the levels hold still during the fall
+        if not self._below(step, a, m, k):
             self.reference.append(a)
             if self.confirmed:  # a confirmed fall ended: the CUSUM restarts
                 self.cusum, self.since, self.confirmed = 0.0, -1, False
