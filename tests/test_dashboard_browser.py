@@ -149,7 +149,8 @@ def _settle(page, title: str) -> None:
 
 def _hostile_text_is_text(page) -> None:
     """The hostile tokens and prompt are on screen as literal text, and every token's hover text
-    holds its values."""
+    holds its values. st.html draws its block after the script has finished: wait for the tokens."""
+    page.locator("span[title*='blocked by:']").first.wait_for(timeout=60_000)
     body = page.inner_text("body")
     assert "<script>alert(1)</script>" in body or "<img␣src=x␣onerror=alert(1)>" in body
     assert any(prompt in body for prompt in PROMPTS)
