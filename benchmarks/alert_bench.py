@@ -16,11 +16,12 @@ Runs already in CACHE are kept (a run is its folder: delete it to make it again)
 be stopped and resumed, and other recorded runs may be put in CACHE/runs by hand (the shipped
 data/sample_run runs are, by `make`, as "shipped-*").
 
-`table` prints one row per run and detector set from the runs in CACHE: the new detectors
+`table` prints one row per run and detector set from the finished runs in CACHE: the new detectors
 (this tree) and, with --old-tree (a checkout of main bea0ccc's trustlens/), the old ones, run in
-a subprocess on the same runs and cached in CACHE/old.json. The collapse is collapse_onset's (held-out
-accuracy below half the first evaluation, or the reward below half its first window's), or where it
-finds none the first evaluation below half the best one before it (a run that learned from a low start).
+a subprocess on the same runs and cached in CACHE/old.json (per run id and last update). The
+collapse is collapse_onset's (held-out accuracy below half the first evaluation, or the reward
+below half its first window's), or where it finds none the first evaluation below half the best
+one before it (a run that learned from a low start).
 Columns:
     healthy    steps before the collapse (the whole run without one) past the warm-up
     crit/1k    false critical alerts per 1,000 healthy steps: on a run that did not collapse, or
@@ -128,20 +129,28 @@ print(json.dumps(out))
 """
 
 
+def identity(path: Path) -> str:
+    """The key of a run's cached old alerts: its path, run id and last update (run.json), so that a
+    run made again in the same folder is not read from the cache."""
+    manifest = json.loads((path / "run.json").read_text())
+    return f"{path}#{manifest.get('run_id')}@{manifest.get('updated')}"
+
+
 def old_alerts(cache: Path, paths: list[Path], tree: Path) -> dict[str, list[dict]]:
     """The old detectors' alerts of `paths`, from CACHE/old.json or a subprocess on `tree`."""
     stored = cache / "old.json"
     known = json.loads(stored.read_text()) if stored.exists() else {}
-    missing = [str(p) for p in paths if str(p) not in known]
+    keys = {str(p): identity(p) for p in paths}
+    missing = [p for p, key in keys.items() if key not in known]
     if missing:
         env = {"PYTHONPATH": str(tree), "PATH": str(Path(sys.executable).parent)}
         # run from the old tree: `python -c` puts the working folder first on sys.path
         done = subprocess.run([sys.executable, "-c", _OLD, *missing], capture_output=True, text=True, env=env, cwd=tree)
         if done.returncode:
             raise SystemExit(f"the old tree {tree} failed: {done.stderr.strip().splitlines()[-1:]}")
-        known |= json.loads(done.stdout)
+        known |= {keys[p]: alerts for p, alerts in json.loads(done.stdout).items()}
         stored.write_text(json.dumps(known))
-    return {str(p): known[str(p)] for p in paths}
+    return {p: known[key] for p, key in keys.items()}
 
 
 def new_alerts(path: Path) -> list[dict]:
@@ -225,8 +234,20 @@ def _cell(v) -> str:
 COLUMNS = ("healthy", "crit/1k", "warn/1k", "info/1k", "warned", "lead", "after", "kept/best")
 
 
+def finished_runs(cache: Path) -> list[Path]:
+    """The runs of CACHE/runs, less those still being written (run.json status `running`: a
+    training that has not ended), which are named on stderr."""
+    runs = []
+    for path in sorted(p for p in (cache / "runs").iterdir() if (p / "run.json").exists()):
+        if json.loads((path / "run.json").read_text()).get("status") == "running":
+            print(f"skipping {path.name}: still being written", file=sys.stderr)
+        else:
+            runs.append(path)
+    return runs
+
+
 def table(cache: Path, tree: Path | None) -> str:
-    runs = sorted(p for p in (cache / "runs").iterdir() if (p / "run.json").exists())
+    runs = finished_runs(cache)
     sets = {"new": {str(p): new_alerts(p) for p in runs}}
     if tree is not None:
         sets = {"old": old_alerts(cache, runs, tree), **sets}
