@@ -106,13 +106,15 @@ pl.concat([
 # %% [markdown]
 # ## Collapse alerts and the tokens behind them
 #
-# `detect_collapse` compares every step (a trailing median of 3 steps) with the run's own early
-# baseline (its first 10% of steps, at least 5 and at most 15), with no absolute thresholds, and
-# raises an alert when entropy collapses or surges, mismatch grows, the gradient norm spikes, the
-# reward drops or the block rate of the rule the run trains with drifts (the other rules' columns
-# are counterfactual: context, not alerts); held-out accuracy is judged at each evaluation against
-# the first one (critical after two evaluations in a row below 0.75× it). Flagged steps of a
-# detector that come within that many steps of each other are one alert. Each alert names the
+# `detect_collapse` compares every step (a median of 3 steps) with a trailing robust baseline of
+# the run itself (the median and MAD of the last 100 steps it judged healthy, warm-up steps left
+# out), with no absolute thresholds, and raises a warning when entropy collapses or surges,
+# mismatch grows, the gradient norm spikes, the reward drops or the block rate of the rule the run
+# trains with drifts (the other rules' columns are counterfactual: context, not alerts). Only a
+# confirmed fall of the outcome is critical: the reward's window mean, or held-out accuracy below
+# its line (3 binomial standard errors and 10 % under the highest level of its last 10
+# evaluations) at two evaluations in a row, or at one once its CUSUM has added the falls up
+# (docs/alerts.md). An alert is one episode: it lasts while its condition holds. Each alert names the
 # samples and tokens that drove it, strongest first. How many alerts of each kind every run raised:
 
 # %%

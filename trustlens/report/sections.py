@@ -176,7 +176,7 @@ def alerts(run) -> str:
     """The collapse alerts, then the tokens that drove each one."""
     found = detect_collapse(run)
     if found.is_empty():
-        return "<p>No collapse alert: no signal left the run's early baseline.</p>"
+        return "<p>No collapse alert: no signal left the run's trailing baseline.</p>"
     listed = found.select("step", "end_step", "severity", "kind", "signal", "message")
     return (
         table_html(listed, {"step": "d", "end_step": "d"})
