@@ -101,9 +101,12 @@ def sentinel_check(inp: Inputs) -> Finding:
     trainer finds the token plausible but far from certain; there, an engine in any precision
     would not round μ to 1), plus those with log μ ≤ −50 (a sampled token is never that
     unlikely), and their (weighted) share s of the tokens with π_old(a_t) ∈ [0.001, 0.5].
-    Threshold: s ≥ 0.1% warns, s ≥ 1% with ≥ 3 tokens is a problem (a stale engine's genuine
-    μ = 1 tokens stay below 0.1%); missing μ on some rows of a run that records μ warns."""
-    pairs = inp.pairs
+    Threshold: s ≥ 0.1% warns, s ≥ 1% with ≥ 3 tokens is a problem; missing μ on some rows of a
+    run that records μ warns. A stale μ (`Inputs.fresh`) is judged on the tokens sampled with
+    π_old's weights: an older policy that has grown sharp gives μ = 1, genuinely, to tokens π_old
+    finds uncertain (1.4% of them on a collapsing run 16 steps stale)."""
+    pairs, stale = inp.fresh
+    fresh_note = f" on the tokens sampled with π_old's weights ({stale})" if stale else ""
     visible = pl.col("ref").is_between(math.log(VISIBLE_LO), math.log(VISIBLE_HI))
     zero = (pl.col("mu") == 0) & visible
     negative = pl.col("mu") <= SENTINEL_NEG
@@ -130,6 +133,7 @@ def sentinel_check(inp: Inputs) -> Finding:
         "visible_tokens": float(s["visible"] or 0),
         "missing_mu": int(missing),
         "problem_at": {"count": SENTINEL_PROBLEM_COUNT, "share": SENTINEL_PROBLEM_SHARE},
+        "stale": stale,
     }
     if count >= SENTINEL_PROBLEM_COUNT and share >= SENTINEL_PROBLEM_SHARE:
         verdict = "problem"
@@ -137,6 +141,7 @@ def sentinel_check(inp: Inputs) -> Finding:
         verdict = "warning"
     else:
         summary = "no sentinel values in log μ" + (f" ({count} isolated zeros, {share:.3%})" if count else "")
+        summary += fresh_note
         return Finding("sentinel", "ok", summary, evidence)
     parts = []
     if s["zeros"]:
@@ -145,7 +150,10 @@ def sentinel_check(inp: Inputs) -> Finding:
         parts.append(f"{int(s['negatives'])} with log μ ≤ {SENTINEL_NEG:g}")
     if missing:
         parts.append(f"{missing} rows without μ")
-    summary = "; ".join(parts) + f" ({share:.2%} of the tokens where a sentinel shows): log μ holds placeholder values"
+    summary = (
+        "; ".join(parts)
+        + f" ({share:.2%} of the tokens where a sentinel shows{fresh_note}): log μ holds placeholder values"
+    )
     evidence["examples"] = examples(pairs.filter(zero | negative), pl.col("d").abs())
     fix = "mask the positions whose log-prob the engine did not return instead of writing 0 or a constant"
     return Finding("sentinel", verdict, summary, evidence, fix, strength=share / SENTINEL_PROBLEM_SHARE)
@@ -160,8 +168,11 @@ def token_ids_check(inp: Inputs) -> Finding:
     engine precision does that), their (weighted) share of all tokens, their isolation (their
     share of the tokens with ρ = π_old/μ beyond [0.5, 2]), and how they concentrate on positions
     and token ids (the evidence names the top ones). Threshold: share ≥ 0.01% with isolation
-    ≥ 0.1 warns; share ≥ 0.1%, ≥ 3 tokens and isolation ≥ 0.3 is a problem."""
-    pairs = inp.pairs
+    ≥ 0.1 warns; share ≥ 0.1%, ≥ 3 tokens and isolation ≥ 0.3 is a problem. A stale μ
+    (`Inputs.fresh`) is judged on the tokens sampled with π_old's weights: an older policy can be
+    sure of a token the current one has all but ruled out."""
+    pairs, stale = inp.fresh
+    fresh_note = f" on the tokens sampled with π_old's weights ({stale})" if stale else ""
     odd = (pl.col("mu") >= math.log(TOKEN_MU)) & (pl.col("ref") <= math.log(TOKEN_OLD))
     w = pl.col("w")
     s = collect(
@@ -181,6 +192,7 @@ def token_ids_check(inp: Inputs) -> Finding:
         "isolation": isolation,
         "warning_at": [TOKEN_WARNING_SHARE, TOKEN_WARNING_ISOLATION],
         "problem_at": [TOKEN_PROBLEM_SHARE, TOKEN_PROBLEM_ISOLATION],
+        "stale": stale,
     }
     if count:
         for key in ("pos", "token_id"):
@@ -191,18 +203,22 @@ def token_ids_check(inp: Inputs) -> Finding:
     elif count and share >= TOKEN_WARNING_SHARE and isolation >= TOKEN_WARNING_ISOLATION:
         verdict = "warning"
     else:
-        summary = "engine and trainer score the same tokens" + (
-            f" ({count} tokens with μ ≥ {TOKEN_MU} and π_old ≤ {TOKEN_OLD:g}, {isolation:.1%} of the far-off ones: "
-            "a mismatch spread over every size, not wrong ids)"
-            if count
-            else ""
+        summary = (
+            "engine and trainer score the same tokens"
+            + (
+                f" ({count} tokens with μ ≥ {TOKEN_MU} and π_old ≤ {TOKEN_OLD:g}, {isolation:.1%} of the far-off ones: "
+                "a mismatch spread over every size, not wrong ids)"
+                if count
+                else ""
+            )
+            + fresh_note
         )
         return Finding("token_ids", "ok", summary, evidence)
     where = evidence["top_pos"][0]
     summary = (
         f"{count} tokens ({share:.2%}) likely under μ (≥ {TOKEN_MU}) but near-impossible under π_old "
         f"(≤ {TOKEN_OLD:g}); most at position {where['pos']} ({where['count']}): the trainer scores other "
-        "token ids than the engine sampled"
+        f"token ids than the engine sampled{fresh_note}"
     )
     evidence["examples"] = examples(pairs.filter(odd), pl.col("d"))
     fix = (

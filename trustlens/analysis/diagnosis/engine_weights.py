@@ -63,14 +63,37 @@ def systematic_share(pairs: pl.LazyFrame) -> tuple[float | None, int]:
     return (ss_between - (k - 1) * ms_within) / (ss_total + ms_within), n
 
 
+def updates_behind(inp: Inputs, from_step: int) -> tuple[float, str | None]:
+    """(u, why in words): how many weight updates the engine's weights are behind π_old's from
+    `from_step` on, by design: the weighted mean of the per-token `staleness` column there, else
+    config rollout_lag k steps × the updates of a step (minibatches × epochs); (0, None) for a
+    fresh engine."""
+    if "staleness" in inp.pairs.collect_schema().names():
+        lag = pl.col("staleness").cast(pl.Float64)
+        rows = inp.pairs.filter((pl.col("step") >= from_step) & lag.is_not_null())
+        mean = collect(rows.select((pl.col("w") * lag).sum() / pl.col("w").sum())).item()
+        if mean is not None and mean > 0:
+            return float(mean), "the per-token staleness column"
+    lag_steps = inp.config.get("rollout_lag")
+    if isinstance(lag_steps, int) and not isinstance(lag_steps, bool) and lag_steps > 0:
+        per_step = 1
+        for key in ("minibatches", "epochs"):
+            value = inp.config.get(key)
+            per_step *= value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+        return float(lag_steps * per_step), f"rollout_lag {lag_steps} steps of {per_step} updates"
+    return 0.0, None
+
+
 @check("frozen_policy", kind="cause", cadence="every", order=80)
 def frozen_policy_check(inp: Inputs) -> Finding:
     """μ drifts from π_old while π does not move: the engine's weights change, not the policy's.
 
     Statistics: g = mean k3 over the last third of the steps / the first third (`drift_of`, as
     engine_drift); the policy's movement m = mean |log π − log π_old| at updates ≥ 1, static
-    when config lr = 0 or m < 1e-6 nats, and too small to explain the drift when m is below 1/10
-    of the growth of mean |d| between the thirds; ω² of d by token id over the last third
+    when config lr = 0 or m < 1e-6 nats, and too small to explain the drift when max(1, u)·m is
+    below 1/10 of the growth of mean |d| between the thirds, u the updates μ's weights are behind
+    π_old's by design (`updates_behind`: a stale engine's d is the policy's movement over the lag,
+    itself a weight difference); ω² of d by token id over the last third
     (`systematic_share`). Threshold: g ≥ 4 with a static or too-small movement and ω² ≥ 0.05
     warns, ω² ≥ 0.1 is a problem; g ≥ 4 with ω² ≥ 0.1 where the movement is not recorded warns.
     A drift of noise (ω² ≈ 0) is engine_drift's; a growth the policy's movement explains is
@@ -93,15 +116,18 @@ def frozen_policy_check(inp: Inputs) -> Finding:
     share, rows = systematic_share(inp.pairs.filter(pl.col("step") >= last_step))
     evidence |= {"growth": growth, "policy_move": move, "lr": lr, "mean_abs_d_growth": grown}
     evidence |= {"systematic_share": share, "rows": rows, "steps": [int(steps["step"][0]), int(steps["step"][-1])]}
+    behind, stale = updates_behind(inp, last_step)
+    evidence |= {"updates_behind": behind, "stale": stale}
+    lagged = f" over the {decimal(behind)} updates μ's weights are behind ({stale})" if stale else ""
     if lr == 0 or (move is not None and move < STATIC_MOVE):
         still = "lr = 0" if lr == 0 else f"π does not move at its updates (mean |Δ log π| {decimal(move)} nats)"
-    elif move is not None and move * EXPLAIN < grown:
-        still = f"π moves {decimal(move)} nats per update, too little to explain it"
+    elif move is not None and move * max(1.0, behind) * EXPLAIN < grown:
+        still = f"π moves {decimal(move)} nats per update{lagged}, too little to explain it"
     else:
         still = None
     unknown = lr is None and move is None
     if growth < DRIFT_GROWTH or share is None or (still is None and not unknown):
-        why = "the mismatch does not grow" if growth < DRIFT_GROWTH else "the policy's movement explains it"
+        why = "the mismatch does not grow" if growth < DRIFT_GROWTH else f"the policy's movement{lagged} explains it"
         if share is None and growth >= DRIFT_GROWTH:
             why = f"too few rows ({rows}) in the last steps to tell a weight difference"
         return Finding("frozen_policy", "ok", f"no drift of the engine's weights: {why} (k3 ×{growth:.2f})", evidence)
@@ -192,4 +218,4 @@ def resume_check(inp: Inputs) -> Finding:
     return Finding("resume", verdict, summary, evidence, fix, strength=min(j, j_end) / RESUME_PROBLEM)
 
 
-__all__ = ["frozen_policy_check", "resume_check", "systematic_share"]
+__all__ = ["frozen_policy_check", "resume_check", "systematic_share", "updates_behind"]
