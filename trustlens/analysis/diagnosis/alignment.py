@@ -104,7 +104,7 @@ def sentinel_check(inp: Inputs) -> Finding:
     Threshold: s ≥ 0.1% warns, s ≥ 1% with ≥ 3 tokens is a problem; missing μ on some rows of a
     run that records μ warns. A stale μ (`Inputs.fresh`) is judged on the tokens sampled with
     π_old's weights: an older policy that has grown sharp gives μ = 1, genuinely, to tokens π_old
-    finds uncertain (1.4% of them on a collapsing run 16 steps stale)."""
+    finds uncertain (1.4–3.2% of them on four collapsing runs 16 steps stale)."""
     pairs, stale = inp.fresh
     fresh_note = f" on the tokens sampled with π_old's weights ({stale})" if stale else ""
     visible = pl.col("ref").is_between(math.log(VISIBLE_LO), math.log(VISIBLE_HI))
