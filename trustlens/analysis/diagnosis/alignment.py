@@ -10,7 +10,7 @@ import polars as pl
 
 from trustlens.analysis.buckets import collect
 from trustlens.analysis.diagnosis.finding import Finding
-from trustlens.analysis.diagnosis.inputs import Inputs, examples
+from trustlens.analysis.diagnosis.inputs import Inputs, examples, fresh_note
 from trustlens.analysis.diagnosis.registry import check
 
 KEYS = ["step", "update", "rank", "sample"]  # one response at one update
@@ -106,7 +106,7 @@ def sentinel_check(inp: Inputs) -> Finding:
     π_old's weights: an older policy that has grown sharp gives μ = 1, genuinely, to tokens π_old
     finds uncertain (1.4–3.2% of them on four collapsing runs 16 steps stale)."""
     pairs, stale = inp.fresh
-    fresh_note = f" on the tokens sampled with π_old's weights ({stale})" if stale else ""
+    note = fresh_note(stale)
     visible = pl.col("ref").is_between(math.log(VISIBLE_LO), math.log(VISIBLE_HI))
     zero = (pl.col("mu") == 0) & visible
     negative = pl.col("mu") <= SENTINEL_NEG
@@ -141,7 +141,7 @@ def sentinel_check(inp: Inputs) -> Finding:
         verdict = "warning"
     else:
         summary = "no sentinel values in log μ" + (f" ({count} isolated zeros, {share:.3%})" if count else "")
-        summary += fresh_note
+        summary += note
         return Finding("sentinel", "ok", summary, evidence)
     parts = []
     if s["zeros"]:
@@ -151,8 +151,7 @@ def sentinel_check(inp: Inputs) -> Finding:
     if missing:
         parts.append(f"{missing} rows without μ")
     summary = (
-        "; ".join(parts)
-        + f" ({share:.2%} of the tokens where a sentinel shows{fresh_note}): log μ holds placeholder values"
+        "; ".join(parts) + f" ({share:.2%} of the tokens where a sentinel shows{note}): log μ holds placeholder values"
     )
     evidence["examples"] = examples(pairs.filter(zero | negative), pl.col("d").abs())
     fix = "mask the positions whose log-prob the engine did not return instead of writing 0 or a constant"
@@ -172,7 +171,7 @@ def token_ids_check(inp: Inputs) -> Finding:
     (`Inputs.fresh`) is judged on the tokens sampled with π_old's weights: an older policy can be
     sure of a token the current one has all but ruled out."""
     pairs, stale = inp.fresh
-    fresh_note = f" on the tokens sampled with π_old's weights ({stale})" if stale else ""
+    note = fresh_note(stale)
     odd = (pl.col("mu") >= math.log(TOKEN_MU)) & (pl.col("ref") <= math.log(TOKEN_OLD))
     w = pl.col("w")
     s = collect(
@@ -211,14 +210,14 @@ def token_ids_check(inp: Inputs) -> Finding:
                 if count
                 else ""
             )
-            + fresh_note
+            + note
         )
         return Finding("token_ids", "ok", summary, evidence)
     where = evidence["top_pos"][0]
     summary = (
         f"{count} tokens ({share:.2%}) likely under μ (≥ {TOKEN_MU}) but near-impossible under π_old "
         f"(≤ {TOKEN_OLD:g}); most at position {where['pos']} ({where['count']}): the trainer scores other "
-        f"token ids than the engine sampled{fresh_note}"
+        f"token ids than the engine sampled{note}"
     )
     evidence["examples"] = examples(pairs.filter(odd), pl.col("d"))
     fix = (

@@ -74,12 +74,9 @@ def updates_behind(inp: Inputs, from_step: int) -> tuple[float, str | None]:
         mean = collect(rows.select((pl.col("w") * lag).sum() / pl.col("w").sum())).item()
         if mean is not None and mean > 0:
             return float(mean), "the per-token staleness column"
-    lag_steps = inp.config.get("rollout_lag")
-    if isinstance(lag_steps, int) and not isinstance(lag_steps, bool) and lag_steps > 0:
-        per_step = 1
-        for key in ("minibatches", "epochs"):
-            value = inp.config.get(key)
-            per_step *= value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+    lag_steps = inp.config_count("rollout_lag")
+    if lag_steps is not None:
+        per_step = (inp.config_count("minibatches") or 1) * (inp.config_count("epochs") or 1)
         return float(lag_steps * per_step), f"rollout_lag {lag_steps} steps of {per_step} updates"
     return 0.0, None
 

@@ -101,6 +101,11 @@ class Inputs:
         config = self.manifest.get("config")
         return config if isinstance(config, dict) else {}
 
+    def config_count(self, key: str) -> int | None:
+        """The config's `key` when it is a positive integer (rollout_lag, minibatches, epochs), else None."""
+        value = self.config.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
     @functools.cached_property
     def per_step(self) -> pl.DataFrame:
         """`mismatch_per_step` of the run (exact from a sampled run's aggregates), read once for
@@ -119,8 +124,8 @@ class Inputs:
         names = self.pairs.collect_schema().names()
         if "staleness" in names and collect(self.pairs.select(pl.col("staleness").is_not_null().any())).item():
             return self.pairs.filter(pl.col("staleness") == 0), "the per-token staleness column"
-        lag = self.config.get("rollout_lag")
-        if isinstance(lag, int) and not isinstance(lag, bool) and lag > 0:
+        lag = self.config_count("rollout_lag")
+        if lag is not None:
             return self.pairs.filter(pl.col("step") == 0), f"rollout_lag {lag}: μ is up to {lag} steps stale"
         return self.pairs, None
 
@@ -182,6 +187,12 @@ def bucket_of(col: str, edges: tuple[tuple[float, float], ...]) -> pl.Expr:
     return out
 
 
+def fresh_note(stale: str | None) -> str:
+    """The words a check adds to its summary when it judged only the fresh tokens (`Inputs.fresh`'s
+    reason `stale`; "" when μ is not stale)."""
+    return f" on the tokens sampled with π_old's weights ({stale})" if stale else ""
+
+
 def examples(frame: pl.LazyFrame, order: pl.Expr, n: int = EXAMPLES) -> list[dict[str, Any]]:
     """Up to `n` example tokens of `frame` (largest `order` first): step, update, sample, pos,
     token_id, token text (untrusted), mu, old (probabilities) — what the dashboard links into
@@ -211,6 +222,7 @@ __all__ = [
     "Sampling",
     "bucket_of",
     "examples",
+    "fresh_note",
     "inputs_of",
     "read_sampling",
 ]

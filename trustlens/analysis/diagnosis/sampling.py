@@ -18,7 +18,7 @@ import polars as pl
 
 from trustlens.analysis.buckets import collect
 from trustlens.analysis.diagnosis.finding import Finding, verdict_of
-from trustlens.analysis.diagnosis.inputs import Inputs, examples
+from trustlens.analysis.diagnosis.inputs import Inputs, examples, fresh_note
 from trustlens.analysis.diagnosis.registry import check
 
 # temperature: |r − 1| at which the check warns / finds a problem (r = τ_μ / τ_π, see below)
@@ -117,7 +117,7 @@ def temperature_check(inp: Inputs) -> Finding:
     says_raw = sampling.logprobs == "raw" and tau is not None and tau != 1.0
     evidence: dict = {"temperature": tau, "logprobs": sampling.logprobs, "processors": list(sampling.processors)}
     pairs, evidence["stale"] = inp.fresh
-    fresh_note = f" on the tokens sampled with π_old's weights ({evidence['stale']})" if evidence["stale"] else ""
+    note = fresh_note(evidence["stale"])
     by_logits = raw_share(pairs)
     raw_note = (
         f"; run.json says raw log μ (before the temperature τ = {tau:g}): the ratio compares π at τ with μ at "
@@ -129,12 +129,12 @@ def temperature_check(inp: Inputs) -> Finding:
         verdict, strength, measured = _by_logits(by_logits, evidence)
         order = (pl.col("mu") - pl.col("pi_logp").cast(pl.Float64)).abs()
     else:
-        fitted = _by_fit(pairs, tau, evidence, says_raw, raw_note, fresh_note)
+        fitted = _by_fit(pairs, tau, evidence, says_raw, raw_note, note)
         if isinstance(fitted, Finding):
             return fitted
         verdict, strength, measured = fitted
         order = pl.col("d").abs()
-    measured += fresh_note
+    measured += note
     if verdict == "ok":
         summary = f"μ and π_old share the temperature: {measured}"
         if says_raw:
@@ -169,7 +169,7 @@ def _by_logits(by_logits: dict, evidence: dict) -> tuple[str, float, str]:
 
 
 def _by_fit(
-    pairs: pl.LazyFrame, tau: float | None, evidence: dict, says_raw: bool, raw_note: str, fresh_note: str
+    pairs: pl.LazyFrame, tau: float | None, evidence: dict, says_raw: bool, raw_note: str, on_fresh: str
 ) -> tuple[str, float, str] | Finding:
     """(verdict, strength, what was measured) of the token-level form (`temperature_ratio`'s
     fit, which joins `evidence`), or the finding itself when the fit cannot tell (too few tokens)
@@ -179,7 +179,7 @@ def _by_fit(
     evidence |= {"warning_at": TEMPERATURE_WARNING, "problem_at": TEMPERATURE_PROBLEM}
     if r is None:
         verdict = "warning" if says_raw else "ok"
-        summary = f"too few uncertain tokens ({n}) to measure μ's temperature{fresh_note}{raw_note}"
+        summary = f"too few uncertain tokens ({n}) to measure μ's temperature{on_fresh}{raw_note}"
         return Finding("temperature", verdict, summary, evidence, _TEMPERATURE_FIX if says_raw else "")
     if r <= 0:
         summary = (

@@ -15,7 +15,7 @@ import polars as pl
 
 from trustlens.analysis.buckets import collect
 from trustlens.analysis.diagnosis.finding import Finding, verdict_of
-from trustlens.analysis.diagnosis.inputs import ENTROPIES, Inputs, Sampling, bucket_of, examples
+from trustlens.analysis.diagnosis.inputs import ENTROPIES, Inputs, Sampling, bucket_of, examples, fresh_note
 from trustlens.analysis.diagnosis.registry import check
 from trustlens.analysis.diagnosis.sampling import KINDS, MIN_TOKENS, uncertain
 from trustlens.rules.columns import evaluate_columns, rule_columns
@@ -99,7 +99,7 @@ def truncation_check(inp: Inputs) -> Finding:
     entropy bucket (< 0.1, 0.1–1, ≥ 1 nats; growing with the entropy under truncation), in both
     forms."""
     pairs, stale = inp.fresh  # a stale μ is an older policy, sharper or flatter than π_old by chance
-    fresh_note = f" on the tokens sampled with π_old's weights ({stale})" if stale else ""
+    note = fresh_note(stale)
     rows = pairs.filter(uncertain())
     w = pl.col("w")
     stats = collect(
@@ -136,12 +136,12 @@ def truncation_check(inp: Inputs) -> Finding:
             return Finding(
                 "truncation",
                 "ok",
-                f"too few uncertain tokens ({n}) to look for a truncated support{fresh_note}",
+                f"too few uncertain tokens ({n}) to look for a truncated support{note}",
                 evidence,
             )
         verdict, strength, measured = _by_tokens(float(stats["share"]), float(stats["bias"]))
     if by_mask is None:  # the forms judged here read the fresh tokens only
-        measured += fresh_note
+        measured += note
     if "entropy" in rows.collect_schema().names() and n:
         evidence["mean_d_by_entropy"] = _mean_d_by_entropy(rows)
     evidence["logprobs"] = sampling.logprobs
